@@ -1,0 +1,1 @@
+"""Per-node Prometheus exporter: read-only views of MLX rank hygiene."""

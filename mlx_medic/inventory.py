@@ -1,0 +1,403 @@
+"""The inventory: one YAML file that describes the cluster.
+
+The exporter and the remediator read the same file. Loading it validates it
+completely; every error names the field, its line, and what is wrong, so a bad
+file never half-configures a node.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+# Names become metric label values and lock/state file names: keep them tame.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+ServiceManager = Literal["launchd", "systemd", "supervisord"]
+BackendName = Literal["jaccl", "ring"]
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `90`, `90s`, `15m`, `2h` or `1d`."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be a number of seconds or a string like '15m'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value).strip())
+        if not match:
+            raise ValueError(f"{value!r} is not a duration; use seconds or e.g. '90s', '15m', '2h'")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+Duration = Annotated[float, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Node(_Strict):
+    """A machine in the cluster, reached over SSH."""
+
+    name: Name
+    ssh: str = Field(description="address or host name used by ssh and in hostfiles")
+    user: str = Field(default="root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    port: int = Field(default=22, ge=1, le=65535)
+    ssh_options: list[str] = Field(default_factory=list, description="extra ssh -o options")
+
+    @field_validator("ssh")
+    @classmethod
+    def _ssh_is_host(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9.:_-]{1,253}", value) or value.startswith("-"):
+            raise ValueError(f"{value!r} is not a host name or IP address")
+        return value
+
+
+class Service(_Strict):
+    """How the head node keeps the model running (launchd KeepAlive in production)."""
+
+    manager: ServiceManager
+    label: str = Field(pattern=r"^[A-Za-z0-9._:-]{1,200}$")
+
+
+class Backend(_Strict):
+    hostfile: Path
+    pipeline: bool = Field(default=False, description="pass --pipeline to mlx_lm.server")
+
+
+class Backends(_Strict):
+    """Backends in order of preference: JACCL first, ring as the fallback."""
+
+    jaccl: Backend | None = None
+    ring: Backend | None = None
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> Backends:
+        if self.jaccl is None and self.ring is None:
+            raise ValueError("name at least one backend (jaccl or ring) with its hostfile")
+        return self
+
+    def in_order(self) -> list[tuple[BackendName, Backend]]:
+        found: list[tuple[BackendName, Backend]] = []
+        if self.jaccl is not None:
+            found.append(("jaccl", self.jaccl))
+        if self.ring is not None:
+            found.append(("ring", self.ring))
+        return found
+
+
+class Policy(_Strict):
+    """Limits on automatic action, so a restart loop cannot spend the PD budget."""
+
+    restart_budget: int = Field(default=3, ge=0, le=100)
+    window: Duration = 3600.0
+    backoff: Duration = 30.0
+    start_timeout: Duration = 600.0
+    stale_tmp_age: Duration = 600.0
+
+    @field_validator("window", "backoff", "start_timeout", "stale_tmp_age", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
+
+class Model(_Strict):
+    """One served model: its ranks, where they run, and how they are started."""
+
+    name: Name = Field(description="the alert's `model` label")
+    model: str = Field(min_length=1, description="the --model argument: repo id or local path")
+    nodes: list[Name] = Field(min_length=1, description="rank order; the first is the head")
+    port: int = Field(ge=1, le=65535)
+    host: str = Field(default="127.0.0.1", description="address mlx_lm.server listens on")
+    service: Service
+    backends: Backends
+    serve_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    tmp_dirs: list[Path] = Field(default_factory=list)
+    cache_dirs: list[Path] = Field(default_factory=list)
+    log_files: list[Path] = Field(default_factory=list)
+    ranks_per_node: int = Field(default=1, ge=1, le=64)
+    policy: Policy = Field(default_factory=Policy)
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes_unique(cls, value: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for name in value:
+            if name in seen:
+                raise ValueError(f"node {name!r} is listed twice")
+            seen.add(name)
+        return value
+
+    @field_validator("serve_args")
+    @classmethod
+    def _serve_args_are_flags(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for flag in value:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", flag):
+                raise ValueError(f"{flag!r} is not a flag name (write it without leading dashes)")
+        reserved = {"model", "port", "host", "pipeline"} & set(value)
+        if reserved:
+            raise ValueError(f"{sorted(reserved)} are set from the model's own fields")
+        return value
+
+    @field_validator("tmp_dirs", "cache_dirs", "log_files")
+    @classmethod
+    def _absolute(cls, value: list[Path]) -> list[Path]:
+        for path in value:
+            if not path.is_absolute():
+                raise ValueError(f"{str(path)!r} must be an absolute path")
+            if ".." in path.parts:
+                raise ValueError(f"{str(path)!r} must not contain '..'")
+            if path == Path("/"):
+                raise ValueError("'/' is not a tmp, cache or log location")
+        return value
+
+    @property
+    def head(self) -> str:
+        return self.nodes[0]
+
+    def serve_flags(self) -> list[str]:
+        """`serve_args` as command-line flags, in file order."""
+        flags: list[str] = []
+        for flag, value in self.serve_args.items():
+            if value is True:
+                flags.append(f"--{flag}")
+            elif value is not False:
+                flags += [f"--{flag}", str(value)]
+        return flags
+
+    def scope_dirs(self) -> list[Path]:
+        return [*self.tmp_dirs, *self.cache_dirs]
+
+
+class Signature(_Strict):
+    """An error text to count in service logs; a regular expression."""
+
+    name: Name
+    pattern: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from exc
+        return value
+
+
+class SshSettings(_Strict):
+    """How the remediator reaches nodes. Host keys are always checked."""
+
+    identity_file: Path | None = Field(default=None, description="default: ssh's own keys")
+    known_hosts: Path | None = Field(default=None, description="default: ~/.ssh/known_hosts")
+    connect_timeout: Duration = 10.0
+    command_timeout: Duration = 120.0
+
+    @field_validator("connect_timeout", "command_timeout", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
+
+class Inventory(_Strict):
+    nodes: list[Node]
+    ssh: SshSettings = Field(default_factory=SshSettings)
+    models: list[Model] = Field(default_factory=list)
+    signatures: list[Signature] = Field(
+        default_factory=list, description="extra log signatures, added to the built-in set"
+    )
+    state_dir: Path = Field(
+        default=Path("/var/lib/mlx-medic"),
+        description="per node: current run ids, locks, log read positions",
+    )
+    launch_temp_dirs: list[Path] = Field(
+        default_factory=list,
+        description="where mlx.launch's mktemp files land; empty means the platform default",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Inventory:
+        names = [n.name for n in self.nodes]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"node names must be unique; repeated: {duplicates}")
+        addresses = [(n.ssh, n.port) for n in self.nodes]
+        for node in self.nodes:
+            if addresses.count((node.ssh, node.port)) > 1:
+                raise ValueError(f"nodes share the ssh address {node.ssh}:{node.port}")
+        model_names = [m.name for m in self.models]
+        repeated = sorted({m for m in model_names if model_names.count(m) > 1})
+        if repeated:
+            raise ValueError(f"model names must be unique; repeated: {repeated}")
+        known = set(names)
+        ports: dict[tuple[str, int], str] = {}
+        for model in self.models:
+            for node in model.nodes:
+                if node not in known:
+                    raise ValueError(
+                        f"model {model.name!r} places a rank on unknown node {node!r};"
+                        f" known nodes: {sorted(known)}"
+                    )
+            key = (model.head, model.port)
+            if key in ports:
+                raise ValueError(
+                    f"models {ports[key]!r} and {model.name!r} both serve on"
+                    f" {model.head}:{model.port}"
+                )
+            ports[key] = model.name
+        return self
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def model(self, name: str) -> Model:
+        for model in self.models:
+            if model.name == name:
+                return model
+        raise KeyError(name)
+
+    def models_on(self, node: str) -> list[Model]:
+        return [m for m in self.models if node in m.nodes]
+
+
+class InventoryError(ValueError):
+    """The inventory cannot be used; `problems` lists each one with its place."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+    def report(self) -> str:
+        lines = [f"{self.source}: {len(self.problems)} problem(s)"]
+        lines += [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+# --- loading, with line numbers for every error ---------------------------
+
+_MAPPED_LISTS = {("nodes",), ("models",)}
+
+
+def _line_index(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int]) -> None:
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            out[(*path, key)] = key_node.start_mark.line + 1
+            _line_index(value_node, (*path, key), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _line_index(item, (*path, index), out)
+
+
+def _normalise(raw: Any) -> tuple[Any, dict[tuple[Any, ...], tuple[Any, ...]]]:
+    """Accept `nodes:`/`models:` as mappings keyed by name (the readable form).
+
+    Returns the data in list form and a map from list paths back to the
+    mapping paths, so errors point at the lines the user wrote.
+    """
+    back: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    if not isinstance(raw, dict):
+        return raw, back
+    data = dict(raw)
+    for (section,) in _MAPPED_LISTS:
+        value = data.get(section)
+        if isinstance(value, dict):
+            items = []
+            for index, (name, body) in enumerate(value.items()):
+                entry = dict(body) if isinstance(body, dict) else body
+                if isinstance(entry, dict):
+                    entry.setdefault("name", name)
+                items.append(entry)
+                back[(section, index)] = (section, name)
+            data[section] = items
+    return data, back
+
+
+def _error_location(loc: tuple[Any, ...], back: dict[tuple[Any, ...], tuple[Any, ...]]) -> tuple:
+    if len(loc) >= 2 and (loc[0], loc[1]) in back:
+        return back[(loc[0], loc[1])] + tuple(loc[2:])
+    return tuple(loc)
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise InventoryError(source, [f"{where}not valid YAML: {exc}"]) from exc
+    if raw is None:
+        raise InventoryError(source, ["the file is empty; it needs at least `nodes:`"])
+    if not isinstance(raw, dict):
+        raise InventoryError(source, ["the top level must be a mapping with `nodes:` and `models:`"])
+    lines: dict[tuple[Any, ...], int] = {}
+    if root is not None:
+        _line_index(root, (), lines)
+    data, back = _normalise(raw)
+    try:
+        return Inventory.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc = _error_location(tuple(error["loc"]), back)
+            line = None
+            probe = loc
+            while probe and line is None:
+                line = lines.get(probe)
+                probe = probe[:-1]
+            where = f"line {line}: " if line else ""
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = "unknown field (check the spelling)"
+            problems.append(f"{where}{_format_loc(loc)}: {message}")
+        raise InventoryError(source, problems) from exc
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InventoryError(str(path), [f"cannot read: {exc.strerror or exc}"]) from exc
+    except UnicodeDecodeError as exc:
+        raise InventoryError(str(path), [f"not UTF-8 text: {exc}"]) from exc
+    return parse_inventory(text, str(path))
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"

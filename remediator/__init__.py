@@ -1,0 +1,2 @@
+"""Alertmanager webhook service that recovers MLX models: stop, sweep, clean,
+restart, verify, fall back, escalate; every step journaled."""
