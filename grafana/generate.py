@@ -1,0 +1,336 @@
+"""Generate mlx-medic's Grafana dashboards as JSON, so every panel follows the same conventions.
+
+Plain dicts, no dependency: `python grafana/generate.py` rewrites grafana/dashboards/*.json;
+`--check` exits 1 when the committed JSON differs from what this script produces.
+Every query selects the data source through the `${datasource}` variable and uses only the
+metric contract's names (tests/test_grafana_dashboards.py checks both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+OUT_DIR = Path(__file__).resolve().parent / "dashboards"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+GIB = 1024**3
+# Mirrors the alert thresholds in alerting-rules/mlx-medic.rules.yaml (T5, T6, T8, T11).
+PD_HIGH, PD_BUDGET = 8, 11
+STALE_TMP_BYTES = 50 * GIB
+MEMORY_LOW_BYTES = 4 * GIB
+
+Panel = dict[str, Any]
+
+NODE = 'instance=~"$instance"'
+NODE_MODEL = 'instance=~"$instance", model=~"$model"'
+ORPHANS = f"mlx_orphan_processes{{{NODE_MODEL}}}"
+STUCK_ORPHANS = f'mlx_orphan_processes{{{NODE_MODEL}, state="uninterruptible"}}'
+
+
+# Template variables ---------------------------------------------------------------------------
+
+def datasource_variable() -> dict[str, Any]:
+    return {
+        "name": "datasource", "label": "Data source", "type": "datasource",
+        "query": "prometheus", "current": {}, "hide": 0, "refresh": 1, "regex": "",
+        "options": [],
+    }
+
+
+def query_variable(name: str, label: str, query: str) -> dict[str, Any]:
+    """A multi-select variable with All, refreshed when the time range changes."""
+    return {
+        "name": name, "label": label, "type": "query", "datasource": DATASOURCE,
+        "query": query, "definition": query, "refresh": 2, "sort": 1,
+        "multi": True, "includeAll": True, "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "hide": 0, "regex": "", "options": [],
+    }
+
+
+# Panels ---------------------------------------------------------------------------------------
+
+def target(expr: str, legend: str = "", ref: str = "A") -> dict[str, Any]:
+    return {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": ref}
+
+
+def thresholds(*steps: tuple[str, float | None]) -> dict[str, Any]:
+    return {"mode": "absolute", "steps": [{"color": c, "value": v} for c, v in steps]}
+
+
+def timeseries(
+    title: str, targets: list[dict[str, Any]], *, unit: str = "short", description: str = "",
+    steps: tuple[tuple[str, float | None], ...] = (("green", None),),
+    min_value: float | None = 0, max_value: float | None = None, stepped: bool = False,
+    width: int = 12, height: int = 8,
+) -> Panel:
+    """A time series; thresholds beyond the base step are drawn as dashed lines."""
+    custom: dict[str, Any] = {
+        "drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never",
+        "lineInterpolation": "stepAfter" if stepped else "linear",
+        "thresholdsStyle": {"mode": "dashed" if len(steps) > 1 else "off"},
+    }
+    defaults: dict[str, Any] = {"unit": unit, "custom": custom, "thresholds": thresholds(*steps)}
+    if min_value is not None:
+        defaults["min"] = min_value
+    if max_value is not None:
+        defaults["max"] = max_value
+    return {
+        "type": "timeseries", "title": title, "description": description,
+        "datasource": DATASOURCE, "targets": targets,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        "_size": (width, height),
+    }
+
+
+def stat(
+    title: str, targets: list[dict[str, Any]], *, unit: str = "short", description: str = "",
+    steps: tuple[tuple[str, float | None], ...] = (("green", None),),
+    mappings: list[dict[str, Any]] | None = None, text_mode: str = "value_and_name",
+    width: int = 6, height: int = 5,
+) -> Panel:
+    return {
+        "type": "stat", "title": title, "description": description,
+        "datasource": DATASOURCE, "targets": targets,
+        "fieldConfig": {
+            "defaults": {"unit": unit, "thresholds": thresholds(*steps),
+                         "mappings": mappings or [], "color": {"mode": "thresholds"}},
+            "overrides": [],
+        },
+        "options": {
+            "colorMode": "background", "graphMode": "none", "justifyMode": "auto",
+            "textMode": text_mode, "orientation": "auto",
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        },
+        "_size": (width, height),
+    }
+
+
+def row(title: str) -> Panel:
+    return {"type": "row", "title": title, "collapsed": False, "panels": [], "_size": (24, 1)}
+
+
+def up_down_mappings(up: str, down: str) -> list[dict[str, Any]]:
+    return [{"type": "value", "options": {
+        "0": {"text": down, "color": "red", "index": 0},
+        "1": {"text": up, "color": "green", "index": 1},
+    }}]
+
+
+def layout(panels: list[Panel]) -> list[Panel]:
+    """Flow panels left to right in a 24-column grid; a row always starts a new line."""
+    x = y = line_height = 0
+    placed = []
+    for panel_id, panel in enumerate(panels, start=1):
+        width, height = panel.pop("_size")
+        if panel["type"] == "row" or x + width > 24:
+            x, y, line_height = 0, y + line_height, 0
+        panel = {"id": panel_id, "gridPos": {"h": height, "w": width, "x": x, "y": y}, **panel}
+        placed.append(panel)
+        x, line_height = x + width, max(line_height, height)
+        if panel["type"] == "row":
+            x, y, line_height = 0, y + height, 0
+    return placed
+
+
+def dashboard(
+    uid: str, title: str, description: str, variables: list[dict[str, Any]],
+    panels: list[Panel],
+) -> dict[str, Any]:
+    return {
+        "uid": uid, "title": title, "description": description,
+        "tags": ["mlx-medic"], "timezone": "browser", "editable": True,
+        "graphTooltip": 1, "schemaVersion": 39, "version": 1, "refresh": "1m",
+        "time": {"from": "now-6h", "to": "now"},
+        "links": [{"title": "mlx-medic", "type": "dashboards", "tags": ["mlx-medic"],
+                   "asDropdown": True, "includeVars": True, "keepTime": True}],
+        "annotations": {"list": []},
+        "templating": {"list": [datasource_variable(), *variables]},
+        "panels": layout(panels),
+    }
+
+
+# Dashboards -----------------------------------------------------------------------------------
+
+def cluster_overview() -> dict[str, Any]:
+    variables = [
+        query_variable("instance", "Node", "label_values(mlx_medic_collector_success, instance)"),
+        query_variable("model", "Model", f"label_values(mlx_processes{{{NODE}}}, model)"),
+    ]
+    panels = [
+        row("Models"),
+        stat("Model up", [target(f"mlx_model_up{{{NODE_MODEL}}}", "{{model}}")],
+             description="1 when the port listens and a real request succeeds (head node).",
+             mappings=up_down_mappings("Up", "Down"),
+             steps=(("red", None), ("green", 1)), width=8),
+        stat("Uninterruptible orphans",
+             [target(f"sum by (model) ({STUCK_ORPHANS})", "{{model}}")],
+             description="Orphans in U/D survive kill -9; only a reboot frees them.",
+             steps=(("green", None), ("red", 1)), width=8),
+        stat("Oldest orphan age",
+             [target(f"max by (model) (mlx_orphan_oldest_age_seconds{{{NODE_MODEL}}})",
+                     "{{model}}")],
+             unit="s", steps=(("green", None), ("orange", 300)), width=8),
+        timeseries("Processes by model and state",
+                   [target(f"sum by (model, state) (mlx_processes{{{NODE_MODEL}}})",
+                           "{{model}} {{state}}")], width=24),
+        row("Orphans"),
+        timeseries("Orphans by model and state",
+                   [target(f"sum by (instance, model, state) ({ORPHANS})",
+                           "{{instance}} {{model}} {{state}}")], width=8),
+        timeseries("Orphans by model and rule",
+                   [target(f"sum by (instance, model, rule) ({ORPHANS})",
+                           "{{instance}} {{model}} {{rule}}")],
+                   description="Which rule found them: stale_run_id, excess_ranks, "
+                               "launcher_gone, ssh_client_lost.", width=8),
+        timeseries("Orphans by role",
+                   [target(f"sum by (instance, role) ({ORPHANS})",
+                           "{{instance}} {{role}}")], width=8),
+        row("Disk and launcher leftovers"),
+        timeseries("Stale tmp bytes",
+                   [target(f"mlx_stale_tmp_bytes{{{NODE}}}", "{{instance}} {{dir}}")],
+                   unit="bytes", steps=(("green", None), ("orange", STALE_TMP_BYTES)), width=8),
+        timeseries("Stale tmp dirs",
+                   [target(f"mlx_stale_tmp_dirs{{{NODE}}}", "{{instance}} {{dir}}")], width=8),
+        timeseries("mlx.launch leftover files",
+                   [target(f"mlx_launch_leftover_files{{{NODE}}}", "{{instance}}")],
+                   description="Pid files and hostfiles mlx.launch never deletes.", width=8),
+        row("Service logs"),
+        timeseries("Log errors per minute by signature",
+                   [target("60 * sum by (instance, signature) "
+                           f"(rate(mlx_log_errors_total{{{NODE}}}[$__rate_interval]))",
+                           "{{instance}} {{signature}}")], width=24),
+        row("Memory and RDMA"),
+        timeseries("Memory available",
+                   [target(f"mlx_memory_available_bytes{{{NODE}}}", "{{instance}}")],
+                   unit="bytes", steps=(("green", None), ("red", MEMORY_LOW_BYTES)), width=8),
+        timeseries("RDMA ports active",
+                   [target(f"mlx_rdma_port_active{{{NODE}}}", "{{instance}} {{device}}/{{port}}")],
+                   description="1 = PORT_ACTIVE. Absent on hosts without RDMA.",
+                   max_value=1, stepped=True, width=8),
+        timeseries("RDMA objects (budget 11)",
+                   [target(f"mlx_rdma_objects{{{NODE}}}", "{{instance}} {{kind}}")],
+                   description="ioclasscount of protection domains and queue pairs.",
+                   steps=(("green", None), ("orange", PD_HIGH), ("red", PD_BUDGET)),
+                   stepped=True, width=8),
+        row("Exporter health"),
+        stat("Exporters up",
+             [target(f'up{{job="mlx-medic-exporter", {NODE}}}', "{{instance}}")],
+             mappings=up_down_mappings("Up", "Down"), steps=(("red", None), ("green", 1)),
+             width=8, height=8),
+        timeseries("Collector success",
+                   [target(f"mlx_medic_collector_success{{{NODE}}}",
+                           "{{instance}} {{collector}}")],
+                   max_value=1, stepped=True, width=8),
+        timeseries("Collector duration",
+                   [target(f"mlx_medic_collector_duration_seconds{{{NODE}}}",
+                           "{{instance}} {{collector}}")], unit="s", width=8),
+    ]
+    return dashboard(
+        "mlx-medic-cluster", "mlx-medic / Cluster overview",
+        "Model health, orphaned ranks, stale tmp dirs, log signatures, memory and RDMA per node.",
+        variables, panels,
+    )
+
+
+def remediator() -> dict[str, Any]:
+    model = 'model=~"$model"'
+    variables = [
+        query_variable("model", "Model", "label_values(model)"),
+        query_variable("node", "Node", "label_values(mlx_medic_pd_debt, node)"),
+    ]
+    panels = [
+        row("Now"),
+        stat("Remediations in progress",
+             [target(f"sum by (model) (mlx_medic_remediation_in_progress{{{model}}})",
+                     "{{model}}")],
+             steps=(("green", None), ("orange", 1)), width=6),
+        stat("Backend in use", [target(f"mlx_medic_backend{{{model}}} == 1",
+                                       "{{model}}: {{backend}}")],
+             text_mode="name", steps=(("blue", None),), width=6),
+        stat("Escalations in range",
+             [target(f"sum by (model, reason) "
+                     f"(increase(mlx_medic_escalations_total{{{model}}}[$__range]))",
+                     "{{model}} {{reason}}")],
+             description="An escalation stops automatic action until `mlx-medic resume MODEL`.",
+             steps=(("green", None), ("red", 1)), width=6),
+        stat("Remediations in range by outcome",
+             [target(f"sum by (outcome) "
+                     f"(increase(mlx_medic_remediations_total{{{model}}}[$__range]))",
+                     "{{outcome}}")], width=6),
+        row("Activity"),
+        timeseries("Alerts received per minute by status",
+                   [target("60 * sum by (status) "
+                           "(rate(mlx_medic_alerts_received_total[$__rate_interval]))",
+                           "{{status}}")], width=12),
+        timeseries("Remediations by model and outcome",
+                   [target(f"sum by (model, outcome) "
+                           f"(increase(mlx_medic_remediations_total{{{model}}}[$__rate_interval]))",
+                           "{{model}} {{outcome}}")], width=12),
+        timeseries("Remediation duration",
+                   [target("sum(rate(mlx_medic_remediation_duration_seconds_sum[$__rate_interval]))"
+                           " / sum(rate(mlx_medic_remediation_duration_seconds_count"
+                           "[$__rate_interval]))", "mean"),
+                    target("histogram_quantile(0.9, sum by (le) "
+                           "(rate(mlx_medic_remediation_duration_seconds_bucket"
+                           "[$__rate_interval])))", "p90", ref="B")],
+                   unit="s", width=12),
+        timeseries("Escalations by model and reason",
+                   [target(f"sum by (model, reason) "
+                           f"(increase(mlx_medic_escalations_total{{{model}}}[$__rate_interval]))",
+                           "{{model}} {{reason}}")], width=12),
+        row("Protection domains"),
+        timeseries("Protection domain debt by node",
+                   [target('mlx_medic_pd_debt{node=~"$node"}', "{{node}}")],
+                   description="Domains the remediator counts as leaked until the node reboots "
+                               "(budget 11 per device).",
+                   steps=(("green", None), ("orange", PD_HIGH), ("red", PD_BUDGET)),
+                   stepped=True, width=24),
+    ]
+    return dashboard(
+        "mlx-medic-remediator", "mlx-medic / Remediator",
+        "Alerts received, remediation runs and outcomes, escalations, backends, PD debt.",
+        variables, panels,
+    )
+
+
+def dashboards() -> dict[str, dict[str, Any]]:
+    """File name -> dashboard, for every dashboard this project ships."""
+    return {
+        "mlx-medic-cluster.json": cluster_overview(),
+        "mlx-medic-remediator.json": remediator(),
+    }
+
+
+def render(board: dict[str, Any]) -> str:
+    return json.dumps(board, indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the JSON is out of date")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, board in dashboards().items():
+        path, text = OUT_DIR / name, render(board)
+        if args.check:
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                stale.append(name)
+        else:
+            OUT_DIR.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    if stale:
+        print(f"out of date, run python grafana/generate.py: {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

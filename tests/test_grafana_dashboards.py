@@ -1,0 +1,165 @@
+"""The Grafana dashboards: generated, committed as generated, valid PromQL over the metric
+contract, one data source variable, and provisioning files Grafana can load."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.promql_names import metric_names, unknown_metrics
+from tests.tools import require_tool
+
+GRAFANA = Path(__file__).resolve().parent.parent / "grafana"
+COMMITTED = sorted((GRAFANA / "dashboards").glob("*.json"))
+PROVISIONING = GRAFANA / "provisioning"
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("grafana_generate", GRAFANA / "generate.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GENERATE = _generator()
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    panels = []
+    for panel in board["panels"]:
+        panels.append(panel)
+        panels.extend(panel.get("panels", []))
+    return panels
+
+
+def _exprs(board: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in _panels(board) for t in p.get("targets", [])]
+
+
+def test_the_committed_json_is_exactly_what_the_generator_produces() -> None:
+    generated = GENERATE.dashboards()
+    assert {path.name for path in COMMITTED} == set(generated)
+    for path in COMMITTED:
+        assert path.read_text(encoding="utf-8") == GENERATE.render(generated[path.name]), (
+            f"{path.name} is out of date: run python grafana/generate.py"
+        )
+    assert GENERATE.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+def test_every_dashboard_is_valid_json_with_a_title_and_panels(path: Path) -> None:
+    board = _load(path)
+    assert board["title"] and board["panels"]
+    assert re.fullmatch(r"[a-z0-9-]{1,40}", board["uid"])
+
+
+def test_every_dashboard_has_a_unique_uid_and_title() -> None:
+    boards = [_load(path) for path in COMMITTED]
+    assert len({b["uid"] for b in boards}) == len(boards)
+    assert len({b["title"] for b in boards}) == len(boards)
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+def test_every_query_goes_through_the_datasource_variable(path: Path) -> None:
+    board = _load(path)
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    expected = {"type": "prometheus", "uid": "${datasource}"}
+    for panel in _panels(board):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == expected, panel["title"]
+        assert all(t["datasource"] == expected for t in panel["targets"]), panel["title"]
+    for variable in variables.values():
+        if variable["type"] == "query":
+            assert variable["datasource"] == expected
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+def test_every_variable_used_in_a_query_is_defined(path: Path) -> None:
+    board = _load(path)
+    defined = {v["name"] for v in board["templating"]["list"]}
+    queries = _exprs(board) + [
+        v["query"] for v in board["templating"]["list"] if v["type"] == "query"
+    ]
+    for query in queries:
+        for name in re.findall(r"\$\{?(\w+)", query):
+            assert name.startswith("__") or name in defined, f"${name} in {query}"
+
+
+def test_the_cluster_overview_filters_by_node_and_model() -> None:
+    board = _load(GRAFANA / "dashboards" / "mlx-medic-cluster.json")
+    assert {"instance", "model"} <= {v["name"] for v in board["templating"]["list"]}
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+def test_every_panel_reads_only_metric_contract_names(path: Path) -> None:
+    board = _load(path)
+    for expr in _exprs(board):
+        names = metric_names(expr)
+        assert names, f"no metric in {expr!r}"
+        assert not unknown_metrics(names), f"{unknown_metrics(names)} in {expr!r}"
+    for variable in board["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        selector = re.fullmatch(r"label_values\((?:(.+),\s*)?(\w+)\)", variable["query"])
+        assert selector, variable["query"]
+        if selector.group(1):
+            assert not unknown_metrics(metric_names(selector.group(1))), variable["query"]
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+def test_panels_have_unique_ids_and_fit_the_grid(path: Path) -> None:
+    panels = _panels(_load(path))
+    assert len({p["id"] for p in panels}) == len(panels)
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["w"] > 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+
+
+def test_every_panel_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each query as a recording rule, with Grafana's variables filled in."""
+    promtool = require_tool("promtool")
+    fill = {"$__rate_interval": "5m", "$__range": "6h", "$__interval": "1m"}
+    rules = []
+    for index, expr in enumerate(e for path in COMMITTED for e in _exprs(_load(path))):
+        for variable, value in fill.items():
+            expr = expr.replace(variable, value)
+        expr = re.sub(r"\$\{?\w+\}?", ".*", expr)
+        rules.append({"record": f"dashboard:query_{index}", "expr": expr})
+    rule_file = tmp_path / "dashboard-queries.yaml"
+    rule_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    result = subprocess.run(
+        [promtool, "check", "rules", str(rule_file)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_dashboard_provider_loads_files_from_a_path() -> None:
+    provider = yaml.safe_load((PROVISIONING / "dashboards" / "mlx-medic.yaml").read_text())
+    assert provider["apiVersion"] == 1
+    (entry,) = provider["providers"]
+    assert entry["type"] == "file" and entry["options"]["path"]
+
+
+def test_the_example_datasource_is_a_prometheus_with_a_stable_uid() -> None:
+    config = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())
+    assert config["apiVersion"] == 1
+    (source,) = config["datasources"]
+    assert source["type"] == "prometheus" and source["uid"] and source["url"]
+    assert not re.search(r"\d+\.\d+\.\d+\.\d+", source["url"]), "examples use hostnames"
