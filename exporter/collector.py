@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.samples import Sample
 
@@ -43,7 +43,7 @@ class Collector:
 
     name: ClassVar[str] = ""
 
-    def collect(self) -> Iterable[object]:
+    def collect(self) -> Iterable[Metric]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -82,10 +82,10 @@ class ScrapeCollector(PromCollector):
     def __init__(self, collectors: list[Collector]):
         self.collectors = collectors
 
-    def describe(self) -> Iterator[object]:
+    def describe(self) -> Iterator[Metric]:
         return iter(())  # collect() is not free: skip client_python's auto-describe
 
-    def collect(self) -> Iterator[object]:
+    def collect(self) -> Iterator[Metric]:
         duration = GaugeMetricFamily(
             "mlx_medic_collector_duration_seconds",
             "How long each collector took on this scrape.",

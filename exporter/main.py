@@ -27,20 +27,36 @@ LANDING = """<!doctype html><html><head><title>mlx-medic exporter</title></head>
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config.file", dest="config_file", type=Path, default=None,
-                        help="inventory YAML; without it, MLX processes are discovered")
-    parser.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN,
-                        help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN})")
-    parser.add_argument("--node", default=None,
-                        help="this node's name in the inventory (default: found by address)")
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="override the inventory's state_dir")
-    parser.add_argument("--once", action="store_true",
-                        help="print one scrape to stdout and exit (for checks and tests)")
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        type=Path,
+        default=None,
+        help="inventory YAML; without it, MLX processes are discovered",
+    )
+    parser.add_argument(
+        "--web.listen-address",
+        dest="listen",
+        default=DEFAULT_LISTEN,
+        help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN})",
+    )
+    parser.add_argument(
+        "--node", default=None, help="this node's name in the inventory (default: found by address)"
+    )
+    parser.add_argument(
+        "--state-dir", type=Path, default=None, help="override the inventory's state_dir"
+    )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="print one scrape to stdout and exit (for checks and tests)",
+    )
     for name, registration in sorted(REGISTRY.items()):
         parser.add_argument(
-            f"--collector.{name}", dest=f"collector_{name}",
-            action=argparse.BooleanOptionalAction, default=registration.default_enabled,
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action=argparse.BooleanOptionalAction,
+            default=registration.default_enabled,
             help=registration.help or f"enable the {name} collector",
         )
     # BooleanOptionalAction spells the negative --no-collector.NAME; done above.
@@ -49,8 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_node(inventory: Inventory | None, requested: str | None) -> str:
     """This node's inventory name: asked for, or the node whose address is ours."""
     if requested:
-        if inventory is not None:
-            inventory.node(requested)  # KeyError names it below
+        if inventory is not None and requested not in {n.name for n in inventory.nodes}:
+            known = ", ".join(n.name for n in inventory.nodes)
+            raise LookupError(f"--node {requested!r} is not in the inventory (nodes: {known})")
         return requested
     hostname = socket.gethostname().split(".")[0]
     if inventory is None:
@@ -60,9 +77,7 @@ def resolve_node(inventory: Inventory | None, requested: str | None) -> str:
     for node in inventory.nodes:
         if node.name == hostname or node.ssh in addresses:
             return node.name
-    raise LookupError(
-        f"no inventory node matches this host ({hostname}); pass --node NAME"
-    )
+    raise LookupError(f"no inventory node matches this host ({hostname}); pass --node NAME")
 
 
 def parse_listen(address: str) -> tuple[str, int]:
@@ -84,7 +99,7 @@ def build(args: argparse.Namespace) -> tuple[ExporterContext, ScrapeCollector]:
 
 def make_handler(registry: CollectorRegistry, landing: bytes) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST

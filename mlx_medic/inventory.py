@@ -251,10 +251,10 @@ class Inventory(_Strict):
         known = set(names)
         ports: dict[tuple[str, int], str] = {}
         for model in self.models:
-            for node in model.nodes:
-                if node not in known:
+            for node_name in model.nodes:
+                if node_name not in known:
                     raise ValueError(
-                        f"model {model.name!r} places a rank on unknown node {node!r};"
+                        f"model {model.name!r} places a rank on unknown node {node_name!r};"
                         f" known nodes: {sorted(known)}"
                     )
             key = (model.head, model.port)
@@ -361,7 +361,9 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
     if raw is None:
         raise InventoryError(source, ["the file is empty; it needs at least `nodes:`"])
     if not isinstance(raw, dict):
-        raise InventoryError(source, ["the top level must be a mapping with `nodes:` and `models:`"])
+        raise InventoryError(
+            source, ["the top level must be a mapping with `nodes:` and `models:`"]
+        )
     lines: dict[tuple[Any, ...], int] = {}
     if root is not None:
         _line_index(root, (), lines)

@@ -34,13 +34,13 @@ class AlertEvent:
 class Disposition(StrEnum):
     """What the engine did with an alert; journaled and returned to the web layer."""
 
-    STARTED = "started"            # a new run was queued for the model
-    DUPLICATE = "duplicate"        # this firing already started (or is) a run
-    ABSORBED = "absorbed"          # a run for the model is already queued or in progress
-    RESOLVED = "resolved"          # resolved notification journaled (cancels a queued run)
+    STARTED = "started"  # a new run was queued for the model
+    DUPLICATE = "duplicate"  # this firing already started (or is) a run
+    ABSORBED = "absorbed"  # a run for the model is already queued or in progress
+    RESOLVED = "resolved"  # resolved notification journaled (cancels a queued run)
     UNKNOWN_MODEL = "unknown_model"  # model not in the inventory: journaled, ignored
-    UNROUTED = "unrouted"          # no playbook for this alert name: journaled, ignored
-    PAUSED = "paused"              # automatic action paused (all or this model)
+    UNROUTED = "unrouted"  # no playbook for this alert name: journaled, ignored
+    PAUSED = "paused"  # automatic action paused (all or this model)
     CIRCUIT_OPEN = "circuit_open"  # budget spent or unfixable: escalated, waiting for resume
-    BACKOFF = "backoff"            # within the budget's backoff: journaled, not started
-    STALE = "stale"                # too old, or the model is up again
+    BACKOFF = "backoff"  # within the budget's backoff: journaled, not started
+    STALE = "stale"  # too old, or the model is up again
