@@ -1,0 +1,238 @@
+"""The model health probe, shared by the exporter and the remediator.
+
+A model is up only when its port accepts a connection AND a real one-token
+completion comes back within the timeout. `/health` is not proof:
+mlx_lm.server answers it while its ranks hang in a collective. Probes of one
+server never overlap (a per-target lock, optionally also a file lock shared
+with other processes on the node), because two concurrent requests can crash
+both JACCL ranks (mlx-lm#1737). The deadline is strict: a server that accepts
+and then trickles bytes or says nothing reads down when the timeout expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+PROBE_PATHS = (CHAT_PATH, COMPLETIONS_PATH)
+MAX_RESPONSE_BYTES = 1 << 20
+_LOCK_POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """`up` only after a real completion; `reason` says why in words for on-call.
+
+    `conclusive` is False when no request was sent (another probe of the same
+    server held the lock too long): callers that act on "down" must not act
+    on an inconclusive result.
+    """
+
+    up: bool
+    reason: str
+    latency_seconds: float
+    conclusive: bool = True
+
+
+def _request_body(path: str) -> bytes:
+    # No "model" field: mlx_lm.server would try to load a model by that name.
+    if path == CHAT_PATH:
+        body: dict[str, object] = {"messages": [{"role": "user", "content": "ping"}]}
+    else:
+        body = {"prompt": "ping"}
+    body.update(max_tokens=1, temperature=0.0, stream=False)
+    return json.dumps(body).encode()
+
+
+def _check_target(host: str, port: int, timeout: float, path: str) -> None:
+    if not isinstance(host, str) or not host or any(c.isspace() for c in host) or "/" in host:
+        raise ValueError(f"probe host {host!r} is not a host name or address")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"probe port {port!r} is not a TCP port (1-65535)")
+    if not timeout > 0:
+        raise ValueError(f"probe timeout {timeout!r} must be a positive number of seconds")
+    if path not in PROBE_PATHS:
+        raise ValueError(f"probe path {path!r} is not one of {PROBE_PATHS}")
+
+
+# --- one probe at a time per server ---------------------------------------
+
+_registry_lock = threading.Lock()
+_target_locks: dict[tuple[str, int], threading.Lock] = {}
+
+
+def _target_lock(host: str, port: int) -> threading.Lock:
+    with _registry_lock:
+        return _target_locks.setdefault((host, port), threading.Lock())
+
+
+def _lock_file_name(host: str, port: int) -> str:
+    safe = "".join(c if c.isalnum() or c in ".-" else "_" for c in host)
+    return f"probe-{safe}-{port}.lock"
+
+
+@contextlib.contextmanager
+def _exclusive(host: str, port: int, wait: float, lock_dir: Path | None) -> Iterator[bool]:
+    """Hold the in-process lock (and the file lock in `lock_dir`) or yield False."""
+    deadline = time.monotonic() + wait
+    lock = _target_lock(host, port)
+    if not lock.acquire(timeout=max(wait, 0.0)):
+        yield False
+        return
+    try:
+        if lock_dir is None:
+            yield True
+            return
+        fd = os.open(lock_dir / _lock_file_name(host, port),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        yield False
+                        return
+                    time.sleep(_LOCK_POLL_SECONDS)
+            yield True
+        finally:
+            os.close(fd)  # closing drops the flock
+    finally:
+        lock.release()
+
+
+# --- the request itself ----------------------------------------------------
+
+
+def _describe_os_error(exc: OSError, host: str, port: int) -> str:
+    if exc.errno == errno.ECONNREFUSED:
+        return f"connection refused: nothing listens on {host}:{port}"
+    if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return f"{host}:{port} is unreachable ({exc.strerror})"
+    return f"cannot talk to {host}:{port}: {exc.strerror or exc}"
+
+
+def _judge(status: int, body: bytes, path: str) -> tuple[bool, str]:
+    if status != 200:
+        return False, f"HTTP {status} from POST {path}"
+    try:
+        answer = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return False, f"POST {path} answered 200 but not with JSON"
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or not choices:
+        return False, f"POST {path} answered 200 without a completion (no choices)"
+    return True, f"completed a 1-token request on POST {path}"
+
+
+def _request(host: str, port: int, timeout: float, path: str) -> tuple[bool, str]:
+    """One POST with a strict overall deadline.
+
+    Socket timeouts bound each read, not the whole exchange; a watchdog timer
+    shuts the socket down at the deadline so a server that trickles bytes
+    cannot hold the probe longer than `timeout`.
+    """
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        sock = connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(timeout, expire)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        try:
+            connection.connect()
+        except TimeoutError:
+            return False, f"could not connect to {host}:{port} within {timeout:g}s"
+        if expired.is_set():  # the watchdog fired before there was a socket to shut
+            raise TimeoutError
+        body = _request_body(path)
+        connection.request("POST", path, body=body, headers={
+            "Content-Type": "application/json", "Connection": "close",
+        })
+        response = connection.getresponse()
+        payload = response.read(MAX_RESPONSE_BYTES)
+        if expired.is_set():
+            raise TimeoutError
+        return _judge(response.status, payload, path)
+    except TimeoutError:
+        return False, f"no complete answer from POST {path} within {timeout:g}s"
+    except (http.client.HTTPException, ConnectionError, OSError) as exc:
+        if expired.is_set():
+            return False, f"no complete answer from POST {path} within {timeout:g}s"
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return False, _describe_os_error(exc, host, port)
+        return False, f"POST {path} failed: {type(exc).__name__}: {exc}"
+    finally:
+        watchdog.cancel()
+        connection.close()
+
+
+def probe_model(
+    host: str,
+    port: int,
+    *,
+    timeout: float,
+    path: str = CHAT_PATH,
+    lock_wait: float | None = None,
+    lock_dir: Path | None = None,
+) -> ProbeResult:
+    """Is the model on host:port serving? Connects only to host:port.
+
+    Waits up to `lock_wait` (default: `timeout` plus a second, the longest a
+    same-timeout probe can hold the lock) for other probes of this server to
+    finish. `lock_dir` adds a file lock there, so probes from the exporter and
+    the remediator on one node do not overlap either.
+    """
+    _check_target(host, port, timeout, path)
+    wait = timeout + 1.0 if lock_wait is None else lock_wait
+    with _exclusive(host, port, wait, lock_dir) as held:
+        if not held:
+            return ProbeResult(
+                up=False, conclusive=False, latency_seconds=0.0,
+                reason=f"not probed: another probe of {host}:{port} ran longer than {wait:g}s",
+            )
+        start = time.monotonic()
+        up, reason = _request(host, port, timeout, path)
+        return ProbeResult(up=up, reason=reason, latency_seconds=time.monotonic() - start)
+
+
+async def probe_model_async(
+    host: str,
+    port: int,
+    *,
+    timeout: float,
+    path: str = CHAT_PATH,
+    lock_wait: float | None = None,
+    lock_dir: Path | None = None,
+) -> ProbeResult:
+    """`probe_model` for asyncio callers (the remediator).
+
+    Runs the same code in a worker thread, so sync and async probes share one
+    lock. If the caller is cancelled, the thread still finishes within its
+    deadline and releases the lock.
+    """
+    return await asyncio.to_thread(
+        probe_model, host, port, timeout=timeout, path=path,
+        lock_wait=lock_wait, lock_dir=lock_dir,
+    )
