@@ -1,0 +1,70 @@
+"""Fixtures shared by every test: the simulated cluster and the tiny model.
+
+The session's files live in /var/tmp/mlx-medic-testbed-<token>/ (not /tmp: every node has
+its own /tmp, and ranks on every node must read the model and the scripts).
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from testbed import Cluster, free_port, start_cluster
+from testbed.tiny_model import make_tiny_model
+from tests.tools import require_root, require_tool
+
+__all__ = ["free_port"]
+
+CLUSTER_NODES = 3
+
+
+@pytest.fixture(scope="session")
+def testbed_workdir() -> Iterator[Path]:
+    """A per-session directory outside /tmp, removed at the end."""
+    path = Path("/var/tmp") / f"mlx-medic-testbed-{uuid.uuid4().hex[:10]}"
+    path.mkdir(parents=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(testbed_workdir: Path) -> Path:
+    """A tiny qwen2 model directory that real mlx_lm.server serves (generated, never downloaded)."""
+    return make_tiny_model(testbed_workdir / "tiny-model")
+
+
+@pytest.fixture(scope="session")
+def cluster(testbed_workdir: Path) -> Iterator[Cluster]:
+    """Three simulated nodes ai001..ai003, each a PID+mount namespace with sshd on 127.0.0.N.
+
+    ai001 is the head: `testbed.launch.start_launch` runs mlx.launch inside it.
+    """
+    require_root()
+    for tool in ("sshd", "ssh", "ssh-keygen", "unshare", "nsenter", "mount"):
+        require_tool(tool)
+    started = start_cluster(CLUSTER_NODES, testbed_workdir / "cluster")
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+@pytest.fixture
+def clean_cluster(cluster: Cluster) -> Iterator[Cluster]:
+    """The session cluster; afterwards every process a test left in a node is killed
+    (sshd's listener excepted) and each node's /tmp and private dirs are emptied.
+    A node that a test ended is started again."""
+    for node in cluster.nodes:
+        if not node.is_up():
+            cluster.reboot(node.name)
+    yield cluster
+    for node in cluster.nodes:
+        if node.is_up():
+            node.kill_all_but_sshd()
+        else:
+            cluster.reboot(node.name)
+        node.wipe_private_dirs()
