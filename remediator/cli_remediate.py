@@ -1,11 +1,67 @@
-"""Placeholder: filled in by the remediator work (issue 4)."""
+"""`mlx-medic remediate MODEL [--dry-run]`: the playbook by hand.
+
+Same playbook, same model lock (so it never races the service or the serve
+wrapper), same journal. Not held back by pause, budget or an open circuit: a
+person decided. Exit status: 0 succeeded or planned (dry run), 1 failed,
+escalated or interrupted, 2 usage or config error, 3 the model lock is held.
+"""
+
+from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
+
+from prometheus_client import CollectorRegistry
+
+from remediator.cli_common import (
+    CliError,
+    add_config_argument,
+    fail,
+    load_cli_config,
+    load_cli_inventory,
+    open_journal,
+)
+from remediator.cli_log import RUN_HEADER, format_run
+from remediator.engine import Engine
+from remediator.transport import SshTransport
+
+EXIT_BY_OUTCOME = {"succeeded": 0, "planned": 0, "locked": 3}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    add_config_argument(parser)
+    parser.add_argument("model", help="the model's name in the inventory")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="plan and journal every step, execute nothing")
+
+
+async def _remediate(args: argparse.Namespace) -> int:
+    config = load_cli_config(args)
+    inventory = load_cli_inventory(config)
+    if args.model not in {m.name for m in inventory.models}:
+        known = ", ".join(m.name for m in inventory.models) or "none"
+        raise CliError(f"no model {args.model!r} in {config.inventory} (known: {known})")
+    journal = open_journal(config)
+    transport = SshTransport(inventory)
+    engine = Engine(config, inventory, journal, transport, registry=CollectorRegistry())
+    try:
+        run_id = await engine.run_manual(args.model, dry_run=args.dry_run or config.dry_run)
+    finally:
+        await engine.close()
+        await transport.close()
+    view = journal.get_run(run_id)
+    assert view is not None
+    print(RUN_HEADER)
+    print("\n".join(format_run(view)))
+    return EXIT_BY_OUTCOME.get(view.outcome, 1)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("not implemented yet")
+    try:
+        return asyncio.run(_remediate(args))
+    except CliError as exc:
+        return fail(exc)
+    except KeyboardInterrupt:
+        print("interrupted; the run is journaled as interrupted", file=sys.stderr)
+        return 1

@@ -1,0 +1,622 @@
+"""The engine: decides what to do with each alert, and runs playbooks in the background.
+
+`submit` only decides and queues (a few journal writes, no awaits in between, so
+concurrent deliveries cannot interleave): Alertmanager retries slow receivers,
+and a slow answer would turn into duplicate deliveries. The order of the rules
+is the safety argument:
+
+  resolved -> journal, cancel a still-queued run of that alert
+  unrouted alert name / unknown model -> journal, ignore
+  same firing (fingerprint, startsAt) seen before, durably -> DUPLICATE
+  older than max_alert_age -> STALE
+  a run for the model queued or running -> ABSORBED (single flight)
+  paused / circuit open -> PAUSED / CIRCUIT_OPEN
+  budget spent -> escalate, CIRCUIT_OPEN; within backoff -> BACKOFF
+  else -> a new run, STARTED
+
+A run then re-checks that the model is still down, takes the model lock on the
+head node, and walks the playbook's plan, journaling each step before it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from mlx_medic.inventory import Inventory, Model
+from remediator.alerts import AlertEvent, AlertStatus, Disposition
+from remediator.budget import Budget, Escalator, resume_hint
+from remediator.config import RemediatorConfig
+from remediator.journal import Journal, owner_tag
+from remediator.model_lock import LockHandle, ModelLocks
+from remediator.playbook import (
+    PlannedStep,
+    Playbook,
+    RunContext,
+    StepResult,
+    load_playbook,
+)
+from remediator.transport import NodeTransport, TransportError
+
+log = logging.getLogger("remediator.engine")
+
+HealthCheck = Callable[[Model], Awaitable[Any]]
+PROBE_TIMEOUT = 10.0
+SEEN_CACHE = 100_000
+FLUSH_DELAY = 0.05
+# The storm's repeats: journaled in batches (see Journal.flush); every other decision
+# is on disk before submit returns.
+_DEFERRED = {Disposition.DUPLICATE, Disposition.ABSORBED}
+_WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+
+
+@dataclass
+class _Run:
+    run_id: int
+    model: str
+    playbook: Playbook
+    dry_run: bool
+    trigger: str  # 'alert' | 'manual'
+    fingerprints: set[str] = field(default_factory=set)
+    phase: str = "queued"  # queued -> starting (taking the lock) -> executing
+    cancelled: bool = False
+    ended: bool = False
+    task: asyncio.Task[None] | None = None
+    firing: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class HealthVerdict:
+    up: bool
+    conclusive: bool
+    reason: str
+
+
+async def default_health_check(model: Model, inventory: Inventory) -> HealthVerdict:
+    """`mlx_medic.health.probe_model_async` on the model's server (a wildcard listen
+    address means the head node's own address)."""
+    try:
+        from mlx_medic import health
+    except ImportError as exc:
+        log.error("mlx_medic.health is not available (%s); treating the model as down", exc)
+        return HealthVerdict(False, True, f"no health probe available: {exc}")
+    host = model.host
+    if host in _WILDCARD_HOSTS:
+        host = inventory.node(model.head).ssh
+    result = await health.probe_model_async(host, model.port, timeout=PROBE_TIMEOUT)
+    return HealthVerdict(bool(result.up), bool(getattr(result, "conclusive", True)), result.reason)
+
+
+def _verdict(result: Any) -> HealthVerdict:
+    if isinstance(result, HealthVerdict):
+        return result
+    if isinstance(result, bool):
+        return HealthVerdict(result, True, "up" if result else "down")
+    conclusive = bool(getattr(result, "conclusive", True))
+    return HealthVerdict(bool(result.up), conclusive, str(getattr(result, "reason", "")))
+
+
+class Engine:
+    def __init__(
+        self,
+        config: RemediatorConfig,
+        inventory: Inventory,
+        journal: Journal,
+        transport: NodeTransport,
+        *,
+        health_check: HealthCheck | None = None,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.time,
+        hostname: str | None = None,
+        lock_lease: float = 90.0,
+    ):
+        self.config = config
+        self.inventory = inventory
+        self.journal = journal
+        self.transport = transport
+        self.clock = clock
+        self.hostname = hostname or socket.gethostname()
+        self.owner = owner_tag(self.hostname)
+        self._health_check = health_check
+        self.locks = ModelLocks(
+            inventory, transport, hostname=self.hostname, clock=clock, lease=lock_lease
+        )
+        self.budget = Budget(journal, clock)
+        self._runs: dict[str, _Run] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._playbooks: dict[str, Playbook] = {}
+        self._closing = False
+        self._flush_handle: asyncio.TimerHandle | None = None
+
+        self.m_remediations = Counter(
+            "mlx_medic_remediations_total", "Remediation runs by final outcome.",
+            ["model", "outcome"], registry=registry,
+        )
+        self.m_duration = Histogram(
+            "mlx_medic_remediation_duration_seconds", "Wall time of remediation runs.",
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600), registry=registry,
+        )
+        self.m_in_progress = Gauge(
+            "mlx_medic_remediation_in_progress", "1 while a run acts on the model.",
+            ["model"], registry=registry,
+        )
+        self.m_backend = Gauge(
+            "mlx_medic_backend", "1 for the backend the model was last verified on.",
+            ["model", "backend"], registry=registry,
+        )
+        self.m_escalations = Counter(
+            "mlx_medic_escalations_total", "Escalations to a person, by reason.",
+            ["model", "reason"], registry=registry,
+        )
+        self.m_pd_debt = Gauge(
+            "mlx_medic_pd_debt",
+            "JACCL protection domains spent by remediation (SIGKILLed ranks, failed inits)"
+            " on the node since its last reboot.",
+            ["node"], registry=registry,
+        )
+        for model in inventory.models:
+            self.m_in_progress.labels(model=model.name).set(0)
+            for backend, _spec in model.backends.in_order():
+                self.m_backend.labels(model=model.name, backend=backend).set(0)
+        for node in inventory.nodes:
+            self.m_pd_debt.labels(node=node.name).set(0)
+        self.escalator = Escalator(
+            journal, self.m_escalations, notify_url=config.notify_url,
+            hostname=self.hostname, clock=clock,
+        )
+
+    # --- lifecycle --------------------------------------------------------
+
+    async def start(self) -> None:
+        """Mark what a dead process left in flight, and release this host's stale locks."""
+        now = self.clock()
+        for run_id in self.journal.mark_interrupted(now, hostname=self.hostname):
+            run = self.journal.get_run(run_id)
+            self.journal.add_event(
+                "interrupted", now=now, model=run.model if run else None, run_id=run_id,
+                detail="found in flight at start-up; its process is gone",
+            )
+            log.warning("run %s was interrupted by a crash", run_id)
+
+        async def release(model: Model) -> None:
+            try:
+                info = await asyncio.wait_for(
+                    self.locks.release_stale_of_this_host(model.name),
+                    self.inventory.ssh.connect_timeout + 10,
+                )
+            except (TransportError, TimeoutError) as exc:
+                self.journal.add_event(
+                    "lock_check_failed", now=self.clock(), model=model.name,
+                    detail=f"could not check the lock on {model.head} at start-up: {exc}",
+                )
+                return
+            if info is not None:
+                self.journal.add_event(
+                    "lock_released", now=self.clock(), model=model.name,
+                    detail=f"released a stale lock of dead pid {info.pid} (run {info.run_id})",
+                )
+
+        await asyncio.gather(*(release(m) for m in self.inventory.models))
+
+    async def close(self) -> None:
+        """Cancel runs in flight (journaled as interrupted, locks released)."""
+        self._closing = True
+        tasks = [t for t in self._tasks if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.escalator.drain(timeout=2.0)
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._flush()
+
+    async def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until no run is queued or running (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self._tasks:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("runs still in flight")
+            await asyncio.wait(set(self._tasks), timeout=remaining)
+
+    # --- decisions --------------------------------------------------------
+
+    def _event(
+        self,
+        disposition: Disposition | str,
+        event: AlertEvent | None,
+        *,
+        model: str | None = None,
+        run_id: int | None = None,
+        detail: str = "",
+    ) -> None:
+        self.journal.add_event(
+            str(disposition), now=self.clock(), model=model,
+            fingerprint=event.fingerprint if event else None, run_id=run_id, detail=detail,
+            defer=disposition in _DEFERRED,
+        )
+        if self.journal.pending:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        """Deferred journal writes reach the file within FLUSH_DELAY (other processes
+        read it); readers in this process see them at once (reads flush first)."""
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        try:
+            self.journal.flush()
+        except Exception:
+            log.exception("journal flush failed")
+
+    def _remember(self, key: tuple[str, str]) -> None:
+        self._seen[key] = None
+        if len(self._seen) > SEEN_CACHE:
+            self._seen.popitem(last=False)
+
+    def _playbook(self, name: str) -> Playbook:
+        if name not in self._playbooks:
+            self._playbooks[name] = load_playbook(name)
+        return self._playbooks[name]
+
+    async def submit(self, event: AlertEvent) -> Disposition:
+        """Decide, journal, maybe queue a run. Never runs a playbook inline."""
+        label = self.config.routing.model_label
+        model_name = event.labels.get(label)
+        model = self._known_model(model_name)
+
+        if event.status == AlertStatus.RESOLVED:
+            detail = f"{event.alertname} resolved"
+            run = self._runs.get(model.name) if model else None
+            if run is not None and not run.ended and event.fingerprint in run.fingerprints:
+                run.fingerprints.discard(event.fingerprint)
+                if run.phase == "queued" and not run.fingerprints:
+                    why = f"alert {event.fingerprint} resolved before the run started"
+                    self._cancel_queued(run, why)
+                    detail += f"; cancelled queued run {run.run_id}"
+                elif run.phase == "queued":
+                    detail += f"; run {run.run_id} stays queued for its other firing alerts"
+            self._event(
+                Disposition.RESOLVED, event, model=model.name if model else None, detail=detail
+            )
+            return Disposition.RESOLVED
+
+        playbook_name = self.config.routing.playbooks.get(event.alertname)
+        if playbook_name is None:
+            self._event(
+                Disposition.UNROUTED, event,
+                detail=f"no playbook for alert {event.alertname[:100]!r}",
+            )
+            return Disposition.UNROUTED
+        if model is None:
+            shown = "missing" if model_name is None else repr(model_name[:100])
+            self._event(
+                Disposition.UNKNOWN_MODEL, event,
+                detail=f"label {label}={shown} names no model in the inventory",
+            )
+            return Disposition.UNKNOWN_MODEL
+
+        key = event.dedupe_key
+        if key in self._seen or self.journal.firing_seen(*key):
+            self._remember(key)
+            self._event(Disposition.DUPLICATE, event, model=model.name,
+                        detail=f"firing since {key[1]} already handled")
+            return Disposition.DUPLICATE
+
+        age = self.clock() - event.starts_at.timestamp()
+        if age > self.config.max_alert_age:
+            self._event(
+                Disposition.STALE, event, model=model.name,
+                detail=f"alert is {age / 3600:.1f}h old (max_alert_age"
+                f" {self.config.max_alert_age / 3600:g}h): not acting on old news",
+            )
+            return Disposition.STALE
+
+        current = self._runs.get(model.name)
+        if current is not None and not current.ended:
+            self.journal.record_firing(*key, model.name, current.run_id, self.clock(), defer=True)
+            self._remember(key)
+            current.fingerprints.add(event.fingerprint)
+            self._event(Disposition.ABSORBED, event, model=model.name, run_id=current.run_id,
+                        detail=f"run {current.run_id} is already {current.phase}")
+            return Disposition.ABSORBED
+
+        control = self.journal.blocking_control(model.name)
+        if control is not None:
+            paused = control.kind == "pause"
+            disposition = Disposition.PAUSED if paused else Disposition.CIRCUIT_OPEN
+            scope = "all models" if control.model is None else model.name
+            self._event(disposition, event, model=model.name,
+                        detail=f"{control.kind} on {scope} since"
+                        f" {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(control.since))}:"
+                        f" {control.reason}".rstrip(": "))
+            return disposition
+
+        dry_run = self.config.dry_run
+        if not dry_run:
+            decision = self.budget.check(model)
+            if decision.spent:
+                self.escalator.escalate(
+                    model.name, "budget_spent", decision.reason,
+                    f"find out why {model.name} keeps failing (`mlx-medic log --model"
+                    f" {model.name}`) and fix it; {resume_hint(model.name)}",
+                )
+                self._event(Disposition.CIRCUIT_OPEN, event, model=model.name,
+                            detail=decision.reason)
+                return Disposition.CIRCUIT_OPEN
+            if not decision.allowed:
+                self._event(Disposition.BACKOFF, event, model=model.name, detail=decision.reason)
+                return Disposition.BACKOFF
+
+        try:
+            playbook = self._playbook(playbook_name)
+        except ValueError as exc:
+            self._event(Disposition.UNROUTED, event, model=model.name, detail=str(exc))
+            return Disposition.UNROUTED
+        run_id = self.journal.create_alert_run(
+            model=model.name, playbook=playbook_name, owner=self.owner, now=self.clock(),
+            alertname=event.alertname, fingerprint=event.fingerprint, starts_at=key[1],
+            labels=dict(event.labels), dry_run=dry_run,
+        )
+        self._remember(key)
+        if run_id is None:  # another process recorded this firing first
+            self._event(Disposition.DUPLICATE, event, model=model.name,
+                        detail="firing recorded by another process")
+            return Disposition.DUPLICATE
+        run = _Run(run_id, model.name, playbook, dry_run, "alert", {event.fingerprint}, firing=key)
+        self._runs[model.name] = run
+        self._spawn(run)
+        self._event(Disposition.STARTED, event, model=model.name, run_id=run_id,
+                    detail=f"run {run_id} queued ({playbook_name}{', dry run' if dry_run else ''})")
+        return Disposition.STARTED
+
+    def _known_model(self, name: str | None) -> Model | None:
+        if name is None:
+            return None
+        try:
+            return self.inventory.model(name)
+        except KeyError:
+            return None
+
+    def _spawn(self, run: _Run) -> None:
+        task = asyncio.get_running_loop().create_task(self._execute(run))
+        run.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _cancel_queued(self, run: _Run, why: str) -> None:
+        run.cancelled = True
+        self._finish(run, "cancelled", why)
+        if run.task is not None:
+            run.task.cancel()
+
+    def _finish(
+        self, run: _Run, outcome: str, detail: str, next_action: str | None = None
+    ) -> None:
+        """Journal the end of a run once, count it, free the model's slot."""
+        if run.ended:
+            return
+        run.ended = True
+        now = self.clock()
+        self.journal.end_run(run.run_id, outcome, now, detail, next_action)
+        self.m_remediations.labels(model=run.model, outcome=outcome).inc()
+        view = self.journal.get_run(run.run_id)
+        if view is not None and view.started_at is not None:
+            self.m_duration.observe(max(0.0, now - view.started_at))
+        if self._runs.get(run.model) is run:
+            del self._runs[run.model]
+        log.info("run %s of %s ended: %s", run.run_id, run.model, outcome,
+                 extra={"model": run.model, "run_id": run.run_id, "outcome": outcome,
+                        "detail": detail})
+
+    # --- runs -------------------------------------------------------------
+
+    async def run_manual(self, model_name: str, *, dry_run: bool) -> int:
+        """Run the model's playbook now, by hand: same lock, same journal; no budget,
+        pause or circuit (a person decided). Returns the run id once it has ended."""
+        try:
+            model = self.inventory.model(model_name)
+        except KeyError:
+            known = ", ".join(m.name for m in self.inventory.models) or "none"
+            raise KeyError(f"no model {model_name!r} in the inventory (known: {known})") from None
+        playbook_name = self.config.routing.playbooks.get("LLMModelDown", "recover")
+        playbook = self._playbook(playbook_name)
+        run_id = self.journal.create_run(
+            model=model.name, playbook=playbook_name, trigger_kind="manual", owner=self.owner,
+            now=self.clock(), dry_run=dry_run,
+        )
+        run = _Run(run_id, model.name, playbook, dry_run, "manual")
+        self._runs.setdefault(model.name, run)
+        self._spawn(run)
+        assert run.task is not None
+        await asyncio.shield(run.task)
+        return run_id
+
+    async def _health(self, model: Model) -> HealthVerdict:
+        try:
+            if self._health_check is not None:
+                result = self._health_check(model)
+                if inspect.isawaitable(result):
+                    result = await result
+                return _verdict(result)
+            return await default_health_check(model, self.inventory)
+        except Exception as exc:  # a broken probe must not hide an outage
+            log.warning("health check of %s failed: %s", model.name, exc)
+            return HealthVerdict(False, True, f"health check raised {type(exc).__name__}: {exc}")
+
+    def _forget_firing(self, run: _Run) -> None:
+        """Let a redelivery of this firing try again (nothing was done for it)."""
+        if run.firing is not None:
+            self.journal.forget_firing(*run.firing)
+            self._seen.pop(run.firing, None)
+
+    async def _execute(self, run: _Run) -> None:
+        """One run from queue to end. The lock is released before the run is marked
+        ended, so the next run of the model never finds our own lock still there."""
+        model = self.inventory.model(run.model)
+        holding: list[LockHandle] = []
+        result: tuple[str, str, str | None] | None = None
+        try:
+            result = await self._attempt(run, model, holding)
+        except asyncio.CancelledError:
+            if not run.ended:
+                self._interrupt_steps(run)
+                result = ("interrupted", "the remediator stopped during this run", None)
+            raise
+        except Exception as exc:
+            log.exception("run %s of %s crashed", run.run_id, model.name)
+            self._interrupt_steps(run)
+            result = ("failed", f"internal error: {type(exc).__name__}: {exc}", None)
+        finally:
+            self.m_in_progress.labels(model=model.name).set(0)
+            for handle in holding:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.locks.release(handle))
+            if result is not None:
+                self._finish(run, *result)
+
+    async def _attempt(
+        self, run: _Run, model: Model, holding: list[LockHandle]
+    ) -> tuple[str, str, str | None]:
+        """Re-check, lock, walk the plan: (outcome, detail, next action)."""
+        if run.trigger == "alert":
+            control = self.journal.blocking_control(model.name)
+            if control is not None:
+                self._forget_firing(run)
+                return "skipped", f"{control.kind} set before the run started", None
+            verdict = await self._health(model)
+            if verdict.up:
+                self._event(Disposition.STALE, None, model=model.name, run_id=run.run_id,
+                            detail=f"model is up again: {verdict.reason}")
+                return "skipped", f"model is up again: {verdict.reason}", None
+            if not verdict.conclusive:
+                self._forget_firing(run)
+                return "skipped", f"could not confirm {model.name} is down: {verdict.reason}", None
+        holder = "manual" if run.trigger == "manual" else "remediator"
+        run.phase = "starting"  # no longer cancellable: a half-taken lock must not leak
+        handle = await self.locks.acquire(model.name, holder, str(run.run_id))
+        if handle is None:
+            why = self.locks.refusals.get(model.name, "locked")
+            return "locked", why if why.startswith("locked") else f"locked: {why}", None
+        holding.append(handle)
+        run.phase = "executing"
+        self.journal.start_run(run.run_id, self.clock())
+        self.m_in_progress.labels(model=model.name).set(1)
+        return await self._walk(run, model)
+
+    def _interrupt_steps(self, run: _Run) -> None:
+        view = self.journal.get_run(run.run_id)
+        for step in view.steps if view else []:
+            if step.outcome == "running":
+                self.journal.end_step(step.id, "interrupted", self.clock(),
+                                      detail="the run stopped while this step ran")
+
+    async def _walk(self, run: _Run, model: Model) -> tuple[str, str, str | None]:
+        """Walk the plan: (outcome, detail, next action for on-call)."""
+        plan = run.playbook.plan(model, self.inventory)
+        if not plan:
+            return "failed", "the playbook planned no steps", None
+        if run.dry_run:
+            for seq, step in enumerate(plan, 1):
+                self._begin_step(run, seq, step, outcome="planned")
+            return "planned", f"dry run: {len(plan)} steps planned, nothing executed", None
+
+        self.journal.mark_counted(run.run_id)
+        context = RunContext(
+            model=model, inventory=self.inventory, transport=self.transport,
+            run_id=run.run_id, dry_run=False, health_check=self._health_bool, log=log,
+        )
+        step_timeout = max(model.policy.start_timeout, self.inventory.ssh.command_timeout) + 60
+        verify_failed = False
+        for seq, step in enumerate(plan, 1):
+            if step.fallback and not verify_failed:
+                continue
+            step_id = self._begin_step(run, seq, step)
+            try:
+                result = await asyncio.wait_for(run.playbook.execute(step, context), step_timeout)
+            except TimeoutError:
+                result = StepResult("failed", detail=f"no end after {step_timeout:g}s")
+            except TransportError as exc:
+                result = StepResult("failed", detail=str(exc))
+            except Exception as exc:
+                log.exception("step %s of run %s raised", step.name, run.run_id)
+                result = StepResult("failed", detail=f"{type(exc).__name__}: {exc}")
+            self.journal.end_step(
+                step_id, result.outcome, self.clock(), exit_status=result.exit_status,
+                output=result.output, detail=result.detail,
+            )
+            where = f"{step.name} on {step.node}"
+            if result.outcome == "not_implemented":
+                remaining = _summarise([s for s in plan[seq - 1 :] if not s.fallback])
+                detail = f"step {where} has no implementation yet; nothing was done to {model.name}"
+                action = f"recover {model.name} by hand ({remaining}); {resume_hint(model.name)}"
+                return self._escalate(run, "not_implemented", detail, action)
+            if step.kind == "escalate" or result.unrecoverable:
+                detail = result.detail or f"{where} found a state a restart cannot fix"
+                action = (result.next_action or f"recover {model.name} by hand")
+                return self._escalate(
+                    run, "unrecoverable", detail, f"{action}; {resume_hint(model.name)}"
+                )
+            if step.kind == "verify":
+                if result.outcome == "ok":
+                    if step.backend:
+                        for backend, _ in model.backends.in_order():
+                            self.m_backend.labels(model=model.name, backend=backend).set(
+                                1 if backend == step.backend else 0
+                            )
+                    on = f" on {step.backend}" if step.backend else ""
+                    return "succeeded", f"{model.name} verified healthy{on}", None
+                verify_failed = True
+                continue
+            if result.outcome == "failed":
+                detail = f"step {where} failed: {result.detail}".rstrip(": ")
+                action = (
+                    f"read the step's output (`mlx-medic log --model {model.name}`), recover"
+                    f" by hand; {resume_hint(model.name)}"
+                )
+                return self._escalate(run, "step_failed", detail, action)
+        return self._escalate(
+            run, "step_failed", "the playbook ended without a verified start",
+            f"recover {model.name} by hand; {resume_hint(model.name)}",
+        )
+
+    def _escalate(
+        self, run: _Run, reason: str, detail: str, next_action: str
+    ) -> tuple[str, str, str | None]:
+        self.escalator.escalate(run.model, reason, detail, next_action, run_id=run.run_id)
+        return "escalated", detail, next_action
+
+    async def _health_bool(self, model: Model) -> bool:
+        return (await self._health(model)).up
+
+    def _begin_step(self, run: _Run, seq: int, step: PlannedStep, outcome: str = "running") -> int:
+        return self.journal.begin_step(
+            run.run_id, seq=seq, name=step.name, node=step.node, command=step.argv,
+            description=step.description, targets=list(step.targets), now=self.clock(),
+            outcome=outcome,
+        )
+
+
+def _summarise(steps: list[PlannedStep]) -> str:
+    """`stop-service on ai001, sweep on ai001, ai002, then start-jaccl on ai001`."""
+    groups: list[tuple[str, list[str]]] = []
+    for step in steps:
+        if groups and groups[-1][0] == step.name:
+            groups[-1][1].append(step.node)
+        else:
+            groups.append((step.name, [step.node]))
+    return ", ".join(f"{name} on {', '.join(nodes)}" for name, nodes in groups)

@@ -1,0 +1,231 @@
+"""The on-call commands: `mlx-medic log`, `remediate`, `pause`, `resume`."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import io
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlx_medic.cli import SUBCOMMANDS, build_parser
+from mlx_medic.inventory import parse_inventory
+from remediator import cli_log
+from remediator.alerts import Disposition
+from remediator.config import RemediatorConfig
+from remediator.journal import Journal
+from tests.remediator.engine_fakes import (
+    MODEL,
+    OTHER,
+    PLAYBOOKS,
+    alert,
+    inventory_text,
+    make_engine,
+)
+
+
+def cli(args: list[str]) -> int:
+    parsed = build_parser().parse_args(args)
+    return importlib.import_module(SUBCOMMANDS[parsed.command][0]).run(parsed)
+
+
+def write_config(tmp_path: Path, inventory: str | None = None, **extra) -> Path:
+    inventory_file = tmp_path / "inventory.yaml"
+    inventory_file.write_text(inventory or inventory_text(Path("/var/lib/mlx-medic")))
+    config = {"journal": str(tmp_path / "state" / "journal.sqlite"),
+              "inventory": str(inventory_file), **extra}
+    path = tmp_path / "remediator.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def config_of(path: Path) -> RemediatorConfig:
+    return RemediatorConfig.model_validate(yaml.safe_load(path.read_text()))
+
+
+def fill_journal(tmp_path: Path, config_file: Path) -> None:
+    """A dry run of MODEL and an escalated run of OTHER, through a real engine."""
+    inventory = parse_inventory(Path(config_of(config_file).inventory).read_text())
+
+    async def go() -> None:
+        raw = yaml.safe_load(config_file.read_text())
+        dry = RemediatorConfig.model_validate({**raw, "dry_run": True})
+        engine = make_engine(dry, inventory, tmp_path=tmp_path)
+        await engine.submit(alert("dry1", MODEL))
+        await engine.wait_idle()
+        await engine.close()
+        failing = RemediatorConfig.model_validate(
+            {**raw, "routing": {"playbooks": {"LLMModelDown": PLAYBOOKS["unrecoverable"]}}})
+        engine = make_engine(failing, inventory, tmp_path=tmp_path)
+        await engine.submit(alert("bad1", OTHER))
+        await engine.wait_idle()
+        await engine.close()
+
+    asyncio.run(go())
+
+
+def test_log_prints_runs_steps_outcomes_and_the_next_action_within_100_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    fill_journal(tmp_path, config_file)
+    assert cli(["log", "--config.file", str(config_file)]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    lines = out.splitlines()
+    assert lines[0].startswith(f"CIRCUIT OPEN: {OTHER} since")
+    assert any(line.startswith("RUN ") and "OUTCOME" in line for line in lines)
+    run2 = next(i for i, line in enumerate(lines) if line.startswith("#2 "))
+    run1 = next(i for i, line in enumerate(lines) if line.startswith("#1 "))
+    assert run2 < run1  # newest first
+    assert "escalated" in lines[run2] and "alert bad1" in lines[run2]
+    assert "planned (dry run)" in lines[run1]
+    assert "NEXT: reboot ai002: 3 ranks in uninterruptible state survive SIGKILL; then" in out
+    assert f"`mlx-medic resume {OTHER}`" in out
+    assert "launchctl bootout system/com.example." in out  # the dry run's first command
+    assert out.count("planned  ") >= 15
+
+
+def test_log_json_holds_the_controls_and_every_run_with_its_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    fill_journal(tmp_path, config_file)
+    assert cli(["log", "--config.file", str(config_file), "--json", "--model", MODEL]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (run,) = data["runs"]
+    assert run["model"] == MODEL and run["outcome"] == "planned" and run["dry_run"] is True
+    assert run["steps"][0]["command"][0] == "launchctl"
+    assert {s["outcome"] for s in run["steps"]} == {"planned"}
+    assert data["controls"] == []  # OTHER's circuit is not shown for MODEL
+
+
+def test_log_since_leaves_out_older_runs_and_a_bad_duration_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    journal = Journal(config_of(config_file).journal)
+    journal.create_run(model=MODEL, playbook="recover", trigger_kind="manual", owner="h:1",
+                       now=time.time() - 3 * 3600)
+    assert cli(["log", "--config.file", str(config_file), "--since", "2h"]) == 0
+    assert "no remediation runs" in capsys.readouterr().out
+    assert cli(["log", "--config.file", str(config_file), "--since", "yesterday"]) == 2
+    assert "--since: 'yesterday' is not a duration" in capsys.readouterr().err
+
+
+def test_log_follow_prints_a_run_again_when_it_changes(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.sqlite")
+    run_id = journal.create_run(model=MODEL, playbook="recover", trigger_kind="manual",
+                                owner="h:1", now=time.time())
+    out = io.StringIO()
+
+    def between_rounds(_seconds: float) -> None:
+        journal.start_run(run_id, time.time())
+        journal.end_run(run_id, "succeeded", time.time(), "verified healthy on ring")
+
+    cli_log.follow(journal, None, None, 20, as_json=True, out=out, rounds=2,
+                   sleep=between_rounds)
+    seen = [json.loads(line)["outcome"] for line in out.getvalue().splitlines()]
+    assert seen == ["queued", "succeeded"]
+
+
+def test_pause_and_resume_reach_a_running_engine_and_say_what_they_did(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path, routing={"playbooks": {
+        "LLMModelDown": PLAYBOOKS["succeeding"]}})
+    config = config_of(config_file)
+    inventory = parse_inventory(Path(config.inventory).read_text())
+
+    async def submit(fingerprint: str) -> Disposition:
+        engine = make_engine(config, inventory, tmp_path=tmp_path)
+        try:
+            return await engine.submit(alert(fingerprint))
+        finally:
+            await engine.wait_idle()
+            await engine.close()
+
+    assert cli(["pause", "--config.file", str(config_file), MODEL]) == 0
+    out = capsys.readouterr().out
+    assert f"paused automatic remediation for {MODEL}" in out
+    assert f"undo with: mlx-medic resume {MODEL}" in out
+    assert asyncio.run(submit("p1")) == Disposition.PAUSED
+    assert cli(["pause", "--config.file", str(config_file), MODEL]) == 0
+    assert "already paused" in capsys.readouterr().out
+    assert cli(["resume", "--config.file", str(config_file), MODEL]) == 0
+    assert f"cleared the pause of {MODEL}" in capsys.readouterr().out
+    assert asyncio.run(submit("p2")) == Disposition.STARTED
+
+    assert cli(["pause", "--config.file", str(config_file)]) == 0
+    assert "for all models" in capsys.readouterr().out
+    assert asyncio.run(submit("p3")) == Disposition.PAUSED
+    assert cli(["resume", "--config.file", str(config_file)]) == 0
+    assert "cleared the pause of all models" in capsys.readouterr().out
+
+
+def test_resume_closes_an_open_circuit_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    Journal(config_of(config_file).journal).open_circuit(
+        MODEL, reason="budget", next_action="reboot ai002", by_whom="r", now=1.0)
+    assert cli(["resume", "--config.file", str(config_file)]) == 0
+    out = capsys.readouterr().out
+    assert f"still circuit open: {MODEL}" in out and f"`mlx-medic resume {MODEL}`" in out
+    assert cli(["resume", "--config.file", str(config_file), MODEL]) == 0
+    assert f"closed the circuit of {MODEL}" in capsys.readouterr().out
+    assert Journal(config_of(config_file).journal).controls() == []
+
+
+def test_pause_of_a_model_not_in_the_inventory_is_refused_with_the_known_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    assert cli(["pause", "--config.file", str(config_file), "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no model 'nope'" in err and MODEL in err
+
+
+def test_remediate_refuses_an_unknown_model_and_a_bad_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    assert cli(["remediate", "--config.file", str(config_file), "nope"]) == 2
+    assert "no model 'nope'" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dry_run: maybe\n")
+    assert cli(["remediate", "--config.file", str(bad), MODEL]) == 2
+    assert "dry_run" in capsys.readouterr().err
+
+
+@pytest.mark.testbed
+def test_remediate_dry_run_plans_under_the_real_lock_and_exit_3_when_it_is_held(
+    tmp_path: Path, clean_cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = clean_cluster
+    model = {
+        "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", "ai002"], "port": 18081,
+        "service": {"manager": "supervisord", "label": "tiny"},
+        "backends": {"ring": {"hostfile": "/etc/ring.json", "pipeline": True}},
+    }
+    config_file = write_config(tmp_path, cluster.inventory_yaml([model]))
+    inventory = parse_inventory(cluster.inventory_yaml([model]))
+    assert cli(["remediate", "--config.file", str(config_file), "tiny", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "manual" in out and "planned (dry run)" in out and "supervisorctl stop tiny" in out
+    lock = cluster.head.host_path(inventory.state_dir / "locks" / "tiny.lock")
+    assert not lock.exists()
+
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(json.dumps({"host": "other-host", "pid": os.getpid(), "time": time.time(),
+                                "holder": "serve", "run_id": "r1",
+                                "expires": time.time() + 600}))
+    assert cli(["remediate", "--config.file", str(config_file), "tiny", "--dry-run"]) == 3
+    assert "locked by serve" in capsys.readouterr().out
+    (latest, first) = Journal(config_of(config_file).journal).list_runs()
+    assert (latest.outcome, first.outcome) == ("locked", "planned")
