@@ -1,0 +1,191 @@
+"""`processes`: MLX processes on this node by model, role and state, and the
+orphans among them with the rule that found each.
+
+Orphans are judged by rules a node can apply alone (mlx_medic.orphans), never
+by `ppid == 1`: on a peer an orphaned rank keeps its stuck sshd as parent.
+Every state is always present (0 when empty) for every inventory model and
+role, so alert expressions never see a missing series.
+
+    mlx_processes{model="glm-4_6-5b",role="rank",state="uninterruptible"} 3.0
+    mlx_orphan_processes{model="glm-4_6-5b",role="rank",rule="excess_ranks",state="sleeping"} 2.0
+    mlx_orphan_oldest_age_seconds{model="glm-4_6-5b"} 61200.0
+    mlx_suspected_remote_orphans{model="glm-4_6-5b",peer="ai002"} 1.0
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from prometheus_client.core import GaugeMetricFamily
+
+from exporter.collector import Collector, ExporterContext, register
+from mlx_medic.inventory import Inventory
+from mlx_medic.orphans import (
+    Established,
+    OrphanReport,
+    Rule,
+    Scoped,
+    find_orphans,
+    psutil_established,
+)
+from mlx_medic.process_model import (
+    ModelScoper,
+    ProcessInfo,
+    ProcessTable,
+    Role,
+    State,
+    by_pid,
+    system_process_table,
+)
+from mlx_medic.runs import read_current_run
+
+ROLES = tuple(Role)
+STATES = tuple(State)
+RULES = tuple(Rule)
+
+
+class ProcessesCollector(Collector):
+    name = "processes"
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        inventory: Inventory | None,
+        state_dir: Path,
+        table: ProcessTable,
+        clock: Callable[[], float],
+        established: Established = psutil_established,
+    ):
+        self.node = node
+        self.inventory = inventory
+        self.state_dir = Path(state_dir)
+        self.table = table
+        self.clock = clock
+        self.established = established
+        self.scoper = ModelScoper(inventory)
+        # A process's scope cannot change while its argv does not: cache it.
+        self._scopes: dict[tuple[int, float, tuple[str, ...]], str | None] = {}
+
+    def _scope(self, snapshot: list[ProcessInfo]) -> list[Scoped]:
+        scopes: dict[tuple[int, float, tuple[str, ...]], str | None] = {}
+        found = []
+        for proc in snapshot:
+            if proc.role is None:
+                continue
+            key = (proc.pid, proc.create_time, proc.cmdline)
+            model = self._scopes[key] if key in self._scopes else self.scoper.model_of(proc)
+            scopes[key] = model
+            if model is not None:
+                found.append(Scoped(proc, model))
+        self._scopes = scopes
+        return found
+
+    def _known_models(self) -> list[str]:
+        return [m.name for m in self.inventory.models] if self.inventory else []
+
+    def _known_peers(self) -> list[tuple[str, str]]:
+        """(model, peer) pairs where this node could launch ranks: zeros are known."""
+        if self.inventory is None:
+            return []
+        return [
+            (m.name, peer)
+            for m in self.inventory.models
+            if m.head == self.node
+            for peer in m.nodes
+            if peer != self.node
+        ]
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        snapshot = self.table.snapshot()
+        now = self.clock()
+        scoped = self._scope(snapshot)
+        runs: dict[str, str | None] = {}
+
+        def current_run(model: str) -> str | None:
+            if model not in runs:
+                runs[model] = read_current_run(self.state_dir, model)
+            return runs[model]
+
+        report = find_orphans(
+            scoped,
+            by_pid(snapshot),
+            node=self.node,
+            inventory=self.inventory,
+            current_run=current_run,
+            established=self.established,
+        )
+        models = list(dict.fromkeys([*self._known_models(), *(s.model for s in scoped)]))
+        yield self._processes(models, Counter((s.model, s.role, s.proc.state) for s in scoped))
+        yield from self._orphans(models, report, now)
+
+    @staticmethod
+    def _processes(models: list[str], counts: Counter) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(
+            "mlx_processes",
+            "MLX processes on this node by model, role (launcher, ssh_client, rank, share,"
+            " exo_runner) and state. uninterruptible is Linux D or macOS U: such a process"
+            " ignores SIGKILL.",
+            labels=["model", "role", "state"],
+        )
+        for model in models:
+            for role in ROLES:
+                for state in STATES:
+                    family.add_metric([model, role, state], counts[(model, role, state)])
+        return family
+
+    def _orphans(
+        self, models: list[str], report: OrphanReport, now: float
+    ) -> Iterable[GaugeMetricFamily]:
+        counts = Counter((o.model, o.role, o.proc.state, o.rule) for o in report.orphans)
+        orphans = GaugeMetricFamily(
+            "mlx_orphan_processes",
+            "MLX processes on this node left over from a dead or replaced run, by the rule"
+            " that found them: stale_run_id (run tag is not the model's current run here),"
+            " launcher_gone (its mlx.launch is gone), ssh_client_lost (its sshd session has"
+            " no client), excess_ranks (more ranks than the model places here; all but the"
+            " newest). Never judged by ppid == 1.",
+            labels=["model", "role", "state", "rule"],
+        )
+        for model in models:
+            for role in ROLES:
+                for state in STATES:
+                    for rule in RULES:
+                        value = counts[(model, role, state, rule)]
+                        orphans.add_metric([model, role, state, rule], value)
+        yield orphans
+
+        oldest = GaugeMetricFamily(
+            "mlx_orphan_oldest_age_seconds",
+            "Age of the oldest orphan of the model on this node (0 when there is none).",
+            labels=["model"],
+        )
+        for model in models:
+            created = [o.proc.create_time for o in report.orphans if o.model == model]
+            oldest.add_metric([model], max(0.0, now - min(created)) if created else 0.0)
+        yield oldest
+
+        suspected = GaugeMetricFamily(
+            "mlx_suspected_remote_orphans",
+            "ssh clients of a dead mlx.launch on this node, by the peer they point at: that"
+            " peer probably holds orphaned ranks of the model.",
+            labels=["model", "peer"],
+        )
+        pairs = Counter(dict.fromkeys(self._known_peers(), 0))
+        pairs.update(report.suspected_remote)
+        for (model, peer), value in sorted(pairs.items()):
+            suspected.add_metric([model, peer], value)
+        yield suspected
+
+
+@register("processes", help="MLX processes by model, role and state; orphans by rule")
+def make(context: ExporterContext) -> Collector:
+    return ProcessesCollector(
+        node=context.node,
+        inventory=context.inventory,
+        state_dir=context.state_dir,
+        table=system_process_table(),
+        clock=context.clock,
+    )

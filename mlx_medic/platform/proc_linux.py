@@ -1,0 +1,262 @@
+"""A fast Linux process table that reads /proc directly.
+
+psutil reads several files per process; on a node with thousands of
+unrelated processes that dominates a scrape. Here a scrape lists /proc once
+and keys a cache by (pid, inode of /proc/<pid>): procfs gives every new
+process a fresh inode, and `scandir` returns it without a `stat`, so a known
+process costs no file read at all. Command lines are read for new processes
+(and on the recheck schedule, to see an `exec`); `stat` only for processes
+with a role and their ancestors.
+
+Nothing here fails a scan: a process that vanishes mid-scan, an entry we may
+not read, or a command line with odd bytes just yields less information.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlx_medic.process_model import (
+    ProcessInfo,
+    Role,
+    State,
+    classify,
+    is_exo_spawn_child,
+    next_check,
+    parse_environ,
+    resolve_exo_runners,
+)
+
+log = logging.getLogger(__name__)
+
+# /proc/<pid>/stat state letters (proc(5)); every letter maps into the closed set.
+STATE_LETTERS: dict[str, State] = {
+    "R": State.RUNNING,
+    "S": State.SLEEPING,
+    "I": State.SLEEPING,  # idle kernel thread
+    "D": State.UNINTERRUPTIBLE,
+    "T": State.STOPPED,
+    "t": State.STOPPED,  # stopped by a tracer
+    "Z": State.ZOMBIE,
+    "X": State.ZOMBIE,  # dead, about to vanish
+    "x": State.ZOMBIE,
+    "W": State.SLEEPING,  # paging (pre-2.6) / waking
+    "K": State.SLEEPING,  # wakekill (2.6.33-3.13)
+    "P": State.SLEEPING,  # parked kernel thread
+}
+
+
+def state_from_letter(letter: str) -> State:
+    return STATE_LETTERS.get(letter, State.SLEEPING)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The fields of /proc/<pid>/stat this table uses."""
+
+    comm: str
+    state: State
+    ppid: int
+    starttime: int  # clock ticks after boot
+
+
+def parse_stat(raw: bytes) -> Stat:
+    """Parse `pid (comm) S ppid ...`; comm may hold spaces and parentheses."""
+    head, sep, rest = raw.rpartition(b")")
+    if not sep:
+        raise ValueError("no ')' after comm")
+    comm = head.partition(b"(")[2].decode("utf-8", "replace")
+    fields = rest.split()
+    if len(fields) < 20:
+        raise ValueError(f"{len(fields)} fields after comm, expected at least 20")
+    return Stat(
+        comm=comm,
+        state=state_from_letter(fields[0].decode("ascii", "replace")),
+        ppid=int(fields[1]),
+        starttime=int(fields[19]),
+    )
+
+
+def parse_cmdline(raw: bytes) -> tuple[str, ...]:
+    """argv from NUL-separated bytes; undecodable bytes become U+FFFD so label
+    values always encode."""
+    if not raw:
+        return ()
+    return tuple(part.decode("utf-8", "replace") for part in raw.rstrip(b"\0").split(b"\0"))
+
+
+@dataclass
+class _Entry:
+    """What does not change for one process (until it execs)."""
+
+    ino: int
+    cmdline: tuple[str, ...]
+    role: Role | None
+    candidate: bool  # has a role, or may get one from its ancestry (exo)
+    first_seen: float
+    checks: int
+    due: float
+    env: dict[str, str] | None = None
+    starttime: int | None = None
+
+
+class LinuxProcessTable:
+    """`ProcessTable` over a /proc tree; `proc_root` lets tests build a fake one."""
+
+    def __init__(
+        self,
+        proc_root: str | os.PathLike[str] = "/proc",
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
+        self.root = Path(proc_root)
+        self.monotonic = monotonic
+        self._cache: dict[int, _Entry] = {}
+        self._ticks = os.sysconf("SC_CLK_TCK")
+        self._boot_time = self._read_boot_time()
+        self.read_errors = 0  # entries that could not be read, cumulative
+
+    def _read_boot_time(self) -> float:
+        try:
+            for line in (self.root / "stat").read_bytes().splitlines():
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            log.warning("cannot read btime from %s/stat; process ages will be off", self.root)
+        return 0.0
+
+    def _read(self, pid: int, name: str) -> bytes:
+        with open(f"{self.root}/{pid}/{name}", "rb") as handle:
+            return handle.read()
+
+    def _read_env(self, pid: int) -> dict[str, str]:
+        try:
+            return parse_environ(self._read(pid, "environ"))
+        except OSError:
+            return {}
+
+    def _classify(self, pid: int, ino: int, old: _Entry | None, now: float) -> _Entry | None:
+        try:
+            cmdline = parse_cmdline(self._read(pid, "cmdline"))
+        except FileNotFoundError:
+            return None  # gone between the listing and the read
+        except OSError:
+            self.read_errors += 1
+            cmdline = ()
+        if old is not None and old.ino == ino:
+            old.checks += 1
+            old.due = next_check(old.first_seen, old.checks)
+            if not cmdline or cmdline == old.cmdline:
+                return old  # unchanged, or a zombie whose argv is gone: keep what we knew
+        entry = _Entry(ino, cmdline, None, False, now, 0, next_check(now, 0))
+        if cmdline:
+
+            def env() -> dict[str, str]:
+                if entry.env is None:
+                    entry.env = self._read_env(pid)
+                return entry.env
+
+            entry.role = classify(cmdline, env)
+            entry.candidate = entry.role is not None or is_exo_spawn_child(cmdline)
+            if old is not None and old.ino == ino:
+                entry.first_seen, entry.checks, entry.due = old.first_seen, old.checks, old.due
+        return entry
+
+    def _stat(self, pid: int) -> Stat | None:
+        try:
+            return parse_stat(self._read(pid, "stat"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self.read_errors += 1
+            return None
+
+    def _info(self, pid: int, entry: _Entry, stat: Stat) -> ProcessInfo:
+        def env() -> dict[str, str]:
+            if entry.env is None:
+                entry.env = self._read_env(pid)
+            return entry.env
+
+        return ProcessInfo(
+            pid=pid,
+            ppid=stat.ppid,
+            state=stat.state,
+            cmdline=entry.cmdline,
+            create_time=self._boot_time + stat.starttime / self._ticks,
+            name=stat.comm,
+            role=entry.role,
+            env_loader=env,
+        )
+
+    def snapshot(self) -> list[ProcessInfo]:
+        now = self.monotonic()
+        cache = self._cache
+        seen: dict[int, _Entry] = {}
+        with os.scandir(self.root) as listing:
+            for dirent in listing:
+                name = dirent.name
+                if not name.isdigit():
+                    continue
+                pid = int(name)
+                try:
+                    ino = dirent.inode()
+                except OSError:
+                    continue
+                entry = cache.get(pid)
+                if entry is None or entry.ino != ino or now >= entry.due:
+                    entry = self._classify(pid, ino, entry, now)
+                    if entry is None:
+                        continue
+                seen[pid] = entry
+        self._cache = seen  # forgets processes that are gone
+
+        infos: dict[int, ProcessInfo] = {}
+        for pid, entry in seen.items():
+            if not entry.candidate:
+                continue
+            stat = self._stat(pid)
+            if stat is None:
+                continue
+            if entry.starttime is not None and entry.starttime != stat.starttime:
+                # The same pid and inode but another process: classify afresh.
+                fresh = self._classify(pid, -1, None, now)
+                if fresh is None or not fresh.candidate:
+                    continue
+                fresh.ino = entry.ino
+                seen[pid] = entry = fresh
+            entry.starttime = stat.starttime
+            infos[pid] = self._info(pid, entry, stat)
+
+        # Ancestors: rules look for mlx.launch and sshd above a rank.
+        pending = [info.ppid for info in infos.values()]
+        while pending:
+            pid = pending.pop()
+            if pid <= 0 or pid in infos:
+                continue
+            entry = seen.get(pid)
+            if entry is None:
+                try:
+                    ino = os.stat(f"{self.root}/{pid}").st_ino
+                except OSError:
+                    continue
+                entry = self._classify(pid, ino, None, now)
+                if entry is None:
+                    continue
+                seen[pid] = entry
+            stat = self._stat(pid)
+            if stat is None:
+                continue
+            infos[pid] = self._info(pid, entry, stat)
+            pending.append(stat.ppid)
+
+        if any(e.candidate and e.role is None for e in seen.values()):
+            resolve_exo_runners(infos)
+            for info in infos.values():  # remember what ancestry decided
+                if info.role is Role.EXO_RUNNER:
+                    seen[info.pid].role = Role.EXO_RUNNER
+        return list(infos.values())
+

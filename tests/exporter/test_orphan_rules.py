@@ -1,0 +1,249 @@
+"""The orphan rules, on synthetic process tables shaped like the seed's cluster."""
+
+from __future__ import annotations
+
+from mlx_medic.orphans import Rule, find_orphans, scope
+from mlx_medic.process_model import (
+    ModelScoper,
+    ProcessInfo,
+    Role,
+    State,
+    by_pid,
+    classify_cmdline,
+    launched_command,
+    ssh_destination,
+)
+from tests.exporter.process_tables import (
+    INVENTORY,
+    MODEL_PATH,
+    PYTHON,
+    SSHD_LISTENER,
+    SSHD_SESSION,
+    launcher_argv,
+    proc,
+    rank_argv,
+    ssh_client_argv,
+    table,
+)
+
+
+def judge(processes: list[ProcessInfo], *, node: str, current=None, established=None):
+    scoped = scope(processes, ModelScoper(INVENTORY))
+    return find_orphans(
+        scoped,
+        by_pid(processes),
+        node=node,
+        inventory=INVENTORY,
+        current_run=current or (lambda model: None),
+        established=established or (lambda sshd: True),
+    )
+
+
+def orphan_rules(report) -> dict[int, Rule]:
+    return {o.proc.pid: o.rule for o in report.orphans}
+
+
+def peer_with_two_runs(*, first_state: State = State.UNINTERRUPTIBLE) -> list[ProcessInfo]:
+    """ai002 after the launcher died and the service started the model again."""
+    return table(
+        proc(1, 0, ["/sbin/launchd"]),
+        proc(100, 1, SSHD_LISTENER),
+        proc(200, 100, SSHD_SESSION, name="sshd", state=State.UNINTERRUPTIBLE),
+        proc(201, 200, rank_argv(), env={"MLX_RANK": "1"}, created=1000, state=first_state),
+        proc(300, 100, SSHD_SESSION, name="sshd"),
+        proc(301, 300, rank_argv(), env={"MLX_RANK": "1"}, created=2000),
+    )
+
+
+# --- classification ---------------------------------------------------------------
+
+
+def test_an_mlx_lm_server_rank_is_recognised_by_its_module_not_a_substring():
+    assert classify_cmdline(rank_argv()) is Role.RANK
+    assert classify_cmdline([PYTHON, "-m", "mlx_lm", "server", "--port", "1"]) is Role.RANK
+    assert classify_cmdline(["/opt/bin/mlx_lm.server", "--model", "x"]) is Role.RANK
+    assert classify_cmdline(["grep", "mlx_lm.server"]) is None
+    assert classify_cmdline([PYTHON, "-c", "print('-m mlx_lm.server')"]) is None
+    assert classify_cmdline(["uvx", "--from", "mlx-lm", "mlx_lm.server"]) is None
+
+
+def test_share_and_launcher_and_ssh_clients_have_their_own_roles():
+    assert classify_cmdline([PYTHON, "-m", "mlx_lm", "share", "--model", "x"]) is Role.SHARE
+    assert classify_cmdline([PYTHON, "-m", "mlx_lm.share"]) is Role.SHARE
+    assert classify_cmdline(launcher_argv(rank_argv())) is Role.LAUNCHER
+    assert classify_cmdline([PYTHON, "-m", "mlx._distributed_utils.launch"]) is Role.LAUNCHER
+    client = ssh_client_argv("192.168.101.2", 1, rank_argv())
+    assert classify_cmdline(client) is Role.SSH_CLIENT
+    assert launched_command(client) == tuple(rank_argv())
+    assert ssh_destination(client) == "192.168.101.2"
+    assert classify_cmdline(["ssh", "-tt", "192.168.101.2", "uptime"]) is None
+
+
+def test_any_command_started_with_mlx_rank_is_a_rank_like_the_seeds_serve_py():
+    seed_rank = proc(5, 1, ["python3", "serve.py", "--model", MODEL_PATH], env={"MLX_RANK": "2"})
+    assert seed_rank.role is Role.RANK
+    assert proc(6, 1, ["python3", "serve.py", "--model", MODEL_PATH]).role is None
+
+
+def test_exo_runners_are_spawn_children_of_exo():
+    spawn = [PYTHON, "-c", "from multiprocessing.spawn import spawn_main; spawn_main()",
+             "--multiprocessing-fork"]
+    processes = table(
+        proc(10, 1, [PYTHON, "/opt/exo/bin/exo"]),
+        proc(11, 10, spawn),
+        proc(20, 1, [PYTHON, "-m", "some_other_app"]),
+        proc(21, 20, spawn),
+    )
+    roles = {p.pid: p.role for p in processes}
+    assert roles[11] is Role.EXO_RUNNER
+    assert roles[21] is None
+
+
+def test_scope_is_by_port_then_tmpdir_then_model_path_with_an_inventory():
+    scoper = ModelScoper(INVENTORY)
+    assert scoper.model_of(proc(1, 0, rank_argv(port=8081))) == "qwq"
+    assert scoper.model_of(proc(1, 0, rank_argv(port=9999))) is None  # a manual test server
+    share = proc(1, 0, [PYTHON, "-m", "mlx_lm", "share", "--tmpdir",
+                        "/Users/ai/.cache/mlx-share/glm/x"])
+    assert scoper.model_of(share) == "glm"
+    assert scoper.model_of(proc(1, 0, [PYTHON, "-m", "mlx_lm.server", "--model", MODEL_PATH])) \
+        == "glm"
+    client = proc(1, 0, ssh_client_argv("192.168.101.2", 1, rank_argv(port=8081)))
+    assert scoper.model_of(client) == "qwq"
+
+
+def test_without_inventory_ranks_are_grouped_by_their_model_argument():
+    scoper = ModelScoper(None)
+    assert scoper.model_of(proc(1, 0, rank_argv(model="/srv/m1"))) == "/srv/m1"
+    assert scoper.model_of(proc(1, 0, [PYTHON, "-m", "mlx_lm.server"])) == "unknown"
+
+
+# --- the rules ---------------------------------------------------------------------
+
+
+def test_a_peer_orphan_under_a_stuck_sshd_is_found_as_an_excess_rank():
+    processes = peer_with_two_runs()
+    report = judge(processes, node="ai002")
+    assert orphan_rules(report) == {201: Rule.EXCESS_RANKS}
+
+
+def test_a_ppid_1_sweep_finds_nothing_on_that_peer():
+    processes = peer_with_two_runs()
+    ranks = [p for p in processes if p.role is Role.RANK]
+    assert [p.pid for p in ranks if p.ppid == 1] == []
+
+
+def test_the_newest_live_rank_is_kept_even_when_a_zombie_rank_is_newer():
+    processes = table(
+        proc(1, 0, ["/sbin/launchd"]),
+        proc(10, 1, rank_argv(), created=100),
+        proc(11, 1, rank_argv(), created=200, state=State.ZOMBIE),
+    )
+    assert orphan_rules(judge(processes, node="ai002")) == {11: Rule.EXCESS_RANKS}
+
+
+def test_ranks_of_a_model_on_a_node_it_does_not_use_are_all_excess():
+    processes = table(proc(1, 0, ["/sbin/launchd"]), proc(10, 1, rank_argv(), created=5))
+    assert orphan_rules(judge(processes, node="ai003")) == {10: Rule.EXCESS_RANKS}
+
+
+def test_a_rank_whose_run_id_is_not_current_is_stale_whoever_its_parent_is():
+    processes = table(
+        proc(1, 0, ["/sbin/launchd"]),
+        proc(10, 1, rank_argv(), env={"MLX_RANK": "0", "MLX_MEDIC_RUN_ID": "run-a"}),
+        proc(11, 1, rank_argv(), env={"MLX_RANK": "0", "MLX_MEDIC_RUN_ID": "run-b"}),
+    )
+    # Both have ppid 1 and MLX_RANK: the launcher rule would call both orphans;
+    # the run id decides first.
+    report = judge(processes, node="ai002", current=lambda model: "run-b")
+    assert orphan_rules(report)[10] is Rule.STALE_RUN_ID
+    assert orphan_rules(report).get(11) is not Rule.STALE_RUN_ID
+
+
+def test_no_recorded_current_run_means_no_stale_run_verdict():
+    processes = table(
+        proc(1, 0, ["/sbin/launchd"]),
+        proc(5, 1, launcher_argv(rank_argv())),
+        proc(10, 5, rank_argv(), env={"MLX_RANK": "0", "MLX_MEDIC_RUN_ID": "run-a"}),
+    )
+    assert orphan_rules(judge(processes, node="ai001")) == {}
+
+
+def test_an_ssh_client_carries_its_run_id_in_the_launch_script():
+    client = ssh_client_argv("192.168.101.2", 1, rank_argv(), env={"MLX_MEDIC_RUN_ID": "old"})
+    processes = table(
+        proc(1, 0, ["/sbin/launchd"]),
+        proc(5, 1, launcher_argv(rank_argv())),
+        proc(6, 5, client),
+    )
+    report = judge(processes, node="ai001", current=lambda model: "new")
+    assert orphan_rules(report) == {6: Rule.STALE_RUN_ID}
+
+
+def test_after_the_launcher_dies_its_local_rank_and_ssh_clients_are_orphans():
+    processes = table(
+        proc(1, 0, ["/sbin/launchd"]),
+        proc(10, 1, rank_argv(), env={"MLX_RANK": "0"}),
+        proc(11, 1, ssh_client_argv("192.168.101.2", 1, rank_argv())),
+    )
+    report = judge(processes, node="ai001")
+    assert orphan_rules(report) == {10: Rule.LAUNCHER_GONE, 11: Rule.LAUNCHER_GONE}
+    assert report.suspected_remote == {("glm", "ai002"): 1}
+
+
+def test_while_the_launcher_lives_nothing_is_an_orphan():
+    processes = table(
+        proc(1, 0, ["/sbin/launchd"]),
+        proc(5, 1, launcher_argv(rank_argv())),
+        proc(6, 5, ["/bin/bash", "-c", "..."]),
+        proc(10, 6, rank_argv(), env={"MLX_RANK": "0"}),
+        proc(11, 5, ssh_client_argv("192.168.101.2", 1, rank_argv())),
+    )
+    report = judge(processes, node="ai001")
+    assert report.orphans == []
+    assert not report.suspected_remote
+
+
+def test_ranks_under_a_live_mlx_lm_share_are_not_orphans_of_a_missing_launcher():
+    share = [PYTHON, "-m", "mlx_lm", "share", "--tmpdir", "/Users/ai/.cache/mlx-share/glm/t"]
+    processes = table(
+        proc(1, 0, ["/sbin/launchd"]),
+        proc(5, 1, share),
+        proc(6, 5, share, env={"MLX_RANK": "0"}),
+    )
+    assert orphan_rules(judge(processes, node="ai001")) == {}
+    del processes[1]  # the share parent dies: its rank is left behind
+    assert orphan_rules(judge(processes, node="ai001")) == {6: Rule.LAUNCHER_GONE}
+
+
+def test_a_service_rank_without_mlx_rank_is_not_judged_by_the_launcher_rule():
+    processes = table(proc(1, 0, ["/sbin/launchd"]), proc(10, 1, rank_argv()))
+    assert orphan_rules(judge(processes, node="ai001")) == {}
+
+
+def test_a_peer_rank_whose_sshd_lost_its_client_is_an_orphan():
+    processes = peer_with_two_runs()
+    live_sessions = {300}  # the listener (100) holds no ESTABLISHED connection, only LISTEN
+    report = judge(processes, node="ai002", established=lambda sshd: sshd.pid in live_sessions)
+    assert orphan_rules(report) == {201: Rule.SSH_CLIENT_LOST}
+
+
+def test_a_rank_adopted_by_the_listening_sshd_is_judged_by_its_missing_launcher():
+    processes = table(
+        proc(1, 0, SSHD_LISTENER, name="sshd"),  # sshd is pid 1 in a testbed node
+        proc(10, 1, rank_argv(), env={"MLX_RANK": "0"}),
+    )
+    report = judge(processes, node="ai001", established=lambda sshd: False)
+    assert orphan_rules(report) == {10: Rule.LAUNCHER_GONE}
+
+
+def test_when_connections_cannot_be_read_the_ssh_rule_stays_silent():
+    processes = peer_with_two_runs()
+    report = judge(processes, node="ai002", established=lambda sshd: None)
+    assert orphan_rules(report) == {201: Rule.EXCESS_RANKS}
+
+
+def test_each_orphan_carries_exactly_one_rule():
+    processes = peer_with_two_runs()
+    report = judge(processes, node="ai002", established=lambda sshd: sshd.pid == 300)
+    assert [(o.proc.pid, o.rule) for o in report.orphans] == [(201, Rule.SSH_CLIENT_LOST)]
