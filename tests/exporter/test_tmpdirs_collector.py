@@ -1,0 +1,506 @@
+"""The tmpdirs collector: stale tmp* entries weighed like du, walked off the scrape path,
+and mlx.launch's leftover files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from exporter.collector import ExporterContext, ScrapeCollector, sample_value
+from exporter.collectors import tmpdirs
+from exporter.collectors.tmpdirs import (
+    BackgroundWalker,
+    DirReport,
+    LeftoverCounter,
+    TmpDirsCollector,
+    TmpWalker,
+    WalkResult,
+    WatchedDir,
+    classify_launch_file,
+    scan_watched_dir,
+)
+from mlx_medic.inventory import parse_inventory
+from mlx_medic.platform.commands import CommandResult
+from mlx_medic.platform.open_paths import PathsInUse, paths_in_use, psutil_paths_in_use
+from mlx_medic.platform.temp_dirs import launch_temp_dirs, parse_darwin_user_temp_dir
+from tests.tools import require_root, require_tool
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "macos"
+OLD = time.time() - 86400  # a day ago: stale under the default 600 s
+NOBODY_IN_USE = PathsInUse()
+
+
+def age_tree(root: Path, when: float = OLD) -> None:
+    """Set every mtime in the tree (not following symlinks) to `when`."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames + dirnames:
+            os.utime(os.path.join(dirpath, name), (when, when), follow_symlinks=False)
+    os.utime(root, (when, when), follow_symlinks=False)
+
+
+def write(path: Path, size: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(size))
+    return path
+
+
+def du_kib(*paths: Path) -> int:
+    """The real du's total for the paths, in KiB (hard links counted once across them)."""
+    du = require_tool("du")
+    out = subprocess.run([du, "-skc", *map(str, paths)], check=True, capture_output=True,
+                         text=True).stdout
+    return int(out.strip().splitlines()[-1].split()[0])
+
+
+@pytest.fixture
+def share_dir(tmp_path: Path) -> Path:
+    """A cache dir the way mlx_lm.share leaves it: partial tmp dirs beside real content."""
+    root = tmp_path / "mlx-share"
+    for n in range(3):
+        entry = root / f"tmp{n}abcdefg"
+        write(entry / "blobs" / "sha256-a", 100_000 + n * 7_777)
+        write(entry / "blobs" / "sha256-b", 3_000)
+        (entry / "refs").mkdir()
+        (entry / "refs" / "main").write_text("deadbeef\n")
+        (entry / "snapshots" / "deadbeef").mkdir(parents=True)
+    write(root / "tmpfile_partial", 12_345)  # a stale tmp* file counts too
+    write(root / "models--mlx-community--GLM" / "blob", 50_000)  # not tmp*: never counted
+    # a hard link inside one entry and one across two entries: counted once, like du
+    os.link(root / "tmp0abcdefg" / "blobs" / "sha256-a", root / "tmp0abcdefg" / "again")
+    os.link(root / "tmp1abcdefg" / "blobs" / "sha256-a", root / "tmp2abcdefg" / "shared")
+    age_tree(root)
+    return root
+
+
+def stale_entries(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.name.startswith("tmp"))
+
+
+def test_stale_bytes_agree_with_du_on_the_same_tree(share_dir):
+    report = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, time.time())
+    assert report.error is None
+    assert report.stale_entries == 4
+    assert math.ceil(report.stale_bytes / 1024) == du_kib(*stale_entries(share_dir))
+    assert report.oldest_mtime == pytest.approx(OLD, abs=1)
+
+
+def test_a_sparse_file_counts_by_allocation_not_apparent_size(tmp_path):
+    root = tmp_path / "cache"
+    entry = root / "tmpsparse01"
+    entry.mkdir(parents=True)
+    with open(entry / "model.safetensors", "wb") as f:
+        f.truncate(800 * 2**30)  # 800 GiB apparent
+        f.write(b"x" * 4096)
+    age_tree(root)
+    try:
+        report = scan_watched_dir(WatchedDir(root), NOBODY_IN_USE, time.time())
+        assert report.stale_bytes < 2**20
+        assert math.ceil(report.stale_bytes / 1024) == du_kib(entry)
+    finally:
+        (entry / "model.safetensors").unlink()
+
+
+def test_symlinks_pointing_outside_are_never_followed(share_dir, tmp_path):
+    outside = tmp_path / "outside"
+    write(outside / "huge", 2_000_000)
+    os.symlink(outside, share_dir / "tmp0abcdefg" / "link-to-outside")
+    os.symlink(outside / "huge", share_dir / "tmp1abcdefg" / "file-link")
+    os.symlink(outside, share_dir / "tmpTopLevelLink")  # a tmp* entry that is a symlink
+    age_tree(share_dir)
+    report = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, time.time())
+    assert report.stale_entries == 4  # the symlinked entry is not an entry to weigh
+    assert report.stale_bytes < 2_000_000
+    assert math.ceil(report.stale_bytes / 1024) == du_kib(
+        *(p for p in stale_entries(share_dir) if not p.is_symlink())
+    )
+
+
+def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir):
+    """A tmpfs mounted in a tmp dir, in a private mount namespace the test creates."""
+    require_root()
+    unshare = require_tool("unshare")
+    mount = require_tool("mount")
+    inner = share_dir / "tmp0abcdefg" / "mnt"
+    inner.mkdir()
+    age_tree(share_dir)
+    script = (
+        "import json, math, subprocess, sys, time\n"
+        "from exporter.collectors.tmpdirs import WatchedDir, scan_watched_dir\n"
+        "from mlx_medic.platform.open_paths import PathsInUse\n"
+        "open(sys.argv[2] + '/big', 'wb').write(b'x' * 5_000_000)\n"
+        "r = scan_watched_dir(WatchedDir(sys.argv[1]), PathsInUse(), time.time() + 86400)\n"
+        "du = subprocess.run(['du', '-skxc', *sys.argv[3:]], capture_output=True, text=True)\n"
+        "print(json.dumps([math.ceil(r.stale_bytes / 1024),"
+        " int(du.stdout.splitlines()[-1].split()[0])]))\n"
+    )
+    entries = [str(p) for p in stale_entries(share_dir)]
+    done = subprocess.run(
+        [unshare, "--mount", "--propagation", "private", "sh", "-c",
+         f'{mount} -t tmpfs tmpfs "$2" && s="$1" i="$2" d="$3" && shift 3 &&'
+         ' exec "$0" -c "$s" "$d" "$i" "$@"',
+         sys.executable, script, str(inner), str(share_dir), *entries],
+        cwd=Path(__file__).parents[2], capture_output=True, text=True, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    ours_kib, du_kib = json.loads(done.stdout)
+    assert ours_kib == du_kib
+    assert ours_kib < 5_000
+
+
+def test_an_entry_changed_recently_anywhere_in_its_tree_is_not_stale(share_dir):
+    deep = share_dir / "tmp1abcdefg" / "blobs" / "sha256-b"
+    os.utime(deep, None)  # a transfer still writing deep inside an old-looking dir
+    report = scan_watched_dir(WatchedDir(share_dir, stale_age=600), NOBODY_IN_USE, time.time())
+    assert report.stale_entries == 3
+    younger = scan_watched_dir(WatchedDir(share_dir, stale_age=2 * 86400), NOBODY_IN_USE,
+                               time.time())
+    assert younger.stale_entries == 0
+
+
+@pytest.fixture
+def processes_using(share_dir) -> Iterator[list[subprocess.Popen]]:
+    """Real children: one working in tmp0, one holding a file open in tmp1, one a dir fd in tmp2."""
+    holder = (
+        "import os, sys, time\n"
+        "f = open(sys.argv[1], 'rb') if os.path.isfile(sys.argv[1]) else None\n"
+        "d = os.open(sys.argv[1], os.O_RDONLY) if f is None else None\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    children = [
+        subprocess.Popen(["sleep", "120"], cwd=share_dir / "tmp0abcdefg"),
+        subprocess.Popen([sys.executable, "-c", holder,
+                          str(share_dir / "tmp1abcdefg" / "blobs" / "sha256-b")],
+                         stdout=subprocess.PIPE, text=True),
+        subprocess.Popen([sys.executable, "-c", holder, str(share_dir / "tmp2abcdefg" / "refs")],
+                         stdout=subprocess.PIPE, text=True),
+    ]
+    try:
+        for child in children[1:]:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        yield children
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+
+
+def test_an_entry_a_live_process_works_in_or_holds_open_is_not_stale(share_dir, processes_using):
+    in_use = paths_in_use()
+    assert in_use.under(str(share_dir)) >= {"tmp0abcdefg", "tmp1abcdefg", "tmp2abcdefg"}
+    report = scan_watched_dir(WatchedDir(share_dir), in_use, time.time())
+    assert report.stale_entries == 1  # only tmpfile_partial is left
+    assert report.stale_bytes == (share_dir / "tmpfile_partial").stat().st_blocks * 512
+
+
+def test_the_macos_seam_collects_cwd_and_open_files_and_counts_refusals():
+    class File:
+        def __init__(self, path):
+            self.path = path
+
+    class Proc:
+        def __init__(self, cwd, files, denied=False):
+            self._cwd, self._files, self._denied = cwd, files, denied
+
+        def cwd(self):
+            if self._denied:
+                raise psutil.AccessDenied(1)
+            return self._cwd
+
+        def open_files(self):
+            return [File(f) for f in self._files]
+
+    found = psutil_paths_in_use(lambda: [
+        Proc("/Users/ai/.cache/mlx-share/tmpab12", ["/var/log/x.log"]),
+        Proc("/", ["/Users/ai/.cache/mlx-share/tmpcd34/blobs/sha256-1"]),
+        Proc("/", [], denied=True),
+    ])
+    assert found.unreadable == 1
+    assert found.under("/Users/ai/.cache/mlx-share") == {"tmpab12", "tmpcd34"}
+
+
+def test_a_missing_dir_and_a_dir_replaced_by_a_file_are_skipped_with_a_log_line(
+    share_dir, tmp_path, caplog
+):
+    missing = tmp_path / "never-created"
+    walker = TmpWalker([WatchedDir(share_dir), WatchedDir(missing)], launch_dirs=lambda: [],
+                       in_use=PathsInUse)
+    collector = TmpDirsCollector(BackgroundWalker(walker.walk), first_scrape_wait=0)
+    collector.walker.latest = walker.walk()
+    families = list(collector.collect())
+    assert sample_value(families, "mlx_stale_tmp_dirs", {"dir": str(share_dir)}) == 4
+    assert sample_value(families, "mlx_stale_tmp_dir_readable", {"dir": str(missing)}) == 0
+    assert sample_value(families, "mlx_stale_tmp_dirs", {"dir": str(missing)}) is None
+
+    subprocess.run(["rm", "-rf", "--", str(share_dir)], check=True)
+    share_dir.write_text("now a file")
+    with caplog.at_level(logging.WARNING):
+        collector.walker.latest = walker.walk()
+        collector.walker.latest = walker.walk()
+    families = list(collector.collect())
+    assert sample_value(families, "mlx_stale_tmp_dir_readable", {"dir": str(share_dir)}) == 0
+    assert sample_value(families, "mlx_stale_tmp_dirs", {"dir": str(share_dir)}) is None
+    assert caplog.text.count(f"tmp dir {share_dir} skipped: not a directory") == 1
+
+
+@pytest.fixture
+def world_readable_dir() -> Iterator[Path]:
+    """A fresh dir under /tmp that an unprivileged user can reach (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="mlx-medic-tmpdirs-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def scan_as_nobody(path: Path) -> list:
+    """scan_watched_dir in a forked child that dropped root (as root, chmod alone stops nothing)."""
+    nobody = pwd.getpwnam("nobody")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            report = scan_watched_dir(WatchedDir(path), PathsInUse(), time.time())
+            os.write(write_end, json.dumps(
+                [report.error, report.stale_entries, report.skipped]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_an_unreadable_subtree_is_skipped_without_failing_the_walk(world_readable_dir):
+    require_root()
+    share = world_readable_dir / "share"
+    write(share / "tmpA1234567" / "blobs" / "sha256-a", 10_000)
+    write(share / "tmpB1234567" / "blobs" / "sha256-b", 10_000)
+    for path in [share, *share.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    (share / "tmpA1234567" / "blobs").chmod(0o700)  # root's: nobody may not look inside
+    age_tree(share)
+    error, stale, skipped = scan_as_nobody(share)
+    assert error is None
+    assert stale == 2
+    assert skipped >= 1
+
+
+def fake_result(stamp: float, stale: int) -> WalkResult:
+    return WalkResult(stamp, 0.5, (DirReport("/cache", stale, stale * 4096, stamp - 900),), 7)
+
+
+def test_a_scrape_during_a_long_walk_returns_the_previous_walk_at_once():
+    walking, release = threading.Event(), threading.Event()
+    calls = []
+
+    def slow_walk() -> WalkResult:
+        calls.append(1)
+        if len(calls) == 1:
+            return fake_result(1000.0, 3)
+        walking.set()
+        assert release.wait(60), "the test never released the walk"
+        return fake_result(2000.0, 5)
+
+    background = BackgroundWalker(slow_walk, interval=0.01).start()
+    collector = TmpDirsCollector(background, clock=lambda: 1100.0, first_scrape_wait=0)
+    try:
+        assert walking.wait(30)  # the second walk is now blocked inside the "filesystem"
+        families = list(collector.collect())
+        assert sample_value(families, "mlx_stale_tmp_walk_timestamp_seconds", {}) == 1000.0
+        assert sample_value(families, "mlx_stale_tmp_dirs", {"dir": "/cache"}) == 3
+        assert sample_value(families, "mlx_stale_tmp_bytes", {"dir": "/cache"}) == 3 * 4096
+        assert sample_value(families, "mlx_stale_tmp_oldest_age_seconds", {"dir": "/cache"}) == 1000
+        assert sample_value(families, "mlx_launch_leftover_files", {}) == 7
+    finally:
+        release.set()
+        collector.close()
+
+
+def test_before_the_first_walk_completes_only_the_walk_timestamp_is_exported():
+    release = threading.Event()
+    background = BackgroundWalker(lambda: (release.wait(60), fake_result(1.0, 1))[1]).start()
+    collector = TmpDirsCollector(background, first_scrape_wait=0)
+    try:
+        families = list(collector.collect())
+        assert sample_value(families, "mlx_stale_tmp_walk_timestamp_seconds", {}) == 0
+        assert sample_value(families, "mlx_stale_tmp_dirs", {"dir": "/cache"}) is None
+    finally:
+        release.set()
+        collector.close()
+
+
+def test_the_help_text_says_how_old_the_numbers_may_be():
+    background = BackgroundWalker(lambda: fake_result(1.0, 1), interval=120)
+    background.latest = fake_result(1.0, 1)
+    families = {f.name: f for f in TmpDirsCollector(background, first_scrape_wait=0).collect()}
+    assert "up to 120s" in families["mlx_stale_tmp_bytes"].documentation
+
+
+def test_a_failing_walk_makes_the_collector_fail_not_the_exporter():
+    def broken() -> WalkResult:
+        raise RuntimeError("disk on fire")
+
+    background = BackgroundWalker(broken, interval=60).start()
+    background.wait_first(30)
+    scrape = ScrapeCollector([TmpDirsCollector(background, first_scrape_wait=0)])
+    try:
+        families = list(scrape.collect())
+        assert sample_value(families, "mlx_medic_collector_success", {"collector": "tmpdirs"}) == 0
+    finally:
+        scrape.close()
+
+
+# --- mlx.launch leftovers -----------------------------------------------------------
+
+
+def run_launch_script(temp_dir: Path, command: list[str], files: dict[str, str]):
+    """mlx.launch's own rank script (as installed), run locally with mktemp in `temp_dir`."""
+    launch = pytest.importorskip("mlx._distributed_utils.launch")
+    script = launch.RemoteProcess.make_launch_script(0, None, None, files, [], command, True)
+    env = {"PATH": os.environ["PATH"], "TMPDIR": str(temp_dir)}
+    return subprocess.Popen(["/bin/bash", "-c", script], env=env, stdout=subprocess.PIPE,
+                            text=True)
+
+
+RING_HOSTFILE = json.dumps([["127.0.0.1:32323"], ["127.0.0.2:32324"]])
+IBV_DEVICES = json.dumps([[None, "rdma_en5"], ["rdma_en5", None]])
+
+
+def test_the_launchers_real_pid_file_and_hostfile_count_once_the_rank_is_gone(tmp_path):
+    temp_dir = tmp_path / "T"
+    temp_dir.mkdir()
+    rank = run_launch_script(temp_dir, ["sleep", "120"], {"MLX_HOSTFILE": RING_HOSTFILE})
+    try:
+        assert rank.stdout is not None
+        pidfile = Path(rank.stdout.readline().strip())  # the script prints its pid file first
+        assert pidfile.parent == temp_dir
+        deadline = time.monotonic() + 30
+        while len(list(temp_dir.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        counter = LeftoverCounter()
+        assert counter.count([temp_dir]) == 0  # rank alive: its pid is live, its env holds the file
+    finally:
+        rank.kill()
+        rank.wait()
+    assert LeftoverCounter().count([temp_dir]) == 2
+
+
+def test_only_files_that_look_like_the_launchers_are_counted(tmp_path):
+    temp_dir = tmp_path / "T"
+    temp_dir.mkdir()
+    done = run_launch_script(temp_dir, ["true"], {"MLX_IBV_DEVICES": IBV_DEVICES})
+    done.wait()
+    (temp_dir / "tmp.Ab3dE6gH9j").write_text(f"{os.getpid()}\n")  # a live pid: not left over
+    (temp_dir / "tmp.Zz9yY8xX7w").write_text("some other program's scratch\n")
+    (temp_dir / "tmp.Qq1wW2eE3r").write_text('{"backend": "ring"}\n')
+    (temp_dir / "notes.txt").write_text("12345\n")  # not mktemp's name
+    (temp_dir / "tmp.Sym1ink000").symlink_to(next(temp_dir.glob("tmp.*")))
+    (temp_dir / "tmp.Dir0000000").mkdir()
+    assert LeftoverCounter().count([temp_dir]) == 2  # the real pid file and the devices file
+
+
+@pytest.mark.parametrize(("content", "kind"), [
+    (b"71234\n", "pidfile"),
+    (RING_HOSTFILE.encode() + b"\n", "hostfile"),
+    (IBV_DEVICES.encode() + b"\n", "hostfile"),
+    (json.dumps([[None, ["rdma_en3", "rdma_en4"]], [["rdma_en3", "rdma_en4"], None]]).encode(),
+     "hostfile"),
+    (b"\n", None),  # a one-host ring writes an empty hostfile: nothing to tell it by
+    (b"[1, 2, 3]", None),
+    (b"\x00\xff garbage", None),
+    (b"[[\"not an address\"]]", None),
+])
+def test_launch_files_are_told_apart_by_content(content, kind):
+    assert classify_launch_file(content) == kind
+
+
+# --- defaults and the platform seam --------------------------------------------------
+
+
+def test_the_macos_temp_dir_comes_from_getconf_not_tmpdir():
+    lines = (FIXTURES / "getconf_darwin_user_temp_dir.txt").read_text().splitlines()
+    output = "\n".join(line for line in lines if not line.startswith("#")) + "\n"
+    asked = []
+
+    def runner(argv, timeout):
+        asked.append(list(argv))
+        return CommandResult(tuple(argv), 0, output, "")
+
+    dirs = launch_temp_dirs("darwin", runner, {"TMPDIR": "/opt/mlx/tmp"})
+    assert asked == [["getconf", "DARWIN_USER_TEMP_DIR"]]
+    assert dirs == [Path("/var/folders/qg/s5jp5ffx2p1fxv0hy2l_p3hm0000gn/T")]
+
+
+def test_linux_uses_tmpdir_then_tmp_and_bad_getconf_output_is_named():
+    assert launch_temp_dirs("linux", environ={"TMPDIR": "/var/tmp/x"}) == [
+        Path("/var/tmp/x"), Path("/tmp")]
+    assert launch_temp_dirs("linux", environ={}) == [Path("/tmp")]
+    with pytest.raises(ValueError, match="not one absolute path"):
+        parse_darwin_user_temp_dir("getconf: no such configuration parameter\n")
+
+
+def test_without_an_inventory_no_tmp_dir_is_walked_but_leftovers_are_counted(tmp_path):
+    context = ExporterContext(node="n1", inventory=None, state_dir=tmp_path)
+    assert tmpdirs.watched_dirs(context) == []
+    collector = tmpdirs.make(context)
+    try:
+        families = list(collector.collect())  # the first scrape waits briefly for the first walk
+        assert sample_value(families, "mlx_stale_tmp_walk_timestamp_seconds", {}) > 0
+        assert sample_value(families, "mlx_launch_leftover_files", {}) is not None
+    finally:
+        collector.close()
+
+
+def test_the_inventory_gives_every_tmp_and_cache_dir_of_this_nodes_models():
+    inventory = parse_inventory("""
+nodes: {ai001: {ssh: 127.0.0.1}, ai002: {ssh: 127.0.0.2}}
+models:
+  a:
+    model: m
+    nodes: [ai001, ai002]
+    port: 8080
+    service: {manager: supervisord, label: a}
+    backends: {ring: {hostfile: /etc/h.json}}
+    tmp_dirs: [/srv/share/a]
+    cache_dirs: [/srv/hf]
+    policy: {stale_tmp_age: 30m}
+  b:
+    model: m
+    nodes: [ai002]
+    port: 8081
+    service: {manager: supervisord, label: b}
+    backends: {ring: {hostfile: /etc/h.json}}
+    cache_dirs: [/srv/hf]
+    policy: {stale_tmp_age: 2h}
+""")
+    on_ai001 = tmpdirs.watched_dirs(ExporterContext(node="ai001", inventory=inventory))
+    assert on_ai001 == [WatchedDir(Path("/srv/share/a"), 1800), WatchedDir(Path("/srv/hf"), 1800)]
+    on_ai002 = tmpdirs.watched_dirs(ExporterContext(node="ai002", inventory=inventory))
+    assert WatchedDir(Path("/srv/hf"), 7200) in on_ai002
+
+
+def test_a_missing_launch_temp_dir_is_logged_once_and_the_metric_is_absent(tmp_path, caplog):
+    counter = LeftoverCounter()
+    with caplog.at_level(logging.WARNING):
+        assert counter.count([tmp_path / "gone"]) is None
+        assert counter.count([tmp_path / "gone"]) is None
+    assert caplog.text.count("launch temp dir") == 1
