@@ -13,7 +13,7 @@ if [ "${1:-}" = "--test" ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       openssh-server openssh-client prometheus prometheus-alertmanager \
-      prometheus-process-exporter supervisor chromium procps lsof iproute2 util-linux \
+      prometheus-process-exporter supervisor chromium procps lsof iproute2 util-linux wrk \
       python3-venv >/dev/null
   else
     echo "setup: not root, skipping apt-get (the testbed needs root anyway)" >&2

@@ -1,0 +1,259 @@
+"""The on-call log page: what the remediator did, newest first, readable at 3 a.m.
+
+Server-rendered HTML with inline CSS and no scripts or external assets, so it
+works behind any proxy and cannot leak. Everything shown is escaped: label
+values come from whoever can post an alert. Long commands and outputs wrap
+instead of scrolling sideways.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from html import escape
+from typing import Any
+
+REFRESH_SECONDS = 30
+OUTPUT_EXCERPT_CHARS = 2000
+
+# Outcome words map to a closed set of CSS classes; a value is never used as a class name.
+_OUTCOME_CLASS = {
+    "ok": "good", "success": "good", "succeeded": "good", "done": "good", "recovered": "good",
+    "completed": "good", "planned": "info", "dry_run": "info", "dry-run": "info",
+    "skipped": "info", "queued": "info", "running": "busy", "in_progress": "busy",
+    "started": "busy", "failed": "bad", "error": "bad", "timeout": "bad",
+    "interrupted": "bad", "escalated": "bad", "cancelled": "muted", "canceled": "muted",
+    "stale": "muted", "resolved": "muted", "locked": "muted", "not_implemented": "info",
+}
+
+_CSS = """
+*{box-sizing:border-box}
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;
+ background:#f4f5f7;color:#1d2330}
+header{background:#1d2330;color:#fff;padding:.8rem 1rem}
+header h1{margin:0;font-size:1.25rem}
+header p{margin:.2rem 0 0;color:#c8cdd8;font-size:.85rem}
+main{max-width:72rem;margin:0 auto;padding:1rem}
+.run{background:#fff;border:1px solid #d5d9e0;border-left:6px solid #8a94a6;
+ border-radius:6px;margin:0 0 1rem;padding:.8rem 1rem}
+.run.good{border-left-color:#1f8a4c}.run.bad{border-left-color:#c62828}
+.run.busy{border-left-color:#d68a00}.run.info{border-left-color:#2a6fdb}
+.run h2{margin:0 0 .4rem;font-size:1.1rem;display:flex;flex-wrap:wrap;gap:.5rem;
+ align-items:center}
+.model{font-family:ui-monospace,Menlo,Consolas,monospace;overflow-wrap:anywhere}
+.badge{display:inline-block;font-size:.75rem;font-weight:600;padding:.1rem .5rem;
+ border-radius:999px;background:#e3e6eb;color:#333;text-transform:uppercase;letter-spacing:.03em}
+.badge.good{background:#d6f2e1;color:#125c32}.badge.bad{background:#fbdada;color:#8e1414}
+.badge.busy{background:#fdeccc;color:#7a4d00}.badge.info{background:#dbe7fb;color:#173f80}
+.badge.muted{background:#eceef1;color:#5b6472}
+dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:.15rem .8rem;margin:.3rem 0 .6rem;
+ font-size:.9rem}
+dl.meta dt{color:#5b6472}dl.meta dd{margin:0;overflow-wrap:anywhere;min-width:0}
+.next{background:#fff4c2;border:2px solid #e0a800;border-radius:6px;padding:.6rem .8rem;
+ margin:.4rem 0 .7rem;font-size:1rem}
+.next strong{display:block;color:#7a4d00;text-transform:uppercase;font-size:.8rem}
+ol.steps{list-style:none;margin:0;padding:0;border-top:1px solid #e3e6eb}
+.step{padding:.45rem 0;border-bottom:1px solid #e3e6eb;min-width:0}
+.step-head{display:flex;flex-wrap:wrap;gap:.5rem;align-items:baseline}
+.step-name{font-weight:600}.step-node,.step-dur{color:#5b6472;font-size:.85rem}
+.step-note{color:#3d4555;font-size:.85rem;overflow-wrap:anywhere}
+h2.events{font-size:1rem;margin:1.5rem 0 .4rem}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;word-break:break-word;margin:.3rem 0 0;
+ padding:.4rem .6rem;border-radius:4px;font:13px/1.4 ui-monospace,Menlo,Consolas,monospace;
+ max-width:100%}
+pre.cmd{background:#1d2330;color:#e8ebf0}pre.out{background:#f0f2f5;color:#1d2330}
+table{width:100%;border-collapse:collapse;background:#fff;font-size:.85rem;table-layout:fixed}
+th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #e3e6eb;
+ overflow-wrap:anywhere;vertical-align:top}
+.empty{color:#5b6472;font-style:italic}
+@media (max-width:600px){dl.meta{grid-template-columns:1fr}dl.meta dt{margin-top:.3rem}
+ main{padding:.5rem}.run{padding:.6rem}}
+"""
+
+
+def _text(value: Any) -> str:
+    """Escaped text; NUL and other control characters are shown, not passed through."""
+    if value is None:
+        return ""
+    text = str(value)
+    text = "".join(
+        ch if ch in "\n\t" or (ord(ch) >= 0x20 and ord(ch) != 0x7F) else f"\\x{ord(ch):02x}"
+        for ch in text
+    )
+    return escape(text, quote=True)
+
+
+def _first(mapping: Mapping[str, Any], *keys: str) -> Any:
+    for key in keys:
+        value = mapping.get(key)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _outcome_class(outcome: Any) -> str:
+    return _OUTCOME_CLASS.get(str(outcome or "").lower(), "muted")
+
+
+def _when(value: Any) -> str:
+    if value in (None, ""):
+        return ""
+    if isinstance(value, int | float):
+        value = datetime.fromtimestamp(value, UTC)
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return str(value)
+
+
+def format_duration(seconds: Any) -> str:
+    if seconds in (None, ""):
+        return ""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        return str(seconds)
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.1f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"
+
+
+def _trigger(run: Mapping[str, Any]) -> str:
+    """What started the run: the alert (name, fingerprint, since when, labels) or a person."""
+    if run.get("trigger_kind") == "manual":
+        return f"by hand ({run.get('owner') or 'unknown'})"
+    parts = [
+        _first(run, "alertname"),
+        f"fingerprint {run['fingerprint']}" if run.get("fingerprint") else None,
+        f"firing since {run['starts_at']}" if run.get("starts_at") else None,
+    ]
+    labels = run.get("labels")
+    if isinstance(labels, Mapping) and labels:
+        parts.append(", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    text = " · ".join(str(p) for p in parts if p)
+    return text or str(run.get("trigger") or "")
+
+
+def _output(value: Any) -> str:
+    text = "" if value is None else str(value)
+    if len(text) > OUTPUT_EXCERPT_CHARS:
+        text = text[:OUTPUT_EXCERPT_CHARS] + "\n… (cut; the full excerpt is in the journal)"
+    return text
+
+
+def _command(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return " ".join(str(v) for v in value)
+    return "" if value is None else str(value)
+
+
+def _render_step(step: Mapping[str, Any]) -> str:
+    outcome = _first(step, "outcome") or "running"
+    klass = _outcome_class(outcome)
+    command = _command(step.get("command"))
+    output = _output(step.get("output"))
+    duration = format_duration(step.get("duration"))
+    targets = step.get("targets") or []
+    notes = [
+        _first(step, "description"),
+        f"targets: {', '.join(str(t) for t in targets)}" if targets else None,
+        f"exit status {step['exit_status']}" if step.get("exit_status") is not None else None,
+        _first(step, "detail"),
+    ]
+    note = " · ".join(str(n) for n in notes if n)
+    parts = [
+        f'<li class="step {klass}"><div class="step-head">',
+        f'<span class="step-name">{_text(step.get("name"))}</span>',
+        f'<span class="step-node">on {_text(step["node"])}</span>' if step.get("node") else "",
+        f'<span class="badge {klass}">{_text(outcome)}</span>',
+        f'<span class="step-dur">{_text(duration)}</span>' if duration else "",
+        "</div>",
+        f'<div class="step-note">{_text(note)}</div>' if note else "",
+        f'<pre class="cmd">$ {_text(command)}</pre>' if command else "",
+        f'<pre class="out">{_text(output)}</pre>' if output else "",
+        "</li>",
+    ]
+    return "".join(parts)
+
+
+def _render_run(run: Mapping[str, Any]) -> str:
+    outcome = _first(run, "outcome") or "running"
+    klass = _outcome_class(outcome)
+    next_action = _first(run, "next_action")
+    meta = [
+        ("Trigger", _trigger(run)),
+        ("Queued", _when(run.get("queued_at"))),
+        ("Started", _when(run.get("started_at"))),
+        ("Ended", _when(run.get("ended_at"))),
+        ("Duration", format_duration(run.get("duration"))),
+        ("Why", _first(run, "detail")),
+        ("Playbook", _first(run, "playbook")),
+        ("Mode", "dry run: planned and journaled, nothing executed" if run.get("dry_run")
+         else None),
+        ("Run", f"#{run['id']} by {run.get('owner') or '?'}" if run.get("id") else None),
+    ]
+    rows = "".join(f"<dt>{name}</dt><dd>{_text(value)}</dd>" for name, value in meta if value)
+    steps = run.get("steps") or []
+    step_html = (
+        '<ol class="steps">' + "".join(_render_step(s) for s in steps) + "</ol>"
+        if steps else '<p class="empty">no steps recorded</p>'
+    )
+    next_html = (
+        f'<p class="next"><strong>Next action for on-call</strong>{_text(next_action)}</p>'
+        if next_action else ""
+    )
+    return (
+        f'<article class="run {klass}"><h2><span class="model">{_text(run.get("model"))}</span>'
+        f'<span class="badge {klass}">{_text(outcome)}</span></h2>'
+        f'{next_html}<dl class="meta">{rows}</dl>{step_html}</article>'
+    )
+
+
+def _render_events(events: Iterable[Mapping[str, Any]]) -> str:
+    rows = []
+    for event in events:
+        rows.append(
+            "<tr>"
+            f"<td>{_text(_when(event.get('time')))}</td>"
+            f"<td>{_text(event.get('kind'))}</td>"
+            f"<td>{_text(event.get('model'))}</td>"
+            f"<td>{_text(event.get('fingerprint'))}</td>"
+            f"<td>{_text(event.get('run_id'))}</td>"
+            f"<td>{_text(event.get('detail'))}</td>"
+            "</tr>"
+        )
+    if not rows:
+        return ""
+    return (
+        '<h2 class="events">Recent decisions</h2><table><thead><tr><th>Time</th>'
+        "<th>Decision</th><th>Model</th><th>Fingerprint</th><th>Run</th><th>Detail</th>"
+        "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+    )
+
+
+def render_page(
+    runs: Iterable[Mapping[str, Any]],
+    *,
+    now: datetime,
+    model: str | None = None,
+    events: Iterable[Mapping[str, Any]] = (),
+) -> str:
+    """The whole page; `runs` are journal run dicts, newest first."""
+    runs = list(runs)
+    scope = f" for {_text(model)}" if model else ""
+    body = "".join(_render_run(r) for r in runs) or (
+        f'<p class="empty">No remediations recorded{scope}.</p>'
+    )
+    return (
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">'
+        f"<title>mlx-medic remediations{scope}</title><style>{_CSS}</style></head><body>"
+        f"<header><h1>mlx-medic: remediations{scope}</h1>"
+        f"<p>Newest first · {len(runs)} shown · rendered {_when(now)}"
+        f" · refreshes every {REFRESH_SECONDS} s</p></header>"
+        f"<main>{body}{_render_events(events)}</main></body></html>"
+    )

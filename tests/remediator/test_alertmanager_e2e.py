@@ -1,0 +1,82 @@
+"""A real Alertmanager (Debian's prometheus-alertmanager) delivers to the real remediator,
+authenticating with a bearer token it reads from a file: the firing starts a run that shows
+in the journal, on the on-call page and in `mlx-medic log`; the resolution shows too."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.remediator.conftest import (
+    Alertmanager,
+    Stack,
+    alertmanager_config,
+    am_time,
+    basic,
+    events_of,
+    http,
+    mlx_medic,
+    runs_of,
+    start_alertmanager,
+    wait_until,
+)
+
+
+@pytest.fixture
+def managers() -> Iterator[list[Alertmanager]]:
+    started: list[Alertmanager] = []
+    yield started
+    for manager in started:
+        manager.stop()
+
+
+def test_alertmanager_delivers_a_firing_and_its_resolution_to_the_remediator(
+    stack: Stack, tmp_path: Path, managers: list[Alertmanager],
+) -> None:
+    service = stack.start("--dry-run")
+    manager = start_alertmanager(
+        tmp_path / "am", alertmanager_config(service.url + "/alerts", stack.token_file))
+    managers.append(manager)
+    starts = datetime.now(UTC) - timedelta(seconds=5)
+    labels = ["alertname=LLMModelDown", "model=m1", "severity=critical"]
+    manager.amtool("alert", "add", *labels, f"--start={am_time(starts)}",
+                   "--annotation=summary=m1 answers no health probe")
+
+    run = wait_until(lambda: [r for r in runs_of(stack, "m1") if r["outcome"] == "planned"],
+                     timeout=60, what="Alertmanager's firing to become a planned run")[0]
+    assert run["alertname"] == "LLMModelDown" and run["labels"]["severity"] == "critical"
+    assert run["dry_run"] and run["steps"]
+    assert all(step["outcome"] == "planned" for step in run["steps"])
+
+    # Resolve it: the same alert with an end time in the past.
+    manager.amtool("alert", "add", *labels, f"--start={am_time(starts)}",
+                   f"--end={am_time(datetime.now(UTC) - timedelta(seconds=1))}")
+    resolved = wait_until(lambda: events_of(stack, kind="resolved", model="m1"), timeout=60,
+                          what="Alertmanager's resolved notification")
+    assert resolved[0]["fingerprint"] == run["fingerprint"]
+    assert len(runs_of(stack, "m1")) == 1
+
+    # Every delivery was authenticated (bearer from the file) and accepted.
+    deliveries = [line for line in service.log_lines()
+                  if line.get("msg") == "request" and line.get("path") == "/alerts"]
+    assert deliveries and {d["status"] for d in deliveries} == {202}
+    assert "started" in deliveries[0]["dispositions"]
+
+    # On the page ...
+    status, page = http("GET", service.url + "/", headers=basic())
+    assert status == 200
+    assert "m1" in page and "planned" in page and run["fingerprint"] in page
+    for step in run["steps"]:
+        assert step["name"] in page
+    assert "resolved" in page
+
+    # ... and in `mlx-medic log`, as a table and as JSON.
+    config = ["--config.file", str(service.config_file)]
+    table = mlx_medic("log", "--model", "m1", *config).stdout
+    assert "m1" in table and "planned" in table
+    logged = json.loads(mlx_medic("log", "--model", "m1", "--json", *config).stdout)
+    assert [entry["id"] for entry in logged["runs"]] == [run["id"]]

@@ -1,0 +1,137 @@
+"""Alertmanager's webhook payload: what is accepted, what is refused and why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from remediator.alerts import AlertStatus
+from remediator.config import RoutingConfig
+from remediator.payload import PayloadError, check_content_type, parse_payload, to_events
+from tests.remediator.conftest import make_alert, make_payload
+
+
+def encode(value: object) -> bytes:
+    return json.dumps(value).encode()
+
+
+def test_a_real_shaped_payload_becomes_one_event_per_alert() -> None:
+    payload = parse_payload(encode(make_payload(
+        make_alert("m1", fingerprint="aa"), make_alert("m2", fingerprint="bb", status="resolved"),
+    )))
+    events = to_events(payload)
+    assert [(e.fingerprint, e.status, e.labels["model"]) for e in events] == [
+        ("aa", AlertStatus.FIRING, "m1"), ("bb", AlertStatus.RESOLVED, "m2"),
+    ]
+    assert events[0].alertname == "LLMModelDown"
+    assert events[0].receiver == "mlx-medic"
+    assert events[0].starts_at.tzinfo is not None
+
+
+def test_fields_a_newer_alertmanager_adds_are_tolerated() -> None:
+    raw = make_payload(make_alert(), notification_reason="new", routeLabels={"a": "b"})
+    raw["alerts"][0]["someFutureField"] = {"x": 1}
+    assert len(to_events(parse_payload(encode(raw)))) == 1
+
+
+def test_the_zero_time_alertmanager_sends_as_endsat_is_accepted() -> None:
+    alert = make_alert()
+    alert["endsAt"] = "0001-01-01T00:00:00Z"
+    assert parse_payload(encode(make_payload(alert))).alerts[0].endsAt is not None
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b"{not json", "body is not valid JSON"),
+    (b"\xff\xfe", "body is not UTF-8"),
+    (b"[]", "payload must be a JSON object, got list"),
+    (b'"4"', "payload must be a JSON object, got str"),
+    (encode({"groupKey": "x"}), "version: required field is missing"),
+    (encode(make_payload(version="3")), 'unsupported payload version "3"'),
+    (encode(make_payload(version=4)), "unsupported payload version 4"),
+])
+def test_unusable_bodies_are_refused_with_a_reason(body: bytes, reason: str) -> None:
+    with pytest.raises(PayloadError, match=reason.replace("(", r"\(")):
+        parse_payload(body)
+
+
+@pytest.mark.parametrize("field", ["groupKey", "status", "receiver", "alerts"])
+def test_a_missing_top_level_field_is_named(field: str) -> None:
+    raw = make_payload()
+    del raw[field]
+    with pytest.raises(PayloadError, match=f"{field}: required field is missing"):
+        parse_payload(encode(raw))
+
+
+@pytest.mark.parametrize("field", ["status", "labels", "startsAt", "fingerprint"])
+def test_a_missing_alert_field_is_named_with_its_place(field: str) -> None:
+    raw = make_payload()
+    del raw["alerts"][0][field]
+    with pytest.raises(PayloadError, match=rf"alerts\[0\]\.{field}: required field is missing"):
+        parse_payload(encode(raw))
+
+
+@pytest.mark.parametrize("labels", [{"model": 1}, {"model": None}, {"model": ["m1"]},
+                                    {"model": {"x": "y"}}])
+def test_label_values_must_be_strings(labels: dict[str, object]) -> None:
+    raw = make_payload()
+    raw["alerts"][0]["labels"].update(labels)
+    with pytest.raises(PayloadError, match=r"alerts\[0\]\.labels\.model"):
+        parse_payload(encode(raw))
+
+
+def test_a_start_time_without_a_timezone_is_refused() -> None:
+    raw = make_payload()
+    raw["alerts"][0]["startsAt"] = "2026-11-30T01:02:03"
+    with pytest.raises(PayloadError, match="startsAt"):
+        parse_payload(encode(raw))
+
+
+def test_an_unknown_alert_status_is_refused() -> None:
+    raw = make_payload()
+    raw["alerts"][0]["status"] = "pending"
+    with pytest.raises(PayloadError, match=r"alerts\[0\]\.status"):
+        parse_payload(encode(raw))
+
+
+def test_a_routed_alert_without_the_model_label_is_refused() -> None:
+    payload = parse_payload(encode(make_payload(make_alert(None))))
+    with pytest.raises(PayloadError, match=r"alerts\[0\]\.labels\.model: .*needs the 'model'"):
+        to_events(payload)
+
+
+def test_the_model_label_name_comes_from_the_routing_config() -> None:
+    routing = RoutingConfig(playbooks={"LLMModelDown": "recover"}, model_label="llm")
+    payload = parse_payload(encode(make_payload(make_alert(None, labels={"llm": "m1"}))))
+    assert to_events(payload, routing)[0].labels["llm"] == "m1"
+    with pytest.raises(PayloadError, match=r"labels\.llm"):
+        to_events(parse_payload(encode(make_payload(make_alert("m1")))), routing)
+
+
+def test_an_unrouted_alert_does_not_need_a_model_label() -> None:
+    payload = parse_payload(encode(make_payload(make_alert(None, alertname="DiskFull"))))
+    assert to_events(payload)[0].alertname == "DiskFull"
+
+
+def test_an_alert_without_an_alertname_is_refused() -> None:
+    raw = make_payload()
+    del raw["alerts"][0]["labels"]["alertname"]
+    with pytest.raises(PayloadError, match="alertname: required label is missing"):
+        to_events(parse_payload(encode(raw)))
+
+
+def test_hostile_label_values_stay_exact_data() -> None:
+    hostile = "; $(touch /tmp/CANARY) `id` ../../etc\n\x00"
+    payload = parse_payload(encode(make_payload(make_alert(hostile))))
+    assert to_events(payload)[0].labels["model"] == hostile
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "Application/JSON"])
+def test_json_content_types_pass(content_type: str) -> None:
+    check_content_type(content_type)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", ""])
+def test_other_content_types_are_refused(content_type: str) -> None:
+    with pytest.raises(PayloadError, match="content type must be application/json"):
+        check_content_type(content_type)

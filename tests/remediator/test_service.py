@@ -1,0 +1,225 @@
+"""The real `mlx-medic remediator` process, over HTTP, with the real engine, journal and
+model lock on the simulated cluster's head node."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.remediator.conftest import (
+    Stack,
+    basic,
+    bearer,
+    events_of,
+    http,
+    make_alert,
+    make_payload,
+    mlx_medic,
+    post_alerts,
+    runs_of,
+    wait_until,
+)
+from tests.tools import require_tool
+
+
+def test_a_firing_alert_starts_one_dry_run_that_plans_and_journals_every_step(
+    stack: Stack,
+) -> None:
+    service = stack.start("--dry-run")
+    status, body = post_alerts(service, make_payload(make_alert("m1", fingerprint="f1")))
+    assert status == 202
+    assert body["alerts"][0]["disposition"] == "started"
+    run = wait_until(lambda: [r for r in runs_of(stack, "m1") if r["outcome"] == "planned"],
+                     what="a planned run")[0]
+    assert run["dry_run"] and run["fingerprint"] == "f1"
+    assert [s["outcome"] for s in run["steps"]] == ["planned"] * len(run["steps"])
+    wait_until(lambda: not stack.lock_file("m1").exists(), what="the lock released")
+    status, api = http("GET", service.url + "/api/remediations?model=m1&since=1h&limit=5",
+                       headers=bearer())
+    assert status == 200 and [r["id"] for r in api["runs"]] == [run["id"]]
+    assert api["runs"][0]["steps"] == run["steps"]
+    assert http("GET", service.url + "/api/remediations?model=m2", headers=bearer())[1] == {
+        "runs": []}
+
+
+def test_the_service_refuses_to_start_without_credentials_unless_told_it_is_insecure(
+    stack: Stack,
+) -> None:
+    config = stack.config("noauth.yml", auth={})
+    refused = mlx_medic("remediator", "--config.file", str(config), check=False)
+    assert refused.returncode == 2
+    assert "no credentials configured" in refused.stderr
+    assert "--insecure-no-auth" in refused.stderr
+    service = stack.start("--insecure-no-auth", config=config)
+    assert post_alerts(service, make_payload(make_alert("m1")), headers={})[0] == 202
+
+
+def test_a_bad_inventory_stops_the_service_with_exit_2_naming_the_problem(
+    stack: Stack, tmp_path: Path,
+) -> None:
+    bad = tmp_path / "bad-inventory.yaml"
+    bad.write_text("nodes:\n  ai001: {ssh: '-oProxyCommand=x'}\n")
+    config = stack.config("bad.yml", inventory=str(bad))
+    result = mlx_medic("remediator", "--config.file", str(config), check=False)
+    assert result.returncode == 2
+    assert "bad-inventory.yaml" in result.stderr and "line 2" in result.stderr
+
+
+def test_wrong_credentials_bad_payloads_and_oversized_bodies_are_refused_with_reasons(
+    stack: Stack,
+) -> None:
+    service = stack.start("--dry-run")
+    good = make_payload(make_alert("m1"))
+    for headers, reason in [({}, "no credentials"), (bearer("nope"), "wrong bearer token"),
+                            (basic(password="nope"), "wrong basic credentials")]:
+        status, body = post_alerts(service, good, headers)
+        assert (status, body["reason"]) == (401, reason)
+    for payload, reason in [
+        (b"{broken", "body is not valid JSON"),
+        (make_payload(version="3"), 'unsupported payload version "3"'),
+        (make_payload(make_alert(None)), "alerts[0].labels.model"),
+    ]:
+        status, body = post_alerts(service, payload)
+        assert status == 400 and reason in body["reason"]
+    status, body = post_alerts(service, make_payload(make_alert(labels={"pad": "x" * 70_000})))
+    assert (status, body["reason"]) == (413, "body larger than 65536 bytes")
+    assert runs_of(stack, "m1") == []
+    decisions = [line for line in service.log_lines() if line.get("msg") == "request"]
+    assert [d["status"] for d in decisions] == [401, 401, 401, 400, 400, 400, 413]
+    assert all(d.get("reason") for d in decisions)
+
+
+def test_an_unknown_model_is_journaled_and_ignored(stack: Stack) -> None:
+    service = stack.start("--dry-run")
+    status, body = post_alerts(service, make_payload(make_alert("no-such-model")))
+    assert (status, body["alerts"][0]["disposition"]) == (202, "unknown_model")
+    event = events_of(stack, kind="unknown_model")[0]
+    assert "no-such-model" in event["detail"]
+    journal_runs = stack.journal().list_runs(limit=100)
+    assert journal_runs == []
+
+
+async def _post_many(url: str, payloads: list[dict]) -> list[tuple[int, dict]]:
+    connector = aiohttp.TCPConnector(limit=100)
+    async with aiohttp.ClientSession(connector=connector, headers=bearer()) as session:
+        async def one(payload: dict) -> tuple[int, dict]:
+            async with session.post(url, json=payload) as response:
+                return response.status, await response.json()
+        return await asyncio.gather(*(one(p) for p in payloads))
+
+
+def test_a_hundred_concurrent_deliveries_of_the_same_alert_give_exactly_one_run(
+    stack: Stack,
+) -> None:
+    service = stack.start()
+    payload = make_payload(make_alert("m1", alertname="SlowDown", fingerprint="same"))
+    answers = asyncio.run(_post_many(service.url + "/alerts", [payload] * 100))
+    dispositions = sorted(body["alerts"][0]["disposition"] for _, body in answers)
+    assert {status for status, _ in answers} == {202}
+    assert dispositions.count("started") == 1
+    assert dispositions.count("duplicate") == 99
+    assert len(runs_of(stack, "m1")) == 1
+
+
+def test_a_hundred_new_fingerprints_for_a_model_with_a_run_in_progress_start_nothing_more(
+    stack: Stack,
+) -> None:
+    service = stack.start()
+    first = make_payload(make_alert("m1", alertname="SlowDown", fingerprint="first"))
+    assert post_alerts(service, first)[1]["alerts"][0]["disposition"] == "started"
+    wait_until(lambda: any(s["name"] == "hold" and s["outcome"] == "running"
+                           for r in runs_of(stack, "m1") for s in r["steps"]),
+               what="the slow run holding the model")
+    assert stack.lock_file("m1").exists()
+    others = [make_payload(make_alert("m1", alertname="SlowDown", fingerprint=f"{i:016x}"))
+              for i in range(100)]
+    answers = asyncio.run(_post_many(service.url + "/alerts", others))
+    dispositions = {body["alerts"][0]["disposition"] for _, body in answers}
+    assert dispositions == {"absorbed"}
+    runs = runs_of(stack, "m1")
+    assert len(runs) == 1 and runs[0]["outcome"] == "running"
+
+
+def test_a_spent_budget_escalates_and_nothing_more_happens_until_resume(stack: Stack) -> None:
+    """m1's budget is 2 runs an hour; its playbook 'recovers' it and it falls over again."""
+    service = stack.start()
+    start = datetime.now(UTC) - timedelta(minutes=10)
+
+    def fire(n: int) -> str:
+        alert = make_alert("m1", alertname="FlapDown", fingerprint="flap",
+                           starts_at=start + timedelta(seconds=n))
+        status, body = post_alerts(service, make_payload(alert))
+        assert status == 202
+        return body["alerts"][0]["disposition"]
+
+    for n in (1, 2):
+        assert fire(n) == "started"
+        wait_until(lambda n=n: len([r for r in runs_of(stack, "m1")
+                                    if r["outcome"] == "succeeded"]) == n,
+                   what=f"run {n} to succeed")
+    assert fire(3) == "circuit_open"
+    escalation = wait_until(lambda: [e for e in events_of(stack, model="m1")
+                                     if "escalat" in e["kind"]], what="an escalation")[0]
+    assert "budget" in escalation["detail"] or "runs" in escalation["detail"]
+    _, metrics = http("GET", service.url + "/metrics", headers=bearer())
+    assert 'mlx_medic_escalations_total{model="m1",reason="budget_spent"} 1.0' in metrics
+    assert fire(4) == "circuit_open"
+    assert len(runs_of(stack, "m1")) == 2
+    resumed = mlx_medic("resume", "m1", "--config.file", str(service.config_file), check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert fire(5) == "started"
+    wait_until(lambda: len(runs_of(stack, "m1")) == 3, what="a run after resume")
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run([require_tool("openssl"), *args], cwd=cwd, check=True,
+                   capture_output=True, timeout=60)
+
+
+def _issue(name: str, cwd: Path) -> None:
+    """An EC key and a certificate for 127.0.0.1 signed by the test CA."""
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=cwd)
+    (cwd / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", f"{name}.crt", "-days", "1",
+             "-extfile", f"{name}.ext", cwd=cwd)
+
+
+def test_with_a_client_ca_only_clients_holding_a_certificate_it_signed_get_in(
+    stack: Stack, tmp_path: Path,
+) -> None:
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+             "-subj", "/CN=mlx-medic test CA", cwd=pki)
+    _issue("server", pki)
+    _issue("client", pki)
+    config = stack.config("tls.yml", tls={"cert_file": str(pki / "server.crt"),
+                                          "key_file": str(pki / "server.key"),
+                                          "client_ca_file": str(pki / "ca.crt")})
+    service = stack.start("--dry-run", config=config)
+    url = f"https://127.0.0.1:{service.port}/alerts"
+    body = json.dumps(make_payload(make_alert("m1"))).encode()
+
+    def post(context: ssl.SSLContext) -> int:
+        request = urllib.request.Request(url, data=body, method="POST", headers={
+            "Content-Type": "application/json", **bearer()})
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            return int(response.status)
+
+    trusted = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        post(trusted)  # no client certificate: the handshake fails
+    trusted.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
+    assert post(trusted) == 202

@@ -1,0 +1,200 @@
+"""The HTTP contract with Alertmanager and on-call, in-process around a recording engine."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
+
+from remediator.webapp import make_app
+from tests.remediator.conftest import (
+    FakeEngine,
+    FakeJournal,
+    basic,
+    bearer,
+    make_alert,
+    make_payload,
+)
+
+
+async def post(client: TestClient, body: Any, headers: dict[str, str] | None = None,
+               **kwargs: Any) -> tuple[int, dict[str, Any]]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = await client.post("/alerts", data=data, headers={
+        "Content-Type": "application/json", **(bearer() if headers is None else headers)},
+        **kwargs)
+    return response.status, await response.json()
+
+
+async def test_a_valid_delivery_is_accepted_with_each_alerts_disposition(
+    client: TestClient, fake_engine: FakeEngine,
+) -> None:
+    status, body = await post(client, make_payload(
+        make_alert("m1", fingerprint="aa"), make_alert("nope", fingerprint="bb")))
+    assert status == 202
+    assert [(a["fingerprint"], a["model"], a["disposition"]) for a in body["alerts"]] == [
+        ("aa", "m1", "started"), ("bb", "nope", "unknown_model")]
+    assert [e.fingerprint for e in fake_engine.events] == ["aa", "bb"]
+
+
+async def test_basic_auth_is_accepted_too(client: TestClient) -> None:
+    status, _ = await post(client, make_payload(), basic())
+    assert status == 202
+
+
+@pytest.mark.parametrize("headers, reason", [
+    ({}, "no credentials"),
+    (bearer("wrong"), "wrong bearer token"),
+    (basic(password="wrong"), "wrong basic credentials"),
+    (basic(user="mallory"), "wrong basic credentials"),
+])
+async def test_missing_or_wrong_credentials_get_401_with_a_challenge(
+    client: TestClient, fake_engine: FakeEngine, headers: dict[str, str], reason: str,
+) -> None:
+    response = await client.post("/alerts", json=make_payload(), headers=headers)
+    assert response.status == 401
+    assert (await response.json())["reason"] == reason
+    challenges = response.headers.getall("WWW-Authenticate")
+    assert 'Bearer realm="mlx-medic"' in challenges
+    assert any(c.startswith('Basic realm="mlx-medic"') for c in challenges)
+    assert fake_engine.events == []
+
+
+@pytest.mark.parametrize("path", ["/", "/api/remediations", "/metrics"])
+async def test_the_page_api_and_metrics_need_the_same_credentials(
+    client: TestClient, path: str,
+) -> None:
+    assert (await client.get(path)).status == 401
+    assert (await client.get(path, headers=basic())).status == 200
+
+
+async def test_healthz_needs_no_credentials(client: TestClient) -> None:
+    response = await client.get("/healthz")
+    assert response.status == 200 and (await response.json()) == {"status": "ok"}
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b"{oops", "body is not valid JSON"),
+    (make_payload(version="3"), 'unsupported payload version "3"'),
+    (make_payload(make_alert(None)), "alerts[0].labels.model"),
+    ({"version": "4"}, "groupKey: required field is missing"),
+])
+async def test_bad_deliveries_get_400_with_the_reason(
+    client: TestClient, fake_engine: FakeEngine, body: Any, reason: str,
+) -> None:
+    status, answer = await post(client, body)
+    assert status == 400
+    assert reason in answer["reason"]
+    assert fake_engine.events == []
+
+
+async def test_a_non_json_content_type_gets_400(client: TestClient) -> None:
+    response = await client.post("/alerts", data=json.dumps(make_payload()),
+                                 headers={"Content-Type": "text/plain", **bearer()})
+    assert response.status == 400
+    assert "content type must be application/json" in (await response.json())["reason"]
+
+
+async def test_an_oversized_body_gets_413_and_is_not_read(
+    client: TestClient, fake_engine: FakeEngine,
+) -> None:
+    payload = make_payload(make_alert(labels={"pad": "x" * 70_000}))
+    status, answer = await post(client, payload)
+    assert status == 413
+    assert answer["reason"] == "body larger than 65536 bytes"
+    assert fake_engine.events == []
+
+
+async def test_an_oversized_chunked_body_gets_413(client: TestClient) -> None:
+    async def chunks():  # no Content-Length: the cap must hold on the bytes read
+        for _ in range(20):
+            yield b" " * 8192
+    response = await client.post("/alerts", data=chunks(), headers={
+        "Content-Type": "application/json", **bearer()})
+    assert response.status == 413
+
+
+async def test_metrics_count_received_alerts_by_status(client: TestClient) -> None:
+    await post(client, make_payload(make_alert(fingerprint="a"),
+                                    make_alert(fingerprint="b", status="resolved")))
+    await post(client, b"nope")
+    text = await (await client.get("/metrics", headers=bearer())).text()
+    assert 'mlx_medic_alerts_received_total{status="firing"} 1.0' in text
+    assert 'mlx_medic_alerts_received_total{status="resolved"} 1.0' in text
+    assert 'mlx_medic_alerts_received_total{status="invalid"} 1.0' in text
+
+
+async def test_every_request_decision_is_one_log_line(
+    client: TestClient, caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="remediator.web"):
+        await post(client, make_payload(make_alert(fingerprint="ff")))
+        await post(client, make_payload(version="3"))
+        await post(client, make_payload(), bearer("bad"))
+    records = [r for r in caplog.records if r.name == "remediator.web"]
+    assert [(r.status, r.path) for r in records] == [  # type: ignore[attr-defined]
+        (202, "/alerts"), (400, "/alerts"), (401, "/alerts")]
+    assert records[0].dispositions == ["started"]  # type: ignore[attr-defined]
+    assert records[0].fingerprints == ["ff"]  # type: ignore[attr-defined]
+    assert "version" in records[1].reason  # type: ignore[attr-defined]
+    assert records[2].reason == "wrong bearer token"  # type: ignore[attr-defined]
+
+
+async def test_the_api_lists_runs_with_model_since_and_limit(
+    client: TestClient, fake_journal: FakeJournal,
+) -> None:
+    fake_journal.runs = [{"id": 2, "model": "m1", "outcome": "planned", "steps": []},
+                         {"id": 1, "model": "m2", "outcome": "failed", "steps": []}]
+    response = await client.get("/api/remediations?model=m1&since=2h&limit=5", headers=bearer())
+    assert response.status == 200
+    assert [r["id"] for r in (await response.json())["runs"]] == [2]
+    query = fake_journal.queries[-1]
+    assert query["model"] == "m1" and query["limit"] == 5 and query["since"] is not None
+
+
+@pytest.mark.parametrize("query, reason", [
+    ("limit=abc", "is not a whole number"),
+    ("limit=0", "limit must be between 1 and 500"),
+    ("since=yesterday", "is neither a duration"),
+])
+async def test_bad_api_queries_get_400_with_the_reason(
+    client: TestClient, query: str, reason: str,
+) -> None:
+    response = await client.get(f"/api/remediations?{query}", headers=bearer())
+    assert response.status == 400
+    assert reason in (await response.json())["reason"]
+
+
+async def test_the_page_escapes_attacker_controlled_values(
+    client: TestClient, fake_journal: FakeJournal,
+) -> None:
+    evil = '<script>alert(1)</script>"\'><img src=x onerror=alert(2)>\x00'
+    fake_journal.runs = [{
+        "id": 1, "model": evil, "outcome": "escalated", "next_action": evil, "detail": evil,
+        "alertname": evil, "fingerprint": evil, "labels": {evil: evil}, "owner": evil,
+        "steps": [{"name": evil, "node": evil, "command": [evil, evil], "output": evil,
+                   "outcome": evil, "description": evil, "targets": [evil], "detail": evil,
+                   "duration": 0.1}],
+    }]
+    fake_journal.events = [{"time": 0, "kind": evil, "model": evil, "fingerprint": evil,
+                            "run_id": None, "detail": evil}]
+    response = await client.get("/", headers=basic())
+    html = await response.text()
+    assert response.status == 200
+    assert "<script>" not in html and "<img" not in html and "\x00" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "default-src 'none'" in response.headers["Content-Security-Policy"]
+
+
+async def test_without_credentials_configured_everything_is_open(
+    fake_engine: FakeEngine, fake_journal: FakeJournal, web_config: Any,
+) -> None:
+    app = make_app(fake_engine, fake_journal, web_config, CollectorRegistry(), None)
+    from aiohttp.test_utils import TestServer
+    async with TestClient(TestServer(app)) as open_client:
+        assert (await open_client.post("/alerts", json=make_payload())).status == 202
+        assert (await open_client.get("/")).status == 200
