@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from remediator.config import RoutingConfig
+from remediator.config import RoutingConfig, load_config
 from tests.tools import require_tool
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -106,3 +106,39 @@ def test_prometheus_scrapes_exporters_on_10900_and_the_remediator_on_10901() -> 
 @pytest.mark.parametrize("path", [PROMETHEUS, ALERTMANAGER], ids=lambda p: p.name)
 def test_the_examples_name_hosts_never_ip_addresses(path: Path) -> None:
     assert not IP_ADDRESS.search(path.read_text(encoding="utf-8"))
+
+
+def test_the_example_remediator_config_loads_with_the_documented_values() -> None:
+    config = load_config(DEPLOY / "remediator.yml")
+    assert config.auth.configured and config.auth.basic_username == "oncall"
+    assert config.routing.playbooks == {"LLMModelDown": "recover"}
+    assert config.max_alert_age == 6 * 3600
+    assert not config.dry_run and config.tls is None
+
+
+def test_the_launchd_plist_runs_a_command_the_cli_accepts() -> None:
+    import plistlib
+
+    from mlx_medic.cli import build_parser
+
+    with (DEPLOY / "launchd" / "com.mlx-medic.exporter.plist").open("rb") as handle:
+        plist = plistlib.load(handle)
+    assert plist["Label"] == "com.mlx-medic.exporter"
+    assert plist["KeepAlive"] is True and plist["RunAtLoad"] is True
+    args = build_parser().parse_args(plist["ProgramArguments"][1:])
+    assert args.command == "exporter" and args.listen == "0.0.0.0:10900"
+
+
+@pytest.mark.parametrize("unit", ["mlx-medic-remediator.service", "mlx-medic-exporter.service"])
+def test_the_systemd_units_run_commands_the_cli_accepts(unit: str) -> None:
+    import configparser
+    import shlex
+
+    from mlx_medic.cli import build_parser
+
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read(DEPLOY / "systemd" / unit)
+    argv = shlex.split(parser["Service"]["ExecStart"])
+    assert argv[0].endswith("/mlx-medic")
+    build_parser().parse_args(argv[1:])
