@@ -21,6 +21,16 @@ if [ "${1:-}" = "--test" ]; then
 fi
 
 python=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$python" -m venv .venv
+if [ ! -x .venv/bin/python ] && ! "$python" -m venv .venv; then
+  # Debian's python3 ships venv separately.
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    rm -rf .venv
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    "$python" -m venv .venv
+  else
+    echo "setup: '$python -m venv' failed; install your distribution's venv package" >&2
+    exit 1
+  fi
+fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".${extras}"
