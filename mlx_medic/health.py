@@ -21,15 +21,19 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 PROBE_PATHS = (CHAT_PATH, COMPLETIONS_PATH)
 MAX_RESPONSE_BYTES = 1 << 20
 _LOCK_POLL_SECONDS = 0.05
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -217,22 +221,17 @@ def probe_model(
         return ProbeResult(up=up, reason=reason, latency_seconds=time.monotonic() - start)
 
 
-async def probe_model_async(
-    host: str,
-    port: int,
-    *,
-    timeout: float,
-    path: str = CHAT_PATH,
-    lock_wait: float | None = None,
-    lock_dir: Path | None = None,
-) -> ProbeResult:
-    """`probe_model` for asyncio callers (the remediator).
+def _in_worker_thread(function: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """`function` for asyncio callers: the same code, run in a worker thread."""
 
-    Runs the same code in a worker thread, so sync and async probes share one
-    lock. If the caller is cancelled, the thread still finishes within its
-    deadline and releases the lock.
-    """
-    return await asyncio.to_thread(
-        probe_model, host, port, timeout=timeout, path=path,
-        lock_wait=lock_wait, lock_dir=lock_dir,
-    )
+    async def in_thread(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(function, *args, **kwargs)
+
+    in_thread.__name__ = in_thread.__qualname__ = f"{function.__name__}_async"
+    in_thread.__doc__ = f"`{function.__name__}` for asyncio callers, run in a worker thread."
+    return in_thread
+
+
+# The same code in a thread, so sync and async probes share one lock. If the caller
+# is cancelled, the thread still finishes within its deadline and releases the lock.
+probe_model_async = _in_worker_thread(probe_model)

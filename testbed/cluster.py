@@ -31,12 +31,13 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
 
 from testbed import freezer, processes
+from testbed.closing import ClosedOnExit
+from testbed.net import wait_listening
 
 SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
@@ -251,7 +252,7 @@ def _empty_dir(directory: Path) -> None:
 
 
 @dataclass
-class Cluster:
+class Cluster(ClosedOnExit):
     nodes: list[SimNode]
     workdir: Path
     ssh_config: Path
@@ -260,17 +261,6 @@ class Cluster:
     bin_dir: Path
     _locks: list[int] = field(default_factory=list, repr=False)
     _closed: bool = field(default=False, repr=False)
-
-    def __enter__(self) -> Cluster:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def head(self) -> SimNode:
@@ -536,26 +526,20 @@ def _known_host_line(address: str, port: int, public_key: str) -> str:
 
 
 def _wait_listening(address: str, port: int, node: SimNode, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    def node_alive() -> None:
         if node._popen is not None and node._popen.poll() is not None:
             raise TestbedError(
                 f"{node.name}: the node exited ({node._popen.returncode}) before sshd listened;"
                 f" sshd log {node.sshd_log}:\n{_tail(node.sshd_log)}"
             )
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.settimeout(0.5)
-            try:
-                probe.connect((address, port))
-                return
-            except OSError:
-                pass
-        if time.monotonic() >= deadline:
-            raise TestbedError(
-                f"{node.name}: sshd did not listen on {address}:{port} within {timeout:.0f}s;"
-                f" log:\n{_tail(node.sshd_log)}"
-            )
-        time.sleep(0.05)
+
+    try:
+        wait_listening(address, port, timeout, check=node_alive)
+    except TimeoutError:
+        raise TestbedError(
+            f"{node.name}: sshd did not listen on {address}:{port} within {timeout:.0f}s;"
+            f" log:\n{_tail(node.sshd_log)}"
+        ) from None
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -17,9 +17,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from testbed import processes
+from testbed.closing import ClosedOnExit
 from testbed.cluster import Cluster, SimNode, TestbedError
 
 
@@ -32,7 +32,7 @@ def mlx_launch_path() -> str:
 
 
 @dataclass
-class LaunchHandle:
+class LaunchHandle(ClosedOnExit):
     """A running mlx.launch. `launcher_pid` is its host pid; `popen` is the host-side nsenter."""
 
     popen: subprocess.Popen[bytes]
@@ -40,17 +40,6 @@ class LaunchHandle:
     head: SimNode
     log_path: Path
     argv: list[str] = field(default_factory=list)
-
-    def __enter__(self) -> LaunchHandle:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def launcher_ns_pid(self) -> int:

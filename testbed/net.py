@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -13,10 +14,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_listening(host: str, port: int, timeout: float = 30.0) -> None:
-    """Return once `host:port` accepts a connection; TimeoutError names the address."""
+def wait_listening(
+    host: str, port: int, timeout: float = 30.0, *, check: Callable[[], None] | None = None
+) -> None:
+    """Return once `host:port` accepts a connection; TimeoutError names the address.
+
+    `check` runs before every attempt and may raise to stop waiting early (the
+    server already died, so its log says more than a timeout would).
+    """
     deadline = time.monotonic() + timeout
     while True:
+        if check is not None:
+            check()
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.settimeout(0.5)
             try:

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Iterable
 
 import psutil
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter.collector import Collector, ExporterContext, register
 from mlx_medic.platform.commands import (
@@ -77,7 +77,7 @@ class MemoryCollector(Collector):
             log.info("%s readable again", what)
         return value
 
-    def collect(self) -> Iterable[object]:
+    def collect(self) -> Iterable[Metric]:
         yield GaugeMetricFamily(
             "mlx_memory_available_bytes",
             "Memory available to new allocations without swapping (psutil; on macOS "

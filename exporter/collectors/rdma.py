@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter.collector import Collector, ExporterContext, register
 from mlx_medic.platform.commands import (
@@ -78,7 +78,7 @@ class RdmaCollector(Collector):
         text = self._run(IOCLASSCOUNT_ARGV)
         return None if text is None else rdma_object_counts(text)
 
-    def collect(self) -> Iterable[object]:
+    def collect(self) -> Iterable[Metric]:
         # Read both before yielding anything: a failure fails the whole collector.
         ports = self.ports()
         counts = self.object_counts()

@@ -19,12 +19,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
+from exporter.background import PeriodicWorker
 from exporter.collector import Collector, ExporterContext, register
 from mlx_medic.health import ProbeResult, probe_model
 
@@ -76,20 +77,17 @@ class ModelServiceCollector(Collector):
         self._first_wait = timeout + 1.0 if first_result_wait is None else first_result_wait
         self._readings: dict[str, _Reading] = {}
         self._readings_lock = threading.Lock()
-        self._first_cycle = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = PeriodicWorker("mlx-medic-probe", interval, self.probe_all_once)
         if start and self.targets:
             self.start()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="mlx-medic-probe", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def probe_all_once(self) -> None:
         """One sequential round over every target (the background loop's body)."""
         for target in self.targets:
-            if self._stop.is_set():
+            if self._worker.stopping:
                 return
             try:
                 result = self._probe(target.host, target.port, timeout=self.timeout,
@@ -110,15 +108,9 @@ class ModelServiceCollector(Collector):
             with self._readings_lock:
                 self._readings[target.model] = _Reading(result, self._clock())
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.probe_all_once()
-            self._first_cycle.set()
-            self._stop.wait(self.interval)
-
-    def collect(self) -> Iterable[object]:
-        if self._thread is not None and self._first_wait > 0:
-            self._first_cycle.wait(self._first_wait)
+    def collect(self) -> Iterator[Metric]:
+        if self._worker.started and self._first_wait > 0:
+            self._worker.wait_first(self._first_wait)
             self._first_wait = 0.0
         stale = self.interval + self.timeout
         up = GaugeMetricFamily(
@@ -154,9 +146,7 @@ class ModelServiceCollector(Collector):
         yield age
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.timeout + 2.0)
+        self._worker.close(self.timeout + 2.0)
 
 
 # A server listening on every address is probed on this node's loopback.

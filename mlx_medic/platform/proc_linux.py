@@ -21,13 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlx_medic.platform.command_lines import CachedCommand, recheck
 from mlx_medic.process_model import (
     ProcessInfo,
     Role,
     State,
-    classify,
-    is_exo_spawn_child,
-    next_check,
     parse_environ,
     resolve_exo_runners,
 )
@@ -91,18 +89,11 @@ def parse_cmdline(raw: bytes) -> tuple[str, ...]:
 
 
 @dataclass
-class _Entry:
-    """What does not change for one process (until it execs)."""
+class _Entry(CachedCommand):
+    """The cached command plus what tells this process from another with its pid."""
 
-    ino: int
-    cmdline: tuple[str, ...]
-    role: Role | None
-    candidate: bool  # has a role, or may get one from its ancestry (exo)
-    first_seen: float
-    checks: int
-    due: float
-    env: dict[str, str] | None = None
-    starttime: int | None = None
+    ino: int = 0  # of /proc/<pid>: a new process gets a new one
+    starttime: int | None = None  # checked for processes with a role: pid and inode reused
 
 
 class LinuxProcessTable:
@@ -147,24 +138,10 @@ class LinuxProcessTable:
         except OSError:
             self.read_errors += 1
             cmdline = ()
-        if old is not None and old.ino == ino:
-            old.checks += 1
-            old.due = next_check(old.first_seen, old.checks)
-            if not cmdline or cmdline == old.cmdline:
-                return old  # unchanged, or a zombie whose argv is gone: keep what we knew
-        entry = _Entry(ino, cmdline, None, False, now, 0, next_check(now, 0))
-        if cmdline:
-
-            def env() -> dict[str, str]:
-                if entry.env is None:
-                    entry.env = self._read_env(pid)
-                return entry.env
-
-            entry.role = classify(cmdline, env)
-            entry.candidate = entry.role is not None or is_exo_spawn_child(cmdline)
-            if old is not None and old.ino == ino:
-                entry.first_seen, entry.checks, entry.due = old.first_seen, old.checks, old.due
-        return entry
+        same = old if old is not None and old.ino == ino else None
+        return recheck(
+            same, cmdline, now, lambda: self._read_env(pid), lambda argv: _Entry(argv, ino=ino)
+        )
 
     def _stat(self, pid: int) -> Stat | None:
         try:
@@ -176,11 +153,6 @@ class LinuxProcessTable:
             return None
 
     def _info(self, pid: int, entry: _Entry, stat: Stat) -> ProcessInfo:
-        def env() -> dict[str, str]:
-            if entry.env is None:
-                entry.env = self._read_env(pid)
-            return entry.env
-
         return ProcessInfo(
             pid=pid,
             ppid=stat.ppid,
@@ -189,7 +161,7 @@ class LinuxProcessTable:
             create_time=self._boot_time + stat.starttime / self._ticks,
             name=stat.comm,
             role=entry.role,
-            env_loader=env,
+            env_loader=entry.env_loader(lambda: self._read_env(pid)),
         )
 
     def snapshot(self) -> list[ProcessInfo]:

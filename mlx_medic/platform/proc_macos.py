@@ -18,14 +18,11 @@ from dataclasses import dataclass
 
 import psutil
 
+from mlx_medic.platform.command_lines import CachedCommand, recheck
 from mlx_medic.process_model import (
     WATCHED_ENV,
     ProcessInfo,
-    Role,
     State,
-    classify,
-    is_exo_spawn_child,
-    next_check,
     resolve_exo_runners,
 )
 
@@ -104,17 +101,6 @@ def run_ps() -> str:
     ).stdout
 
 
-@dataclass
-class _Entry:
-    cmdline: tuple[str, ...]
-    role: Role | None
-    candidate: bool
-    first_seen: float
-    checks: int
-    due: float
-    env: dict[str, str] | None = None
-
-
 class MacProcessTable:
     """`ProcessTable` for macOS; `ps` and psutil are injectable for tests."""
 
@@ -127,7 +113,7 @@ class MacProcessTable:
         self.ps = ps
         self.process_iter = process_iter
         self.monotonic = monotonic
-        self._cache: dict[tuple[int, float], _Entry] = {}
+        self._cache: dict[tuple[int, float], CachedCommand] = {}
 
     @staticmethod
     def _env_of(proc: psutil.Process) -> dict[str, str]:
@@ -137,35 +123,20 @@ class MacProcessTable:
             return {}
         return {key: environ[key] for key in WATCHED_ENV if key in environ}
 
-    def _classify(self, proc: psutil.Process, old: _Entry | None, now: float) -> _Entry:
+    def _classify(
+        self, proc: psutil.Process, old: CachedCommand | None, now: float
+    ) -> CachedCommand:
         try:
             cmdline = tuple(proc.cmdline())
         except (psutil.Error, OSError):
             cmdline = ()
-        if old is not None:
-            old.checks += 1
-            old.due = next_check(old.first_seen, old.checks)
-            if not cmdline or cmdline == old.cmdline:
-                return old
-        entry = _Entry(cmdline, None, False, now, 0, next_check(now, 0))
-        if old is not None:
-            entry.first_seen, entry.checks, entry.due = old.first_seen, old.checks, old.due
-        if cmdline:
-
-            def env() -> dict[str, str]:
-                if entry.env is None:
-                    entry.env = self._env_of(proc)
-                return entry.env
-
-            entry.role = classify(cmdline, env)
-            entry.candidate = entry.role is not None or is_exo_spawn_child(cmdline)
-        return entry
+        return recheck(old, cmdline, now, lambda: self._env_of(proc), CachedCommand)
 
     def snapshot(self) -> list[ProcessInfo]:
         now = self.monotonic()
         rows = parse_ps_axo(self.ps())
-        listed: dict[int, tuple[psutil.Process, _Entry, float, str]] = {}
-        seen: dict[tuple[int, float], _Entry] = {}
+        listed: dict[int, tuple[psutil.Process, CachedCommand, float, str]] = {}
+        seen: dict[tuple[int, float], CachedCommand] = {}
         for proc in self.process_iter(["pid", "ppid", "name", "create_time", "status"]):
             info = proc.info  # type: ignore[attr-defined]
             if info.get("pid") is None or info.get("create_time") is None:
@@ -190,15 +161,10 @@ class MacProcessTable:
             if state is None:
                 status = proc.info.get("status")  # type: ignore[attr-defined]
                 state = _PSUTIL_STATES.get(str(status), State.SLEEPING)
-
-            def env() -> dict[str, str]:
-                if entry.env is None:
-                    entry.env = self._env_of(proc)
-                return entry.env
-
             infos[pid] = ProcessInfo(
                 pid=pid, ppid=ppid, state=state, cmdline=entry.cmdline,
-                create_time=created, name=name, role=entry.role, env_loader=env,
+                create_time=created, name=name, role=entry.role,
+                env_loader=entry.env_loader(lambda: self._env_of(proc)),
             )
             return infos[pid]
 

@@ -132,8 +132,3 @@ def silent_listener(trickle_every: float | None = None) -> Iterator[int]:
             conn.close()
         listener.close()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

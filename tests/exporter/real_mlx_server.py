@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_medic.health import probe_model
-from tests.exporter.probe_servers import free_port
+from testbed.net import free_port
 
 START_TIMEOUT = 180.0  # loading is a few seconds; the machine is shared
 

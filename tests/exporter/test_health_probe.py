@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.health import COMPLETIONS_PATH, ProbeResult, probe_model, probe_model_async
+from testbed.net import free_port
 from tests.exporter.probe_servers import (
     CountingCompletionServer,
     HealthOnlyServer,
-    free_port,
     silent_listener,
 )
 from tests.exporter.real_mlx_server import mlx_lm_server

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
-from pathlib import Path
 
 import psutil
 import pytest
@@ -19,33 +17,9 @@ from mlx_medic.platform.macos_memory import (
     parse_pressure_level,
     parse_vm_stat,
 )
+from tests.exporter.macos_commands import FakeRunner, macos_output, ok
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 MACOS_ONLY = {"mlx_memory_pressure_level", "mlx_memory_wired_bytes", "mlx_memory_compressor_bytes"}
-
-
-def macos_output(name: str) -> str:
-    """A fixture's tool output, without its `#` source header."""
-    lines = (FIXTURES / name).read_text(encoding="utf-8").splitlines(keepends=True)
-    assert lines and lines[0].startswith("#"), f"{name} must name its source in a # header"
-    while lines and lines[0].startswith("#"):
-        lines.pop(0)
-    return "".join(lines)
-
-
-class FakeRunner:
-    def __init__(self, answers: dict[tuple[str, ...], CommandResult | Exception]):
-        self.answers = answers
-
-    def __call__(self, argv: Sequence[str], timeout: float) -> CommandResult:
-        answer = self.answers[tuple(argv)]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-
-def ok(argv: tuple[str, ...], stdout: str) -> CommandResult:
-    return CommandResult(argv=argv, returncode=0, stdout=stdout, stderr="")
 
 
 def macos_collector(pressure: CommandResult | Exception,

@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
-from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 
@@ -31,37 +29,7 @@ from mlx_medic.platform.macos_rdma import (
     parse_ioclasscount,
     rdma_object_counts,
 )
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
-
-
-def macos_output(name: str) -> str:
-    """A fixture's tool output, without its `#` source header."""
-    lines = (FIXTURES / name).read_text(encoding="utf-8").splitlines(keepends=True)
-    assert lines and lines[0].startswith("#"), f"{name} must name its source in a # header"
-    while lines and lines[0].startswith("#"):
-        lines.pop(0)
-    return "".join(lines)
-
-
-class FakeRunner:
-    """Answers each fixed argv with a prepared result (or raises), and records calls."""
-
-    def __init__(self, answers: dict[tuple[str, ...], CommandResult | Exception]):
-        self.answers = answers
-        self.calls: list[tuple[tuple[str, ...], float]] = []
-
-    def __call__(self, argv: Sequence[str], timeout: float) -> CommandResult:
-        argv = tuple(argv)
-        self.calls.append((argv, timeout))
-        answer = self.answers[argv]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-
-def ok(argv: tuple[str, ...], stdout: str) -> CommandResult:
-    return CommandResult(argv=argv, returncode=0, stdout=stdout, stderr="")
+from tests.exporter.macos_commands import FakeRunner, macos_output, ok
 
 
 def missing(argv: tuple[str, ...]) -> CommandNotFound:

@@ -14,7 +14,8 @@ from exporter.collector import ExporterContext, ScrapeCollector, sample_value
 from exporter.collectors.service import ModelServiceCollector, ProbeTarget, make
 from mlx_medic.health import ProbeResult, probe_model
 from mlx_medic.inventory import parse_inventory
-from tests.exporter.probe_servers import CountingCompletionServer, free_port, silent_listener
+from testbed.net import free_port
+from tests.exporter.probe_servers import CountingCompletionServer, silent_listener
 from tests.exporter.real_mlx_server import mlx_lm_server
 
 

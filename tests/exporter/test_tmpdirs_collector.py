@@ -25,7 +25,9 @@ from exporter.collectors import tmpdirs
 from exporter.collectors.tmpdirs import (
     BackgroundWalker,
     DirReport,
+    DuWeigher,
     LeftoverCounter,
+    PythonWeigher,
     TmpDirsCollector,
     TmpWalker,
     WalkResult,
@@ -35,6 +37,7 @@ from exporter.collectors.tmpdirs import (
 )
 from mlx_medic.inventory import parse_inventory
 from mlx_medic.platform.commands import CommandResult
+from mlx_medic.platform.du import DuError, gnu_du, parse_du_output, probe_du
 from mlx_medic.platform.open_paths import PathsInUse, paths_in_use, psutil_paths_in_use
 from mlx_medic.platform.temp_dirs import launch_temp_dirs, parse_darwin_user_temp_dir
 from tests.tools import require_root, require_tool
@@ -86,19 +89,110 @@ def share_dir(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.fixture(params=["gnu-du", "python"])
+def weigher(request) -> DuWeigher | PythonWeigher:
+    """Both ways of weighing: GNU du (Linux's default) and our walk (macOS, du failing)."""
+    if request.param == "python":
+        return PythonWeigher()
+    require_tool("du")
+    du = gnu_du()
+    assert du is not None, "this host's du cannot weigh (see the log for why)"
+    return DuWeigher(du)
+
+
 def stale_entries(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith("tmp"))
 
 
-def test_stale_bytes_agree_with_du_on_the_same_tree(share_dir):
-    report = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, time.time())
+def test_stale_bytes_agree_with_du_on_the_same_tree(share_dir, weigher):
+    report = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, time.time(), weigher)
     assert report.error is None
     assert report.stale_entries == 4
     assert math.ceil(report.stale_bytes / 1024) == du_kib(*stale_entries(share_dir))
     assert report.oldest_mtime == pytest.approx(OLD, abs=1)
 
 
-def test_a_sparse_file_counts_by_allocation_not_apparent_size(tmp_path):
+def test_gnu_du_and_our_walk_agree_on_odd_names_and_hard_links(share_dir):
+    require_tool("du")
+    du = gnu_du()
+    assert du is not None and isinstance(tmpdirs.default_weigher(), DuWeigher)  # Linux's default
+    write(share_dir / "tmp with\ttab and\nnewline" / "blob", 9_000)
+    os.link(share_dir / "tmpfile_partial", share_dir / "tmpfile_again")  # an entry twice
+    os.link(share_dir / "tmp0abcdefg" / "blobs" / "sha256-b", share_dir / "tmplinked_file")
+    age_tree(share_dir)
+    now = time.time()
+    by_du = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, now, DuWeigher(du))
+    by_python = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, now, PythonWeigher())
+    assert (by_du.error, by_du.skipped) == (by_python.error, by_python.skipped) == (None, 0)
+    assert by_du.stale_entries == by_python.stale_entries >= 5
+    assert by_du.stale_bytes == by_python.stale_bytes
+    assert math.ceil(by_du.stale_bytes / 1024) == du_kib(*stale_entries(share_dir))
+    assert by_du.oldest_mtime == pytest.approx(by_python.oldest_mtime, abs=1)  # du: whole seconds
+
+
+def fake_du(tmp_path: Path, script: str | None) -> str:
+    """A `du` that misbehaves as `script` says (None: not installed at all)."""
+    path = tmp_path / "bin" / "du"
+    if script is not None:
+        path.parent.mkdir()
+        path.write_text(f"#!/bin/sh\n{script}\n")
+        path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("script", [
+    "exit 2",  # du fails
+    "echo 'du: something broke' >&2; exit 1",  # fails with no record at all
+    "printf 'not a du record'",  # prints what we cannot parse
+    "kill -9 $$",  # killed
+    None,  # gone since the capability check
+])
+def test_a_du_that_fails_hands_the_dir_to_our_walk_with_one_log_line(
+    share_dir, tmp_path, caplog, script
+):
+    weigher = DuWeigher(fake_du(tmp_path, script))
+    now = time.time()
+    expected = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, now, PythonWeigher())
+    with caplog.at_level(logging.WARNING):
+        first = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, now, weigher)
+        second = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, now, weigher)
+    assert first == expected == second
+    assert expected.stale_entries == 4
+    assert caplog.text.count("du failed, walking in Python instead") == 1
+
+
+def test_the_capability_check_accepts_gnu_du_and_names_why_another_du_will_not_do(tmp_path):
+    du = require_tool("du")
+    assert probe_du(du) is None
+    no_time_option = fake_du(tmp_path, "echo \"du: unknown option '$4'\" >&2; exit 1")
+    assert "unknown option '--time'" in (probe_du(no_time_option) or "")
+
+
+def test_on_macos_or_without_du_the_walk_is_ours_and_the_log_says_why(
+    tmp_path, monkeypatch, caplog
+):
+    check = gnu_du.__wrapped__  # the once-per-process check, uncached
+    with caplog.at_level(logging.INFO):
+        monkeypatch.setattr(sys, "platform", "darwin")
+        assert check() is None
+        monkeypatch.setattr(sys, "platform", "linux")
+        monkeypatch.setenv("PATH", str(tmp_path))  # nothing named du in it
+        assert check() is None
+    assert "tmp walk: in Python (darwin's du has no --time)" in caplog.text
+    assert "tmp walk: in Python (du is not installed)" in caplog.text
+
+
+def test_du_records_parse_any_name_and_a_bad_record_is_quoted():
+    out = b"4096\t1700000000\t./tmp a\tb\nc\x0012288\t1600000000\t./tmp\xff\x00"
+    usages = parse_du_output(out)
+    assert usages["tmp a\tb\nc"].bytes == 4096
+    assert usages["tmp a\tb\nc"].newest_mtime == 1700000000
+    assert usages[os.fsdecode(b"tmp\xff")].bytes == 12288
+    with pytest.raises(DuError, match=r"cannot parse: b.4\.0K"):
+        parse_du_output(b"4.0K\t1700000000\t./tmpx\x00")
+
+
+def test_a_sparse_file_counts_by_allocation_not_apparent_size(tmp_path, weigher):
     root = tmp_path / "cache"
     entry = root / "tmpsparse01"
     entry.mkdir(parents=True)
@@ -107,21 +201,21 @@ def test_a_sparse_file_counts_by_allocation_not_apparent_size(tmp_path):
         f.write(b"x" * 4096)
     age_tree(root)
     try:
-        report = scan_watched_dir(WatchedDir(root), NOBODY_IN_USE, time.time())
+        report = scan_watched_dir(WatchedDir(root), NOBODY_IN_USE, time.time(), weigher)
         assert report.stale_bytes < 2**20
         assert math.ceil(report.stale_bytes / 1024) == du_kib(entry)
     finally:
         (entry / "model.safetensors").unlink()
 
 
-def test_symlinks_pointing_outside_are_never_followed(share_dir, tmp_path):
+def test_symlinks_pointing_outside_are_never_followed(share_dir, tmp_path, weigher):
     outside = tmp_path / "outside"
     write(outside / "huge", 2_000_000)
     os.symlink(outside, share_dir / "tmp0abcdefg" / "link-to-outside")
     os.symlink(outside / "huge", share_dir / "tmp1abcdefg" / "file-link")
     os.symlink(outside, share_dir / "tmpTopLevelLink")  # a tmp* entry that is a symlink
     age_tree(share_dir)
-    report = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, time.time())
+    report = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, time.time(), weigher)
     assert report.stale_entries == 4  # the symlinked entry is not an entry to weigh
     assert report.stale_bytes < 2_000_000
     assert math.ceil(report.stale_bytes / 1024) == du_kib(
@@ -129,7 +223,7 @@ def test_symlinks_pointing_outside_are_never_followed(share_dir, tmp_path):
     )
 
 
-def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir):
+def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir, weigher):
     """A tmpfs mounted in a tmp dir, in a private mount namespace the test creates."""
     require_root()
     unshare = require_tool("unshare")
@@ -137,12 +231,16 @@ def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir):
     inner = share_dir / "tmp0abcdefg" / "mnt"
     inner.mkdir()
     age_tree(share_dir)
+    weigher_code = (f"tmpdirs.DuWeigher({weigher.du!r})" if isinstance(weigher, DuWeigher)
+                    else "tmpdirs.PythonWeigher()")
     script = (
         "import json, math, subprocess, sys, time\n"
-        "from exporter.collectors.tmpdirs import WatchedDir, scan_watched_dir\n"
+        "from exporter.collectors import tmpdirs\n"
         "from mlx_medic.platform.open_paths import PathsInUse\n"
         "open(sys.argv[2] + '/big', 'wb').write(b'x' * 5_000_000)\n"
-        "r = scan_watched_dir(WatchedDir(sys.argv[1]), PathsInUse(), time.time() + 86400)\n"
+        f"w = {weigher_code}\n"
+        "r = tmpdirs.scan_watched_dir(tmpdirs.WatchedDir(sys.argv[1]), PathsInUse(),"
+        " time.time() + 86400, w)\n"
         "du = subprocess.run(['du', '-skxc', *sys.argv[3:]], capture_output=True, text=True)\n"
         "print(json.dumps([math.ceil(r.stale_bytes / 1024),"
         " int(du.stdout.splitlines()[-1].split()[0])]))\n"
@@ -161,13 +259,14 @@ def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir):
     assert ours_kib < 5_000
 
 
-def test_an_entry_changed_recently_anywhere_in_its_tree_is_not_stale(share_dir):
+def test_an_entry_changed_recently_anywhere_in_its_tree_is_not_stale(share_dir, weigher):
     deep = share_dir / "tmp1abcdefg" / "blobs" / "sha256-b"
     os.utime(deep, None)  # a transfer still writing deep inside an old-looking dir
-    report = scan_watched_dir(WatchedDir(share_dir, stale_age=600), NOBODY_IN_USE, time.time())
+    report = scan_watched_dir(WatchedDir(share_dir, stale_age=600), NOBODY_IN_USE, time.time(),
+                              weigher)
     assert report.stale_entries == 3
     younger = scan_watched_dir(WatchedDir(share_dir, stale_age=2 * 86400), NOBODY_IN_USE,
-                               time.time())
+                               time.time(), weigher)
     assert younger.stale_entries == 0
 
 
@@ -199,10 +298,12 @@ def processes_using(share_dir) -> Iterator[list[subprocess.Popen]]:
             child.wait()
 
 
-def test_an_entry_a_live_process_works_in_or_holds_open_is_not_stale(share_dir, processes_using):
+def test_an_entry_a_live_process_works_in_or_holds_open_is_not_stale(
+    share_dir, processes_using, weigher
+):
     in_use = paths_in_use()
     assert in_use.under(str(share_dir)) >= {"tmp0abcdefg", "tmp1abcdefg", "tmp2abcdefg"}
-    report = scan_watched_dir(WatchedDir(share_dir), in_use, time.time())
+    report = scan_watched_dir(WatchedDir(share_dir), in_use, time.time(), weigher)
     assert report.stale_entries == 1  # only tmpfile_partial is left
     assert report.stale_bytes == (share_dir / "tmpfile_partial").stat().st_blocks * 512
 
@@ -266,7 +367,7 @@ def world_readable_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def scan_as_nobody(path: Path) -> list:
+def scan_as_nobody(path: Path, weigher: DuWeigher | PythonWeigher) -> list:
     """scan_watched_dir in a forked child that dropped root (as root, chmod alone stops nothing)."""
     nobody = pwd.getpwnam("nobody")
     read_end, write_end = os.pipe()
@@ -277,7 +378,7 @@ def scan_as_nobody(path: Path) -> list:
             os.setgroups([])
             os.setgid(nobody.pw_gid)
             os.setuid(nobody.pw_uid)
-            report = scan_watched_dir(WatchedDir(path), PathsInUse(), time.time())
+            report = scan_watched_dir(WatchedDir(path), PathsInUse(), time.time(), weigher)
             os.write(write_end, json.dumps(
                 [report.error, report.stale_entries, report.skipped]).encode())
         finally:
@@ -289,7 +390,7 @@ def scan_as_nobody(path: Path) -> list:
     return json.loads(data)
 
 
-def test_an_unreadable_subtree_is_skipped_without_failing_the_walk(world_readable_dir):
+def test_an_unreadable_subtree_is_skipped_without_failing_the_walk(world_readable_dir, weigher):
     require_root()
     share = world_readable_dir / "share"
     write(share / "tmpA1234567" / "blobs" / "sha256-a", 10_000)
@@ -298,7 +399,7 @@ def test_an_unreadable_subtree_is_skipped_without_failing_the_walk(world_readabl
         path.chmod(0o755 if path.is_dir() else 0o644)
     (share / "tmpA1234567" / "blobs").chmod(0o700)  # root's: nobody may not look inside
     age_tree(share)
-    error, stale, skipped = scan_as_nobody(share)
+    error, stale, skipped = scan_as_nobody(share, weigher)
     assert error is None
     assert stale == 2
     assert skipped >= 1
@@ -393,8 +494,9 @@ def test_the_launchers_real_pid_file_and_hostfile_count_once_the_rank_is_gone(tm
         assert rank.stdout is not None
         pidfile = Path(rank.stdout.readline().strip())  # the script prints its pid file first
         assert pidfile.parent == temp_dir
-        deadline = time.monotonic() + 30
-        while len(list(temp_dir.iterdir())) < 2 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30  # the script has written its files once it execs
+        while psutil.Process(rank.pid).cmdline() != ["sleep", "120"]:
+            assert time.monotonic() < deadline, "the launch script never exec'd its command"
             time.sleep(0.01)
         counter = LeftoverCounter()
         assert counter.count([temp_dir]) == 0  # rank alive: its pid is live, its env holds the file
