@@ -222,8 +222,9 @@ class SimNode:
 
     def wipe_private_dirs(self) -> None:
         """Empty /tmp and the private dirs (never following symlinks out of them)."""
-        for directory in (self.tmp, *(self.root / name for name in PRIVATE_DIRS)):
-            _empty_dir(directory)
+        _empty_dir(self.tmp, keep=_kept_tmp_names())
+        for name in PRIVATE_DIRS:
+            _empty_dir(self.root / name)
 
     def _stop(self) -> None:
         # pid 1 first: the kernel then ends everything in the namespace, and unshare reaps
@@ -241,10 +242,12 @@ class SimNode:
             processes.kill_quietly(self.unshare_pid)
 
 
-def _empty_dir(directory: Path) -> None:
+def _empty_dir(directory: Path, keep: frozenset[str] = frozenset()) -> None:
     if not directory.is_dir() or directory.is_symlink():
         return
     for entry in directory.iterdir():
+        if entry.name in keep:
+            continue  # a mount point of a shared path: removing it would detach the mount
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
@@ -268,7 +271,7 @@ class Cluster(ClosedOnExit):
 
     @property
     def python(self) -> str:
-        """The interpreter ranks run with: this one (it must live outside /tmp)."""
+        """The interpreter ranks run with: this one (under /tmp it is bound into every node)."""
         return sys.executable
 
     def node(self, name: str) -> SimNode:
@@ -359,7 +362,7 @@ class Cluster(ClosedOnExit):
         left = processes.wait_gone(processes.pids_in_namespace(node.pid_namespace), 10.0)
         if left:
             raise TestbedError(f"{name}: processes survive the reboot: {left}")
-        _empty_dir(node.tmp)
+        _empty_dir(node.tmp, keep=_kept_tmp_names())
         fresh = _start_node(
             node.name,
             node.address,
@@ -570,6 +573,22 @@ def _wait_init(unshare: subprocess.Popen[bytes], name: str, timeout: float = 10.
         time.sleep(0.01)
 
 
+def _shared_under_tmp() -> list[Path]:
+    """The checkout and the Python environment, where they live under /tmp (topmost only)."""
+    here = Path(__file__).resolve().parents[1]
+    candidates = {here, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    under = sorted(p for p in candidates if Path("/tmp") in p.parents)
+    topmost: list[Path] = []
+    for path in under:
+        if not any(path == top or top in path.parents for top in topmost):
+            topmost.append(path)
+    return topmost
+
+
+def _kept_tmp_names() -> frozenset[str]:
+    return frozenset(p.relative_to("/tmp").parts[0] for p in _shared_under_tmp())
+
+
 def _start_node(
     name: str,
     address: str,
@@ -590,10 +609,22 @@ def _start_node(
     if not (root / "ssh_host_ed25519_key").exists():
         _keygen(root / "ssh_host_ed25519_key", f"{name}-host")
     mounts = [("tmp", "/tmp")] + [(sub, str(local_dirs[sub])) for sub in PRIVATE_DIRS]
-    script = " && ".join(
+    binds = [
         f"mount --bind {shlex.quote(str(root / sub))} {shlex.quote(target)}"
         for sub, target in mounts
-    )
+    ]
+    # Paths under the host's /tmp that ranks need (a checkout or venv there, as in a CI
+    # clone): staged before the private /tmp hides them, then bound back at the same path.
+    stage, restore = [], []
+    for index, shared in enumerate(_shared_under_tmp()):
+        staging = root / "shared" / str(index)
+        staging.mkdir(parents=True, exist_ok=True)
+        stage.append(f"mount --bind {shlex.quote(str(shared))} {shlex.quote(str(staging))}")
+        restore.append(
+            f"mkdir -p {shlex.quote(str(shared))}"
+            f" && mount --bind {shlex.quote(str(staging))} {shlex.quote(str(shared))}"
+        )
+    script = " && ".join([*stage, *binds, *restore])
     script += f" && exec {SSHD} -D -e -f {shlex.quote(str(config))}"
     argv = [
         "unshare", "--pid", "--fork", "--kill-child", "--mount-proc",

@@ -135,7 +135,7 @@ class HyperscanPrefilter:
     name = "hyperscan"
 
     def __init__(self, anchors: Sequence[bytes]):
-        import hyperscan  # optional dependency: the `fast-logs` extra
+        import hyperscan  # a dependency where wheels exist (pyproject.toml)
 
         self.anchors = sorted(set(anchors))
         expressions = [b"".join(b"\\x%02x" % c for c in a) for a in self.anchors]
@@ -662,6 +662,6 @@ def make(context: ExporterContext) -> Collector:
     )
     engine = collector.scanner.prefilter
     if collector.logs and isinstance(engine, FindPrefilter):
-        log.info("logs: Hyperscan is not installed (the fast-logs extra); literals are found "
+        log.info("logs: Hyperscan is not installed (no wheel for this platform); literals are found "
                  "with bytes.find, about a fifth of its speed")
     return collector

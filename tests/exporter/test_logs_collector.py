@@ -25,7 +25,7 @@ NOISE = b'INFO:     127.0.0.1:52344 - "POST /v1/chat/completions HTTP/1.1" 200 O
 
 HAVE_HYPERSCAN = importlib.util.find_spec("hyperscan") is not None
 ENGINES = ["find", pytest.param("hyperscan", marks=pytest.mark.skipif(
-    not HAVE_HYPERSCAN, reason="hyperscan (the fast-logs extra) is not installed"))]
+    not HAVE_HYPERSCAN, reason="hyperscan is not installed (no wheel for this platform)"))]
 
 
 class CountingHandle:
