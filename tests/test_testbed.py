@@ -267,6 +267,10 @@ def test_a_rebooted_node_ends_even_frozen_processes_and_answers_with_the_same_ho
         clean_cluster.reboot("ai003")
         assert processes.wait_gone([target, old_init], 5.0) == []
     assert node.init_pid != old_init
+    # the readiness probe's connection may still have its pre-auth sshd child for a moment
+    deadline = time.monotonic() + 5
+    while node.host_pids() != [node.init_pid] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert node.host_pids() == [node.init_pid]
     assert node.run("echo back").stdout.strip() == "back"  # same pinned host key
     assert not (node.tmp / "left-behind").exists()
