@@ -662,6 +662,6 @@ def make(context: ExporterContext) -> Collector:
     )
     engine = collector.scanner.prefilter
     if collector.logs and isinstance(engine, FindPrefilter):
-        log.info("logs: Hyperscan is not installed (no wheel for this platform); literals are found "
-                 "with bytes.find, about a fifth of its speed")
+        log.info("logs: Hyperscan is not installed (no wheel for this platform); literals"
+                 " are found with bytes.find, about a fifth of its speed")
     return collector
