@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from exporter import collectors as _collectors  # noqa: F401  (registers every collector)
 from exporter.collector import REGISTRY, ExporterContext, ScrapeCollector
 from mlx_medic.inventory import Inventory, InventoryError, load_inventory
+from mlx_medic.listen_address import parse_listen
 
 log = logging.getLogger("mlx_medic.exporter")
 
@@ -78,13 +79,6 @@ def resolve_node(inventory: Inventory | None, requested: str | None) -> str:
         if node.name == hostname or node.ssh in addresses:
             return node.name
     raise LookupError(f"no inventory node matches this host ({hostname}); pass --node NAME")
-
-
-def parse_listen(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--web.listen-address {address!r} is not HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def build(args: argparse.Namespace) -> tuple[ExporterContext, ScrapeCollector]:

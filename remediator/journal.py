@@ -578,12 +578,7 @@ class Journal:
                 self._pending_firing_keys.add((fingerprint, starts_at))
             return True
         with self._tx() as db:
-            cursor = db.execute(
-                "INSERT OR IGNORE INTO firings (fingerprint, starts_at, model, run_id, time)"
-                " VALUES (?,?,?,?,?)",
-                (fingerprint, starts_at, model, run_id, now),
-            )
-            return cursor.rowcount == 1
+            return _insert_firing(db, fingerprint, starts_at, model, run_id, now)
 
     def forget_firing(self, fingerprint: str, starts_at: str) -> None:
         """Let a redelivery of this firing count again (its run did nothing)."""
@@ -608,12 +603,7 @@ class Journal:
         """Record the firing and its run in one transaction; None if the firing was
         already recorded (a duplicate, perhaps from another process)."""
         with self._tx() as db:
-            cursor = db.execute(
-                "INSERT OR IGNORE INTO firings (fingerprint, starts_at, model, run_id, time)"
-                " VALUES (?,?,?,NULL,?)",
-                (fingerprint, starts_at, model, now),
-            )
-            if cursor.rowcount != 1:
+            if not _insert_firing(db, fingerprint, starts_at, model, None, now):
                 return None
             cursor = db.execute(
                 "INSERT INTO runs (model, playbook, trigger_kind, alertname, fingerprint,"
@@ -711,3 +701,20 @@ def _this_host() -> str:
 def owner_tag(hostname: str | None = None, pid: int | None = None) -> str:
     """`host:pid`: who runs a run, so start-up can tell a dead owner from a live one."""
     return f"{hostname or _this_host()}:{pid or os.getpid()}"
+
+
+def _insert_firing(
+    db: sqlite3.Connection,
+    fingerprint: str,
+    starts_at: str,
+    model: str,
+    run_id: int | None,
+    now: float,
+) -> bool:
+    """True if this firing is new; the table's key makes the check atomic across processes."""
+    cursor = db.execute(
+        "INSERT OR IGNORE INTO firings (fingerprint, starts_at, model, run_id, time)"
+        " VALUES (?,?,?,?,?)",
+        (fingerprint, starts_at, model, run_id, now),
+    )
+    return cursor.rowcount == 1

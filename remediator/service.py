@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory import InventoryError, load_inventory
+from mlx_medic.listen_address import parse_listen
 from remediator.auth import AuthError, Credentials, load_credentials
 from remediator.config import ConfigError, RemediatorConfig, TlsConfig, load_config
 from remediator.engine import Engine
@@ -46,21 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 class StartupError(Exception):
     """Something the operator must fix before the service can start."""
-
-
-def parse_listen(address: str) -> tuple[str, int]:
-    """`HOST:PORT` or `[IPv6]:PORT`."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host:
-        raise StartupError(f"listen address {address!r} must be HOST:PORT")
-    host = host.removeprefix("[").removesuffix("]")
-    try:
-        number = int(port)
-    except ValueError:
-        raise StartupError(f"listen address {address!r}: {port!r} is not a port") from None
-    if not 0 <= number <= 65535:
-        raise StartupError(f"listen address {address!r}: port out of range")
-    return host, number
 
 
 def make_ssl_context(tls: TlsConfig) -> ssl.SSLContext:
@@ -93,7 +79,10 @@ def effective_config(args: argparse.Namespace) -> RemediatorConfig:
 
 
 async def serve(config: RemediatorConfig, credentials: Credentials | None) -> None:
-    host, port = parse_listen(config.listen)
+    try:
+        host, port = parse_listen(config.listen, default_host="127.0.0.1")
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     ssl_context = make_ssl_context(config.tls) if config.tls is not None else None
     try:
         inventory = load_inventory(config.inventory)
