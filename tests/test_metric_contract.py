@@ -1,0 +1,85 @@
+"""The metric contract (alerting-rules/metrics.txt): every name the rules and
+dashboards rely on is really exported, under that exact name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from mlx_medic.inventory import parse_inventory
+from remediator.config import RemediatorConfig
+from remediator.engine import Engine
+from remediator.journal import Journal
+from remediator.transport import LocalTransport
+
+REPO = Path(__file__).resolve().parents[1]
+CONTRACT = [
+    line.strip()
+    for line in (REPO / "alerting-rules" / "metrics.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
+REMEDIATOR_NAMES = [n for n in CONTRACT if n.startswith("mlx_medic_") and "collector" not in n]
+EXPORTER_NAMES = [n for n in CONTRACT if n not in REMEDIATOR_NAMES]
+RDMA_NAMES = {"mlx_rdma_port_active", "mlx_rdma_objects"}  # macOS only: absent here
+
+
+def inventory_text(tmp_path: Path, port: int = 1) -> str:
+    for sub in ("tmp", "state"):
+        (tmp_path / sub).mkdir(exist_ok=True)
+    log = tmp_path / "m1.log"
+    log.write_text("RuntimeError: [jaccl] Couldn't allocate protection domain\n")
+    return f"""\
+state_dir: {tmp_path / "state"}
+launch_temp_dirs: [{tmp_path / "tmp"}]
+nodes:
+  n1: {{ssh: 127.0.0.1}}
+models:
+  m1:
+    model: /models/m1
+    nodes: [n1]
+    port: {port}
+    service: {{manager: supervisord, label: m1}}
+    backends: {{ring: {{hostfile: /etc/ring.json, pipeline: true}}}}
+    tmp_dirs: [{tmp_path / "tmp"}]
+    log_files: [{log}]
+"""
+
+
+def exported_names(exposition: str) -> set[str]:
+    return {line.split()[2] for line in exposition.splitlines() if line.startswith("# TYPE ")}
+
+
+def test_the_exporter_exports_every_contract_name_but_the_macos_only_rdma_ones(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "inventory.yaml"
+    config.write_text(inventory_text(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-m", "mlx_medic.cli", "exporter", "--once",
+         "--config.file", str(config), "--node", "n1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    names = exported_names(result.stdout)
+    # counters are typed without their _total suffix in the exposition
+    names |= {f"{n}_total" for n in names}
+    missing = [n for n in EXPORTER_NAMES if n not in names and n not in RDMA_NAMES]
+    assert missing == []
+    assert not RDMA_NAMES & names  # absent, never a fake zero, where there is no RDMA
+
+
+def test_the_remediator_registers_every_contract_name(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    inventory = parse_inventory(inventory_text(tmp_path))
+    journal = Journal(tmp_path / "journal.sqlite")
+    Engine(
+        RemediatorConfig(journal=tmp_path / "journal.sqlite", dry_run=True),
+        inventory, journal, LocalTransport(tmp_path / "nodes"), registry=registry,
+    )  # fmt: skip
+    names = exported_names(generate_latest(registry).decode())
+    names |= {f"{n}_total" for n in names}
+    engine_names = [n for n in REMEDIATOR_NAMES if n != "mlx_medic_alerts_received_total"]
+    assert [n for n in engine_names if n not in names] == []
