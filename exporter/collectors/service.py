@@ -1,13 +1,14 @@
 """`service`: is each model served from this node actually answering?
 
-Probes run in one background thread, one after another, every `interval`
-seconds; scrapes only read the last result. Why not probe on scrape: a hung
-server would then cost the scrape its whole timeout, and every extra scrape
-(two Prometheus replicas, a curl by hand) would send another request to the
-model, while concurrent requests can crash JACCL ranks (mlx-lm#1737). Here the
-request rate is fixed by the interval, probes never overlap (health.py's lock,
-shared with any remediator re-check in this process and, through the state
-dir, across processes), and a scrape returns at once.
+Probes run in one background thread, one after another, every `interval` seconds
+(default 30, or `MLX_MEDIC_SERVICE_INTERVAL`); scrapes only read the last
+result. Why not probe on scrape: a hung server would then cost the scrape its
+whole timeout, and every extra scrape (two Prometheus replicas, a curl by hand)
+would send another request to the model, while concurrent requests can crash
+JACCL ranks (mlx-lm#1737). Here the request rate is fixed by the interval,
+probes never overlap (health.py's lock, shared with any remediator re-check in
+this process and, through the state dir, across processes), and a scrape returns
+at once.
 
     mlx_model_up{model="glm-4_6-5b"} 1.0
     mlx_model_probe_duration_seconds{model="glm-4_6-5b"} 0.042
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.background import PeriodicWorker
+from exporter.background import PeriodicWorker, interval_from_env
 from exporter.collector import Collector, ExporterContext, register
 from mlx_medic.health import ProbeResult, probe_model
 
@@ -177,4 +178,5 @@ def _lock_dir(context: ExporterContext) -> Path | None:
 def make(context: ExporterContext) -> Collector:
     targets = targets_for(context)
     lock_dir = _lock_dir(context) if targets else None
-    return ModelServiceCollector(targets, lock_dir=lock_dir)
+    interval = interval_from_env("MLX_MEDIC_SERVICE_INTERVAL", DEFAULT_INTERVAL)
+    return ModelServiceCollector(targets, interval=interval, lock_dir=lock_dir)

@@ -45,7 +45,7 @@ from pathlib import Path
 import psutil
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.background import PeriodicWorker
+from exporter.background import PeriodicWorker, interval_from_env
 from exporter.collector import Collector, ExporterContext, register
 from mlx_medic.platform.du import DuError, gnu_du, run_du
 from mlx_medic.platform.open_paths import PathsInUse, environment_values, paths_in_use
@@ -564,16 +564,7 @@ def watched_dirs(context: ExporterContext) -> list[WatchedDir]:
 
 
 def configured_interval() -> float:
-    raw = os.environ.get("MLX_MEDIC_TMPDIRS_INTERVAL", "")
-    if not raw:
-        return DEFAULT_INTERVAL
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"MLX_MEDIC_TMPDIRS_INTERVAL={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"MLX_MEDIC_TMPDIRS_INTERVAL={raw!r} must be positive")
-    return value
+    return interval_from_env("MLX_MEDIC_TMPDIRS_INTERVAL", DEFAULT_INTERVAL)
 
 
 @register("tmpdirs", help="stale tmp dirs and mlx.launch leftovers (walked in the background)")
