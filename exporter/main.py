@@ -136,16 +136,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     registry = _SerialRegistry(auto_describe=False)
     registry.register(scrape)
-    if args.once:
-        sys.stdout.buffer.write(generate_latest(registry))
-        scrape.close()
-        return 0
     names = ", ".join(c.name for c in scrape.collectors) or "none"
     log.info("node %s; collectors: %s", context.node, names)
     for model in context.models_here():
         log.info("watching model %s (port %d, from the inventory)", model.name, model.port)
     if context.inventory is None:
         log.info("no inventory: discovering MLX processes by command line on this node")
+    if args.once:
+        sys.stdout.buffer.write(generate_latest(registry))
+        scrape.close()
+        return 0
     landing = LANDING.format(node=context.node, collectors=names).encode()
     server = ThreadingHTTPServer((host, port), make_handler(registry, landing))
     log.info("serving on http://%s:%d/metrics", host, server.server_port)

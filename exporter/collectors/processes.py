@@ -14,6 +14,7 @@ role, so alert expressions never see a missing series.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -40,6 +41,8 @@ from mlx_medic.process_model import (
     system_process_table,
 )
 from mlx_medic.runs import read_current_run
+
+log = logging.getLogger("mlx_medic.exporter.processes")
 
 ROLES = tuple(Role)
 STATES = tuple(State)
@@ -68,6 +71,7 @@ class ProcessesCollector(Collector):
         self.scoper = ModelScoper(inventory)
         # A process's scope cannot change while its argv does not: cache it.
         self._scopes: dict[tuple[int, float, tuple[str, ...]], str | None] = {}
+        self._announced: set[str] = set(self._known_models())
 
     def _scope(self, snapshot: list[ProcessInfo]) -> list[Scoped]:
         scopes: dict[tuple[int, float, tuple[str, ...]], str | None] = {}
@@ -118,8 +122,19 @@ class ProcessesCollector(Collector):
             established=self.established,
         )
         models = list(dict.fromkeys([*self._known_models(), *(s.model for s in scoped)]))
+        self._announce(scoped)
         yield self._processes(models, Counter((s.model, s.role, s.proc.state) for s in scoped))
         yield from self._orphans(models, report, now)
+
+    def _announce(self, scoped: list[Scoped]) -> None:
+        """One log line per model found without an inventory, saying how it was found."""
+        for item in scoped:
+            if item.model not in self._announced:
+                self._announced.add(item.model)
+                log.info(
+                    "watching model %s: found by the --model argument of %s pid %d",
+                    item.model, item.role, item.proc.pid,
+                )
 
     @staticmethod
     def _processes(models: list[str], counts: Counter) -> GaugeMetricFamily:

@@ -133,6 +133,19 @@ def test_without_inventory_models_are_named_by_their_model_argument():
     assert value(families, "mlx_processes", model="/srv/tiny", role="share", state="zombie") == 0
 
 
+def test_without_inventory_each_model_found_is_logged_once_with_how_it_was_found(caplog):
+    processes = table(proc(1, 0, ["/sbin/init"]), proc(10, 1, rank_argv(model="/srv/tiny")))
+    collector = ProcessesCollector(
+        node="x", inventory=None, state_dir=Path("/nonexistent"),
+        table=StaticTable(processes), clock=lambda: 0.0, established=lambda sshd: True,
+    )
+    with caplog.at_level("INFO", logger="mlx_medic.exporter.processes"):
+        list(collector.collect())
+        list(collector.collect())
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["watching model /srv/tiny: found by the --model argument of rank pid 10"]
+
+
 # --- a fake /proc that misbehaves ------------------------------------------------------
 
 
