@@ -12,6 +12,7 @@ from mlx_medic.logs import setup_logging
 SUBCOMMANDS: dict[str, tuple[str, str, bool]] = {
     "exporter": ("exporter.main", "serve this node's Prometheus metrics", False),
     "check-config": ("mlx_medic.check_config", "validate an inventory file", False),
+    "probe": ("mlx_medic.probe_cli", "probe a model's server once from this node", False),
     "remediator": ("remediator.service", "run the Alertmanager webhook service", True),
     "remediate": ("remediator.cli_remediate", "run the playbook for a model by hand", False),
     "log": ("remediator.cli_log", "show the remediation journal", False),

@@ -63,12 +63,34 @@ class Node(_Strict):
     user: str = Field(default="root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     port: int = Field(default=22, ge=1, le=65535)
     ssh_options: list[str] = Field(default_factory=list, description="extra ssh -o options")
+    medic_command: str = Field(
+        default="mlx-medic",
+        description="the mlx-medic command on this node as the remediator runs it over SSH;"
+        " use an absolute path (sshd's PATH is minimal)",
+    )
 
     @field_validator("ssh")
     @classmethod
     def _ssh_is_host(cls, value: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9.:_-]{1,253}", value) or value.startswith("-"):
             raise ValueError(f"{value!r} is not a host name or IP address")
+        return value
+
+    @field_validator("medic_command")
+    @classmethod
+    def _medic_command_is_one_word(cls, value: str) -> str:
+        # One argv word, quoted over SSH: no shell ever sees it, so `~` is never expanded.
+        if value.startswith("-"):
+            raise ValueError(f"{value!r} starts with '-': it would read as an option")
+        if value.startswith("~"):
+            raise ValueError(
+                f"{value!r}: '~' is never expanded here; write the full path"
+            )
+        if not re.fullmatch(r"[A-Za-z0-9._/+@=,:-]{1,1024}", value):
+            raise ValueError(
+                f"{value!r} is not a command name or path (one word: letters, digits, '._/+@=,:-';"
+                " no spaces)"
+            )
         return value
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -66,6 +66,12 @@ class RemediatorConfig(_Strict):
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     max_alert_age: Duration = Field(default=6 * 3600.0, description="older firings are stale")
     notify_url: str | None = Field(default=None, description="POSTed a JSON escalation")
+    probe_from: Literal["auto", "remediator", "head"] = Field(
+        default="auto",
+        description="where the re-check probes a model: 'auto' probes a loopback listener on"
+        " its head node over SSH (`medic_command probe`) unless the head is this machine;"
+        " 'head' always probes there; 'remediator' always probes from here",
+    )
 
     @field_validator("max_alert_age", mode="before")
     @classmethod

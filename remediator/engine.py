@@ -23,17 +23,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import ipaddress
+import json
 import logging
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory import Inventory, Model, Node, is_loopback
 from remediator.alerts import AlertEvent, AlertStatus, Disposition
 from remediator.budget import Budget, Escalator, resume_hint
 from remediator.config import RemediatorConfig
@@ -52,12 +54,18 @@ log = logging.getLogger("remediator.engine")
 
 HealthCheck = Callable[[Model], Awaitable[Any]]
 PROBE_TIMEOUT = 10.0
+# `mlx-medic probe` on the head: may wait a probe's length for the node's probe lock,
+# then probe; plus its own start-up.
+REMOTE_PROBE_TIMEOUT = 2 * PROBE_TIMEOUT + 15.0
+ProbeFrom = Literal["auto", "remediator", "head"]
 SEEN_CACHE = 100_000
 FLUSH_DELAY = 0.05
 # The storm's repeats: journaled in batches (see Journal.flush); every other decision
 # is on disk before submit returns.
 _DEFERRED = {Disposition.DUPLICATE, Disposition.ABSORBED}
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+# Probed on the head itself, a server listening on every address answers on loopback.
+_LOOPBACK_FOR_WILDCARD = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 
 
 @dataclass
@@ -82,9 +90,78 @@ class HealthVerdict:
     reason: str
 
 
-async def default_health_check(model: Model, inventory: Inventory) -> HealthVerdict:
-    """`mlx_medic.health.probe_model_async` on the model's server (a wildcard listen
-    address means the head node's own address)."""
+def is_loopback_host(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: an address that means "the machine you are on"."""
+    return is_loopback(host.strip().lower().rstrip("."))
+
+
+def local_addresses() -> set[str]:
+    """This machine's interface addresses (IPv6 scope suffixes dropped)."""
+    import psutil
+
+    found: set[str] = set()
+    for entries in psutil.net_if_addrs().values():
+        for entry in entries:
+            if entry.family in (socket.AF_INET, socket.AF_INET6):
+                found.add(entry.address.split("%", 1)[0])
+    return found
+
+
+def head_is_this_machine(
+    ssh_address: str, *, hostnames: Iterable[str], addresses: Iterable[str]
+) -> bool:
+    """Is the node reached at `ssh_address` the machine we run on?
+
+    Only a sure match counts (loopback, one of our interface addresses, our exact host
+    name; no DNS): a wrong "yes" would probe our own loopback and act on a model that
+    may be up, a wrong "no" only costs an SSH round trip to ourselves.
+    """
+    address = ssh_address.strip().lower().rstrip(".")
+    if is_loopback_host(address):
+        return True
+    try:
+        wanted = ipaddress.ip_address(address)
+    except ValueError:
+        return address in {h.strip().lower().rstrip(".") for h in hostnames if h}
+    for candidate in addresses:
+        with contextlib.suppress(ValueError):
+            if ipaddress.ip_address(candidate.split("%", 1)[0]) == wanted:
+                return True
+    return False
+
+
+def probes_on_head(
+    model: Model, head: Node, probe_from: ProbeFrom, *, hostname: str
+) -> bool:
+    """Must the re-check run on the head (over SSH) rather than from here?"""
+    if probe_from != "auto":
+        return probe_from == "head"
+    if not is_loopback_host(model.host):
+        return False  # a wildcard or a real address is reachable from here
+    if is_loopback_host(head.ssh):
+        return False  # the head is this machine (no need to list our interfaces)
+    return not head_is_this_machine(
+        head.ssh, hostnames={hostname, socket.gethostname()}, addresses=local_addresses()
+    )
+
+
+async def default_health_check(
+    model: Model,
+    inventory: Inventory,
+    *,
+    transport: NodeTransport | None = None,
+    probe_from: ProbeFrom = "auto",
+    hostname: str | None = None,
+) -> HealthVerdict:
+    """`mlx_medic.health.probe_model_async` on the model's server, from where that
+    server can be reached: a loopback listener on another machine is probed on its
+    head node with `mlx-medic probe` over SSH (see `probes_on_head`); a wildcard
+    listen address means the head node's own address."""
+    head = inventory.node(model.head)
+    if transport is not None and probes_on_head(
+        model, head, probe_from, hostname=hostname or socket.gethostname()
+    ):
+        return await _probe_on_head(model, head, inventory, transport)
     try:
         from mlx_medic import health
     except ImportError as exc:
@@ -92,9 +169,60 @@ async def default_health_check(model: Model, inventory: Inventory) -> HealthVerd
         return HealthVerdict(False, True, f"no health probe available: {exc}")
     host = model.host
     if host in _WILDCARD_HOSTS:
-        host = inventory.node(model.head).ssh
+        host = head.ssh
     result = await health.probe_model_async(host, model.port, timeout=PROBE_TIMEOUT)
     return HealthVerdict(bool(result.up), bool(getattr(result, "conclusive", True)), result.reason)
+
+
+async def _probe_on_head(
+    model: Model, head: Node, inventory: Inventory, transport: NodeTransport
+) -> HealthVerdict:
+    """Run `medic_command probe` on the head; anything but a clean up/down answer is
+    inconclusive (the engine does not act on it)."""
+    host = _LOOPBACK_FOR_WILDCARD.get(model.host, model.host)
+    argv = [
+        head.medic_command, "probe", "--host", host, "--port", str(model.port),
+        "--timeout", f"{PROBE_TIMEOUT:g}", "--lock-dir", str(inventory.state_dir / "locks"),
+    ]
+    where = f"on {head.name}"
+    try:
+        result = await transport.run(head, argv, timeout=REMOTE_PROBE_TIMEOUT)
+    except Exception as exc:  # TransportError mostly; not knowing is never "down"
+        return HealthVerdict(False, False, f"could not probe {where}: {exc}")
+    if result.timed_out:
+        return HealthVerdict(
+            False, False, f"`{head.medic_command} probe` {where} gave no answer within"
+            f" {REMOTE_PROBE_TIMEOUT:g}s",
+        )
+    answer = _parse_probe_output(result.stdout)
+    if answer is not None and result.exit_status in (0, 1, 3):
+        up, conclusive, reason = answer
+        if result.exit_status == 3 or not conclusive:
+            return HealthVerdict(False, False, f"{where}: {reason}")
+        if up == (result.exit_status == 0):
+            return HealthVerdict(up, True, f"{where}: {reason}")
+    said = (result.stderr.strip() or result.stdout.strip() or "no output")[-300:]
+    return HealthVerdict(
+        False, False, f"`{head.medic_command} probe` {where} exited"
+        f" {result.exit_status} without a verdict: {said}",
+    )
+
+
+def _parse_probe_output(stdout: str) -> tuple[bool, bool, str] | None:
+    """(up, conclusive, reason) from the probe's JSON line, or None if it is not one."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    try:
+        answer = json.loads(lines[-1])
+    except ValueError:
+        return None
+    if not isinstance(answer, dict):
+        return None
+    up, conclusive, reason = answer.get("up"), answer.get("conclusive"), answer.get("reason")
+    if not (isinstance(up, bool) and isinstance(conclusive, bool) and isinstance(reason, str)):
+        return None
+    return up, conclusive, reason[:500]
 
 
 def _verdict(result: Any) -> HealthVerdict:
@@ -453,7 +581,10 @@ class Engine:
                 if inspect.isawaitable(result):
                     result = await result
                 return _verdict(result)
-            return await default_health_check(model, self.inventory)
+            return await default_health_check(
+                model, self.inventory, transport=self.transport,
+                probe_from=self.config.probe_from, hostname=self.hostname,
+            )
         except Exception as exc:  # a broken probe must not hide an outage
             log.warning("health check of %s failed: %s", model.name, exc)
             return HealthVerdict(False, True, f"health check raised {type(exc).__name__}: {exc}")

@@ -1,0 +1,388 @@
+"""The re-check before acting probes a loopback listener where it listens: on the model's
+head node, through `mlx-medic probe` over SSH. From the remediator's own machine,
+127.0.0.1 is the wrong machine: "connection refused" there would act on a healthy model."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from mlx_medic.inventory import Inventory, InventoryError, Model, parse_inventory
+from remediator.config import RemediatorConfig
+from remediator.engine import (
+    Engine,
+    HealthVerdict,
+    default_health_check,
+    head_is_this_machine,
+    probes_on_head,
+)
+from remediator.journal import Journal
+from remediator.transport import CommandResult, SshTransport, TransportError
+from testbed import free_port, wait_listening
+from tests.remediator.engine_fakes import alert
+
+REPO = Path(__file__).resolve().parents[2]
+
+# --- is the head this machine? -------------------------------------------------------
+
+HOSTNAMES = {"remediator-1"}
+ADDRESSES = {"10.1.2.3", "fe80::1", "2001:db8::7"}
+
+
+@pytest.mark.parametrize("ssh_address", [
+    "127.0.0.1", "127.0.0.5", "::1", "localhost", "LOCALHOST", "localhost.",
+    "10.1.2.3", "2001:db8::7", "2001:DB8:0::7", "fe80::1", "remediator-1", "Remediator-1",
+])
+def test_a_head_reached_at_loopback_one_of_our_addresses_or_our_name_is_this_machine(
+    ssh_address: str,
+) -> None:
+    assert head_is_this_machine(ssh_address, hostnames=HOSTNAMES, addresses=ADDRESSES)
+
+
+@pytest.mark.parametrize("ssh_address", [
+    "192.168.101.1", "10.1.2.4", "2001:db8::8", "ai001", "remediator-1.example.com",
+    "remediator", "10.1.2.3.nip.io",
+])
+def test_any_other_head_is_another_machine_without_guessing(ssh_address: str) -> None:
+    assert not head_is_this_machine(ssh_address, hostnames=HOSTNAMES, addresses=ADDRESSES)
+
+
+def test_an_interface_address_with_an_ipv6_scope_still_matches() -> None:
+    assert head_is_this_machine("fe80::9", hostnames=(), addresses={"fe80::9%eth0"})
+
+
+def _two_node_inventory(host: str, head_ssh: str = "192.168.101.1") -> Inventory:
+    return parse_inventory(yaml.safe_dump({
+        "nodes": {"ai001": {"ssh": head_ssh}, "ai002": {"ssh": "192.168.101.2"}},
+        "models": {"m1": {
+            "model": "tiny", "nodes": ["ai001", "ai002"], "port": 8080, "host": host,
+            "service": {"manager": "launchd", "label": "m1"},
+            "backends": {"ring": {"hostfile": "/etc/mlx-medic/m1.ring.json"}},
+        }},
+    }))
+
+
+@pytest.mark.parametrize(("host", "head_ssh", "probe_from", "on_head"), [
+    ("127.0.0.1", "192.168.101.1", "auto", True),   # loopback on another machine
+    ("::1", "192.168.101.1", "auto", True),
+    ("localhost", "192.168.101.1", "auto", True),
+    ("127.0.0.1", "127.0.0.1", "auto", False),      # the head is this machine
+    ("0.0.0.0", "192.168.101.1", "auto", False),    # wildcard: the head's address, from here
+    ("192.168.101.1", "192.168.101.1", "auto", False),
+    ("127.0.0.1", "192.168.101.1", "remediator", False),
+    ("192.168.101.1", "192.168.101.1", "head", True),
+    ("127.0.0.1", "127.0.0.1", "head", True),
+])
+def test_where_the_recheck_probes_follows_the_listen_address_and_probe_from(
+    host: str, head_ssh: str, probe_from: Any, on_head: bool,
+) -> None:
+    inventory = _two_node_inventory(host, head_ssh)
+    model = inventory.model("m1")
+    decided = probes_on_head(model, inventory.node("ai001"), probe_from, hostname="remediator-1")
+    assert decided is on_head
+
+
+# --- the SSH path with a scripted transport ------------------------------------------
+
+class ScriptedTransport:
+    """Answers `run` with a fixed result (or raises); records every argv."""
+
+    def __init__(self, result: CommandResult | Exception):
+        self.result = result
+        self.commands: list[tuple[str, list[str]]] = []
+
+    async def run(self, node: Any, argv: list[str], *, timeout: float) -> CommandResult:
+        self.commands.append((node.name, list(argv)))
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+async def _check(inventory: Inventory, transport: ScriptedTransport) -> HealthVerdict:
+    return await default_health_check(
+        inventory.model("m1"), inventory, transport=transport,  # type: ignore[arg-type]
+        probe_from="auto", hostname="remediator-1",
+    )
+
+
+def _answer(up: bool, reason: str, conclusive: bool = True) -> str:
+    return json.dumps({"up": up, "conclusive": conclusive, "reason": reason,
+                       "latency_seconds": 0.1}) + "\n"
+
+
+async def test_the_head_probe_is_an_argv_command_with_the_nodes_medic_command() -> None:
+    inventory = _two_node_inventory("0.0.0.0")
+    transport = ScriptedTransport(CommandResult(0, _answer(True, "completed"), ""))
+    verdict = await default_health_check(
+        inventory.model("m1"), inventory, transport=transport,  # type: ignore[arg-type]
+        probe_from="head", hostname="remediator-1",
+    )
+    assert verdict == HealthVerdict(True, True, "on ai001: completed")
+    assert transport.commands == [("ai001", [
+        "mlx-medic", "probe", "--host", "127.0.0.1", "--port", "8080", "--timeout", "10",
+        "--lock-dir", "/var/lib/mlx-medic/locks",
+    ])]
+
+
+@pytest.mark.parametrize(("result", "expected"), [
+    (CommandResult(0, _answer(True, "completed a 1-token request"), ""),
+     HealthVerdict(True, True, "on ai001: completed a 1-token request")),
+    (CommandResult(1, _answer(False, "connection refused"), ""),
+     HealthVerdict(False, True, "on ai001: connection refused")),
+    (CommandResult(3, _answer(False, "not probed: busy", conclusive=False), ""),
+     HealthVerdict(False, False, "on ai001: not probed: busy")),
+])
+async def test_exit_status_0_is_up_1_is_down_and_3_is_inconclusive(
+    result: CommandResult, expected: HealthVerdict,
+) -> None:
+    assert await _check(_two_node_inventory("127.0.0.1"), ScriptedTransport(result)) == expected
+
+
+@pytest.mark.parametrize(("result", "in_reason"), [
+    (TransportError("cannot reach ai001 (ai@192.168.101.1:22): refused"),
+     "could not probe on ai001: cannot reach ai001"),
+    (CommandResult(None, "", "", timed_out=True), "gave no answer within"),
+    (CommandResult(127, "", "sh: 1: mlx-medic: not found\n"), "exited 127 without a verdict"),
+    (CommandResult(0, "Traceback (most recent call last):\n", ""), "without a verdict"),
+    (CommandResult(0, "{\"up\": \"yes\"}\n", ""), "without a verdict"),
+    (CommandResult(0, _answer(False, "connection refused"), ""), "without a verdict"),
+    (CommandResult(2, "", "mlx-medic probe: error: argument --port"), "exited 2"),
+])
+async def test_a_probe_that_could_not_run_or_said_nothing_clear_is_inconclusive(
+    result: CommandResult | Exception, in_reason: str,
+) -> None:
+    verdict = await _check(_two_node_inventory("127.0.0.1"), ScriptedTransport(result))
+    assert verdict.conclusive is False and verdict.up is False
+    assert in_reason in verdict.reason
+
+
+async def test_a_loopback_model_on_this_machine_is_probed_directly_without_ssh() -> None:
+    inventory = _two_node_inventory("127.0.0.1", head_ssh="127.0.0.1")
+    port = free_port()
+    inventory = parse_inventory(
+        yaml.safe_dump(inventory.model_dump(mode="json")).replace("8080", str(port))
+    )
+    transport = ScriptedTransport(AssertionError("no SSH for a local head"))
+    verdict = await _check(inventory, transport)
+    assert transport.commands == []
+    assert verdict == HealthVerdict(
+        False, True, f"connection refused: nothing listens on 127.0.0.1:{port}"
+    )
+
+
+@pytest.mark.parametrize(("command", "problem"), [
+    ("-oProxyCommand=x", "starts with '-'"),
+    ("/opt/mlx medic/bin/mlx-medic", "no spaces"),
+    ("~/.venv/bin/mlx-medic", "'~' is never expanded"),
+    ("mlx-medic;reboot", "is not a command name or path"),
+])
+def test_a_nodes_medic_command_must_be_one_plain_word(command: str, problem: str) -> None:
+    text = yaml.safe_dump({"nodes": {"ai001": {"ssh": "10.0.0.1", "medic_command": command}}})
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory(text)
+    assert "medic_command" in str(caught.value) and problem in str(caught.value)
+
+
+def test_probe_from_accepts_only_auto_remediator_or_head() -> None:
+    assert RemediatorConfig().probe_from == "auto"
+    assert RemediatorConfig.model_validate({"probe_from": "head"}).probe_from == "head"
+    with pytest.raises(ValueError, match="probe_from"):
+        RemediatorConfig.model_validate({"probe_from": "exporter"})
+
+
+# --- the real thing: mlx-medic probe on the testbed's head over SSH -------------------
+
+SERVER = """
+import sys
+from tests.exporter.probe_servers import CountingCompletionServer
+with CountingCompletionServer() as server:
+    print(server.port, flush=True)
+    sys.stdin.read()  # until the test closes our stdin (or kills us)
+"""
+
+
+def _medic_command_for(token: str, workdir: Path) -> Path:
+    """An absolute-path mlx-medic for the nodes that also leaves a mark in the node's
+    private /tmp: proof the probe ran on the head, not on this machine."""
+    installed = Path(sys.executable).parent / "mlx-medic"
+    run = (f'exec "{installed}" "$@"' if installed.exists()
+           else f'exec "{sys.executable}" -m mlx_medic.cli "$@"')
+    script = workdir / f"mlx-medic-{token}"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> "/tmp/medic-probe-{token}.log"\n'
+        f'PYTHONPATH="{REPO}"; export PYTHONPATH\n'
+        f"{run}\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.fixture
+def remote(clean_cluster: Any, testbed_workdir: Path) -> dict[str, Any]:
+    token = uuid.uuid4().hex[:10]
+    command = _medic_command_for(token, testbed_workdir)
+    model = {"name": f"m-{token}", "model": "tiny", "nodes": ["ai001", "ai002"],
+             "port": free_port(), "host": "127.0.0.1",
+             "service": {"manager": "supervisord", "label": f"mlx-{token}"},
+             "backends": {"ring": {"hostfile": f"/etc/mlx-medic/{token}.ring.json"}}}
+    data = yaml.safe_load(clean_cluster.inventory_yaml([model]))
+    data["nodes"]["ai001"]["medic_command"] = str(command)
+    return {"token": token, "command": command, "model": model["name"], "data": data,
+            "marker": clean_cluster.node("ai001").tmp / f"medic-probe-{token}.log",
+            "cluster": clean_cluster}
+
+
+@pytest.fixture
+def server_in_head(remote: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A completion server started INSIDE ai001 on its 127.0.0.1; killed by pid."""
+    node = remote["cluster"].node("ai001")
+    popen = node.spawn([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    pids: list[int] = []
+    try:
+        pids.append(node.spawned_pid(popen))
+        assert popen.stdout is not None
+        port = int(popen.stdout.readline())
+        wait_listening("127.0.0.1", port, timeout=10)
+        yield {"port": port, "pid": pids[0], "popen": popen}
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        popen.kill()
+        popen.wait(10)
+
+
+def _inventory(remote: dict[str, Any], port: int | None = None, **node_changes: Any) -> Inventory:
+    data = json.loads(json.dumps(remote["data"]))
+    if port is not None:
+        data["models"][remote["model"]]["port"] = port
+    data["nodes"]["ai001"].update(node_changes)
+    return parse_inventory(yaml.safe_dump(data))
+
+
+@pytest.fixture
+async def ssh_transports() -> AsyncIterator[list[SshTransport]]:
+    made: list[SshTransport] = []
+    yield made
+    for transport in made:
+        await transport.close()
+
+
+async def _recheck(inventory: Inventory, made: list[SshTransport], model: str) -> HealthVerdict:
+    transport = SshTransport(inventory)
+    made.append(transport)
+    return await default_health_check(
+        inventory.model(model), inventory, transport=transport, probe_from="head",
+        hostname=socket.gethostname(),
+    )
+
+
+@pytest.mark.testbed
+async def test_a_model_serving_on_the_heads_loopback_is_up_when_probed_on_the_head(
+    remote: dict[str, Any], server_in_head: dict[str, Any], ssh_transports: list[SshTransport],
+) -> None:
+    inventory = _inventory(remote, port=server_in_head["port"])
+    verdict = await _recheck(inventory, ssh_transports, remote["model"])
+    assert verdict.up and verdict.conclusive, verdict
+    assert verdict.reason.startswith("on ai001: completed a 1-token request")
+    # the probe ran inside ai001: its mark is in ai001's private /tmp, not in ours
+    assert f"--port {server_in_head['port']}" in remote["marker"].read_text()
+    assert not Path(f"/tmp/medic-probe-{remote['token']}.log").exists()
+
+
+@pytest.mark.testbed
+async def test_the_model_is_down_once_its_server_on_the_head_is_gone(
+    remote: dict[str, Any], server_in_head: dict[str, Any], ssh_transports: list[SshTransport],
+) -> None:
+    port = server_in_head["port"]
+    os.kill(server_in_head["pid"], signal.SIGKILL)
+    server_in_head["popen"].wait(10)
+    verdict = await _recheck(_inventory(remote, port=port), ssh_transports, remote["model"])
+    assert verdict == HealthVerdict(
+        False, True, f"on ai001: connection refused: nothing listens on 127.0.0.1:{port}"
+    )
+    assert remote["marker"].exists()
+
+
+@pytest.mark.testbed
+async def test_a_missing_medic_command_on_the_head_is_inconclusive_and_says_why(
+    remote: dict[str, Any], ssh_transports: list[SshTransport],
+) -> None:
+    missing = f"/nonexistent-{remote['token']}/bin/mlx-medic"
+    inventory = _inventory(remote, medic_command=missing)
+    verdict = await _recheck(inventory, ssh_transports, remote["model"])
+    assert verdict.up is False and verdict.conclusive is False
+    assert f"`{missing} probe` on ai001 exited 127 without a verdict" in verdict.reason
+    assert "No such file or directory" in verdict.reason or "not found" in verdict.reason
+
+
+def _engine(inventory: Inventory, tmp_path: Path, transport: SshTransport) -> Engine:
+    config = RemediatorConfig.model_validate({
+        "journal": str(tmp_path / "journal.sqlite"), "probe_from": "head", "dry_run": True,
+    })
+    return Engine(config, inventory, Journal(config.journal), transport,
+                  registry=CollectorRegistry())
+
+
+async def _one_alert_run(engine: Engine, model: Model) -> tuple[str, str]:
+    await engine.start()
+    try:
+        await engine.submit(alert(uuid.uuid4().hex[:16], model.name))
+        await engine.wait_idle(60)
+        runs = engine.journal.list_runs(model=model.name)
+        assert len(runs) == 1
+        return runs[0].outcome, runs[0].detail
+    finally:
+        await engine.close()
+        engine.journal.close()
+
+
+@pytest.mark.testbed
+async def test_the_engine_skips_a_stale_alert_for_a_model_up_on_its_heads_loopback(
+    remote: dict[str, Any], server_in_head: dict[str, Any], ssh_transports: list[SshTransport],
+    tmp_path: Path,
+) -> None:
+    inventory = _inventory(remote, port=server_in_head["port"])
+    transport = SshTransport(inventory)
+    ssh_transports.append(transport)
+    engine = _engine(inventory, tmp_path, transport)
+    outcome, detail = await _one_alert_run(engine, inventory.model(remote["model"]))
+    assert outcome == "skipped"
+    assert detail.startswith("model is up again: on ai001: completed a 1-token request")
+
+
+@pytest.mark.testbed
+async def test_the_engine_acts_when_the_head_confirms_down_and_not_when_it_cannot_probe(
+    remote: dict[str, Any], ssh_transports: list[SshTransport], tmp_path: Path,
+) -> None:
+    down = _inventory(remote)  # nothing listens on the model's port inside ai001
+    transport = SshTransport(down)
+    ssh_transports.append(transport)
+    outcome, _ = await _one_alert_run(_engine(down, tmp_path / "a", transport),
+                                      down.model(remote["model"]))
+    assert outcome == "planned"  # dry run: the playbook was planned, so it would act
+
+    broken = _inventory(remote, medic_command=f"/nonexistent-{remote['token']}/mlx-medic")
+    transport = SshTransport(broken)
+    ssh_transports.append(transport)
+    outcome, detail = await _one_alert_run(_engine(broken, tmp_path / "b", transport),
+                                           broken.model(remote["model"]))
+    assert outcome == "skipped"
+    assert detail.startswith(f"could not confirm {remote['model']} is down:")
+    assert "exited 127" in detail
