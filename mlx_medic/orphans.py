@@ -23,6 +23,7 @@ from mlx_medic.process_model import (
     Role,
     State,
     ancestors,
+    has_exo_ancestor,
     is_sshd_session,
     launch_script_env,
     ssh_destination,
@@ -33,7 +34,7 @@ class Rule(StrEnum):
     """Why a process is an orphan; the `rule` label value."""
 
     STALE_RUN_ID = "stale_run_id"  # its run id is not the model's current run here
-    LAUNCHER_GONE = "launcher_gone"  # launched by mlx.launch, which is gone
+    LAUNCHER_GONE = "launcher_gone"  # its launcher (mlx.launch, or exo for a runner) is gone
     SSH_CLIENT_LOST = "ssh_client_lost"  # its sshd session has no client any more
     EXCESS_RANKS = "excess_ranks"  # more ranks here than the model places here
 
@@ -106,7 +107,8 @@ def stale_run_id(item: Scoped, current_run: CurrentRun) -> bool:
 
 
 def launcher_gone(item: Scoped, table: Mapping[int, ProcessInfo]) -> bool:
-    """A launched rank or ssh client with no mlx.launch above it.
+    """A launched rank or ssh client with no mlx.launch above it, or an exo runner
+    with no exo above it (exo PR 2205: it keeps Metal memory and queue pairs).
 
     A rank under an sshd session was launched from another node; its launcher
     is not ours to see, so `ssh_client_lost` judges it instead. A rank whose
@@ -114,6 +116,8 @@ def launcher_gone(item: Scoped, table: Mapping[int, ProcessInfo]) -> bool:
     judged here.
     """
     role = item.role
+    if role == Role.EXO_RUNNER:
+        return not has_exo_ancestor(item.proc, table)  # its exo worker was killed
     if role == Role.SSH_CLIENT:
         launched = True
     elif role in (Role.RANK, Role.SHARE):

@@ -267,6 +267,15 @@ def is_exo_main(cmdline: Sequence[str]) -> bool:
     return inv.kind in ("script", "program") and inv.target == "exo"
 
 
+def is_exo_interpreter(cmdline: Sequence[str]) -> bool:
+    """An interpreter inside an exo install (`/opt/exo/.venv/bin/python`): how a runner
+    whose exo parent is already gone is still known for what it is."""
+    if not cmdline:
+        return False
+    parts = PurePosixPath(cmdline[0]).parts[:-1]
+    return any(p == "exo" or p.startswith(("exo-", "exo_", "exo.")) for p in parts)
+
+
 def is_exo_spawn_child(cmdline: Sequence[str]) -> bool:
     """A multiprocessing spawn child (what exo starts runners as)."""
     inv = invocation(cmdline)
@@ -274,13 +283,14 @@ def is_exo_spawn_child(cmdline: Sequence[str]) -> bool:
         inv is not None
         and inv.kind == "code"
         and "--multiprocessing-fork" in inv.args
-        and any("spawn_main" in arg for arg in cmdline[1:3])
+        and "spawn_main" in inv.args[0]  # the -c code, after any interpreter flags (-B, -s)
     )
 
 
 # --- scope: which model a process belongs to -----------------------------------
 
 UNKNOWN_MODEL = "unknown"
+EXO_MODEL = "exo"
 
 
 def flag_value(args: Sequence[str], flag: str) -> str | None:
@@ -325,6 +335,8 @@ class ModelScoper:
         self.discovery = inventory is None or not self.models
 
     def model_of(self, proc: ProcessInfo) -> str | None:
+        if proc.role is Role.EXO_RUNNER:
+            return EXO_MODEL  # exo places models itself; its runners carry no model argument
         argv = scope_argv(proc.cmdline)
         tagged = proc.env.get(ENV_MODEL) or launch_script_env(proc.cmdline).get(ENV_MODEL)
         model_arg = flag_value(argv, "--model")
@@ -381,13 +393,18 @@ def is_sshd_session(proc: ProcessInfo) -> bool:
     return proc.name == "sshd-session"
 
 
+def has_exo_ancestor(proc: ProcessInfo, table: Mapping[int, ProcessInfo]) -> bool:
+    return any(is_exo_main(a.cmdline) for a in ancestors(proc, table))
+
+
 def resolve_exo_runners(table: Mapping[int, ProcessInfo]) -> None:
-    """Spawn children under an exo main process are exo runners."""
+    """Spawn children under an exo main process, or run by exo's own interpreter
+    (an orphan whose exo parent is gone), are exo runners."""
     for proc in table.values():
         if (
             proc.role is None
             and is_exo_spawn_child(proc.cmdline)
-            and any(is_exo_main(a.cmdline) for a in ancestors(proc, table))
+            and (is_exo_interpreter(proc.cmdline) or has_exo_ancestor(proc, table))
         ):
             proc.role = Role.EXO_RUNNER
 

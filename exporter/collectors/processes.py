@@ -159,9 +159,9 @@ class ProcessesCollector(Collector):
             "mlx_orphan_processes",
             "MLX processes on this node left over from a dead or replaced run, by the rule"
             " that found them: stale_run_id (run tag is not the model's current run here),"
-            " launcher_gone (its mlx.launch is gone), ssh_client_lost (its sshd session has"
-            " no client), excess_ranks (more ranks than the model places here; all but the"
-            " newest). Never judged by ppid == 1.",
+            " launcher_gone (its mlx.launch, or an exo runner's exo, is gone),"
+            " ssh_client_lost (its sshd session has no client), excess_ranks (more ranks"
+            " than the model places here; all but the newest). Never judged by ppid == 1.",
             labels=["model", "role", "state", "rule"],
         )
         for model in models:

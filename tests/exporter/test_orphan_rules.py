@@ -99,6 +99,32 @@ def test_exo_runners_are_spawn_children_of_exo():
     assert roles[21] is None
 
 
+EXO_SPAWN = ["-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5,"
+             " pipe_handle=7)", "--multiprocessing-fork"]
+
+
+def test_an_exo_runner_whose_exo_was_killed_is_an_orphan_found_by_its_interpreter():
+    exo_python = "/opt/exo/.venv/bin/python3"
+    processes = table(
+        proc(1, 0, ["/sbin/launchd"]),
+        proc(30, 1, [exo_python, *EXO_SPAWN], name="python3"),  # adopted by launchd
+        proc(40, 1, [PYTHON, *EXO_SPAWN]),  # some other app's orphaned worker
+    )
+    assert {p.pid: p.role for p in processes} == {1: None, 30: Role.EXO_RUNNER, 40: None}
+    assert orphan_rules(judge(processes, node="ai001")) == {30: Rule.LAUNCHER_GONE}
+
+
+def test_an_exo_runner_under_its_live_exo_is_not_an_orphan():
+    processes = table(
+        proc(1, 0, ["/sbin/launchd"]),
+        proc(10, 1, ["/opt/exo/.venv/bin/python3", "-m", "exo.main"]),
+        proc(11, 10, ["/opt/exo/.venv/bin/python3", *EXO_SPAWN]),
+    )
+    assert processes[2].role is Role.EXO_RUNNER
+    assert ModelScoper(INVENTORY).model_of(processes[2]) == "exo"
+    assert orphan_rules(judge(processes, node="ai001")) == {}
+
+
 def test_scope_is_by_port_then_tmpdir_then_model_path_with_an_inventory():
     scoper = ModelScoper(INVENTORY)
     assert scoper.model_of(proc(1, 0, rank_argv(port=8081))) == "qwq"
