@@ -176,7 +176,7 @@ class MacProcessTable:
             while found is not None and found.ppid > 0 and found.ppid not in infos:
                 found = add(found.ppid)
         resolve_exo_runners(infos)
-        for info in infos.values():  # remember what ancestry decided, as on Linux
-            if info.role is Role.EXO_RUNNER and info.pid in listed:
-                listed[info.pid][1].role = Role.EXO_RUNNER
+        for known in infos.values():  # remember what ancestry decided, as on Linux
+            if known.role is Role.EXO_RUNNER and known.pid in listed:
+                listed[known.pid][1].role = Role.EXO_RUNNER
         return list(infos.values())
