@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 PROC = Path("/proc")
 
@@ -124,3 +126,14 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
         if not remaining or time.monotonic() >= deadline:
             return remaining
         time.sleep(0.02)
+
+
+def stop_child(process: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """SIGTERM a child we started, SIGKILL it after `grace` seconds, and reap it."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(grace)

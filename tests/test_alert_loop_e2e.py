@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import subprocess
 import sys
 import urllib.parse
@@ -24,6 +23,7 @@ import pytest
 import yaml
 
 from exporter.main import REGISTRY  # every collector registered
+from testbed.processes import stop_child
 from tests.exporter.real_mlx_server import RealServer, mlx_lm_server
 from tests.remediator.conftest import (
     REPO,
@@ -63,13 +63,7 @@ class Daemon:
     log_path: Path
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_child(self.proc)
 
 
 def start_daemon(name: str, argv: list[str], workdir: Path, port: int,
@@ -246,6 +240,9 @@ def loop(stack: Stack, model_server: RealServer, tmp_path: Path,
          f"--web.listen-address=127.0.0.1:{prometheus_port}"],
         prometheus_dir, prometheus_port)
     daemons.append(prometheus)
+    # Prometheus listens before its storage is open and answers 503 until then.
+    wait_until(lambda: http("GET", f"http://127.0.0.1:{prometheus_port}/-/ready")[0] == 200,
+               timeout=60, interval=0.2, what="Prometheus to be ready")
     return Loop(model_server, stack, remediator, alertmanager, exporter, prometheus)
 
 

@@ -4,7 +4,6 @@ stopped by pid (never by name)."""
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from mlx_medic.health import probe_model
 from testbed.net import free_port
+from testbed.processes import stop_child
 
 START_TIMEOUT = 180.0  # loading is a few seconds; the machine is shared
 
@@ -26,13 +26,7 @@ class RealServer:
 
     def stop(self) -> None:
         """SIGTERM then SIGKILL to this pid only, and reap it."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_child(self.process)
 
 
 @contextlib.contextmanager
