@@ -20,7 +20,7 @@ from typing import TextIO
 
 from mlx_medic.inventory import parse_duration
 from remediator.cli_common import CliError, add_config_argument, fail, load_cli_config, open_journal
-from remediator.journal import ControlView, Journal, RunView, StepView
+from remediator.journal import ControlView, EventView, Journal, RunView, StepView
 
 WIDTH = 100
 FOLLOW_INTERVAL = 1.0
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only runs queued within this long, e.g. 30m, 2h, 1d")
     parser.add_argument("--limit", type=int, default=20, help="at most this many runs (20)")
     parser.add_argument("--json", action="store_true",
-                        help="JSON: {controls, runs}; with --follow one run per line")
+                        help="JSON: {controls, runs, events}; with --follow one run per line")
     parser.add_argument("--follow", action="store_true",
                         help="keep printing runs as they start, change and end (Ctrl-C stops)")
 
@@ -118,7 +118,30 @@ def format_control(control: ControlView) -> list[str]:
     return lines
 
 
-def render(runs: list[RunView], controls: list[ControlView]) -> str:
+# Decisions that are not runs; repeats of a firing (duplicate, absorbed) are noise here.
+QUIET_EVENTS = ("duplicate", "absorbed")
+EVENTS_SHOWN = 10
+
+
+def recent_decisions(
+    journal: Journal, model: str | None, since: float | None
+) -> list[EventView]:
+    events = journal.list_events(model=model, since=since, limit=EVENTS_SHOWN * 20)
+    return [e for e in events if e.kind not in QUIET_EVENTS][:EVENTS_SHOWN]
+
+
+def format_event(event: EventView) -> list[str]:
+    run = f" run #{event.run_id}" if event.run_id else ""
+    head = (
+        f"{_clock(event.time):<21}{_cut(event.kind, 15):<16}{_cut(event.model or '-', 17):<18}"
+        f"{_cut(event.fingerprint or '-', 18)}{run}"
+    )
+    return [head, *(_wrapped("", event.detail) if event.detail else [])]
+
+
+def render(
+    runs: list[RunView], controls: list[ControlView], events: list[EventView] | None = None
+) -> str:
     lines: list[str] = []
     for control in controls:
         lines += format_control(control)
@@ -131,6 +154,10 @@ def render(runs: list[RunView], controls: list[ControlView]) -> str:
         for run in runs:
             lines += format_run(run)
             lines.append("")
+    if events:
+        lines.append("RECENT DECISIONS (newest first; repeats of a firing left out)")
+        for event in events:
+            lines += format_event(event)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -166,12 +193,14 @@ def _show(journal: Journal, args: argparse.Namespace, since: float | None) -> in
         return 0
     runs = journal.list_runs(model=args.model, since=since, limit=args.limit)
     controls = [c for c in journal.controls() if c.model in (None, args.model) or not args.model]
+    events = recent_decisions(journal, args.model, since)
     if args.json:
         json.dump({"controls": [c.to_dict() for c in controls],
-                   "runs": [r.to_dict() for r in runs]}, sys.stdout, indent=2)
+                   "runs": [r.to_dict() for r in runs],
+                   "events": [e.to_dict() for e in events]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render(runs, controls))
+        sys.stdout.write(render(runs, controls, events))
     return 0
 
 

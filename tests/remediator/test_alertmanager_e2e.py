@@ -78,5 +78,8 @@ def test_alertmanager_delivers_a_firing_and_its_resolution_to_the_remediator(
     config = ["--config.file", str(service.config_file)]
     table = mlx_medic("log", "--model", "m1", *config).stdout
     assert "m1" in table and "planned" in table
+    decisions = table.split("RECENT DECISIONS", 1)[1]
+    assert "resolved" in decisions and run["fingerprint"][:18] in decisions
     logged = json.loads(mlx_medic("log", "--model", "m1", "--json", *config).stdout)
     assert [entry["id"] for entry in logged["runs"]] == [run["id"]]
+    assert {"resolved", "started"} <= {event["kind"] for event in logged["events"]}

@@ -118,6 +118,24 @@ def test_log_since_leaves_out_older_runs_and_a_bad_duration_is_named(
     assert "--since: 'yesterday' is not a duration" in capsys.readouterr().err
 
 
+def test_log_shows_recent_decisions_such_as_resolved_but_not_repeats_of_a_firing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    journal = Journal(config_of(config_file).journal)
+    now = time.time()
+    journal.add_event("started", now=now - 3, model=MODEL, fingerprint="fp1", run_id=1)
+    journal.add_event("duplicate", now=now - 2, model=MODEL, fingerprint="fp1", run_id=1)
+    journal.add_event("resolved", now=now - 1, model=MODEL, fingerprint="fp1",
+                      detail="alert resolved; the run had already started")
+    assert cli(["log", "--config.file", str(config_file)]) == 0
+    decisions = capsys.readouterr().out.split("RECENT DECISIONS", 1)[1].splitlines()[1:]
+    kinds = [line.split()[2] for line in decisions if line[:1].isdigit()]
+    assert kinds == ["resolved", "started"]
+    assert any("the run had already started" in line for line in decisions)
+    assert all(len(line) <= 100 for line in decisions)
+
+
 def test_log_follow_prints_a_run_again_when_it_changes(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.sqlite")
     run_id = journal.create_run(model=MODEL, playbook="recover", trigger_kind="manual",
