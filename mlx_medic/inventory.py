@@ -62,7 +62,6 @@ class Node(_Strict):
     ssh: str = Field(description="address or host name used by ssh and in hostfiles")
     user: str = Field(default="root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     port: int = Field(default=22, ge=1, le=65535)
-    ssh_options: list[str] = Field(default_factory=list, description="extra ssh -o options")
     medic_command: str = Field(
         default="mlx-medic",
         description="the mlx-medic command on this node as the remediator runs it over SSH;"
