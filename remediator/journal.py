@@ -314,16 +314,10 @@ class Journal:
         dry_run: bool = False,
     ) -> int:
         with self._tx() as db:
-            cursor = db.execute(
-                "INSERT INTO runs (model, playbook, trigger_kind, alertname, fingerprint,"
-                " starts_at, labels, dry_run, owner, outcome, queued_at)"
-                " VALUES (?,?,?,?,?,?,?,?,?,'queued',?)",
-                (
-                    model, playbook, trigger_kind, alertname, fingerprint, starts_at,
-                    json.dumps(labels or {}, sort_keys=True), int(dry_run), owner, now,
-                ),
+            return _insert_run(
+                db, model, playbook, trigger_kind, alertname, fingerprint, starts_at,
+                labels or {}, dry_run, owner, now,
             )
-            return int(cursor.lastrowid or 0)
 
     def start_run(self, run_id: int, now: float) -> None:
         with self._tx() as db:
@@ -605,16 +599,10 @@ class Journal:
         with self._tx() as db:
             if not _insert_firing(db, fingerprint, starts_at, model, None, now):
                 return None
-            cursor = db.execute(
-                "INSERT INTO runs (model, playbook, trigger_kind, alertname, fingerprint,"
-                " starts_at, labels, dry_run, owner, outcome, queued_at)"
-                " VALUES (?,?,'alert',?,?,?,?,?,?,'queued',?)",
-                (
-                    model, playbook, alertname, fingerprint, starts_at,
-                    json.dumps(labels, sort_keys=True), int(dry_run), owner, now,
-                ),
+            run_id = _insert_run(
+                db, model, playbook, "alert", alertname, fingerprint, starts_at,
+                labels, dry_run, owner, now,
             )
-            run_id = int(cursor.lastrowid or 0)
             db.execute(
                 "UPDATE firings SET run_id=? WHERE fingerprint=? AND starts_at=?",
                 (run_id, fingerprint, starts_at),
@@ -718,3 +706,29 @@ def _insert_firing(
         (fingerprint, starts_at, model, run_id, now),
     )
     return cursor.rowcount == 1
+
+
+def _insert_run(
+    db: sqlite3.Connection,
+    model: str,
+    playbook: str,
+    trigger_kind: str,
+    alertname: str | None,
+    fingerprint: str | None,
+    starts_at: str | None,
+    labels: dict[str, str],
+    dry_run: bool,
+    owner: str,
+    now: float,
+) -> int:
+    """A queued run; its id."""
+    cursor = db.execute(
+        "INSERT INTO runs (model, playbook, trigger_kind, alertname, fingerprint,"
+        " starts_at, labels, dry_run, owner, outcome, queued_at)"
+        " VALUES (?,?,?,?,?,?,?,?,?,'queued',?)",
+        (
+            model, playbook, trigger_kind, alertname, fingerprint, starts_at,
+            json.dumps(labels, sort_keys=True), int(dry_run), owner, now,
+        ),
+    )
+    return int(cursor.lastrowid or 0)
