@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from exporter import collectors as _collectors  # noqa: F401  (registers every collector)
-from exporter.collector import REGISTRY, ExporterContext, ScrapeCollector
+from mlx_medic.exporter import collectors as _collectors  # noqa: F401  (registers every collector)
+from mlx_medic.exporter.collector import REGISTRY, ExporterContext, ScrapeCollector
 from mlx_medic.inventory import Inventory, InventoryError, load_inventory
 from mlx_medic.listen_address import parse_listen
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from remediator.config import AuthConfig
+from mlx_medic.remediator.config import AuthConfig
 
 REALM = "mlx-medic"
 # Paths anyone may read: a load balancer's liveness probe carries no credentials.

@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from mlx_medic.inventory import Model
-from remediator.journal import Journal
+from mlx_medic.remediator.journal import Journal
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from mlx_medic.inventory import Inventory, InventoryError, load_inventory
-from remediator.config import ConfigError, RemediatorConfig, load_config
-from remediator.journal import Journal
+from mlx_medic.remediator.config import ConfigError, RemediatorConfig, load_config
+from mlx_medic.remediator.journal import Journal
 
 
 class CliError(Exception):

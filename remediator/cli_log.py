@@ -19,8 +19,14 @@ from collections.abc import Callable
 from typing import TextIO
 
 from mlx_medic.inventory import parse_duration
-from remediator.cli_common import CliError, add_config_argument, fail, load_cli_config, open_journal
-from remediator.journal import ControlView, EventView, Journal, RunView, StepView
+from mlx_medic.remediator.cli_common import (
+    CliError,
+    add_config_argument,
+    fail,
+    load_cli_config,
+    open_journal,
+)
+from mlx_medic.remediator.journal import ControlView, EventView, Journal, RunView, StepView
 
 WIDTH = 100
 FOLLOW_INTERVAL = 1.0

@@ -14,7 +14,7 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
-from remediator.cli_common import (
+from mlx_medic.remediator.cli_common import (
     CliError,
     add_config_argument,
     fail,
@@ -22,9 +22,9 @@ from remediator.cli_common import (
     load_cli_inventory,
     open_journal,
 )
-from remediator.cli_log import RUN_HEADER, format_run
-from remediator.engine import Engine
-from remediator.transport import SshTransport
+from mlx_medic.remediator.cli_log import RUN_HEADER, format_run
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.transport import SshTransport
 
 EXIT_BY_OUTCOME = {"succeeded": 0, "planned": 0, "locked": 3}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from remediator.cli_common import (
+from mlx_medic.remediator.cli_common import (
     CliError,
     add_config_argument,
     fail,

@@ -36,21 +36,21 @@ from typing import Any, Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mlx_medic.inventory import Inventory, Model, Node, is_loopback
-from remediator.alerts import AlertEvent, AlertStatus, Disposition
-from remediator.budget import Budget, Escalator, resume_hint
-from remediator.config import RemediatorConfig
-from remediator.journal import Journal, owner_tag
-from remediator.model_lock import LockHandle, ModelLocks
-from remediator.playbook import (
+from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
+from mlx_medic.remediator.budget import Budget, Escalator, resume_hint
+from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.journal import Journal, owner_tag
+from mlx_medic.remediator.model_lock import LockHandle, ModelLocks
+from mlx_medic.remediator.playbook import (
     PlannedStep,
     Playbook,
     RunContext,
     StepResult,
     load_playbook,
 )
-from remediator.transport import NodeTransport, TransportError
+from mlx_medic.remediator.transport import NodeTransport, TransportError
 
-log = logging.getLogger("remediator.engine")
+log = logging.getLogger("mlx_medic.remediator.engine")
 
 HealthCheck = Callable[[Model], Awaitable[Any]]
 PROBE_TIMEOUT = 10.0

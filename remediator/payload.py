@@ -20,8 +20,8 @@ from pydantic import (
     ValidationError,
 )
 
-from remediator.alerts import AlertEvent, AlertStatus
-from remediator.config import RoutingConfig
+from mlx_medic.remediator.alerts import AlertEvent, AlertStatus
+from mlx_medic.remediator.config import RoutingConfig
 
 SUPPORTED_VERSION = "4"
 JSON_CONTENT_TYPES = frozenset({"application/json"})

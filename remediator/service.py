@@ -22,15 +22,15 @@ from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory import InventoryError, load_inventory
 from mlx_medic.listen_address import parse_listen
-from remediator.auth import AuthError, Credentials, load_credentials
-from remediator.config import ConfigError, RemediatorConfig, TlsConfig, load_config
-from remediator.engine import Engine
-from remediator.journal import Journal
-from remediator.playbook import PlaybookError, load_playbook
-from remediator.transport import SshTransport
-from remediator.webapp import make_app
+from mlx_medic.remediator.auth import AuthError, Credentials, load_credentials
+from mlx_medic.remediator.config import ConfigError, RemediatorConfig, TlsConfig, load_config
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.playbook import PlaybookError, load_playbook
+from mlx_medic.remediator.transport import SshTransport
+from mlx_medic.remediator.webapp import make_app
 
-log = logging.getLogger("remediator.service")
+log = logging.getLogger("mlx_medic.remediator.service")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,13 +22,13 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from mlx_medic.inventory import parse_duration
-from remediator.alerts import AlertEvent, Disposition
-from remediator.auth import DECISION_KEY, Credentials, auth_middleware
-from remediator.config import RemediatorConfig
-from remediator.oncall_page import render_page
-from remediator.payload import PayloadError, check_content_type, parse_payload, to_events
+from mlx_medic.remediator.alerts import AlertEvent, Disposition
+from mlx_medic.remediator.auth import DECISION_KEY, Credentials, auth_middleware
+from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.oncall_page import render_page
+from mlx_medic.remediator.payload import PayloadError, check_content_type, parse_payload, to_events
 
-log = logging.getLogger("remediator.web")
+log = logging.getLogger("mlx_medic.remediator.web")
 
 MAX_LIMIT = 500
 

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test || exit 1
 mkdir -p artifacts
 .venv/bin/python -m ruff check . || exit 1
-.venv/bin/python -m mypy mlx_medic exporter remediator testbed || exit 1
+.venv/bin/python -m mypy mlx_medic testbed || exit 1
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
 rc=$?
 if [ "$rc" = 5 ]; then

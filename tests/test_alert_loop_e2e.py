@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.main import REGISTRY  # every collector registered
+from mlx_medic.exporter.main import REGISTRY  # every collector registered
 from testbed.processes import stop_child
 from tests.exporter.real_mlx_server import RealServer, mlx_lm_server
 from tests.remediator.conftest import (

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from remediator.config import RoutingConfig
+from mlx_medic.remediator.config import RoutingConfig
 from tests.promql_names import metric_names, unknown_metrics
 from tests.tools import require_tool
 

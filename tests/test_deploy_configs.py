@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from remediator.config import RoutingConfig, load_config
+from mlx_medic.remediator.config import RoutingConfig, load_config
 from tests.tools import require_tool
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -119,13 +119,13 @@ def test_the_example_remediator_config_loads_with_the_documented_values() -> Non
 def test_the_launchd_plist_runs_a_command_the_cli_accepts() -> None:
     import plistlib
 
-    from mlx_medic.cli import build_parser
+    from mlx_medic.cli import parse_args
 
     with (DEPLOY / "launchd" / "com.mlx-medic.exporter.plist").open("rb") as handle:
         plist = plistlib.load(handle)
     assert plist["Label"] == "com.mlx-medic.exporter"
     assert plist["KeepAlive"] is True and plist["RunAtLoad"] is True
-    args = build_parser().parse_args(plist["ProgramArguments"][1:])
+    args = parse_args(plist["ProgramArguments"][1:])
     assert args.command == "exporter" and args.listen == "0.0.0.0:10900"
 
 
@@ -134,11 +134,11 @@ def test_the_systemd_units_run_commands_the_cli_accepts(unit: str) -> None:
     import configparser
     import shlex
 
-    from mlx_medic.cli import build_parser
+    from mlx_medic.cli import parse_args
 
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     parser.read(DEPLOY / "systemd" / unit)
     argv = shlex.split(parser["Service"]["ExecStart"])
     assert argv[0].endswith("/mlx-medic")
-    build_parser().parse_args(argv[1:])
+    parse_args(argv[1:])

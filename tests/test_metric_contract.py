@@ -10,10 +10,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from mlx_medic.inventory import parse_inventory
-from remediator.config import RemediatorConfig
-from remediator.engine import Engine
-from remediator.journal import Journal
-from remediator.transport import LocalTransport
+from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.transport import LocalTransport
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT = [

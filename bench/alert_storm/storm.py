@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
-from remediator.journal import Journal  # noqa: E402
+from mlx_medic.remediator.journal import Journal  # noqa: E402
 from testbed import free_port, start_cluster  # noqa: E402
 
 HOLD_PLAYBOOK = "tests.remediator.slow_playbook:SlowPlaybook"  # holds a model for 60 s

@@ -39,8 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from exporter.collector import sample_value  # noqa: E402
-from exporter.collectors.logs import LogsCollector  # noqa: E402
+from mlx_medic.exporter.collector import sample_value  # noqa: E402
+from mlx_medic.exporter.collectors.logs import LogsCollector  # noqa: E402
 from mlx_medic.signatures import BUILTIN  # noqa: E402
 
 NORMAL = [

@@ -109,8 +109,8 @@ class Population:
 
 def other_collectors() -> list[str]:
     sys.path.insert(0, str(REPO))
-    from exporter import collectors  # noqa: F401  (registers them)
-    from exporter.collector import REGISTRY
+    from mlx_medic.exporter import collectors  # noqa: F401  (registers them)
+    from mlx_medic.exporter.collector import REGISTRY
 
     return sorted(name for name in REGISTRY if name != "processes")
 

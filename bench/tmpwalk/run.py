@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from exporter.collectors.tmpdirs import (  # noqa: E402
+from mlx_medic.exporter.collectors.tmpdirs import (  # noqa: E402
     PythonWeigher,
     TmpWalker,
     WatchedDir,

@@ -47,7 +47,7 @@ from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.collector import Collector, ExporterContext, register
+from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.signatures import LogSignature, merged_anchors, signatures_for
 
 log = logging.getLogger("mlx_medic.exporter.logs")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily
 
-from exporter.collector import Collector, ExporterContext, register
+from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.inventory import Inventory
 from mlx_medic.orphans import (
     Established,

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.collector import Collector, ExporterContext, register
+from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.platform.commands import (
     CommandError,
     CommandNotFound,

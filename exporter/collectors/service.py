@@ -26,8 +26,8 @@ from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.background import PeriodicWorker, interval_from_env
-from exporter.collector import Collector, ExporterContext, register
+from mlx_medic.exporter.background import PeriodicWorker, interval_from_env
+from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.health import ProbeResult, probe_model
 
 log = logging.getLogger("mlx_medic.exporter.service")

@@ -45,8 +45,8 @@ from pathlib import Path
 import psutil
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.background import PeriodicWorker, interval_from_env
-from exporter.collector import Collector, ExporterContext, register
+from mlx_medic.exporter.background import PeriodicWorker, interval_from_env
+from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.platform.du import DuError, gnu_du, run_du
 from mlx_medic.platform.open_paths import PathsInUse, environment_values, paths_in_use
 from mlx_medic.platform.temp_dirs import launch_temp_dirs

@@ -2,7 +2,7 @@
 
 import pytest
 
-from exporter.background import interval_from_env
+from mlx_medic.exporter.background import interval_from_env
 
 
 def test_unset_means_the_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from exporter.collector import sample_value
-from exporter.collectors.processes import ProcessesCollector
+from mlx_medic.exporter.collector import sample_value
+from mlx_medic.exporter.collectors.processes import ProcessesCollector
 from mlx_medic.platform.proc_linux import LinuxProcessTable
 from mlx_medic.process_model import Role
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collector import ExporterContext, ScrapeCollector, sample_value
-from exporter.collectors import logs as logs_module
-from exporter.collectors.logs import FileHandle, LogsCollector
+from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector, sample_value
+from mlx_medic.exporter.collectors import logs as logs_module
+from mlx_medic.exporter.collectors.logs import FileHandle, LogsCollector
 from mlx_medic.inventory import parse_inventory
 from mlx_medic.signatures import BUILTIN, signature_set
 

@@ -8,8 +8,8 @@ import sys
 import psutil
 import pytest
 
-from exporter.collector import ScrapeCollector, sample_value
-from exporter.collectors.memory import MemoryCollector
+from mlx_medic.exporter.collector import ScrapeCollector, sample_value
+from mlx_medic.exporter.collectors.memory import MemoryCollector
 from mlx_medic.platform.commands import CommandError, CommandNotFound, CommandResult, ParseError
 from mlx_medic.platform.macos_memory import (
     PRESSURE_ARGV,

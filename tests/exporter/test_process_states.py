@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collector import sample_value
-from exporter.collectors.processes import ProcessesCollector
+from mlx_medic.exporter.collector import sample_value
+from mlx_medic.exporter.collectors.processes import ProcessesCollector
 from mlx_medic.platform.proc_linux import LinuxProcessTable, parse_stat, state_from_letter
 from mlx_medic.process_model import State
 from tests.tools import require_root

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collector import ExporterContext, sample_value
-from exporter.collectors.processes import ProcessesCollector, make
+from mlx_medic.exporter.collector import ExporterContext, sample_value
+from mlx_medic.exporter.collectors.processes import ProcessesCollector, make
 from mlx_medic.platform.proc_linux import LinuxProcessTable
 from mlx_medic.process_model import ProcessInfo, Role, State
 from mlx_medic.runs import record_current_run

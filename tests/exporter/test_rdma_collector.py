@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from exporter.collector import ScrapeCollector, sample_value
-from exporter.collectors.rdma import RdmaCollector
+from mlx_medic.exporter.collector import ScrapeCollector, sample_value
+from mlx_medic.exporter.collectors.rdma import RdmaCollector
 from mlx_medic.platform.commands import (
     CommandError,
     CommandNotFound,

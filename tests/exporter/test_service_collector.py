@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collector import ExporterContext, ScrapeCollector, sample_value
-from exporter.collectors.service import ModelServiceCollector, ProbeTarget, make
+from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector, sample_value
+from mlx_medic.exporter.collectors.service import ModelServiceCollector, ProbeTarget, make
 from mlx_medic.health import ProbeResult, probe_model
 from mlx_medic.inventory import parse_inventory
 from testbed.net import free_port

@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from exporter.collector import ExporterContext, ScrapeCollector, sample_value
-from exporter.collectors import tmpdirs
-from exporter.collectors.tmpdirs import (
+from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector, sample_value
+from mlx_medic.exporter.collectors import tmpdirs
+from mlx_medic.exporter.collectors.tmpdirs import (
     BackgroundWalker,
     DirReport,
     DuWeigher,
@@ -235,7 +235,7 @@ def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir, weigher)
                     else "tmpdirs.PythonWeigher()")
     script = (
         "import json, math, subprocess, sys, time\n"
-        "from exporter.collectors import tmpdirs\n"
+        "from mlx_medic.exporter.collectors import tmpdirs\n"
         "from mlx_medic.platform.open_paths import PathsInUse\n"
         "open(sys.argv[2] + '/big', 'wb').write(b'x' * 5_000_000)\n"
         f"w = {weigher_code}\n"

@@ -23,10 +23,10 @@ import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from remediator.alerts import AlertEvent, AlertStatus, Disposition
-from remediator.auth import Credentials
-from remediator.config import RemediatorConfig
-from remediator.webapp import make_app
+from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
+from mlx_medic.remediator.auth import Credentials
+from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.webapp import make_app
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token-for-tests"
@@ -423,7 +423,7 @@ class Stack:
         return service
 
     def journal(self) -> Any:
-        from remediator.journal import Journal
+        from mlx_medic.remediator.journal import Journal
 
         return Journal(self.journal_path)
 

@@ -13,12 +13,12 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory import Inventory, Model, parse_inventory
-from remediator.alerts import AlertEvent, AlertStatus
-from remediator.config import RemediatorConfig
-from remediator.engine import Engine
-from remediator.journal import Journal
-from remediator.playbook import PlannedStep, Playbook, RunContext, StepResult
-from remediator.transport import LocalTransport, NodeTransport
+from mlx_medic.remediator.alerts import AlertEvent, AlertStatus
+from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.playbook import PlannedStep, Playbook, RunContext, StepResult
+from mlx_medic.remediator.transport import LocalTransport, NodeTransport
 
 MODEL = "glm-4_6-5b"
 OTHER = "qwq-32b-8bit"

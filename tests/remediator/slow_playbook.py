@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from mlx_medic.inventory import Inventory, Model
-from remediator.playbook import PlannedStep, Playbook, RunContext, StepResult
+from mlx_medic.remediator.playbook import PlannedStep, Playbook, RunContext, StepResult
 
 
 class SlowPlaybook(Playbook):

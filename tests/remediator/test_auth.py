@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from remediator.auth import AuthError, Credentials, load_credentials
-from remediator.config import AuthConfig
+from mlx_medic.remediator.auth import AuthError, Credentials, load_credentials
+from mlx_medic.remediator.config import AuthConfig
 from tests.remediator.conftest import BASIC_PASSWORD, BASIC_USER, TOKEN, basic, bearer
 
 

@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from remediator.budget import Budget, Escalator
-from remediator.journal import Journal
+from mlx_medic.remediator.budget import Budget, Escalator
+from mlx_medic.remediator.journal import Journal
 from tests.remediator.engine_fakes import MODEL, make_inventory
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlx_medic.cli import SUBCOMMANDS, build_parser
+from mlx_medic.cli import COMMANDS, parse_args
 from mlx_medic.inventory import parse_inventory
-from remediator import cli_log
-from remediator.alerts import Disposition
-from remediator.config import RemediatorConfig
-from remediator.journal import Journal
+from mlx_medic.remediator import cli_log
+from mlx_medic.remediator.alerts import Disposition
+from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.journal import Journal
 from tests.remediator.engine_fakes import (
     MODEL,
     OTHER,
@@ -30,8 +30,8 @@ from tests.remediator.engine_fakes import (
 
 
 def cli(args: list[str]) -> int:
-    parsed = build_parser().parse_args(args)
-    return importlib.import_module(SUBCOMMANDS[parsed.command][0]).run(parsed)
+    parsed = parse_args(args)
+    return importlib.import_module(COMMANDS[parsed.command].module).run(parsed)
 
 
 def write_config(tmp_path: Path, inventory: str | None = None, **extra) -> Path:

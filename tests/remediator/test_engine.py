@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory import Inventory, parse_inventory
-from remediator.alerts import AlertStatus, Disposition
-from remediator.engine import Engine
-from remediator.journal import Journal, owner_tag
-from remediator.transport import LocalTransport, SshTransport
+from mlx_medic.remediator.alerts import AlertStatus, Disposition
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import Journal, owner_tag
+from mlx_medic.remediator.transport import LocalTransport, SshTransport
 from tests.remediator.engine_fakes import (
     MODEL,
     OTHER,

@@ -18,14 +18,14 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory import parse_inventory
-from remediator.alerts import AlertEvent, Disposition
-from remediator.auth import Credentials
-from remediator.config import RemediatorConfig
-from remediator.engine import Engine
-from remediator.journal import Journal
-from remediator.payload import PayloadError, parse_payload, to_events
-from remediator.transport import LocalTransport
-from remediator.webapp import make_app
+from mlx_medic.remediator.alerts import AlertEvent, Disposition
+from mlx_medic.remediator.auth import Credentials
+from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.payload import PayloadError, parse_payload, to_events
+from mlx_medic.remediator.transport import LocalTransport
+from mlx_medic.remediator.webapp import make_app
 from tests.remediator.conftest import bearer
 
 FUZZ = settings(max_examples=1500, deadline=None, derandomize=True,

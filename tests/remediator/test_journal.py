@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from remediator.journal import OUTPUT_CAP, Journal, owner_tag
+from mlx_medic.remediator.journal import OUTPUT_CAP, Journal, owner_tag
 from tests.remediator.engine_fakes import dead_pid
 
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from remediator.alerts import AlertStatus
-from remediator.config import RoutingConfig
-from remediator.payload import PayloadError, check_content_type, parse_payload, to_events
+from mlx_medic.remediator.alerts import AlertStatus
+from mlx_medic.remediator.config import RoutingConfig
+from mlx_medic.remediator.payload import PayloadError, check_content_type, parse_payload, to_events
 from tests.remediator.conftest import make_alert, make_payload
 
 

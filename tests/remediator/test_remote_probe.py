@@ -21,16 +21,16 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory import Inventory, InventoryError, Model, parse_inventory
-from remediator.config import RemediatorConfig
-from remediator.engine import (
+from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.engine import (
     Engine,
     HealthVerdict,
     default_health_check,
     head_is_this_machine,
     probes_on_head,
 )
-from remediator.journal import Journal
-from remediator.transport import CommandResult, SshTransport, TransportError
+from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.transport import CommandResult, SshTransport, TransportError
 from testbed import free_port, wait_listening
 from tests.remediator.engine_fakes import alert
 

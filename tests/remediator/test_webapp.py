@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
-from remediator.webapp import make_app
+from mlx_medic.remediator.webapp import make_app
 from tests.remediator.conftest import (
     FakeEngine,
     FakeJournal,
@@ -131,11 +131,11 @@ async def test_metrics_count_received_alerts_by_status(client: TestClient) -> No
 async def test_every_request_decision_is_one_log_line(
     client: TestClient, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="remediator.web"):
+    with caplog.at_level(logging.INFO, logger="mlx_medic.remediator.web"):
         await post(client, make_payload(make_alert(fingerprint="ff")))
         await post(client, make_payload(version="3"))
         await post(client, make_payload(), bearer("bad"))
-    records = [r for r in caplog.records if r.name == "remediator.web"]
+    records = [r for r in caplog.records if r.name == "mlx_medic.remediator.web"]
     assert [(r.status, r.path) for r in records] == [  # type: ignore[attr-defined]
         (202, "/alerts"), (400, "/alerts"), (401, "/alerts")]
     assert records[0].dispositions == ["started"]  # type: ignore[attr-defined]
