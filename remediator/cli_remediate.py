@@ -24,7 +24,7 @@ from mlx_medic.remediator.cli_common import (
 )
 from mlx_medic.remediator.cli_log import RUN_HEADER, format_run
 from mlx_medic.remediator.engine import Engine
-from mlx_medic.remediator.transport import SshTransport
+from mlx_medic.transport import SshTransport
 
 EXIT_BY_OUTCOME = {"succeeded": 0, "planned": 0, "locked": 3}
 

@@ -36,11 +36,11 @@ from typing import Any, Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mlx_medic.inventory import Inventory, Model, Node, is_loopback
+from mlx_medic.model_lock import LockHandle, ModelLocks
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
 from mlx_medic.remediator.budget import Budget, Escalator, resume_hint
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.journal import Journal, owner_tag
-from mlx_medic.remediator.model_lock import LockHandle, ModelLocks
 from mlx_medic.remediator.playbook import (
     PlannedStep,
     Playbook,
@@ -48,7 +48,7 @@ from mlx_medic.remediator.playbook import (
     StepResult,
     load_playbook,
 )
-from mlx_medic.remediator.transport import NodeTransport, TransportError
+from mlx_medic.transport import NodeTransport, TransportError
 
 log = logging.getLogger("mlx_medic.remediator.engine")
 

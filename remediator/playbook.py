@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mlx_medic.inventory import Inventory, Model
-from mlx_medic.remediator.transport import NodeTransport
+from mlx_medic.transport import NodeTransport
 
 StepKind = Literal["action", "verify", "escalate"]
 StepOutcome = Literal["ok", "failed", "not_implemented"]

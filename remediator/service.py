@@ -27,8 +27,8 @@ from mlx_medic.remediator.config import ConfigError, RemediatorConfig, TlsConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.playbook import PlaybookError, load_playbook
-from mlx_medic.remediator.transport import SshTransport
 from mlx_medic.remediator.webapp import make_app
+from mlx_medic.transport import SshTransport
 
 log = logging.getLogger("mlx_medic.remediator.service")
 

@@ -13,7 +13,7 @@ from mlx_medic.inventory import parse_inventory
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
-from mlx_medic.remediator.transport import LocalTransport
+from mlx_medic.transport import LocalTransport
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT = [

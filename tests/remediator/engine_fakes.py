@@ -18,7 +18,7 @@ from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.playbook import PlannedStep, Playbook, RunContext, StepResult
-from mlx_medic.remediator.transport import LocalTransport, NodeTransport
+from mlx_medic.transport import LocalTransport, NodeTransport
 
 MODEL = "glm-4_6-5b"
 OTHER = "qwq-32b-8bit"

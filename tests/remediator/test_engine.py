@@ -19,7 +19,7 @@ from mlx_medic.inventory import Inventory, parse_inventory
 from mlx_medic.remediator.alerts import AlertStatus, Disposition
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal, owner_tag
-from mlx_medic.remediator.transport import LocalTransport, SshTransport
+from mlx_medic.transport import LocalTransport, SshTransport
 from tests.remediator.engine_fakes import (
     MODEL,
     OTHER,

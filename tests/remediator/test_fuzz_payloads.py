@@ -24,8 +24,8 @@ from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.payload import PayloadError, parse_payload, to_events
-from mlx_medic.remediator.transport import LocalTransport
 from mlx_medic.remediator.webapp import make_app
+from mlx_medic.transport import LocalTransport
 from tests.remediator.conftest import bearer
 
 FUZZ = settings(max_examples=1500, deadline=None, derandomize=True,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.inventory import Inventory, parse_inventory
-from mlx_medic.remediator.model_lock import LockInfo, ModelLocks
-from mlx_medic.remediator.transport import LocalTransport, SshTransport
+from mlx_medic.model_lock import LockInfo, ModelLocks
+from mlx_medic.transport import LocalTransport, SshTransport
 from tests.remediator.engine_fakes import MODEL, dead_pid, make_inventory
 
 

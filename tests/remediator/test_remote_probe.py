@@ -30,7 +30,7 @@ from mlx_medic.remediator.engine import (
     probes_on_head,
 )
 from mlx_medic.remediator.journal import Journal
-from mlx_medic.remediator.transport import CommandResult, SshTransport, TransportError
+from mlx_medic.transport import CommandResult, SshTransport, TransportError
 from testbed import free_port, wait_listening
 from tests.remediator.engine_fakes import alert
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.inventory import Inventory, parse_inventory
-from mlx_medic.remediator.transport import SshTransport, TransportError
+from mlx_medic.transport import SshTransport, TransportError
 
 pytestmark = pytest.mark.testbed
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from mlx_medic.inventory import Inventory, Node
-from mlx_medic.remediator.transport import NodeTransport, TransportError
+from mlx_medic.transport import NodeTransport, TransportError
 
 log = logging.getLogger(__name__)
 
