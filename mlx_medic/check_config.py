@@ -1,4 +1,9 @@
-"""`mlx-medic check-config FILE`: validate an inventory before anything uses it."""
+"""`mlx-medic check-config FILE`: validate an inventory before anything uses it.
+
+It loads the file exactly as the exporter and the remediator do (`load_inventory`, the
+same models), so what it accepts they accept. `--schema` prints the field reference
+generated from those models (docs/inventory.md holds the same table).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,20 @@ from mlx_medic.inventory import InventoryError, load_inventory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", type=Path, help="inventory YAML")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("file", type=Path, nargs="?", help="inventory YAML")
+    what.add_argument(
+        "--schema", action="store_true",
+        help="print every inventory field (path, type, default, meaning) and exit",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.schema:
+        from mlx_medic.inventory_doc import reference
+
+        print(reference())
+        return 0
     try:
         inventory = load_inventory(args.file)
     except InventoryError as exc:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -48,7 +49,9 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
-Duration = Annotated[float, Field(ge=0)]
+# Seconds; the file may say `90`, `90s`, `15m`, `2h` or `1d`. The parser rides on the type,
+# so every duration field accepts the same spellings and the reference can name the type.
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 
 class _Strict(BaseModel):
@@ -58,10 +61,15 @@ class _Strict(BaseModel):
 class Node(_Strict):
     """A machine in the cluster, reached over SSH."""
 
-    name: Name
+    name: Name = Field(
+        description="the node's name, the mapping key; `models.<name>.nodes` and `--node`"
+        " refer to it"
+    )
     ssh: str = Field(description="address or host name used by ssh and in hostfiles")
-    user: str = Field(default="root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
-    port: int = Field(default=22, ge=1, le=65535)
+    user: str = Field(
+        default="root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="SSH login user"
+    )
+    port: int = Field(default=22, ge=1, le=65535, description="SSH port")
     medic_command: str = Field(
         default="mlx-medic",
         description="the mlx-medic command on this node as the remediator runs it over SSH;"
@@ -96,20 +104,34 @@ class Node(_Strict):
 class Service(_Strict):
     """How the head node keeps the model running (launchd KeepAlive in production)."""
 
-    manager: ServiceManager
-    label: str = Field(pattern=r"^[A-Za-z0-9._:-]{1,200}$")
+    manager: ServiceManager = Field(
+        description="what keeps the model's server running on the head node; the playbook"
+        " plans to stop and start it with the manager's command (launchctl, systemctl,"
+        " supervisorctl)"
+    )
+    label: str = Field(
+        pattern=r"^[A-Za-z0-9._:-]{1,200}$",
+        description="the service's name for its manager (launchd: the job label, its plist"
+        " is /Library/LaunchDaemons/<label>.plist)",
+    )
 
 
 class Backend(_Strict):
-    hostfile: Path
+    """One way to start the model's ranks."""
+
+    hostfile: Path = Field(description="the mlx.launch hostfile for this backend")
     pipeline: bool = Field(default=False, description="pass --pipeline to mlx_lm.server")
 
 
 class Backends(_Strict):
     """Backends in order of preference: JACCL first, ring as the fallback."""
 
-    jaccl: Backend | None = None
-    ring: Backend | None = None
+    jaccl: Backend | None = Field(
+        default=None, description="JACCL over RDMA (Thunderbolt 5); tried first"
+    )
+    ring: Backend | None = Field(
+        default=None, description="the ring backend over TCP; the fallback when JACCL fails"
+    )
 
     @model_validator(mode="after")
     def _at_least_one(self) -> Backends:
@@ -129,16 +151,27 @@ class Backends(_Strict):
 class Policy(_Strict):
     """Limits on automatic action, so a restart loop cannot spend the PD budget."""
 
-    restart_budget: int = Field(default=3, ge=0, le=100)
-    window: Duration = 3600.0
-    backoff: Duration = 30.0
-    start_timeout: Duration = 600.0
-    stale_tmp_age: Duration = 600.0
-
-    @field_validator("window", "backoff", "start_timeout", "stale_tmp_age", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float:
-        return parse_duration(value)
+    restart_budget: int = Field(
+        default=3, ge=0, le=100,
+        description="automatic runs allowed per `window`; when spent, the model's circuit"
+        " opens and on-call is told",
+    )  # fmt: skip
+    window: Duration = Field(default=3600.0, description="the span `restart_budget` counts over")
+    backoff: Duration = Field(
+        default=30.0,
+        description="the wait after the first counted run in the window; it doubles with each"
+        " further run",
+    )
+    start_timeout: Duration = Field(
+        default=600.0,
+        description="the time a start gets to answer the health probe (the playbook's verify"
+        " step); also bounds a step's run time, with `ssh.command_timeout`",
+    )
+    stale_tmp_age: Duration = Field(
+        default=600.0,
+        description="a `tmp*` entry in `tmp_dirs`/`cache_dirs` unchanged this long, and used by"
+        " no live process, is stale",
+    )
 
 
 class Model(_Strict):
@@ -147,16 +180,36 @@ class Model(_Strict):
     name: Name = Field(description="the alert's `model` label")
     model: str = Field(min_length=1, description="the --model argument: repo id or local path")
     nodes: list[Name] = Field(min_length=1, description="rank order; the first is the head")
-    port: int = Field(ge=1, le=65535)
+    port: int = Field(ge=1, le=65535, description="the port mlx_lm.server listens on (head)")
     host: str = Field(default="127.0.0.1", description="address mlx_lm.server listens on")
-    service: Service
-    backends: Backends
-    serve_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    tmp_dirs: list[Path] = Field(default_factory=list)
-    cache_dirs: list[Path] = Field(default_factory=list)
-    log_files: list[Path] = Field(default_factory=list)
-    ranks_per_node: int = Field(default=1, ge=1, le=64)
-    policy: Policy = Field(default_factory=Policy)
+    service: Service = Field(description="the service that runs the model on its head node")
+    backends: Backends = Field(description="how to start the ranks, in order of preference")
+    serve_args: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="extra mlx_lm.server flags, without dashes (`prefill-step-size: 2048`);"
+        " `true` is a bare flag, `false` leaves it out",
+    )
+    tmp_dirs: list[Path] = Field(
+        default_factory=list,
+        description="where the model's runs make `tmp*` dirs (mlx_lm.share): their stale"
+        " entries are counted (and the playbook plans to clean them); a process whose"
+        " arguments point under one belongs to the model",
+    )
+    cache_dirs: list[Path] = Field(
+        default_factory=list, description="further dirs whose stale `tmp*` entries are counted"
+    )
+    log_files: list[Path] = Field(
+        default_factory=list,
+        description="the service's logs on the head node, read for error signatures",
+    )
+    ranks_per_node: int = Field(
+        default=1, ge=1, le=64,
+        description="live ranks the model runs on each of its nodes; older ones beyond this"
+        " count as orphans (excess ranks)",
+    )  # fmt: skip
+    policy: Policy = Field(
+        default_factory=Policy, description="limits on automatic action for this model"
+    )
 
     @field_validator("nodes")
     @classmethod
@@ -212,8 +265,10 @@ class Model(_Strict):
 class Signature(_Strict):
     """An error text to count in service logs; a regular expression."""
 
-    name: Name
-    pattern: str
+    name: Name = Field(
+        description="the `signature` label of mlx_log_errors_total; a built-in's name replaces it"
+    )
+    pattern: str = Field(description="a Python regular expression searched in each log line")
 
     @field_validator("pattern")
     @classmethod
@@ -228,27 +283,42 @@ class Signature(_Strict):
 class SshSettings(_Strict):
     """How the remediator reaches nodes. Host keys are always checked."""
 
-    identity_file: Path | None = Field(default=None, description="default: ssh's own keys")
-    known_hosts: Path | None = Field(default=None, description="default: ~/.ssh/known_hosts")
-    connect_timeout: Duration = 10.0
-    command_timeout: Duration = 120.0
-
-    @field_validator("connect_timeout", "command_timeout", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float:
-        return parse_duration(value)
+    identity_file: Path | None = Field(
+        default=None, description="the private key to log in with; null: ssh's own default keys"
+    )
+    known_hosts: Path | None = Field(
+        default=None,
+        description="the known_hosts file host keys are checked against; null:"
+        " ~/.ssh/known_hosts",
+    )
+    connect_timeout: Duration = Field(default=10.0, description="time to open an SSH connection")
+    command_timeout: Duration = Field(
+        default=120.0,
+        description="a playbook step may run for the longer of this and the model's"
+        " `start_timeout`, plus 60 s, before it counts as failed",
+    )
 
 
 class Inventory(_Strict):
-    nodes: list[Node]
-    ssh: SshSettings = Field(default_factory=SshSettings)
-    models: list[Model] = Field(default_factory=list)
+    """The whole file."""
+
+    nodes: list[Node] = Field(
+        description="the machines, keyed by node name (or a list of entries with `name`)"
+    )
+    ssh: SshSettings = Field(
+        default_factory=SshSettings, description="how the remediator reaches the nodes"
+    )
+    models: list[Model] = Field(
+        default_factory=list,
+        description="the served models, keyed by model name (or a list of entries with `name`)",
+    )
     signatures: list[Signature] = Field(
         default_factory=list, description="extra log signatures, added to the built-in set"
     )
     state_dir: Path = Field(
         default=Path("/var/lib/mlx-medic"),
-        description="per node: current run ids, locks, log read positions",
+        description="on every node: the node-id file, current run ids (`runs/`), probe locks"
+        " (`locks/`) and log read positions",
     )
     launch_temp_dirs: list[Path] = Field(
         default_factory=list,
@@ -319,7 +389,8 @@ class InventoryError(ValueError):
 
 # --- loading, with line numbers for every error ---------------------------
 
-_MAPPED_LISTS = {("nodes",), ("models",)}
+# Top-level lists that the file may also write as mappings keyed by each entry's name.
+KEYED_SECTIONS = ("nodes", "models")
 
 
 def _line_index(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int]) -> None:
@@ -344,7 +415,7 @@ def _normalise(raw: Any) -> tuple[Any, dict[tuple[Any, ...], tuple[Any, ...]]]:
     if not isinstance(raw, dict):
         return raw, back
     data = dict(raw)
-    for (section,) in _MAPPED_LISTS:
+    for section in KEYED_SECTIONS:
         value = data.get(section)
         if isinstance(value, dict):
             items = []
