@@ -55,7 +55,7 @@ class ProcessesCollector(Collector):
     def __init__(
         self,
         *,
-        node: str,
+        node: str | None,
         inventory: Inventory | None,
         state_dir: Path,
         table: ProcessTable,
