@@ -17,8 +17,9 @@ It is stale when its holder is dead, and who may say so depends on who the holde
 `host` is there for people reading the lock; it decides nothing. `token` is the
 acquirer's nonce: release and renew touch only the lock this acquire wrote.
 Anything we cannot judge (node unreachable, unreadable file) counts as held:
-fail closed. This module knows nothing of the remediator, so the serve wrapper
-can use it with a LocalTransport for its own node (RoutedTransport: peers over SSH).
+fail closed. This module knows nothing of the remediator, so the serve wrapper on
+the head can use it too, with a RoutedTransport (its own node local, peers over SSH:
+a holder on a peer must be asked about there, not here).
 """
 
 from __future__ import annotations
