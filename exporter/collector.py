@@ -26,13 +26,13 @@ MetricFamily = GaugeMetricFamily  # any *MetricFamily; the alias documents inten
 class ExporterContext:
     """What every collector may know about the node it runs on."""
 
-    node: str
+    node: str | None  # its inventory name (mlx_medic.node_identity); None: discovery mode
     inventory: Inventory | None = None
     state_dir: Path = Path("/var/lib/mlx-medic")
     clock: Callable[[], float] = time.time
 
     def models_here(self):  # -> list[Model]
-        if self.inventory is None:
+        if self.inventory is None or self.node is None:
             return []
         return self.inventory.models_on(self.node)
 

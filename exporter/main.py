@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import psutil
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from mlx_medic.exporter import collectors as _collectors  # noqa: F401  (registers every collector)
 from mlx_medic.exporter.collector import REGISTRY, ExporterContext, ScrapeCollector
-from mlx_medic.inventory import Inventory, InventoryError, load_inventory
+from mlx_medic.inventory import InventoryError, load_inventory
 from mlx_medic.listen_address import parse_listen
+from mlx_medic.node_identity import resolve_node
 
 log = logging.getLogger("mlx_medic.exporter")
 
@@ -42,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN})",
     )
     parser.add_argument(
-        "--node", default=None, help="this node's name in the inventory (default: found by address)"
+        "--node", default=None,
+        help="this node's name in the inventory (default: <state dir>/node-id)",
     )
     parser.add_argument(
         "--state-dir", type=Path, default=None, help="override the inventory's state_dir"
@@ -63,28 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # BooleanOptionalAction spells the negative --no-collector.NAME; done above.
 
 
-def resolve_node(inventory: Inventory | None, requested: str | None) -> str:
-    """This node's inventory name: asked for, or the node whose address is ours."""
-    if requested:
-        if inventory is not None and requested not in {n.name for n in inventory.nodes}:
-            known = ", ".join(n.name for n in inventory.nodes)
-            raise LookupError(f"--node {requested!r} is not in the inventory (nodes: {known})")
-        return requested
-    hostname = socket.gethostname().split(".")[0]
-    if inventory is None:
-        return hostname
-    addresses = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
-    addresses |= {socket.gethostname(), hostname}
-    for node in inventory.nodes:
-        if node.name == hostname or node.ssh in addresses:
-            return node.name
-    raise LookupError(f"no inventory node matches this host ({hostname}); pass --node NAME")
-
-
 def build(args: argparse.Namespace) -> tuple[ExporterContext, ScrapeCollector]:
     inventory = load_inventory(args.config_file) if args.config_file else None
-    node = resolve_node(inventory, args.node)
     state_dir = args.state_dir or (inventory.state_dir if inventory else Path("/var/lib/mlx-medic"))
+    node = resolve_node(inventory, args.node, state_dir)
     context = ExporterContext(node=node, inventory=inventory, state_dir=state_dir)
     enabled = [name for name in sorted(REGISTRY) if getattr(args, f"collector_{name}")]
     collectors = [REGISTRY[name].factory(context) for name in enabled]

@@ -4,14 +4,22 @@ Why there: the lock must exclude everyone who acts on the model (two remediator
 replicas, an on-call `mlx-medic remediate`, the serve wrapper's pre-start sweep)
 and must outlive any one process. The head node is the one place they all reach.
 
-The file holds JSON {host, pid, time, holder, run_id, expires, node, pid_start}.
-It is stale when its holder is dead:
-- holder on this host: its pid is gone (or reused: start time differs): stale at once;
-- holder on the head node itself: `ps -p PID` there says it is gone;
-- holder elsewhere: its lease (`expires`, renewed while a run lasts) has run out.
+The file holds JSON {node, pid, pid_start, host, time, holder, run_id, expires, token}.
+It is stale when its holder is dead, and who may say so depends on who the holder is:
+- a holder that names its inventory node (`node`: the serve wrapper, a node helper,
+  anyone given its node identity): its pid is looked up ON THAT NODE through the
+  transport (`mlx_medic.pid_liveness`); gone, a zombie, or a pid now owned by a
+  process started at another time (reused) is stale at once, alive is held whatever
+  its lease. Never judged from a host name and a pid seen here: the testbed's nodes
+  share one host name, and a pid means something only in its own PID namespace.
+- a holder with no node identity (a remediator off the cluster): its lease
+  (`expires`, renewed while the lock is held) alone.
+`host` is there for people reading the lock; it decides nothing. `token` is the
+acquirer's nonce: release and renew touch only the lock this acquire wrote.
 Anything we cannot judge (node unreachable, unreadable file) counts as held:
-fail closed. This module knows nothing of the remediator, so the serve wrapper
-can use it with a LocalTransport.
+fail closed. This module knows nothing of the remediator, so the serve wrapper on
+the head can use it too, with a RoutedTransport (its own node local, peers over SSH:
+a holder on a peer must be asked about there, not here).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -29,7 +38,8 @@ from pathlib import Path
 from typing import Literal
 
 from mlx_medic.inventory import Inventory, Node
-from mlx_medic.transport import NodeTransport, TransportError
+from mlx_medic.pid_liveness import Liveness, pid_liveness
+from mlx_medic.transport.interface import NodeTransport, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +50,15 @@ BREAK_GUARD_TIMEOUT = 60.0  # a breaker that held the guard longer than this cra
 
 @dataclass(frozen=True)
 class LockInfo:
-    host: str
-    pid: int
+    node: str | None  # the holder's inventory node; None: judged by its lease alone
+    pid: int  # in the holder's node's PID namespace
+    pid_start: float | None  # the holder's start (Unix time): a reused pid is not the holder
+    host: str  # for people: where the holder said it runs; never used to judge
     time: float
     holder: str
     run_id: str
     expires: float
-    node: str | None = None  # the inventory node the holder runs on, when it knows
-    pid_start: float | None = None  # the holder's process start time (pid reuse guard)
+    token: str = ""  # the acquirer's nonce ("" in locks written before it existed)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -58,19 +69,21 @@ class LockInfo:
         if not isinstance(data, dict):
             raise ValueError("the lock file is not a JSON object")
         return cls(
-            host=str(data["host"]),
+            node=None if data.get("node") is None else str(data["node"]),
             pid=int(data["pid"]),
+            pid_start=None if data.get("pid_start") is None else float(data["pid_start"]),
+            host=str(data["host"]),
             time=float(data["time"]),
             holder=str(data["holder"]),
             run_id=str(data["run_id"]),
             expires=float(data["expires"]),
-            node=None if data.get("node") is None else str(data["node"]),
-            pid_start=None if data.get("pid_start") is None else float(data["pid_start"]),
+            token=str(data.get("token", "")),
         )
 
     def describe(self) -> str:
+        where = f"node {self.node}" if self.node else f"{self.host}, off the inventory's nodes"
         return (
-            f"{self.holder} (run {self.run_id}, pid {self.pid} on {self.host},"
+            f"{self.holder} (run {self.run_id}, pid {self.pid} on {where},"
             f" since {time.strftime('%H:%M:%SZ', time.gmtime(self.time))})"
         )
 
@@ -85,27 +98,13 @@ class LockHandle:
 
 
 def process_start_time(pid: int) -> float | None:
+    """When a process of this machine started (Unix time), or None if we cannot tell."""
     try:
         import psutil
 
         return float(psutil.Process(pid).create_time())
     except Exception:
         return None
-
-
-def local_pid_alive(pid: int, pid_start: float | None = None) -> bool:
-    """Alive and, when its start time was recorded, the same process (not a reused pid)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if pid_start is not None:
-        started = process_start_time(pid)
-        if started is not None and abs(started - pid_start) > 1.0:
-            return False
-    return True
 
 
 class ModelLocks:
@@ -116,22 +115,28 @@ class ModelLocks:
         inventory: Inventory,
         transport: NodeTransport,
         *,
+        this_node: str | None,
         hostname: str | None = None,
         pid: int | None = None,
-        node_name: str | None = None,
+        pid_start: float | None = None,
         lease: float = 90.0,
         clock: Callable[[], float] = time.time,
     ):
+        """`this_node`: the inventory node this process runs on (from node identity:
+        `--node` or `<state_dir>/node-id`), or None off the cluster. `pid` and
+        `pid_start` default to this process's."""
+        if this_node is not None and this_node not in {n.name for n in inventory.nodes}:
+            known = ", ".join(n.name for n in inventory.nodes)
+            raise ValueError(f"this node {this_node!r} is not in the inventory (nodes: {known})")
         self.inventory = inventory
         self.transport = transport
+        self.this_node = this_node
         self.hostname = hostname or socket.gethostname()
         self.pid = pid if pid is not None else os.getpid()
-        self.node_name = node_name
+        self.pid_start = pid_start if pid_start is not None else process_start_time(self.pid)
         self.lease = lease
         self.clock = clock
         self.refusals: dict[str, str] = {}  # model -> why the last acquire failed
-        self._head_hostnames: dict[str, str] = {}
-        self._pid_start = process_start_time(self.pid)
 
     def path_for(self, model: str) -> Path:
         self.inventory.model(model)  # a KeyError names an unknown model
@@ -143,14 +148,15 @@ class ModelLocks:
     def _info(self, holder: str, run_id: str) -> LockInfo:
         now = self.clock()
         return LockInfo(
-            host=self.hostname,
+            node=self.this_node,
             pid=self.pid,
+            pid_start=self.pid_start,
+            host=self.hostname,
             time=now,
             holder=holder,
             run_id=run_id,
             expires=now + self.lease,
-            node=self.node_name,
-            pid_start=self._pid_start,
+            token=secrets.token_hex(8),
         )
 
     async def acquire(
@@ -235,8 +241,13 @@ class ModelLocks:
             except TransportError as exc:
                 log.warning("lock renewal failed: %s", exc, extra={"model": handle.model})
 
-    async def release_stale_of_this_host(self, model: str) -> LockInfo | None:
-        """At start-up: remove the lock a dead process of this host left. Returns it."""
+    async def release_of_ended_run(
+        self, model: str, run_id: str, host: str, pid: int
+    ) -> LockInfo | None:
+        """Remove the lock a run left behind when the caller knows that run has ended
+        (the remediator's journal found it in flight, its process gone). Only the lock
+        exactly that run wrote (run id, host and pid as written), never another's.
+        Returns it, or None when the lock is not that run's."""
         head, path = self._head(model), self.path_for(model)
         text = await self.transport.read_text(head, path)
         if text is None:
@@ -245,7 +256,7 @@ class ModelLocks:
             info = LockInfo.parse(text)
         except (ValueError, KeyError, TypeError):
             return None
-        if info.host != self.hostname or local_pid_alive(info.pid, info.pid_start):
+        if (info.run_id, info.host, info.pid) != (run_id, host, pid):
             return None
         if await self._break(head, path, text):
             return info
@@ -257,18 +268,7 @@ class ModelLocks:
             info = LockInfo.parse(text)
         except (ValueError, KeyError, TypeError):
             return False
-        return (info.host, info.pid, info.run_id) == (mine.host, mine.pid, mine.run_id)
-
-    async def _head_hostname(self, head: Node) -> str | None:
-        if head.name not in self._head_hostnames:
-            try:
-                result = await self.transport.run(head, ["uname", "-n"], timeout=10.0)
-            except TransportError:
-                return None
-            if not result.ok:
-                return None
-            self._head_hostnames[head.name] = result.stdout.strip()
-        return self._head_hostnames[head.name]
+        return bool(mine.token) and info.token == mine.token
 
     async def _judge(self, head: Node, text: str) -> tuple[bool, str]:
         """(stale?, a sentence saying who holds it or why it is stale)."""
@@ -277,22 +277,25 @@ class ModelLocks:
         except (ValueError, KeyError, TypeError) as exc:
             return False, f"an unreadable lock file on {head.name} ({exc}); remove it by hand"
         held = f"locked by {info.describe()}"
-        if info.host == self.hostname:
-            if local_pid_alive(info.pid, info.pid_start):
-                return False, held
-            return True, f"holder pid {info.pid} on this host is dead"
-        if info.node == head.name or info.host == await self._head_hostname(head):
-            try:
-                result = await self.transport.run(
-                    head, ["ps", "-p", str(info.pid), "-o", "pid="], timeout=10.0
-                )
-            except TransportError:
-                return False, held + "; cannot check its pid on the head node"
-            if result.exit_status == 1 and not result.stdout.strip():
-                return True, f"holder pid {info.pid} on head {head.name} is dead"
+        if info.node is None:
+            if info.expires < self.clock():
+                return True, f"holder's lease on {info.host} ran out"
             return False, held
-        if info.expires < self.clock():
-            return True, f"holder's lease on {info.host} ran out"
+        try:
+            node = self.inventory.node(info.node)
+        except KeyError:
+            # Nobody can ask a node the inventory no longer lists: the lease decides.
+            if info.expires < self.clock():
+                return True, f"holder's node {info.node} is not in the inventory; its lease ran out"
+            return False, held + f"; its node {info.node} is not in the inventory"
+        try:
+            liveness, why = await pid_liveness(self.transport, node, info.pid, info.pid_start)
+        except TransportError as exc:
+            return False, held + f"; cannot check its pid on {node.name}: {exc}"
+        if liveness in (Liveness.DEAD, Liveness.REUSED):
+            return True, f"holder pid {info.pid} on {node.name} is gone: {why}"
+        if liveness is Liveness.UNKNOWN:
+            return False, held + f"; cannot tell whether its pid lives on {node.name}: {why}"
         return False, held
 
     async def _break(self, head: Node, path: Path, stale_text: str) -> bool:

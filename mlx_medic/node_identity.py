@@ -58,11 +58,11 @@ def resolve_node(
     named after a node). With an inventory, a name it does not list, or no name at
     all, is an error that says how to name the node.
     """
-    source = "--node"
+    source = f"--node {requested!r}"
     name = requested
     if not name and state_dir is not None:
         name = read_node_id(state_dir)
-        source = str(node_id_path(state_dir))
+        source = f"{node_id_path(state_dir)} names {name!r}, which"
     if inventory is None:
         return name or None
     known = [node.name for node in inventory.nodes]
@@ -73,6 +73,6 @@ def resolve_node(
         )
     if name not in known:
         raise NodeIdentityError(
-            f"{source} names {name!r}, which is not in the inventory (nodes: {', '.join(known)})"
+            f"{source} is not in the inventory (nodes: {', '.join(known)})"
         )
     return name

@@ -148,7 +148,7 @@ def ssh_client_lost(
     return not any(answers)
 
 
-def _allowed_ranks(model: str, node: str, inventory: Inventory | None) -> int | None:
+def _allowed_ranks(model: str, node: str | None, inventory: Inventory | None) -> int | None:
     if inventory is None:
         return None
     try:
@@ -162,7 +162,7 @@ def find_orphans(
     scoped: list[Scoped],
     table: Mapping[int, ProcessInfo],
     *,
-    node: str,
+    node: str | None,  # None: discovery mode (no inventory names this node)
     inventory: Inventory | None,
     current_run: CurrentRun,
     established: Established,

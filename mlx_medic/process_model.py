@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -437,16 +436,3 @@ def next_check(first_seen: float, checks_done: int) -> float:
         return first_seen + RECHECK_AFTER[checks_done]
     extra = checks_done - len(RECHECK_AFTER) + 1
     return first_seen + RECHECK_AFTER[-1] + extra * RECHECK_EVERY
-
-
-def system_process_table() -> ProcessTable:
-    """The table for this platform: /proc on Linux, psutil + `ps` on macOS."""
-    if sys.platform.startswith("linux"):
-        from mlx_medic.platform.proc_linux import LinuxProcessTable
-
-        return LinuxProcessTable()
-    if sys.platform == "darwin":
-        from mlx_medic.platform.proc_macos import MacProcessTable
-
-        return MacProcessTable()
-    raise RuntimeError(f"no process table for platform {sys.platform!r} (Linux and macOS only)")

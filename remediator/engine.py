@@ -40,7 +40,7 @@ from mlx_medic.model_lock import LockHandle, ModelLocks
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
 from mlx_medic.remediator.budget import Budget, Escalator, resume_hint
 from mlx_medic.remediator.config import RemediatorConfig
-from mlx_medic.remediator.journal import Journal, owner_tag
+from mlx_medic.remediator.journal import Journal, RunView, owner_tag
 from mlx_medic.remediator.playbook import (
     PlannedStep,
     Playbook,
@@ -257,7 +257,8 @@ class Engine:
         self.owner = owner_tag(self.hostname)
         self._health_check = health_check
         self.locks = ModelLocks(
-            inventory, transport, hostname=self.hostname, clock=clock, lease=lock_lease
+            inventory, transport, this_node=None, hostname=self.hostname, clock=clock,
+            lease=lock_lease,
         )
         self.budget = Budget(journal, clock)
         self._runs: dict[str, _Run] = {}
@@ -307,8 +308,9 @@ class Engine:
     # --- lifecycle --------------------------------------------------------
 
     async def start(self) -> None:
-        """Mark what a dead process left in flight, and release this host's stale locks."""
+        """Mark what a dead process left in flight, and release the locks those runs held."""
         now = self.clock()
+        ended: list[RunView] = []
         for run_id in self.journal.mark_interrupted(now, hostname=self.hostname):
             run = self.journal.get_run(run_id)
             self.journal.add_event(
@@ -316,11 +318,15 @@ class Engine:
                 detail="found in flight at start-up; its process is gone",
             )
             log.warning("run %s was interrupted by a crash", run_id)
+            if run is not None and run.model in {m.name for m in self.inventory.models}:
+                ended.append(run)
 
-        async def release(model: Model) -> None:
+        async def release(run: RunView) -> None:
+            model = self.inventory.model(run.model)
+            host, _, pid = run.owner.rpartition(":")
             try:
                 info = await asyncio.wait_for(
-                    self.locks.release_stale_of_this_host(model.name),
+                    self.locks.release_of_ended_run(model.name, str(run.id), host, int(pid)),
                     self.inventory.ssh.connect_timeout + 10,
                 )
             except (TransportError, TimeoutError) as exc:
@@ -335,7 +341,7 @@ class Engine:
                     detail=f"released a stale lock of dead pid {info.pid} (run {info.run_id})",
                 )
 
-        await asyncio.gather(*(release(m) for m in self.inventory.models))
+        await asyncio.gather(*(release(run) for run in ended))
 
     async def close(self) -> None:
         """Cancel runs in flight (journaled as interrupted, locks released)."""

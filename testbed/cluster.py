@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from mlx_medic.node_identity import write_node_id
 from testbed import freezer, processes
 from testbed.closing import ClosedOnExit
 from testbed.net import wait_listening
@@ -221,10 +222,18 @@ class SimNode:
         return processes.is_alive(self.init_pid) and processes.is_alive(self.unshare_pid)
 
     def wipe_private_dirs(self) -> None:
-        """Empty /tmp and the private dirs (never following symlinks out of them)."""
+        """Empty /tmp and the private dirs (never following symlinks out of them); the
+        node keeps its identity (`<state>/node-id`)."""
         _empty_dir(self.tmp, keep=_kept_tmp_names())
         for name in PRIVATE_DIRS:
             _empty_dir(self.root / name)
+        self.record_identity()
+
+    def record_identity(self) -> None:
+        """Write the node's name to its state dir's `node-id`, as a deployment does once
+        per node: every node shares the machine's host name and addresses, so a name is
+        the only way `mlx-medic` run inside knows which inventory node it is."""
+        write_node_id(self.state_dir, self.name)
 
     def _stop(self) -> None:
         # pid 1 first: the kernel then ends everything in the namespace, and unshare reaps
@@ -656,6 +665,7 @@ def _start_node(
         local_dirs=local_dirs,
         _popen=popen,
     )
+    node.record_identity()
     try:
         node.init_pid = _wait_init(popen, name)
         node.pid_namespace = processes.pid_namespace(node.init_pid) or ""

@@ -144,6 +144,20 @@ def test_the_cache_dir_is_one_path_inside_every_node_but_private_to_each(
     assert first.host_path("/tmp/x") == first.tmp / "x"
 
 
+def test_every_node_knows_its_inventory_name_from_its_state_dir_not_its_host_name(
+    clean_cluster: Cluster,
+) -> None:
+    host_names = set()
+    for node in clean_cluster.nodes:
+        answer = node.run(f"cat {node.state_mount}/node-id; hostname").stdout.split()
+        assert answer[0] == node.name
+        host_names.add(answer[1])
+    assert len(host_names) == 1  # one machine's name for every node: no identity
+    node = clean_cluster.node("ai002")
+    node.wipe_private_dirs()  # what clean_cluster does after every test
+    assert (node.state_dir / "node-id").read_text() == "ai002\n"
+
+
 @pytest.mark.parametrize("head_local", [True, False], ids=["head-local", "head-over-ssh"])
 def test_mlx_launch_over_ring_across_head_and_a_peer_computes_a_correct_all_sum(
     clean_cluster: Cluster, all_sum_script: Path, head_local: bool

@@ -37,14 +37,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from mlx_medic.exporter.collectors.tmpdirs import (  # noqa: E402
-    PythonWeigher,
     TmpWalker,
     WatchedDir,
-    Weigher,
-    default_weigher,
     scan_watched_dir,
 )
 from mlx_medic.platform.open_paths import PathsInUse  # noqa: E402
+from mlx_medic.platform.weighers import PythonWeigher, Weigher, default_weigher  # noqa: E402
 
 
 def build_tree(root: Path, dirs: int, files: int) -> None:

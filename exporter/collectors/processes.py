@@ -31,6 +31,7 @@ from mlx_medic.orphans import (
     find_orphans,
     psutil_established,
 )
+from mlx_medic.platform.process_table import system_process_table
 from mlx_medic.process_model import (
     ModelScoper,
     ProcessInfo,
@@ -38,7 +39,6 @@ from mlx_medic.process_model import (
     Role,
     State,
     by_pid,
-    system_process_table,
 )
 from mlx_medic.runs import read_current_run
 
@@ -55,7 +55,7 @@ class ProcessesCollector(Collector):
     def __init__(
         self,
         *,
-        node: str,
+        node: str | None,
         inventory: Inventory | None,
         state_dir: Path,
         table: ProcessTable,

@@ -2,19 +2,20 @@
 
 In the seed's cluster, partial `mlx_lm.share` dirs (`TemporaryDirectory`,
 `tmpXXXXXXXX`) grew to 817 GB and 868 GB on two peers before anyone looked.
-For every tmp and cache dir the inventory gives the models on this node, the
-`tmp*` entries at depth one are weighed the way `du` does: allocated blocks
-(`st_blocks * 512`, so a sparse file is not its apparent size), hard links
-once, symlinks never followed, other filesystems never entered. An entry is
-stale when no live process works in it or holds a file in it (cwd, open fds)
-and nothing in its tree changed for the model's `policy.stale_tmp_age`.
-On Linux GNU du does the weighing (one run per dir, `mlx_medic/platform/du.py`):
-our own walk, kept for macOS and for when du fails, is about 1.5 times slower.
+For every tmp and cache dir the inventory gives the models on this node, this
+collector counts the stale `tmp*` entries and their bytes as `du` counts them, by
+the rule the clean step removes them with (`mlx_medic.tmp_rules`: no live process
+works in or holds a file in the entry, and nothing in its tree changed for the
+model's `policy.stale_tmp_age`; symlinks never followed, other filesystems never
+entered). On Linux GNU du does the weighing (one run per dir,
+`mlx_medic/platform/du.py`): our own walk (`mlx_medic/platform/weighers.py`), kept
+for macOS and for when du fails, is about 1.5 times slower.
 
 `mlx_launch_leftover_files` counts what mlx.launch's rank script leaves in the
-launch user's temp dir: `mktemp` files named `tmp.XXXXXXXXXX` holding a pid
-whose process is gone, or the MLX hostfile / RDMA-device JSON that no live rank
-points at (`MLX_HOSTFILE`, `MLX_IBV_DEVICES`). Other tmp files are not counted.
+launch user's temp dir, by the same module's rule: `mktemp` files named
+`tmp.XXXXXXXXXX` holding a pid whose process is gone, or the MLX hostfile /
+RDMA-device JSON that no live rank points at (`MLX_HOSTFILE`, `MLX_IBV_DEVICES`).
+Other tmp files are not counted.
 
 Walking hundreds of gigabytes is slow, so it never happens on the scrape path:
 a background thread walks every `interval` seconds (default 60, or
@@ -32,39 +33,26 @@ leftovers are still counted in the platform's default temp dir.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
-import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from mlx_medic.exporter.background import PeriodicWorker, interval_from_env
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
-from mlx_medic.platform.du import DuError, gnu_du, run_du
-from mlx_medic.platform.open_paths import PathsInUse, environment_values, paths_in_use
+from mlx_medic.platform.open_paths import PathsInUse, paths_in_use
 from mlx_medic.platform.temp_dirs import launch_temp_dirs
+from mlx_medic.platform.weighers import Weigher, default_weigher
+from mlx_medic.tmp_rules import launcher_leftovers, stale_entries
 
 log = logging.getLogger("mlx_medic.exporter.tmpdirs")
 
 DEFAULT_INTERVAL = 60.0
 DEFAULT_STALE_AGE = 600.0
 FIRST_SCRAPE_WAIT = 2.0  # only the first scrape after start waits, for `--once`
-MAX_DEPTH = 200  # deeper trees are not walked further (and the log says so)
-LEFTOVER_NAME = re.compile(r"tmp\.[A-Za-z0-9]{6,32}")
-LEFTOVER_MAX_BYTES = 64 * 1024
-LAUNCH_FILE_VARIABLES = ("MLX_HOSTFILE", "MLX_IBV_DEVICES")
-
-_S_IFMT, _S_IFDIR = 0o170000, stat.S_IFDIR
-_DIR_FLAGS = (
-    os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-)
 
 
 @dataclass(frozen=True)
@@ -93,306 +81,41 @@ class WalkResult:
     leftovers: int | None  # None: no launch temp dir could be read
 
 
-@dataclass
-class TreeUsage:
-    """What `du -s` would count, plus the newest mtime, for one entry."""
-
-    blocks: int = 0
-    newest_mtime: float = 0.0
-    skipped: int = 0
-
-
-# --- weighing a tree -------------------------------------------------------------
-
-
-def _account(usage: TreeUsage, st: os.stat_result, seen: set[tuple[int, int]]) -> None:
-    if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-        key = (st.st_dev, st.st_ino)
-        if key in seen:
-            return  # a hard link we already counted, as du does
-        seen.add(key)
-    usage.blocks += st.st_blocks
-    if st.st_mtime > usage.newest_mtime:
-        usage.newest_mtime = st.st_mtime
-
-
-def _walk_fd(fd: int, dev: int, usage: TreeUsage, seen: set[tuple[int, int]], depth: int) -> None:
-    # The hot loop of the walk: one lstat per entry and nothing else, locals only.
-    stat_at = os.stat
-    blocks, newest, subdirs = 0, usage.newest_mtime, []
-    for name in os.listdir(fd):
-        try:
-            st = stat_at(name, dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            usage.skipped += 1  # vanished or unreadable while we looked
-            continue
-        if st.st_mode & _S_IFMT == _S_IFDIR:
-            if st.st_dev != dev:
-                continue  # a mount point: another filesystem is not this dir's usage
-            subdirs.append(name)
-        elif st.st_nlink > 1:  # files, and symlinks as themselves (never followed)
-            key = (st.st_dev, st.st_ino)
-            if key in seen:
-                continue  # a hard link we already counted, as du does
-            seen.add(key)
-        blocks += st.st_blocks
-        if st.st_mtime > newest:
-            newest = st.st_mtime
-    usage.blocks += blocks
-    usage.newest_mtime = newest
-    for name in subdirs:
-        if depth >= MAX_DEPTH:
-            usage.skipped += 1
-            continue
-        try:
-            child = os.open(name, _DIR_FLAGS, dir_fd=fd)  # O_NOFOLLOW: no symlink swapped in
-        except OSError:
-            usage.skipped += 1
-            continue
-        try:
-            _walk_fd(child, dev, usage, seen, depth + 1)
-        except OSError:
-            usage.skipped += 1
-        finally:
-            os.close(child)
-
-
-def tree_usage(
-    parent_fd: int, name: str, dev: int, seen: set[tuple[int, int]] | None = None
-) -> TreeUsage | None:
-    """Allocated blocks and newest mtime of `name` (in `parent_fd`) and all below it.
-
-    None when `name` is a hard link to a file already counted: like du given
-    both names, its bytes are not there twice and it is no entry of its own.
-    """
-    seen = set() if seen is None else seen
-    usage = TreeUsage()
-    st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) in seen:
-        return None
-    _account(usage, st, seen)
-    if stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-        try:
-            _walk_fd(fd, dev, usage, seen, 1)
-        finally:
-            os.close(fd)
-    return usage
-
-
-@dataclass(frozen=True)
-class Weighing:
-    """The entries of one dir that could be weighed, and how many parts could not."""
-
-    usages: dict[str, TreeUsage]
-    skipped: int
-
-
-class PythonWeigher:
-    """Our own walk: works everywhere (macOS's du has no --time), slower than GNU du."""
-
-    def weigh(self, dir_fd: int, dev: int, names: Sequence[str]) -> Weighing:
-        seen: set[tuple[int, int]] = set()  # shared: a hard link across entries counts once
-        usages: dict[str, TreeUsage] = {}
-        skipped = 0
-        for name in names:
-            try:
-                usage = tree_usage(dir_fd, name, dev, seen)
-            except OSError:
-                skipped += 1  # vanished or unreadable since we listed it
-                continue
-            if usage is not None:
-                skipped += usage.skipped
-                usages[name] = usage
-        return Weighing(usages, skipped)
-
-
-class DuWeigher:
-    """GNU du weighs all of a dir's entries in one run; if du fails, our walk does it."""
-
-    def __init__(self, du: str, fallback: PythonWeigher | None = None):
-        self.du = du
-        self.fallback = fallback or PythonWeigher()
-        self._failing = False  # log a failure once, not on every walk
-
-    def weigh(self, dir_fd: int, dev: int, names: Sequence[str]) -> Weighing:
-        try:
-            run = run_du(self.du, dir_fd, names)
-        except DuError as exc:
-            if not self._failing:
-                log.warning("tmp walk: du failed, walking in Python instead: %s", exc)
-            self._failing = True
-            return self.fallback.weigh(dir_fd, dev, names)
-        if self._failing:
-            log.info("tmp walk: du works again")
-            self._failing = False
-        usages = {
-            name: TreeUsage(found.bytes // 512, found.newest_mtime)
-            for name, found in run.usages.items()
-        }
-        return Weighing(usages, run.errors)
-
-
-Weigher = PythonWeigher | DuWeigher
-
-
-def default_weigher() -> Weigher:
-    """GNU du where it can do the job (checked once per process), else our walk."""
-    du = gnu_du()
-    return DuWeigher(du) if du is not None else PythonWeigher()
-
-
 # --- one walk ------------------------------------------------------------------------
 
 
 def scan_watched_dir(
     watched: WatchedDir, in_use: PathsInUse, now: float, weigher: Weigher | None = None
 ) -> DirReport:
-    """The stale `tmp*` entries at depth one of `watched`."""
-    label = str(watched.path)
-    try:
-        fd = os.open(label, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return DirReport(label, error="missing")
-    except NotADirectoryError:
-        return DirReport(label, error="not a directory")
-    except OSError as exc:
-        return DirReport(label, error=f"cannot open: {exc.strerror or exc}")
-    try:
-        dev = os.fstat(fd).st_dev
-        busy = in_use.under(label) | in_use.under(os.path.realpath(label))
-        candidates: list[str] = []
-        skipped = 0
-        for name in os.listdir(fd):
-            if not name.startswith("tmp"):
-                continue
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except OSError:
-                skipped += 1
-                continue
-            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-                continue  # symlinks, sockets, fifos: not a leftover transfer
-            if st.st_dev != dev or name in busy:
-                continue
-            candidates.append(name)
-        weighing = (weigher or default_weigher()).weigh(fd, dev, candidates)
-        skipped += weighing.skipped
-        stale = blocks = 0
-        oldest: float | None = None
-        for name in candidates:
-            usage = weighing.usages.get(name)
-            if usage is None or now - usage.newest_mtime < watched.stale_age:
-                continue
-            stale += 1
-            blocks += usage.blocks
-            oldest = usage.newest_mtime if oldest is None else min(oldest, usage.newest_mtime)
-        return DirReport(label, stale, blocks * 512, oldest, skipped)
-    except OSError as exc:
-        return DirReport(label, error=f"cannot list: {exc.strerror or exc}")
-    finally:
-        os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    return pid > 0 and psutil.pid_exists(pid)
-
-
-def _read_small_file(directory: int, name: str) -> bytes | None:
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(name, flags, dir_fd=directory)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > LEFTOVER_MAX_BYTES:
-            return None
-        return os.read(fd, LEFTOVER_MAX_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _looks_like_launch_json(value: object) -> bool:
-    """MLX_HOSTFILE (`[["ip:port", ...], ...]`) or MLX_IBV_DEVICES (`[[null, "rdma_en5"], ...]`)."""
-    if not isinstance(value, list) or not value:
-        return False
-    strings: list[str] = []
-    for row in value:
-        if not isinstance(row, list):
-            return False
-        for cell in row:
-            if cell is None:
-                continue
-            cells = cell if isinstance(cell, list) else [cell]
-            if not all(isinstance(c, str) for c in cells):
-                return False
-            strings += cells
-    pattern = re.compile(r"\S+:\d{1,5}|rdma_[A-Za-z0-9_]+")
-    return bool(strings) and all(pattern.fullmatch(s) for s in strings)
-
-
-def classify_launch_file(content: bytes) -> str | None:
-    """'pidfile', 'hostfile', or None for a file mlx.launch did not write."""
-    text = content.decode("utf-8", "replace").strip()
-    if re.fullmatch(r"\d{1,10}", text):
-        return "pidfile"
-    if text.startswith("["):
-        try:
-            if _looks_like_launch_json(json.loads(text)):
-                return "hostfile"
-        except ValueError:
-            return None
-    return None
-
-
-@dataclass
-class LeftoverCounter:
-    """Counts mlx.launch's orphaned mktemp files in the launch temp dirs."""
-
-    pid_alive: Callable[[int], bool] = _pid_alive
-    referenced_paths: Callable[[], set[str]] = field(
-        default=lambda: environment_values(LAUNCH_FILE_VARIABLES)
+    """The stale `tmp*` entries at depth one of `watched`, summed for the metrics."""
+    scan = stale_entries(watched.path, now, watched.stale_age, in_use, weigher)
+    if scan.error is not None:
+        return DirReport(str(watched.path), error=scan.error)
+    return DirReport(
+        str(watched.path),
+        len(scan.entries),
+        sum(entry.bytes for entry in scan.entries),
+        min((entry.newest_mtime for entry in scan.entries), default=None),
+        scan.skipped,
     )
-    _unreadable: set[str] = field(default_factory=set)  # dirs already logged as unreadable
+
+
+class LeftoverCounter:
+    """Counts mlx.launch's orphaned mktemp files in the launch temp dirs; logs an
+    unreadable dir once (until it is readable again)."""
+
+    def __init__(self) -> None:
+        self._unreadable: set[str] = set()  # dirs already logged as unreadable
 
     def count(self, directories: Iterable[Path]) -> int | None:
-        total, readable = 0, False
-        hostfiles: list[str] = []
-        for directory in directories:
-            try:
-                fd = os.open(str(directory), os.O_RDONLY | os.O_DIRECTORY)
-            except OSError as exc:
-                if str(directory) not in self._unreadable:
-                    log.warning("launch temp dir %s skipped: %s", directory, exc.strerror or exc)
-                    self._unreadable.add(str(directory))
-                continue
+        scan = launcher_leftovers(directories)
+        for directory, why in scan.unreadable:
+            if str(directory) not in self._unreadable:
+                log.warning("launch temp dir %s skipped: %s", directory, why)
+                self._unreadable.add(str(directory))
+        for directory in scan.read:
             self._unreadable.discard(str(directory))
-            readable = True
-            try:
-                for name in os.listdir(fd):
-                    if not LEFTOVER_NAME.fullmatch(name):
-                        continue
-                    content = _read_small_file(fd, name)
-                    kind = classify_launch_file(content) if content is not None else None
-                    if kind == "pidfile":
-                        if not self.pid_alive(int(content or b"0")):
-                            total += 1
-                    elif kind == "hostfile":
-                        hostfiles.append(os.path.join(str(directory), name))
-            except OSError as exc:
-                log.warning("launch temp dir %s: cannot list (%s)", directory, exc)
-            finally:
-                os.close(fd)
-        if hostfiles:
-            in_use = self.referenced_paths()
-            in_use |= {os.path.realpath(p) for p in in_use}
-            total += sum(
-                1 for p in hostfiles if p not in in_use and os.path.realpath(p) not in in_use
-            )
-        return total if readable else None
+        return len(scan.files) if scan.read else None
 
 
 class TmpWalker:

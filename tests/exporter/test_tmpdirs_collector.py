@@ -25,14 +25,11 @@ from mlx_medic.exporter.collectors import tmpdirs
 from mlx_medic.exporter.collectors.tmpdirs import (
     BackgroundWalker,
     DirReport,
-    DuWeigher,
     LeftoverCounter,
-    PythonWeigher,
     TmpDirsCollector,
     TmpWalker,
     WalkResult,
     WatchedDir,
-    classify_launch_file,
     scan_watched_dir,
 )
 from mlx_medic.inventory import parse_inventory
@@ -40,6 +37,8 @@ from mlx_medic.platform.commands import CommandResult
 from mlx_medic.platform.du import DuError, gnu_du, parse_du_output, probe_du
 from mlx_medic.platform.open_paths import PathsInUse, paths_in_use, psutil_paths_in_use
 from mlx_medic.platform.temp_dirs import launch_temp_dirs, parse_darwin_user_temp_dir
+from mlx_medic.platform.weighers import DuWeigher, PythonWeigher, default_weigher
+from mlx_medic.tmp_rules import classify_launch_file, launcher_leftovers, stale_entries
 from tests.tools import require_root, require_tool
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "macos"
@@ -100,22 +99,29 @@ def weigher(request) -> DuWeigher | PythonWeigher:
     return DuWeigher(du)
 
 
-def stale_entries(root: Path) -> list[Path]:
+def tmp_entries(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith("tmp"))
+
+
+def dead_pid() -> int:
+    """A pid that just ended (reaped)."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
 
 
 def test_stale_bytes_agree_with_du_on_the_same_tree(share_dir, weigher):
     report = scan_watched_dir(WatchedDir(share_dir), NOBODY_IN_USE, time.time(), weigher)
     assert report.error is None
     assert report.stale_entries == 4
-    assert math.ceil(report.stale_bytes / 1024) == du_kib(*stale_entries(share_dir))
+    assert math.ceil(report.stale_bytes / 1024) == du_kib(*tmp_entries(share_dir))
     assert report.oldest_mtime == pytest.approx(OLD, abs=1)
 
 
 def test_gnu_du_and_our_walk_agree_on_odd_names_and_hard_links(share_dir):
     require_tool("du")
     du = gnu_du()
-    assert du is not None and isinstance(tmpdirs.default_weigher(), DuWeigher)  # Linux's default
+    assert du is not None and isinstance(default_weigher(), DuWeigher)  # Linux's default
     write(share_dir / "tmp with\ttab and\nnewline" / "blob", 9_000)
     os.link(share_dir / "tmpfile_partial", share_dir / "tmpfile_again")  # an entry twice
     os.link(share_dir / "tmp0abcdefg" / "blobs" / "sha256-b", share_dir / "tmplinked_file")
@@ -126,7 +132,7 @@ def test_gnu_du_and_our_walk_agree_on_odd_names_and_hard_links(share_dir):
     assert (by_du.error, by_du.skipped) == (by_python.error, by_python.skipped) == (None, 0)
     assert by_du.stale_entries == by_python.stale_entries >= 5
     assert by_du.stale_bytes == by_python.stale_bytes
-    assert math.ceil(by_du.stale_bytes / 1024) == du_kib(*stale_entries(share_dir))
+    assert math.ceil(by_du.stale_bytes / 1024) == du_kib(*tmp_entries(share_dir))
     assert by_du.oldest_mtime == pytest.approx(by_python.oldest_mtime, abs=1)  # du: whole seconds
 
 
@@ -219,7 +225,7 @@ def test_symlinks_pointing_outside_are_never_followed(share_dir, tmp_path, weigh
     assert report.stale_entries == 4  # the symlinked entry is not an entry to weigh
     assert report.stale_bytes < 2_000_000
     assert math.ceil(report.stale_bytes / 1024) == du_kib(
-        *(p for p in stale_entries(share_dir) if not p.is_symlink())
+        *(p for p in tmp_entries(share_dir) if not p.is_symlink())
     )
 
 
@@ -231,11 +237,12 @@ def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir, weigher)
     inner = share_dir / "tmp0abcdefg" / "mnt"
     inner.mkdir()
     age_tree(share_dir)
-    weigher_code = (f"tmpdirs.DuWeigher({weigher.du!r})" if isinstance(weigher, DuWeigher)
-                    else "tmpdirs.PythonWeigher()")
+    weigher_code = (f"weighers.DuWeigher({weigher.du!r})" if isinstance(weigher, DuWeigher)
+                    else "weighers.PythonWeigher()")
     script = (
         "import json, math, subprocess, sys, time\n"
         "from mlx_medic.exporter.collectors import tmpdirs\n"
+        "from mlx_medic.platform import weighers\n"
         "from mlx_medic.platform.open_paths import PathsInUse\n"
         "open(sys.argv[2] + '/big', 'wb').write(b'x' * 5_000_000)\n"
         f"w = {weigher_code}\n"
@@ -245,7 +252,7 @@ def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir, weigher)
         "print(json.dumps([math.ceil(r.stale_bytes / 1024),"
         " int(du.stdout.splitlines()[-1].split()[0])]))\n"
     )
-    entries = [str(p) for p in stale_entries(share_dir)]
+    entries = [str(p) for p in tmp_entries(share_dir)]
     done = subprocess.run(
         [unshare, "--mount", "--propagation", "private", "sh", "-c",
          f'{mount} -t tmpfs tmpfs "$2" && s="$1" i="$2" d="$3" && shift 3 &&'
@@ -470,6 +477,39 @@ def test_a_failing_walk_makes_the_collector_fail_not_the_exporter():
         scrape.close()
 
 
+def test_the_shared_rule_lists_exactly_the_entries_the_collector_counts(share_dir, weigher):
+    """What the clean step deletes (`tmp_rules.stale_entries`) is what the exporter counts."""
+    write(share_dir / "tmpfresh0001" / "blob", 4_000)  # changed just now
+    write(share_dir / "tmpbusy00001" / "blob", 4_000)  # a process works in it
+    os.symlink(share_dir / "tmp0abcdefg", share_dir / "tmpalias")  # a symlink: never an entry
+    os.link(share_dir / "tmpfile_partial", share_dir / "tmpfile_second_name")
+    age_tree(share_dir / "tmpbusy00001")
+    busy = PathsInUse({str(share_dir / "tmpbusy00001")})
+    now = time.time()
+    listed = stale_entries(share_dir, now, 600, busy, weigher)
+    report = scan_watched_dir(WatchedDir(share_dir, 600), busy, now, weigher)
+    assert listed.error is report.error is None
+    assert sorted(e.path.name for e in listed.entries) == [
+        "tmp0abcdefg", "tmp1abcdefg", "tmp2abcdefg", "tmpfile_partial"]  # one name per file
+    assert len(listed.entries) == report.stale_entries
+    assert sum(e.bytes for e in listed.entries) == report.stale_bytes
+    assert min(e.newest_mtime for e in listed.entries) == report.oldest_mtime
+    # Removing exactly what is listed leaves everything else in place; a file's second
+    # name is an entry of its own once its first name is gone (its bytes count once).
+    for entry in listed.entries:
+        assert os.lstat(entry.path).st_ino == entry.inode
+        if entry.is_dir:
+            shutil.rmtree(entry.path)
+        else:
+            entry.path.unlink()
+    again = stale_entries(share_dir, now, 600, busy, weigher)
+    assert [e.path.name for e in again.entries] == ["tmpfile_second_name"]
+    assert scan_watched_dir(WatchedDir(share_dir, 600), busy, now, weigher).stale_entries == 1
+    assert {p.name for p in share_dir.iterdir()} == {
+        "tmpfresh0001", "tmpbusy00001", "tmpalias", "tmpfile_second_name",
+        "models--mlx-community--GLM"}
+
+
 # --- mlx.launch leftovers -----------------------------------------------------------
 
 
@@ -518,6 +558,20 @@ def test_only_files_that_look_like_the_launchers_are_counted(tmp_path):
     (temp_dir / "tmp.Sym1ink000").symlink_to(next(temp_dir.glob("tmp.*")))
     (temp_dir / "tmp.Dir0000000").mkdir()
     assert LeftoverCounter().count([temp_dir]) == 2  # the real pid file and the devices file
+
+
+def test_the_shared_rule_lists_exactly_the_leftovers_the_collector_counts(tmp_path):
+    temp_dir = tmp_path / "T"
+    temp_dir.mkdir()
+    (temp_dir / "tmp.Dead000001").write_text(f"{dead_pid()}\n")
+    (temp_dir / "tmp.Live000001").write_text(f"{os.getpid()}\n")
+    (temp_dir / "tmp.Host000001").write_text(RING_HOSTFILE + "\n")
+    (temp_dir / "tmp.Other00001").write_text("some other program's scratch\n")
+    (temp_dir / "tmp.Link000001").symlink_to(temp_dir / "tmp.Dead000001")
+    scan = launcher_leftovers([temp_dir, tmp_path / "gone"])
+    assert sorted(p.name for p in scan.files) == ["tmp.Dead000001", "tmp.Host000001"]
+    assert scan.read == (temp_dir,) and [d for d, _ in scan.unreadable] == [tmp_path / "gone"]
+    assert LeftoverCounter().count([temp_dir, tmp_path / "gone"]) == len(scan.files)
 
 
 @pytest.mark.parametrize(("content", "kind"), [

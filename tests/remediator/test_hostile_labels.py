@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from mlx_medic.node_identity import NODE_ID_FILE
 from tests.remediator.conftest import (
     Stack,
     basic,
@@ -85,7 +86,8 @@ def test_hostile_label_values_never_run_never_create_files_and_stay_exact_data(
         assert not list(place.glob(f"CANARY-{token}*")), f"a canary appeared in {place}"
     assert not list(tmp_path.rglob("escape")) and not Path(f"{canary_dir}/escape").exists()
     for node in stack.cluster.nodes:
-        created = sorted(p.name for p in node.state_dir.rglob("*") if p.is_file())
+        created = sorted(p.name for p in node.state_dir.rglob("*")
+                         if p.is_file() and p.name != NODE_ID_FILE)  # node-id: there before
         assert all(name.startswith("m1.lock") for name in created), created
 
     # And the on-call page shows them escaped.

@@ -1,5 +1,6 @@
 """The model lock on the head node: one holder at a time, stale only when its
-holder is provably dead, never someone else's lock removed."""
+holder is provably dead, never someone else's lock removed. A holder that names its
+node is asked about on that node; a holder without one is judged by its lease."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import asyncio
 import json
 import os
 import signal
+import socket
+import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
-from mlx_medic.inventory import Inventory, parse_inventory
+from mlx_medic.inventory import Inventory, Node, parse_inventory
 from mlx_medic.model_lock import LockInfo, ModelLocks
-from mlx_medic.transport import LocalTransport, SshTransport
+from mlx_medic.transport import CommandResult, LocalTransport, SshTransport, TransportError
 from tests.remediator.engine_fakes import MODEL, dead_pid, make_inventory
 
 
@@ -36,8 +40,9 @@ def transport(tmp_path: Path) -> LocalTransport:
 
 
 def locks(inventory: Inventory, transport: LocalTransport, host: str, clock: Clock | None = None,
-          **kwargs) -> ModelLocks:
-    return ModelLocks(inventory, transport, hostname=host, clock=clock or Clock(), **kwargs)
+          *, this_node: str | None = None, **kwargs) -> ModelLocks:
+    return ModelLocks(inventory, transport, this_node=this_node, hostname=host,
+                      clock=clock or Clock(), **kwargs)
 
 
 def lock_file(tmp_path: Path, inventory: Inventory) -> Path:
@@ -52,6 +57,10 @@ def plant(tmp_path: Path, inventory: Inventory, **fields) -> None:
     path = lock_file(tmp_path, inventory)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info))
+
+
+def started_at(pid: int) -> float:
+    return psutil.Process(pid).create_time()
 
 
 async def test_the_lock_lives_on_the_head_node_and_holds_who_took_it(
@@ -90,20 +99,96 @@ async def test_release_never_removes_a_lock_that_is_no_longer_ours(
     assert lock_file(tmp_path, inventory).exists()
 
 
-async def test_a_lock_of_a_dead_pid_on_this_host_is_stale_at_once(
+async def test_a_holder_on_a_named_node_whose_pid_is_gone_there_is_stale_at_once(
     tmp_path: Path, inventory: Inventory, transport: LocalTransport
 ) -> None:
-    plant(tmp_path, inventory, host="replica-a", pid=dead_pid(), expires=2e9)
+    # LocalTransport asks "ai002" here, where this pid lived.
+    plant(tmp_path, inventory, node="ai002", pid=dead_pid(), expires=2e9)
     handle = await locks(inventory, transport, "replica-a").acquire(MODEL, "remediator", "5",
                                                                     renew=False)
     assert handle is not None and handle.info.run_id == "5"
 
 
-async def test_a_lock_of_a_live_pid_on_this_host_is_held_whatever_its_lease(
+async def test_a_holder_on_a_named_node_whose_pid_lives_there_is_held_whatever_its_lease(
     tmp_path: Path, inventory: Inventory, transport: LocalTransport
 ) -> None:
-    plant(tmp_path, inventory, host="replica-a", pid=os.getppid(), expires=0.0)
-    assert await locks(inventory, transport, "replica-a").acquire(MODEL, "manual", "5") is None
+    parent = os.getppid()
+    plant(tmp_path, inventory, node="ai002", pid=parent, pid_start=started_at(parent),
+          expires=0.0)
+    a = locks(inventory, transport, "replica-a")
+    assert await a.acquire(MODEL, "manual", "5") is None
+    assert f"pid {parent} on node ai002" in a.refusals[MODEL]
+
+
+async def test_a_reused_pid_is_not_the_holder(
+    tmp_path: Path, inventory: Inventory, transport: LocalTransport
+) -> None:
+    # The pid lives, but it started long after the holder recorded its start: another process.
+    me = os.getpid()
+    plant(tmp_path, inventory, node="ai002", pid=me, pid_start=started_at(me) - 3600,
+          expires=2e9)
+    a = locks(inventory, transport, "replica-a")
+    assert await a.acquire(MODEL, "remediator", "6", renew=False) is not None
+
+
+async def test_a_host_name_and_a_pid_decide_nothing_for_a_holder_without_a_node(
+    tmp_path: Path, inventory: Inventory, transport: LocalTransport
+) -> None:
+    # Same host name as ours and a pid that is dead here: that pid may live in another
+    # PID namespace of a machine with the same name (the testbed's nodes), so only the
+    # lease can free it.
+    clock = Clock(1000.0)
+    plant(tmp_path, inventory, host="replica-a", pid=dead_pid(), expires=1100.0)
+    a = locks(inventory, transport, "replica-a", clock)
+    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
+    clock.now = 1101.0
+    assert await a.acquire(MODEL, "remediator", "5", renew=False) is not None
+
+
+class Unreachable(LocalTransport):
+    """Files on the head work; no command reaches any node."""
+
+    async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
+        raise TransportError(f"cannot reach {node.name}")
+
+
+async def test_a_holder_on_a_node_we_cannot_reach_counts_as_held(
+    tmp_path: Path, inventory: Inventory
+) -> None:
+    plant(tmp_path, inventory, node="ai003", pid=dead_pid(), expires=0.0)
+    a = locks(inventory, Unreachable(tmp_path / "nodes"), "replica-a")
+    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
+    assert "cannot check its pid on ai003" in a.refusals[MODEL]
+
+
+async def test_a_holder_on_a_node_the_inventory_no_longer_lists_is_judged_by_its_lease(
+    tmp_path: Path, inventory: Inventory, transport: LocalTransport
+) -> None:
+    clock = Clock(1000.0)
+    plant(tmp_path, inventory, node="ai099", pid=os.getpid(), expires=1100.0)
+    a = locks(inventory, transport, "replica-a", clock)
+    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
+    assert "ai099 is not in the inventory" in a.refusals[MODEL]
+    clock.now = 1101.0
+    assert await a.acquire(MODEL, "remediator", "5", renew=False) is not None
+
+
+async def test_the_lock_records_the_holders_node_pid_and_start(
+    tmp_path: Path, inventory: Inventory, transport: LocalTransport
+) -> None:
+    a = locks(inventory, transport, "ai002-host", this_node="ai002")
+    handle = await a.acquire(MODEL, "serve", "r1", renew=False)
+    assert handle is not None
+    info = LockInfo.parse(lock_file(tmp_path, inventory).read_text())
+    assert (info.node, info.pid) == ("ai002", os.getpid())
+    assert info.pid_start == pytest.approx(started_at(os.getpid()), abs=0.01)
+
+
+def test_a_node_the_inventory_does_not_list_is_refused(
+    inventory: Inventory, transport: LocalTransport
+) -> None:
+    with pytest.raises(ValueError, match="'ai042' is not in the inventory"):
+        locks(inventory, transport, "h", this_node="ai042")
 
 
 async def test_a_holder_elsewhere_is_judged_by_its_lease(
@@ -158,19 +243,17 @@ async def test_renewal_extends_the_lease_while_the_lock_is_ours(
     assert not await a.renew(handle)
 
 
-async def test_start_up_releases_only_this_hosts_locks_of_dead_pids(
+async def test_at_start_up_only_the_lock_an_ended_run_wrote_is_released(
     tmp_path: Path, inventory: Inventory, transport: LocalTransport
 ) -> None:
     a = locks(inventory, transport, "replica-a")
-    plant(tmp_path, inventory, host="replica-b", pid=dead_pid(), expires=2e9)
-    assert await a.release_stale_of_this_host(MODEL) is None
-    plant(tmp_path, inventory, host="replica-a", pid=os.getpid(), expires=2e9)
-    assert await a.release_stale_of_this_host(MODEL) is None
-    pid = dead_pid()
-    plant(tmp_path, inventory, host="replica-a", pid=pid, expires=2e9)
-    released = await a.release_stale_of_this_host(MODEL)
-    assert released is not None and released.pid == pid
+    plant(tmp_path, inventory, host="replica-b", pid=4242, run_id="3", expires=2e9)
+    assert await a.release_of_ended_run(MODEL, "3", "replica-a", 4242) is None  # another host's
+    assert await a.release_of_ended_run(MODEL, "4", "replica-b", 4242) is None  # another run
+    released = await a.release_of_ended_run(MODEL, "3", "replica-b", 4242)
+    assert released is not None and released.pid == 4242
     assert not lock_file(tmp_path, inventory).exists()
+    assert await a.release_of_ended_run(MODEL, "3", "replica-b", 4242) is None  # nothing left
 
 
 async def test_a_holder_name_outside_the_known_set_is_refused(
@@ -183,7 +266,7 @@ async def test_a_holder_name_outside_the_known_set_is_refused(
 async def test_the_lease_is_renewed_in_the_background_while_the_lock_is_held(
     tmp_path: Path, inventory: Inventory, transport: LocalTransport
 ) -> None:
-    a = ModelLocks(inventory, transport, hostname="replica-a", lease=3.0)
+    a = ModelLocks(inventory, transport, this_node=None, hostname="replica-a", lease=3.0)
     handle = await a.acquire(MODEL, "remediator", "1")
     assert handle is not None and handle.renewer is not None
     first = LockInfo.parse(lock_file(tmp_path, inventory).read_text()).expires
@@ -193,31 +276,123 @@ async def test_the_lease_is_renewed_in_the_background_while_the_lock_is_held(
     assert handle.renewer.done() and not lock_file(tmp_path, inventory).exists()
 
 
+# --- real nodes: each its own PID namespace, one host name, real sshd ----------------
+
+
+TINY = {
+    "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", "ai002"], "port": 18082,
+    "service": {"manager": "supervisord", "label": "tiny"},
+    "backends": {"ring": {"hostfile": "/etc/ring.json"}},
+}
+
+
+def holder_on(node, *, invisible_from: list) -> tuple[subprocess.Popen[bytes], int, int]:
+    """A sleeping process on `node` whose pid (as `node` sees it) is no live process here
+    nor on the nodes in `invisible_from`: judged from anywhere but its node, it would
+    look dead. (popen, host pid, pid inside the node)"""
+    extra: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(500):
+            sleeper = node.spawn(["sleep", "300"])
+            host_pid = node.spawned_pid(sleeper)
+            ns_pid = node.ns_pid_of(host_pid)
+            elsewhere = {pid for other in invisible_from
+                         for pid in map(other.ns_pid_of, other.host_pids())}
+            if not psutil.pid_exists(ns_pid) and ns_pid not in elsewhere:
+                return sleeper, host_pid, ns_pid
+            extra.append(sleeper)
+        raise AssertionError(f"no pid on {node.name} is free here after 500 tries")
+    finally:
+        for popen in extra:
+            popen.kill()
+            popen.wait(timeout=10)
+
+
+def write_lock(path: Path, **fields) -> None:
+    info = {"host": socket.gethostname(), "time": 0.0, "holder": "manual", "run_id": "r1",
+            "expires": 0.0, **fields}  # the lease ran out long ago: only the pid check holds it
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info))
+
+
+@pytest.mark.testbed
+async def test_over_ssh_a_holder_is_judged_on_its_own_node_by_pid_and_start_time(
+    clean_cluster,
+) -> None:
+    cluster = clean_cluster
+    inventory = parse_inventory(cluster.inventory_yaml([TINY]))
+    head, peer = cluster.node("ai001"), cluster.node("ai002")
+    ssh = SshTransport(inventory)
+    # The judge runs here, with the same host name as the holder: that decides nothing.
+    judge = ModelLocks(inventory, ssh, this_node=None, hostname=socket.gethostname(),
+                       clock=lambda: 2e9)
+    lock = head.host_path(inventory.state_dir / "locks" / "tiny.lock")
+    sleeper, host_pid, ns_pid = holder_on(peer, invisible_from=[head])
+    try:
+        # a holder on ai002 (not the head): alive there, invisible here and on the head
+        write_lock(lock, node="ai002", pid=ns_pid, pid_start=started_at(host_pid))
+        assert await judge.acquire("tiny", "remediator", "7", renew=False) is None
+        assert f"locked by manual (run r1, pid {ns_pid} on node ai002" in judge.refusals["tiny"]
+
+        # the same pid with another start time: a reused pid, not the holder
+        write_lock(lock, node="ai002", pid=ns_pid, pid_start=started_at(host_pid) - 3600)
+        handle = await judge.acquire("tiny", "remediator", "7", renew=False)
+        assert handle is not None, judge.refusals
+        await judge.release(handle)
+
+        # the holder dies on its node: stale
+        write_lock(lock, node="ai002", pid=ns_pid, pid_start=started_at(host_pid))
+        os.kill(host_pid, signal.SIGKILL)
+        sleeper.wait(timeout=10)
+        handle = await judge.acquire("tiny", "remediator", "7", renew=False)
+        assert handle is not None, judge.refusals
+        assert json.loads(lock.read_text())["node"] is None
+        await judge.release(handle)
+        assert not lock.exists()
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        await ssh.close()
+
+
+@pytest.mark.testbed
+async def test_over_ssh_a_holder_on_an_unreachable_node_counts_as_held(clean_cluster) -> None:
+    cluster = clean_cluster
+    text = cluster.inventory_yaml([TINY]).replace(cluster.node("ai003").address, "127.0.0.254")
+    inventory = parse_inventory(text)
+    ssh = SshTransport(inventory)
+    lock = cluster.head.host_path(inventory.state_dir / "locks" / "tiny.lock")
+    write_lock(lock, node="ai003", pid=dead_pid())
+    try:
+        judge = ModelLocks(inventory, ssh, this_node=None, clock=lambda: 2e9)
+        assert await judge.acquire("tiny", "remediator", "7", renew=False) is None
+        assert "cannot check its pid on ai003" in judge.refusals["tiny"]
+        assert lock.exists()
+    finally:
+        await ssh.close()
+
+
 @pytest.mark.testbed
 async def test_over_ssh_a_serve_wrapper_holder_on_the_head_is_judged_by_its_pid_there(
     clean_cluster,
 ) -> None:
     cluster = clean_cluster
-    model = {
-        "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", "ai002"], "port": 18082,
-        "service": {"manager": "supervisord", "label": "tiny"},
-        "backends": {"ring": {"hostfile": "/etc/ring.json"}},
-    }
-    inventory = parse_inventory(cluster.inventory_yaml([model]))
+    inventory = parse_inventory(cluster.inventory_yaml([TINY]))
     ssh = SshTransport(inventory)
     head = cluster.node("ai001")
     sleeper = head.spawn(["sleep", "300"])
     try:
         host_pid = head.spawned_pid(sleeper)
         ns_pid = head.ns_pid_of(host_pid)
-        serve = ModelLocks(inventory, LocalTransport(), hostname="head-host", node_name="ai001",
-                           pid=ns_pid)
+        serve = ModelLocks(inventory, LocalTransport(), this_node="ai001", hostname="head-host",
+                           pid=ns_pid, pid_start=started_at(host_pid))
         assert serve.path_for("tiny") == inventory.state_dir / "locks" / "tiny.lock"
         lock = head.host_path(serve.path_for("tiny"))
         lock.parent.mkdir(parents=True, exist_ok=True)
         info = serve._info("serve", "run-1")
         lock.write_text(info.to_json())  # as the wrapper on the head wrote it, lease long over
-        remote = ModelLocks(inventory, ssh, hostname="remediator-host", clock=lambda: 2e9)
+        remote = ModelLocks(inventory, ssh, this_node=None, hostname="remediator-host",
+                            clock=lambda: 2e9)
         assert await remote.acquire("tiny", "remediator", "7", renew=False) is None
         assert "locked by serve" in remote.refusals["tiny"]
         os.kill(host_pid, signal.SIGKILL)  # the wrapper dies; its pid is gone on the head

@@ -1,9 +1,10 @@
-"""How the remediator acts on a node: argv commands and a few file operations.
+"""The node transport over SSH (asyncssh): how the remediator acts on its nodes.
 
-Every command is an argv list; over SSH it is joined with `shlex.quote`, so a
-value (a path, a label) is always one word and never shell syntax. File
-operations are small fixed `sh -c` scripts that take their paths as
-positional arguments (`"$1"`), never spliced into the script text.
+Every command is an argv list, joined with `shlex.quote`, so a value (a path, a
+label) is always one word and never shell syntax. File operations are small fixed
+`sh -c` scripts that take their paths as positional arguments (`"$1"`), never
+spliced into the script text. Only this module imports asyncssh: the exporter and
+`mlx-medic probe` import the transport interface without paying for it.
 """
 
 from __future__ import annotations
@@ -11,53 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any
+
+import asyncssh
 
 from mlx_medic.inventory import Inventory, Node
+from mlx_medic.transport.interface import CommandResult, TransportError, output_text
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    exit_status: int | None  # None: killed by a signal or timed out
-    stdout: str
-    stderr: str
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_status == 0
-
-
-class TransportError(RuntimeError):
-    """The node could not be reached or did not answer: neither success nor failure."""
-
-
-class NodeTransport(Protocol):
-    async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult: ...
-
-    async def create_exclusive(self, node: Node, path: Path, content: str) -> bool:
-        """Create `path` with `content` only if it does not exist; atomic, and the file
-        is never seen half-written. True if created, False if it already existed."""
-        ...
-
-    async def replace_text(self, node: Node, path: Path, content: str) -> None:
-        """Overwrite `path` atomically (write a temporary file, rename it over)."""
-        ...
-
-    async def read_text(self, node: Node, path: Path) -> str | None:
-        """The file's text, or None if it does not exist."""
-        ...
-
-    async def remove(self, node: Node, path: Path) -> None: ...
-
-    async def close(self) -> None: ...
 
 
 # Fixed scripts; paths arrive as "$1", "$2". Exit codes: 0 done, 1 exists, 3 missing.
@@ -88,19 +53,17 @@ class SshTransport:
 
     def __init__(self, inventory: Inventory):
         self.inventory = inventory
-        self._connections: dict[str, object] = {}
+        self._connections: dict[str, asyncssh.SSHClientConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
 
-    async def _connection(self, node: Node):  # -> asyncssh.SSHClientConnection
-        import asyncssh
-
+    async def _connection(self, node: Node) -> asyncssh.SSHClientConnection:
         lock = self._connecting.setdefault(node.name, asyncio.Lock())
         async with lock:
             conn = self._connections.get(node.name)
-            if conn is not None and not conn.is_closed():  # type: ignore[attr-defined]
+            if conn is not None and not conn.is_closed():
                 return conn
             settings = self.inventory.ssh
-            options: dict[str, object] = {
+            options: dict[str, Any] = {
                 "host": node.ssh,
                 "port": node.port,
                 "username": node.user,
@@ -113,7 +76,7 @@ class SshTransport:
             if settings.identity_file is not None:
                 options["client_keys"] = [str(settings.identity_file)]
             try:
-                conn = await asyncssh.connect(**options)  # type: ignore[arg-type]
+                conn = await asyncssh.connect(**options)
             except (TimeoutError, OSError, asyncssh.Error) as exc:
                 raise TransportError(
                     f"cannot reach {node.name} ({node.user}@{node.ssh}:{node.port}): {exc}"
@@ -124,19 +87,17 @@ class SshTransport:
     async def _exec(
         self, node: Node, argv: list[str], *, timeout: float, stdin: str | None = None
     ) -> CommandResult:
-        import asyncssh
-
         if not argv:
             raise ValueError("an empty command has no meaning")
         command = shlex.join(argv)
         for attempt in (1, 2):
             conn = await self._connection(node)
             try:
-                result = await conn.run(  # type: ignore[attr-defined]
-                    command, input=stdin, check=False, timeout=timeout
-                )
+                result = await conn.run(command, input=stdin, check=False, timeout=timeout)
             except asyncssh.TimeoutError as exc:
-                return CommandResult(None, _text(exc.stdout), _text(exc.stderr), timed_out=True)
+                return CommandResult(
+                    None, output_text(exc.stdout), output_text(exc.stderr), timed_out=True
+                )
             except asyncssh.ChannelOpenError as exc:
                 # The reused connection died before the command started: safe to retry once.
                 self._drop(node, conn)
@@ -146,13 +107,15 @@ class SshTransport:
             except (OSError, asyncssh.Error) as exc:
                 self._drop(node, conn)
                 raise TransportError(f"{node.name}: {shlex.join(argv[:3])}...: {exc}") from exc
-            return CommandResult(result.exit_status, _text(result.stdout), _text(result.stderr))
+            return CommandResult(
+                result.exit_status, output_text(result.stdout), output_text(result.stderr)
+            )
         raise AssertionError("unreachable")
 
-    def _drop(self, node: Node, conn: object) -> None:
+    def _drop(self, node: Node, conn: asyncssh.SSHClientConnection) -> None:
         if self._connections.get(node.name) is conn:
             del self._connections[node.name]
-        conn.close()  # type: ignore[attr-defined]
+        conn.close()
 
     async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
         return await self._exec(node, argv, timeout=timeout)
@@ -204,77 +167,7 @@ class SshTransport:
     async def close(self) -> None:
         connections, self._connections = self._connections, {}
         for conn in connections.values():
-            conn.close()  # type: ignore[attr-defined]
+            conn.close()
         for conn in connections.values():
             with contextlib.suppress(Exception):
-                await conn.wait_closed()  # type: ignore[attr-defined]
-
-
-class LocalTransport:
-    """Every node is this machine: for a one-machine cluster and for tests. Same
-    contract as SshTransport (argv only, never a shell; atomic file operations)."""
-
-    def __init__(self, root: Path | None = None):
-        # With `root`, node N's files live under root/N: nodes stay apart in tests.
-        self.root = root
-        self.commands: list[tuple[str, list[str]]] = []
-
-    def _path(self, node: Node, path: Path) -> Path:
-        if self.root is None:
-            return Path(path)
-        return self.root / node.name / Path(path).relative_to(Path(path).anchor)
-
-    async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
-        if not argv:
-            raise ValueError("an empty command has no meaning")
-        self.commands.append((node.name, list(argv)))
-        process = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        try:
-            out, err = await asyncio.wait_for(process.communicate(), timeout)
-        except TimeoutError:
-            process.kill()
-            out, err = await process.communicate()
-            return CommandResult(None, _text(out), _text(err), timed_out=True)
-        return CommandResult(process.returncode, _text(out), _text(err))
-
-    async def create_exclusive(self, node: Node, path: Path, content: str) -> bool:
-        target = self._path(node, path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{target.name}.{secrets.token_hex(6)}.tmp")
-        tmp.write_text(content, encoding="utf-8")
-        try:
-            os.link(tmp, target)
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
-        return True
-
-    async def replace_text(self, node: Node, path: Path, content: str) -> None:
-        target = self._path(node, path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{target.name}.{secrets.token_hex(6)}.tmp")
-        tmp.write_text(content, encoding="utf-8")
-        os.replace(tmp, target)
-
-    async def read_text(self, node: Node, path: Path) -> str | None:
-        try:
-            return self._path(node, path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-
-    async def remove(self, node: Node, path: Path) -> None:
-        self._path(node, path).unlink(missing_ok=True)
-
-    async def close(self) -> None:
-        return None
-
-
-def _text(data: object) -> str:
-    if data is None:
-        return ""
-    if isinstance(data, bytes):
-        return data.decode("utf-8", "replace")
-    return str(data)
+                await conn.wait_closed()

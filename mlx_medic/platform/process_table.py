@@ -1,0 +1,24 @@
+"""This platform's process table: /proc on Linux, psutil + `ps` on macOS.
+
+The factory lives with the tables, not in `process_model`: the tables build on the
+process model, and the model stays a leaf that imports no platform code.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mlx_medic.process_model import ProcessTable
+
+
+def system_process_table() -> ProcessTable:
+    """The table for this platform (only the chosen one is imported)."""
+    if sys.platform.startswith("linux"):
+        from mlx_medic.platform.proc_linux import LinuxProcessTable
+
+        return LinuxProcessTable()
+    if sys.platform == "darwin":
+        from mlx_medic.platform.proc_macos import MacProcessTable
+
+        return MacProcessTable()
+    raise RuntimeError(f"no process table for platform {sys.platform!r} (Linux and macOS only)")

@@ -1,0 +1,56 @@
+"""The node transport interface: light to import, this node local, peers remote."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlx_medic.inventory import Node
+from mlx_medic.transport import LocalTransport, RoutedTransport
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("module", ["mlx_medic.transport", "mlx_medic.model_lock",
+                                    "mlx_medic.pid_liveness"])
+def test_importing_the_interface_or_the_lock_never_loads_asyncssh(module: str) -> None:
+    probe = (f"import sys, json, {module}; "
+             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'asyncssh')))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    assert json.loads(out) == []
+
+
+def test_the_ssh_transport_is_still_reachable_by_its_old_name() -> None:
+    probe = ("import sys; from mlx_medic.transport import SshTransport; "
+             "print(SshTransport.__module__, 'asyncssh' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    assert out.split() == ["mlx_medic.transport.ssh", "True"]
+
+
+def node(name: str) -> Node:
+    return Node(name=name, ssh=f"{name}.example")
+
+
+async def test_this_node_is_served_locally_and_every_peer_by_the_remote_transport(
+    tmp_path: Path,
+) -> None:
+    local, remote = LocalTransport(tmp_path / "local"), LocalTransport(tmp_path / "remote")
+    routed = RoutedTransport("ai001", local, remote)
+    for name in ("ai001", "ai002"):
+        assert await routed.create_exclusive(node(name), Path("/state/x"), name)
+        await routed.run(node(name), ["true"], timeout=10)
+    assert [n for n, _ in local.commands] == ["ai001"]
+    assert [n for n, _ in remote.commands] == ["ai002"]
+    assert (tmp_path / "local" / "ai001" / "state" / "x").read_text() == "ai001"
+    assert (tmp_path / "remote" / "ai002" / "state" / "x").read_text() == "ai002"
+    await routed.replace_text(node("ai002"), Path("/state/x"), "again")
+    assert await routed.read_text(node("ai002"), Path("/state/x")) == "again"
+    await routed.remove(node("ai001"), Path("/state/x"))
+    assert await routed.read_text(node("ai001"), Path("/state/x")) is None
+    await routed.close()
