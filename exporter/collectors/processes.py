@@ -55,7 +55,7 @@ class ProcessesCollector(Collector):
     def __init__(
         self,
         *,
-        node: str,
+        node: str | None,
         inventory: Inventory | None,
         state_dir: Path,
         table: ProcessTable,
@@ -116,7 +116,7 @@ class ProcessesCollector(Collector):
         report = find_orphans(
             scoped,
             by_pid(snapshot),
-            node=self.node,
+            node=self.node or "",  # only read with an inventory, which always names the node
             inventory=self.inventory,
             current_run=current_run,
             established=self.established,
