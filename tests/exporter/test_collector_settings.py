@@ -11,6 +11,7 @@ import pytest
 
 from mlx_medic.cli import parse_args
 from mlx_medic.exporter.collector import REGISTRY, ExporterContext, ScrapeCollector
+from mlx_medic.exporter.collectors.logs import LogsCollector, LogsSettings
 from mlx_medic.exporter.collectors.service import ModelServiceCollector, ServiceSettings
 from mlx_medic.exporter.collectors.tmpdirs import TmpDirsCollector, TmpDirsSettings
 from mlx_medic.exporter.main import build
@@ -58,6 +59,16 @@ def test_a_flag_overrides_the_variable_and_the_default(monkeypatch, built) -> No
     assert (service.interval, service.timeout) == (9.0, 2.5)
 
 
+def test_logs_settings_reach_the_collector(built) -> None:
+    _, scrape = exporter(built, "--collector.logs.max-read-per-scrape", "0",
+                         "--collector.logs.prefilter", "find")
+    logs = next(c for c in scrape.collectors if c.name == "logs")
+    assert isinstance(logs, LogsCollector)
+    assert logs.max_read_per_scrape is None  # 0: no limit
+    assert logs.scanner.engine == "find"
+    assert LogsSettings().prefilter == "auto"
+
+
 @pytest.mark.parametrize(("raw", "problem"),
                          [("x", "is not a number of seconds"), ("0", "must be positive")])
 def test_a_bad_variable_is_an_error_naming_it(raw: str, problem: str) -> None:
@@ -67,6 +78,10 @@ def test_a_bad_variable_is_an_error_naming_it(raw: str, problem: str) -> None:
 
 @pytest.mark.parametrize(("argv", "said"), [
     (["--collector.tmpdirs.interval", "-1"], "--collector.tmpdirs.interval: '-1' must be positive"),
+    (["--collector.logs.prefilter", "grep"],
+     "--collector.logs.prefilter: 'grep' is not one of auto, hyperscan, find"),
+    (["--collector.logs.max-read-per-scrape", "1M"],
+     "--collector.logs.max-read-per-scrape: '1M' is not a whole number of bytes"),
 ])
 def test_a_bad_flag_is_an_error_naming_it(capsys, argv: list[str], said: str) -> None:
     with pytest.raises(SystemExit) as exit_:
@@ -85,7 +100,7 @@ def test_help_lists_every_setting_of_every_collector(capsys) -> None:
         for field in dataclasses.fields(registration.settings)
     ]
     assert {"--collector.tmpdirs.interval", "--collector.service.interval",
-            "--collector.service.timeout"} <= set(flags)
+            "--collector.service.timeout", "--collector.logs.max-read-per-scrape"} <= set(flags)
     for flag in flags:
         assert flag in shown
     assert f"${VARIABLE}" in shown  # the fallback is documented where the flag is
