@@ -9,6 +9,7 @@ import socket
 import sys
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import psutil
@@ -17,8 +18,10 @@ from prometheus_client import CollectorRegistry, MetricsHandler, generate_latest
 from mlx_medic.exporter import collectors as _collectors  # noqa: F401  (registers every collector)
 from mlx_medic.exporter.collector import REGISTRY, ExporterContext, ScrapeCollector
 from mlx_medic.exporter.settings import add_flags, describe, settings_from_args
-from mlx_medic.inventory import Inventory, InventoryError, load_inventory
 from mlx_medic.listen_address import parse_listen
+
+if TYPE_CHECKING:
+    from mlx_medic.inventory import Inventory
 
 log = logging.getLogger("mlx_medic.exporter")
 
@@ -86,8 +89,19 @@ def resolve_node(inventory: Inventory | None, requested: str | None) -> str:
     raise LookupError(f"no inventory node matches this host ({hostname}); pass --node NAME")
 
 
+def load(config_file: Path) -> Inventory:
+    """The inventory; its schema (pydantic) is imported only here, so an exporter without
+    an inventory never loads it. A bad file is a ValueError with the full report."""
+    from mlx_medic.inventory import InventoryError, load_inventory
+
+    try:
+        return load_inventory(config_file)
+    except InventoryError as exc:
+        raise ValueError(exc.report()) from None
+
+
 def build(args: argparse.Namespace) -> tuple[ExporterContext, ScrapeCollector]:
-    inventory = load_inventory(args.config_file) if args.config_file else None
+    inventory = load(args.config_file) if args.config_file else None
     node: str | None = resolve_node(inventory, args.node)
     if inventory is None and not args.node:
         node = None  # discovery mode: no name was given, and none is guessed
@@ -150,9 +164,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         host, port = parse_listen(args.listen)
         context, scrape = build(args)
-    except InventoryError as exc:
-        log.error("%s", exc.report())
-        return 2
     except (LookupError, ValueError) as exc:
         log.error("%s", exc)
         return 2

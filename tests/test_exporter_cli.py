@@ -34,6 +34,39 @@ def test_without_an_inventory_it_says_it_discovers_and_scrapes_every_collector()
     assert 'node="' not in result.stdout  # identity is never guessed
 
 
+HEAVY = ("pydantic", "yaml", "asyncio", "aiohttp", "asyncssh", "hyperscan")
+
+
+def heavy_modules_after_one_scrape(*argv: str) -> set[str]:
+    """Which memory-heavy packages `mlx-medic exporter --once ARGV` loaded."""
+    code = (
+        "import sys\n"
+        "from mlx_medic.cli import main\n"
+        f"code = main(['exporter', '--once', *{list(argv)!r}])\n"
+        f"print('LOADED', *sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stderr.splitlines() if line.startswith("LOADED"))
+    return set(line.split()[1:])
+
+
+def test_without_an_inventory_the_exporter_loads_no_schema_event_loop_or_regex_engine() -> None:
+    """Memory: pydantic and YAML come with an inventory, Hyperscan with log bytes to scan;
+    asyncio, aiohttp and asyncssh never (bench/exporter_memory)."""
+    assert heavy_modules_after_one_scrape() == set()
+
+
+def test_with_an_inventory_the_exporter_still_loads_no_event_loop(tmp_path: Path) -> None:
+    config = tmp_path / "inventory.yaml"
+    config.write_text(inventory_text(tmp_path))
+    loaded = heavy_modules_after_one_scrape("--config.file", str(config), "--node", "n1")
+    assert {"pydantic", "yaml"} <= loaded
+    assert not {"asyncio", "aiohttp", "asyncssh"} & loaded
+
+
 class Exporter:
     def __init__(self, port: int):
         self.url = f"http://127.0.0.1:{port}"
