@@ -34,6 +34,23 @@ def test_without_an_inventory_it_says_it_discovers_and_scrapes_every_collector()
     assert 'node="' not in result.stdout  # identity is never guessed
 
 
+def help_lines(*argv: str) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "mlx_medic.cli", "exporter", "--once", *argv],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return [line for line in result.stdout.splitlines() if line.startswith("# HELP")]
+
+
+def test_help_texts_are_the_same_whatever_the_collector_settings() -> None:
+    """HELP is constant per metric: settings are on the landing page, never in HELP."""
+    changed = help_lines("--collector.service.interval", "5", "--collector.service.timeout",
+                         "2", "--collector.tmpdirs.interval", "7",
+                         "--collector.logs.max-read-per-scrape", "9")
+    assert changed and changed == help_lines()
+
+
 HEAVY = ("pydantic", "yaml", "asyncio", "aiohttp", "asyncssh", "hyperscan")
 
 
