@@ -104,7 +104,10 @@ def build(args: argparse.Namespace) -> tuple[ExporterContext, ScrapeCollector]:
     inventory = load(args.config_file) if args.config_file else None
     node: str | None = resolve_node(inventory, args.node)
     if inventory is None and not args.node:
-        node = None  # discovery mode: no name was given, and none is guessed
+        # Discovery mode: no name was given and none is guessed. (resolve_node above still
+        # answers the host name here; once it is mlx_medic.node_identity's, which answers
+        # None when nothing names the node, these two lines can go.)
+        node = None
     state_dir = args.state_dir or (inventory.state_dir if inventory else Path("/var/lib/mlx-medic"))
     enabled = [REGISTRY[name] for name in sorted(REGISTRY) if getattr(args, f"collector_{name}")]
     settings = {
