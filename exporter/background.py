@@ -9,7 +9,6 @@ after start may wait, briefly, for the first cycle, so `--once` has values.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 
@@ -64,18 +63,3 @@ class PeriodicWorker:
         self._stop.set()
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
-
-
-def interval_from_env(variable: str, default: float) -> float:
-    """Seconds from `variable`, else `default`: tests and small clusters shorten a cycle
-    without a flag for every collector. A bad value is an error, never silently the default."""
-    raw = os.environ.get(variable, "")
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{variable}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"{variable}={raw!r} must be positive")
-    return value

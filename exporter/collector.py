@@ -1,40 +1,60 @@
 """The collector framework, after node_exporter: one collector per module,
-registered by name, each timed and judged on its own so one failure never
-fails the scrape."""
+registered by name (with its settings as `--collector.NAME.SETTING` flags), each
+timed and judged on its own so one failure never fails the scrape."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.samples import Sample
 
-from mlx_medic.inventory import Inventory
+from mlx_medic.exporter.settings import read_settings
+
+if TYPE_CHECKING:  # the inventory's schema (pydantic) loads only when there is an inventory
+    from _typeshed import DataclassInstance
+
+    from mlx_medic.inventory import Inventory, Model
 
 log = logging.getLogger("mlx_medic.exporter")
 
 MetricFamily = GaugeMetricFamily  # any *MetricFamily; the alias documents intent
+NODE_LABEL = "node"  # added by the framework to every series; no collector sets it
+
+S = TypeVar("S", bound="DataclassInstance")
 
 
 @dataclass
 class ExporterContext:
-    """What every collector may know about the node it runs on."""
+    """What every collector may know about the node it runs on.
 
-    node: str | None  # its inventory name (mlx_medic.node_identity); None: discovery mode
+    `node` is the inventory's name for this node; None without an inventory (discovery
+    mode), where nothing is named after a node because identity is never guessed.
+    `settings` holds each collector's parsed settings, by settings class.
+    """
+
+    node: str | None = None
     inventory: Inventory | None = None
     state_dir: Path = Path("/var/lib/mlx-medic")
     clock: Callable[[], float] = time.time
+    settings: Mapping[type, object] = field(default_factory=dict)
 
-    def models_here(self):  # -> list[Model]
+    def models_here(self) -> list[Model]:
         if self.inventory is None or self.node is None:
             return []
         return self.inventory.models_on(self.node)
+
+    def settings_for(self, kind: type[S]) -> S:
+        """The collector's settings as parsed from its flags, else from variables and defaults."""
+        found = self.settings.get(kind)
+        return found if isinstance(found, kind) else read_settings(kind)
 
 
 class Collector:
@@ -59,33 +79,55 @@ class Registration:
     default_enabled: bool
     factory: CollectorFactory
     help: str
+    settings: type[DataclassInstance] | None = None
 
 
 REGISTRY: dict[str, Registration] = {}
 
 
-def register(name: str, *, default_enabled: bool = True, help: str = ""):
-    """Class or factory decorator: makes `--collector.NAME` exist."""
+def register(
+    name: str, *, default_enabled: bool = True, help: str = "",
+    settings: type[DataclassInstance] | None = None,
+) -> Callable[[CollectorFactory], CollectorFactory]:
+    """Factory decorator: makes `--collector.NAME` exist, and a flag per field of `settings`."""
 
     def wrap(factory: CollectorFactory) -> CollectorFactory:
         if name in REGISTRY:
             raise ValueError(f"collector {name!r} registered twice")
-        REGISTRY[name] = Registration(name, default_enabled, factory, help)
+        REGISTRY[name] = Registration(name, default_enabled, factory, help, settings)
         return factory
 
     return wrap
 
 
-class ScrapeCollector(PromCollector):
-    """Runs the enabled collectors and adds per-collector duration and success."""
+def _with_node(family: Metric, node: str) -> Metric:
+    for sample in family.samples:
+        if NODE_LABEL in sample.labels:
+            raise ValueError(f"{family.name} sets the {NODE_LABEL!r} label the framework adds")
+    family.samples = [s._replace(labels={NODE_LABEL: node, **s.labels}) for s in family.samples]
+    return family
 
-    def __init__(self, collectors: list[Collector]):
+
+class ScrapeCollector(PromCollector):
+    """Runs the enabled collectors and adds per-collector duration and success.
+
+    With a `node`, every series it serves carries `node="<name>"`, its own included.
+    Scrapes run one at a time: collectors keep state between scrapes.
+    """
+
+    def __init__(self, collectors: list[Collector], node: str | None = None):
         self.collectors = collectors
+        self.node = node
+        self._lock = threading.Lock()
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # collect() is not free: skip client_python's auto-describe
 
     def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            return iter(self._scrape())
+
+    def _scrape(self) -> list[Metric]:
         duration = GaugeMetricFamily(
             "mlx_medic_collector_duration_seconds",
             "How long each collector took on this scrape.",
@@ -96,20 +138,25 @@ class ScrapeCollector(PromCollector):
             "1 if the collector succeeded on this scrape, else 0 (see the exporter's log).",
             labels=["collector"],
         )
+        scraped: list[Metric] = []
         for collector in self.collectors:
             start = time.perf_counter()
             try:
                 families = list(collector.collect())
+                if self.node is not None:
+                    families = [_with_node(family, self.node) for family in families]
             except Exception:
                 log.exception("collector %s failed", collector.name)
                 families, ok = [], 0.0
             else:
                 ok = 1.0
-            yield from families
+            scraped += families
             duration.add_metric([collector.name], time.perf_counter() - start)
             success.add_metric([collector.name], ok)
-        yield duration
-        yield success
+        own: list[Metric] = [duration, success]
+        if self.node is not None:
+            own = [_with_node(family, self.node) for family in own]
+        return scraped + own
 
     def close(self) -> None:
         for collector in self.collectors:

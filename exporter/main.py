@@ -3,26 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import html
 import logging
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, MetricsHandler, generate_latest
 
 from mlx_medic.exporter import collectors as _collectors  # noqa: F401  (registers every collector)
 from mlx_medic.exporter.collector import REGISTRY, ExporterContext, ScrapeCollector
-from mlx_medic.inventory import InventoryError, load_inventory
+from mlx_medic.exporter.settings import add_flags, describe, settings_from_args
 from mlx_medic.listen_address import parse_listen
 from mlx_medic.node_identity import resolve_node
+
+if TYPE_CHECKING:
+    from mlx_medic.inventory import Inventory
 
 log = logging.getLogger("mlx_medic.exporter")
 
 DEFAULT_LISTEN = "0.0.0.0:10900"  # outside the 9100-9999 public allocation range
 
 LANDING = """<!doctype html><html><head><title>mlx-medic exporter</title></head><body>
-<h1>mlx-medic exporter</h1><p>Node <b>{node}</b>. Collectors: {collectors}.</p>
+<h1>mlx-medic exporter</h1><p>Node: {node}.</p>
+<p>Collectors and their settings (<code>--collector.NAME.SETTING</code>):</p><ul>{collectors}</ul>
 <p><a href="/metrics">Metrics</a></p></body></html>"""
 
 
@@ -53,73 +59,101 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print one scrape to stdout and exit (for checks and tests)",
     )
     for name, registration in sorted(REGISTRY.items()):
-        parser.add_argument(
+        group = parser.add_argument_group(f"collector {name}")
+        group.add_argument(  # BooleanOptionalAction also makes --no-collector.NAME
             f"--collector.{name}",
             dest=f"collector_{name}",
             action=argparse.BooleanOptionalAction,
             default=registration.default_enabled,
             help=registration.help or f"enable the {name} collector",
         )
-    # BooleanOptionalAction spells the negative --no-collector.NAME; done above.
+        if registration.settings is not None:
+            add_flags(group, name, registration.settings)
+
+
+def load(config_file: Path) -> Inventory:
+    """The inventory; its schema (pydantic) is imported only here, so an exporter without
+    an inventory never loads it. A bad file is a ValueError with the full report."""
+    from mlx_medic.inventory import InventoryError, load_inventory
+
+    try:
+        return load_inventory(config_file)
+    except InventoryError as exc:
+        raise ValueError(exc.report()) from None
 
 
 def build(args: argparse.Namespace) -> tuple[ExporterContext, ScrapeCollector]:
-    inventory = load_inventory(args.config_file) if args.config_file else None
+    inventory = load(args.config_file) if args.config_file else None
     state_dir = args.state_dir or (inventory.state_dir if inventory else Path("/var/lib/mlx-medic"))
     node = resolve_node(inventory, args.node, state_dir)
-    context = ExporterContext(node=node, inventory=inventory, state_dir=state_dir)
-    enabled = [name for name in sorted(REGISTRY) if getattr(args, f"collector_{name}")]
-    collectors = [REGISTRY[name].factory(context) for name in enabled]
-    return context, ScrapeCollector(collectors)
+    enabled = [REGISTRY[name] for name in sorted(REGISTRY) if getattr(args, f"collector_{name}")]
+    settings = {
+        r.settings: settings_from_args(args, r.name, r.settings) for r in enabled if r.settings
+    }
+    context = ExporterContext(node=node, inventory=inventory, state_dir=state_dir,
+                              settings=settings)
+    collectors = [registration.factory(context) for registration in enabled]
+    return context, ScrapeCollector(collectors, node=node)
 
 
-def make_handler(registry: CollectorRegistry, landing: bytes) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
-            elif path == "/":
-                body, ctype = landing, "text/html; charset=utf-8"
-            else:
-                self.send_error(404)
-                return
+def landing_page(context: ExporterContext, scrape: ScrapeCollector) -> bytes:
+    """Which node, which collectors with which settings: what a scrape's HELP cannot say."""
+    if context.node is None:
+        node = "not named (no inventory): series carry no <code>node</code> label"
+    else:
+        node = f"<b>{html.escape(context.node)}</b>, the <code>node</code> label of every series"
+    items = []
+    for collector in scrape.collectors:
+        kind = REGISTRY[collector.name].settings
+        said = f": {describe(context.settings_for(kind))}" if kind else ""
+        items.append(f"<li>{html.escape(collector.name + said)}</li>")
+    return LANDING.format(node=node, collectors="".join(items) or "<li>none</li>").encode()
+
+
+class ExporterHandler(MetricsHandler):
+    """client_python's handler on /metrics (OpenMetrics by Accept, gzip, `name[]`), a
+    landing page on /, 404 elsewhere."""
+
+    landing: bytes = b""
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            super().do_GET()
+        elif path == "/":
             self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(self.landing)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(self.landing)
+        else:
+            self.send_error(404)
 
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("%s " + format, self.address_string(), *args)
-
-    return Handler
-
-
-# Scrapes are serialized: collectors keep state between scrapes.
-_scrape_lock = threading.Lock()
+    def log_message(self, format: str, *args: object) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
 
 
-class _SerialRegistry(CollectorRegistry):
-    def collect(self):  # type: ignore[no-untyped-def]
-        with _scrape_lock:
-            yield from list(super().collect())
+def make_registry(scrape: ScrapeCollector) -> CollectorRegistry:
+    # Collectors without names are always asked, so `name[]` filters their samples.
+    registry = CollectorRegistry(auto_describe=False, support_collectors_without_names=True)
+    registry.register(scrape)
+    return registry
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         host, port = parse_listen(args.listen)
         context, scrape = build(args)
-    except InventoryError as exc:
-        log.error("%s", exc.report())
-        return 2
     except (LookupError, ValueError) as exc:
         log.error("%s", exc)
         return 2
-    registry = _SerialRegistry(auto_describe=False)
-    registry.register(scrape)
+    registry = make_registry(scrape)
     names = ", ".join(c.name for c in scrape.collectors) or "none"
-    log.info("node %s; collectors: %s", context.node, names)
+    if context.node is None:
+        log.info("node not named (no inventory): series carry no node label; collectors: %s",
+                 names)
+    else:
+        log.info("node %s; collectors: %s", context.node, names)
     for model in context.models_here():
         log.info("watching model %s (port %d, from the inventory)", model.name, model.port)
     if context.inventory is None:
@@ -128,8 +162,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(generate_latest(registry))
         scrape.close()
         return 0
-    landing = LANDING.format(node=context.node, collectors=names).encode()
-    server = ThreadingHTTPServer((host, port), make_handler(registry, landing))
+    handler = type("Handler", (ExporterHandler,),
+                   {"registry": registry, "landing": landing_page(context, scrape)})
+    server = ThreadingHTTPServer((host, port), handler)
     log.info("serving on http://%s:%d/metrics", host, server.server_port)
     try:
         server.serve_forever()

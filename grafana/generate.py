@@ -24,8 +24,9 @@ MEMORY_LOW_BYTES = 4 * GIB
 
 Panel = dict[str, Any]
 
-NODE = 'instance=~"$instance"'
-NODE_MODEL = 'instance=~"$instance", model=~"$model"'
+# Every exporter series carries `node`, the node's name in the inventory (the exporter adds it).
+NODE = 'node=~"$node"'
+NODE_MODEL = 'node=~"$node", model=~"$model"'
 ORPHANS = f"mlx_orphan_processes{{{NODE_MODEL}}}"
 STUCK_ORPHANS = f'mlx_orphan_processes{{{NODE_MODEL}, state="uninterruptible"}}'
 
@@ -161,7 +162,7 @@ def dashboard(
 
 def cluster_overview() -> dict[str, Any]:
     variables = [
-        query_variable("instance", "Node", "label_values(mlx_medic_collector_success, instance)"),
+        query_variable("node", "Node", "label_values(mlx_medic_collector_success, node)"),
         query_variable("model", "Model", f"label_values(mlx_processes{{{NODE}}}, model)"),
     ]
     panels = [
@@ -183,55 +184,57 @@ def cluster_overview() -> dict[str, Any]:
                            "{{model}} {{state}}")], width=24),
         row("Orphans"),
         timeseries("Orphans by model and state",
-                   [target(f"sum by (instance, model, state) ({ORPHANS})",
-                           "{{instance}} {{model}} {{state}}")], width=8),
+                   [target(f"sum by (node, model, state) ({ORPHANS})",
+                           "{{node}} {{model}} {{state}}")], width=8),
         timeseries("Orphans by model and rule",
-                   [target(f"sum by (instance, model, rule) ({ORPHANS})",
-                           "{{instance}} {{model}} {{rule}}")],
+                   [target(f"sum by (node, model, rule) ({ORPHANS})",
+                           "{{node}} {{model}} {{rule}}")],
                    description="Which rule found them: stale_run_id, excess_ranks, "
                                "launcher_gone, ssh_client_lost.", width=8),
         timeseries("Orphans by role",
-                   [target(f"sum by (instance, role) ({ORPHANS})",
-                           "{{instance}} {{role}}")], width=8),
+                   [target(f"sum by (node, role) ({ORPHANS})",
+                           "{{node}} {{role}}")], width=8),
         row("Disk and launcher leftovers"),
         timeseries("Stale tmp bytes",
-                   [target(f"mlx_stale_tmp_bytes{{{NODE}}}", "{{instance}} {{dir}}")],
+                   [target(f"mlx_stale_tmp_bytes{{{NODE}}}", "{{node}} {{dir}}")],
                    unit="bytes", steps=(("green", None), ("orange", STALE_TMP_BYTES)), width=8),
         timeseries("Stale tmp dirs",
-                   [target(f"mlx_stale_tmp_dirs{{{NODE}}}", "{{instance}} {{dir}}")], width=8),
+                   [target(f"mlx_stale_tmp_dirs{{{NODE}}}", "{{node}} {{dir}}")], width=8),
         timeseries("mlx.launch leftover files",
-                   [target(f"mlx_launch_leftover_files{{{NODE}}}", "{{instance}}")],
+                   [target(f"mlx_launch_leftover_files{{{NODE}}}", "{{node}}")],
                    description="Pid files and hostfiles mlx.launch never deletes.", width=8),
         row("Service logs"),
         timeseries("Log errors per minute by signature",
-                   [target("60 * sum by (instance, signature) "
+                   [target("60 * sum by (node, signature) "
                            f"(rate(mlx_log_errors_total{{{NODE}}}[$__rate_interval]))",
-                           "{{instance}} {{signature}}")], width=24),
+                           "{{node}} {{signature}}")], width=24),
         row("Memory and RDMA"),
         timeseries("Memory available",
-                   [target(f"mlx_memory_available_bytes{{{NODE}}}", "{{instance}}")],
+                   [target(f"mlx_memory_available_bytes{{{NODE}}}", "{{node}}")],
                    unit="bytes", steps=(("green", None), ("red", MEMORY_LOW_BYTES)), width=8),
         timeseries("RDMA ports active",
-                   [target(f"mlx_rdma_port_active{{{NODE}}}", "{{instance}} {{device}}/{{port}}")],
+                   [target(f"mlx_rdma_port_active{{{NODE}}}", "{{node}} {{device}}/{{port}}")],
                    description="1 = PORT_ACTIVE. Absent on hosts without RDMA.",
                    max_value=1, stepped=True, width=8),
         timeseries("RDMA objects (budget 11)",
-                   [target(f"mlx_rdma_objects{{{NODE}}}", "{{instance}} {{kind}}")],
+                   [target(f"mlx_rdma_objects{{{NODE}}}", "{{node}} {{kind}}")],
                    description="ioclasscount of protection domains and queue pairs.",
                    steps=(("green", None), ("orange", PD_HIGH), ("red", PD_BUDGET)),
                    stepped=True, width=8),
         row("Exporter health"),
         stat("Exporters up",
-             [target(f'up{{job="mlx-medic-exporter", {NODE}}}', "{{instance}}")],
+             [target('up{job="mlx-medic-exporter"}', "{{instance}}")],
+             description="By scrape target: Prometheus's own `up` has no node label, so the "
+                         "Node filter does not apply.",
              mappings=up_down_mappings("Up", "Down"), steps=(("red", None), ("green", 1)),
              width=8, height=8),
         timeseries("Collector success",
                    [target(f"mlx_medic_collector_success{{{NODE}}}",
-                           "{{instance}} {{collector}}")],
+                           "{{node}} {{collector}}")],
                    max_value=1, stepped=True, width=8),
         timeseries("Collector duration",
                    [target(f"mlx_medic_collector_duration_seconds{{{NODE}}}",
-                           "{{instance}} {{collector}}")], unit="s", width=8),
+                           "{{node}} {{collector}}")], unit="s", width=8),
     ]
     return dashboard(
         "mlx-medic-cluster", "mlx-medic / Cluster overview",
@@ -242,18 +245,17 @@ def cluster_overview() -> dict[str, Any]:
 
 def remediator() -> dict[str, Any]:
     model = 'model=~"$model"'
-    variables = [
-        query_variable("model", "Model", "label_values(model)"),
-        query_variable("node", "Node", "label_values(mlx_medic_pd_debt, node)"),
-    ]
+    variables = [query_variable("model", "Model", "label_values(model)")]
     panels = [
         row("Now"),
         stat("Remediations in progress",
              [target(f"sum by (model) (mlx_medic_remediation_in_progress{{{model}}})",
                      "{{model}}")],
              steps=(("green", None), ("orange", 1)), width=6),
-        stat("Backend in use", [target(f"mlx_medic_backend{{{model}}} == 1",
-                                       "{{model}}: {{backend}}")],
+        stat("Last verified backend",
+             [target(f"mlx_medic_last_verified_backend{{{model}}} == 1",
+                     "{{model}}: {{backend}}")],
+             description="The backend each model was last verified on by the remediator.",
              text_mode="name", steps=(("blue", None),), width=6),
         stat("Escalations in range",
              [target(f"sum by (model, reason) "
@@ -286,17 +288,10 @@ def remediator() -> dict[str, Any]:
                    [target(f"sum by (model, reason) "
                            f"(increase(mlx_medic_escalations_total{{{model}}}[$__rate_interval]))",
                            "{{model}} {{reason}}")], width=12),
-        row("Protection domains"),
-        timeseries("Protection domain debt by node",
-                   [target('mlx_medic_pd_debt{node=~"$node"}', "{{node}}")],
-                   description="Domains the remediator counts as leaked until the node reboots "
-                               "(budget 11 per device).",
-                   steps=(("green", None), ("orange", PD_HIGH), ("red", PD_BUDGET)),
-                   stepped=True, width=24),
     ]
     return dashboard(
         "mlx-medic-remediator", "mlx-medic / Remediator",
-        "Alerts received, remediation runs and outcomes, escalations, backends, PD debt.",
+        "Alerts received, remediation runs and outcomes, escalations, last verified backends.",
         variables, panels,
     )
 

@@ -11,7 +11,6 @@ and then trickles bytes or says nothing reads down when the timeout expires.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import fcntl
@@ -225,6 +224,8 @@ def _in_worker_thread(function: Callable[P, R]) -> Callable[P, Coroutine[Any, An
     """`function` for asyncio callers: the same code, run in a worker thread."""
 
     async def in_thread(*args: P.args, **kwargs: P.kwargs) -> R:
+        import asyncio  # here: the exporter and `mlx-medic probe` never load asyncio
+
         return await asyncio.to_thread(function, *args, **kwargs)
 
     in_thread.__name__ = in_thread.__qualname__ = f"{function.__name__}_async"

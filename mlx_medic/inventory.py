@@ -23,8 +23,8 @@ from pydantic import (
     model_validator,
 )
 
-# Names become metric label values and lock/state file names: keep them tame.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+from mlx_medic.names import NAME_PATTERN
+
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 ServiceManager = Literal["launchd", "systemd", "supervisord"]
 BackendName = Literal["jaccl", "ring"]

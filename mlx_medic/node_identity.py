@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlx_medic.inventory import Inventory
+if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
+    from mlx_medic.inventory import Inventory
 
 NODE_ID_FILE = "node-id"
 

@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from mlx_medic.inventory import Inventory
 from mlx_medic.process_model import (
     ENV_RANK,
     ENV_RUN_ID,
@@ -28,6 +28,9 @@ from mlx_medic.process_model import (
     launch_script_env,
     ssh_destination,
 )
+
+if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
+    from mlx_medic.inventory import Inventory
 
 
 class Rule(StrEnum):

@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import PurePosixPath
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from mlx_medic.inventory import Inventory, Model
+if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
+    from mlx_medic.inventory import Inventory, Model
 
 
 class State(StrEnum):

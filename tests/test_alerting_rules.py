@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from mlx_medic.remediator.config import RoutingConfig
-from tests.promql_names import metric_names, unknown_metrics
+from tests.promql_names import contract_metrics, metric_names, unknown_metrics
 from tests.tools import require_tool
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "alerting-rules"
@@ -143,9 +143,34 @@ def test_the_alert_the_remediator_routes_on_exists_and_keeps_its_model_label() -
     assert all(routing.model_label in labels for labels in model_down_tests)
 
 
+def _reads_exporter_series(alert: dict[str, Any]) -> bool:
+    """Exporter names: the contract's, but the remediator's mlx_medic_* (collector ones are
+    the exporter's)."""
+    exporter = {n for n in contract_metrics()
+                if not n.startswith("mlx_medic_") or "collector" in n}
+    return bool(metric_names(alert["expr"]) & exporter)
+
+
+EXPORTER_ALERTS = [a for a in ALERTS if _reads_exporter_series(a)]
+
+
+@pytest.mark.parametrize("alert", EXPORTER_ALERTS, ids=[a["alert"] for a in EXPORTER_ALERTS])
+def test_alerts_on_exporter_series_keep_the_node_and_name_it(alert: dict[str, Any]) -> None:
+    """Every exporter series carries `node` (the inventory's name): aggregations keep it and
+    the description names it, never the scrape address."""
+    expr = alert["expr"]
+    for grouped in re.findall(r"\bby\s*\(([^)]*)\)", expr):
+        assert "node" in {label.strip() for label in grouped.split(",")}, expr
+    assert "without" not in expr and "instance" not in expr, expr
+    description = alert["annotations"]["description"]
+    assert "$labels.instance" not in description
+    if not expr.lstrip().startswith("absent("):
+        assert "{{ $labels.node }}" in description, description
+
+
 def test_the_metric_scanner_reads_names_and_skips_functions_labels_and_durations() -> None:
     expr = (
-        'sum by (instance, model) (increase(mlx_log_errors_total{signature="x"}[10m])) > 0 '
+        'sum by (node, model) (increase(mlx_log_errors_total{signature="x"}[10m])) > 0 '
         "or up offset 1h unless on (job) mlx_model_up == 0"
     )
     assert metric_names(expr) == {"mlx_log_errors_total", "up", "mlx_model_up"}

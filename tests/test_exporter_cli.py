@@ -1,15 +1,25 @@
-"""`mlx-medic exporter` with the embedded defaults: no inventory, MLX processes
-discovered by command line, every collector reported."""
+"""`mlx-medic exporter`: with the embedded defaults (no inventory, MLX processes discovered
+by command line) every collector is reported and no series claims a node; over HTTP,
+client_python's own handler serves /metrics (OpenMetrics by Accept, gzip, `name[]`) beside a
+landing page that says which node and which collector settings."""
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import sys
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from mlx_medic.node_identity import write_node_id
 from testbed import free_port, wait_listening
+from tests.test_metric_contract import inventory_text
+from tests.tools import require_tool
 
 
 def test_without_an_inventory_it_says_it_discovers_and_scrapes_every_collector() -> None:
@@ -19,23 +29,82 @@ def test_without_an_inventory_it_says_it_discovers_and_scrapes_every_collector()
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "no inventory: discovering MLX processes by command line" in result.stderr
+    assert "series carry no node label" in result.stderr
     for collector in ("logs", "memory", "processes", "rdma", "service", "tmpdirs"):
         assert f'mlx_medic_collector_success{{collector="{collector}"}} 1.0' in result.stdout
+    assert 'node="' not in result.stdout  # identity is never guessed
 
 
-def test_it_serves_a_landing_page_and_metrics_over_http() -> None:
+def help_lines(*argv: str) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "mlx_medic.cli", "exporter", "--once", *argv],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return [line for line in result.stdout.splitlines() if line.startswith("# HELP")]
+
+
+def test_help_texts_are_the_same_whatever_the_collector_settings() -> None:
+    """HELP is constant per metric: settings are on the landing page, never in HELP."""
+    changed = help_lines("--collector.service.interval", "5", "--collector.service.timeout",
+                         "2", "--collector.tmpdirs.interval", "7",
+                         "--collector.logs.max-read-per-scrape", "9")
+    assert changed and changed == help_lines()
+
+
+HEAVY = ("pydantic", "yaml", "asyncio", "aiohttp", "asyncssh", "hyperscan")
+
+
+def heavy_modules_after_one_scrape(*argv: str) -> set[str]:
+    """Which memory-heavy packages `mlx-medic exporter --once ARGV` loaded."""
+    code = (
+        "import sys\n"
+        "from mlx_medic.cli import main\n"
+        f"code = main(['exporter', '--once', *{list(argv)!r}])\n"
+        f"print('LOADED', *sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stderr.splitlines() if line.startswith("LOADED"))
+    return set(line.split()[1:])
+
+
+def test_without_an_inventory_the_exporter_loads_no_schema_event_loop_or_regex_engine() -> None:
+    """Memory: pydantic and YAML come with an inventory, Hyperscan with log bytes to scan;
+    asyncio, aiohttp and asyncssh never (bench/exporter_memory)."""
+    assert heavy_modules_after_one_scrape() == set()
+
+
+def test_with_an_inventory_the_exporter_still_loads_no_event_loop(tmp_path: Path) -> None:
+    config = tmp_path / "inventory.yaml"
+    config.write_text(inventory_text(tmp_path))
+    loaded = heavy_modules_after_one_scrape("--config.file", str(config), "--node", "n1")
+    assert {"pydantic", "yaml"} <= loaded
+    assert not {"asyncio", "aiohttp", "asyncssh"} & loaded
+
+
+class Exporter:
+    def __init__(self, port: int):
+        self.url = f"http://127.0.0.1:{port}"
+
+    def get(self, path: str, **headers: str) -> tuple[dict[str, str], bytes]:
+        request = urllib.request.Request(self.url + path, headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return dict(response.headers), response.read()
+
+
+def serve(*argv: str) -> Iterator[Exporter]:
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "mlx_medic.cli", "exporter",
-         "--web.listen-address", f"127.0.0.1:{port}"],
+         "--web.listen-address", f"127.0.0.1:{port}", *argv],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         wait_listening("127.0.0.1", port, 60)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
-            assert b'<a href="/metrics">' in page.read()
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as metrics:
-            assert b"mlx_medic_collector_duration_seconds" in metrics.read()
+        yield Exporter(port)
     finally:
         server.kill()
         server.wait(timeout=10)
@@ -98,3 +167,72 @@ def test_node_beats_the_node_id_file(tmp_path: Path) -> None:
     result = exporter_once(tmp_path, "--node", "ai001")
     assert result.returncode == 0, result.stderr
     assert "node ai001;" in result.stderr and "watching model" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def discovering() -> Iterator[Exporter]:
+    yield from serve("--collector.tmpdirs.interval", "300")
+
+
+@pytest.fixture
+def with_inventory(tmp_path: Path) -> Iterator[Exporter]:
+    config = tmp_path / "inventory.yaml"
+    config.write_text(inventory_text(tmp_path))
+    yield from serve("--config.file", str(config), "--node", "n1")
+
+
+def test_it_serves_a_landing_page_with_the_node_and_the_collector_settings(
+    discovering: Exporter,
+) -> None:
+    _, page = discovering.get("/")
+    assert b'<a href="/metrics">' in page
+    assert b"no inventory" in page and b"no <code>node</code> label" in page
+    assert b"tmpdirs: interval=300" in page
+    assert b"service: interval=30, timeout=10" in page
+
+
+def test_plain_text_is_the_default_format(discovering: Exporter) -> None:
+    headers, body = discovering.get("/metrics")
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert b"mlx_medic_collector_duration_seconds" in body
+
+
+def test_openmetrics_is_served_to_who_asks_for_it(discovering: Exporter) -> None:
+    headers, body = discovering.get(
+        "/metrics", Accept="application/openmetrics-text; version=1.0.0")
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    text = body.decode()
+    assert text.endswith("# EOF\n")
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert "mlx_medic_collector_success" in names
+
+
+def test_gzip_is_served_to_who_accepts_it(discovering: Exporter) -> None:
+    headers, body = discovering.get("/metrics", **{"Accept-Encoding": "gzip"})
+    assert headers["Content-Encoding"] == "gzip"
+    assert b"mlx_medic_collector_success" in gzip.decompress(body)
+
+
+def test_name_filters_the_families_served(discovering: Exporter) -> None:
+    _, body = discovering.get("/metrics?name[]=mlx_medic_collector_success")
+    types = [line for line in body.decode().splitlines() if line.startswith("# TYPE")]
+    assert types == ["# TYPE mlx_medic_collector_success gauge"]
+
+
+def test_other_paths_are_not_found(discovering: Exporter) -> None:
+    with pytest.raises(urllib.error.HTTPError) as error:
+        discovering.get("/metricz")
+    assert error.value.code == 404
+
+
+def test_with_an_inventory_every_series_served_names_the_node_and_promtool_accepts_it(
+    with_inventory: Exporter,
+) -> None:
+    _, body = with_inventory.get("/metrics")
+    samples = [line for line in body.decode().splitlines() if not line.startswith("#")]
+    assert samples and all('node="n1"' in line for line in samples), samples
+    _, page = with_inventory.get("/")
+    assert b"<b>n1</b>" in page
+    check = subprocess.run([require_tool("promtool"), "check", "metrics"], input=body,
+                           capture_output=True, timeout=60)
+    assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()

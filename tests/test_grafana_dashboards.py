@@ -103,7 +103,17 @@ def test_every_variable_used_in_a_query_is_defined(path: Path) -> None:
 
 def test_the_cluster_overview_filters_by_node_and_model() -> None:
     board = _load(GRAFANA / "dashboards" / "mlx-medic-cluster.json")
-    assert {"instance", "model"} <= {v["name"] for v in board["templating"]["list"]}
+    assert {"node", "model"} <= {v["name"] for v in board["templating"]["list"]}
+
+
+def test_the_cluster_overview_filters_exporter_series_by_node_never_by_address() -> None:
+    """Every exporter series carries `node` (the inventory's name); only Prometheus's `up`,
+    which has none, is shown by scrape target."""
+    board = _load(GRAFANA / "dashboards" / "mlx-medic-cluster.json")
+    for expr in _exprs(board):
+        if metric_names(expr) == {"up"}:
+            continue
+        assert 'node=~"$node"' in expr and "instance" not in expr, expr
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)

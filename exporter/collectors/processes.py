@@ -18,11 +18,11 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
 
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
-from mlx_medic.inventory import Inventory
 from mlx_medic.orphans import (
     Established,
     OrphanReport,
@@ -41,6 +41,9 @@ from mlx_medic.process_model import (
     by_pid,
 )
 from mlx_medic.runs import read_current_run
+
+if TYPE_CHECKING:
+    from mlx_medic.inventory import Inventory
 
 log = logging.getLogger("mlx_medic.exporter.processes")
 
@@ -116,7 +119,7 @@ class ProcessesCollector(Collector):
         report = find_orphans(
             scoped,
             by_pid(snapshot),
-            node=self.node,
+            node=self.node or "",  # only read with an inventory, which always names the node
             inventory=self.inventory,
             current_run=current_run,
             established=self.established,

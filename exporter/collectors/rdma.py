@@ -33,7 +33,6 @@ from mlx_medic.platform.commands import (
 from mlx_medic.platform.macos_rdma import (
     IBV_DEVINFO_ARGV,
     IOCLASSCOUNT_ARGV,
-    RDMA_OBJECT_CLASSES,
     RdmaPort,
     no_devices,
     parse_ibv_devinfo,
@@ -96,10 +95,10 @@ class RdmaCollector(Collector):
         if counts is not None:
             family = GaugeMetricFamily(
                 "mlx_rdma_objects",
-                "Live RDMA objects in the kernel (ioclasscount "
-                + ", ".join(f"{kind}={cls}" for kind, cls in RDMA_OBJECT_CLASSES.items())
-                + "). Each device allows 11; objects held with no rank alive are leaked "
-                "until reboot.",
+                "Live RDMA objects in the kernel (ioclasscount: protection_domain ="
+                " AppleThunderboltRDMAProtectionDomain, queue_pair ="
+                " AppleThunderboltRDMAQueuePair). Each device allows 11; objects held with no"
+                " rank alive are leaked until reboot.",
                 labels=["kind"],
             )
             for kind, count in counts.items():

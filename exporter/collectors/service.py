@@ -1,14 +1,14 @@
 """`service`: is each model served from this node actually answering?
 
-Probes run in one background thread, one after another, every `interval` seconds
-(default 30, or `MLX_MEDIC_SERVICE_INTERVAL`); scrapes only read the last
-result. Why not probe on scrape: a hung server would then cost the scrape its
-whole timeout, and every extra scrape (two Prometheus replicas, a curl by hand)
-would send another request to the model, while concurrent requests can crash
-JACCL ranks (mlx-lm#1737). Here the request rate is fixed by the interval,
-probes never overlap (health.py's lock, shared with any remediator re-check in
-this process and, through the state dir, across processes), and a scrape returns
-at once.
+Probes run in one background thread, one after another, every
+`--collector.service.interval` seconds (default 30; `MLX_MEDIC_SERVICE_INTERVAL` when
+the flag is not given); scrapes only read the last result. Why not probe on scrape:
+a hung server would then cost the scrape its whole timeout, and every extra scrape
+(two Prometheus replicas, a curl by hand) would send another request to the model,
+while concurrent requests can crash JACCL ranks (mlx-lm#1737). Here the request rate
+is fixed by the interval, probes never overlap (health.py's lock, shared with any
+remediator re-check in this process and, through the state dir, across processes),
+and a scrape returns at once.
 
     mlx_model_up{model="glm-4_6-5b"} 1.0
     mlx_model_probe_duration_seconds{model="glm-4_6-5b"} 0.042
@@ -26,8 +26,9 @@ from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from mlx_medic.exporter.background import PeriodicWorker, interval_from_env
+from mlx_medic.exporter.background import PeriodicWorker
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
+from mlx_medic.exporter.settings import positive_seconds, setting
 from mlx_medic.health import ProbeResult, probe_model
 
 log = logging.getLogger("mlx_medic.exporter.service")
@@ -36,6 +37,15 @@ DEFAULT_INTERVAL = 30.0
 DEFAULT_TIMEOUT = 10.0
 
 Probe = Callable[..., ProbeResult]
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    interval: float = setting(DEFAULT_INTERVAL, "seconds between rounds of probes",
+                              positive_seconds, env="MLX_MEDIC_SERVICE_INTERVAL",
+                              metavar="SECONDS")
+    timeout: float = setting(DEFAULT_TIMEOUT, "seconds a probe may take before the model reads"
+                             " down", positive_seconds, metavar="SECONDS")
 
 
 @dataclass(frozen=True)
@@ -113,13 +123,12 @@ class ModelServiceCollector(Collector):
         if self._worker.started and self._first_wait > 0:
             self._worker.wait_first(self._first_wait)
             self._first_wait = 0.0
-        stale = self.interval + self.timeout
         up = GaugeMetricFamily(
             "mlx_model_up",
-            "1 if the model completed a real 1-token request within "
-            f"{self.timeout:g}s at its last probe, else 0 (/health is not enough). "
-            f"Probed in the background every {self.interval:g}s, one probe at a time, "
-            f"so the value may be up to {stale:g}s old; see mlx_model_probe_age_seconds.",
+            "1 if the model completed a real 1-token request within the probe timeout at its"
+            " last probe, else 0 (/health is not enough). Probed in the background, one probe"
+            " at a time (--collector.service.interval and .timeout, shown on the exporter's"
+            " landing page), so the value lags; mlx_model_probe_age_seconds says by how much.",
             labels=["model"],
         )
         duration = GaugeMetricFamily(
@@ -174,9 +183,11 @@ def _lock_dir(context: ExporterContext) -> Path | None:
     return path
 
 
-@register("service", help="probe each model served from this node with a real 1-token request")
+@register("service", help="probe each model served from this node with a real 1-token request",
+          settings=ServiceSettings)
 def make(context: ExporterContext) -> Collector:
+    settings = context.settings_for(ServiceSettings)
     targets = targets_for(context)
     lock_dir = _lock_dir(context) if targets else None
-    interval = interval_from_env("MLX_MEDIC_SERVICE_INTERVAL", DEFAULT_INTERVAL)
-    return ModelServiceCollector(targets, interval=interval, lock_dir=lock_dir)
+    return ModelServiceCollector(targets, interval=settings.interval, timeout=settings.timeout,
+                                 lock_dir=lock_dir)

@@ -18,11 +18,11 @@ RDMA-device JSON that no live rank points at (`MLX_HOSTFILE`, `MLX_IBV_DEVICES`)
 Other tmp files are not counted.
 
 Walking hundreds of gigabytes is slow, so it never happens on the scrape path:
-a background thread walks every `interval` seconds (default 60, or
-`MLX_MEDIC_TMPDIRS_INTERVAL`), and a scrape returns the last completed walk at
-once. Without an inventory no tmp dir is scanned (only the operator knows where
-`--tmpdir` points, and /tmp's `tmp*` entries belong to everyone); the launcher
-leftovers are still counted in the platform's default temp dir.
+a background thread walks every `--collector.tmpdirs.interval` seconds (default
+60; `MLX_MEDIC_TMPDIRS_INTERVAL` when the flag is not given), and a scrape returns
+the last completed walk at once. Without an inventory no tmp dir is scanned (only
+the operator knows where `--tmpdir` points, and /tmp's `tmp*` entries belong to
+everyone); the launcher leftovers are still counted in the platform's default temp dir.
 
     mlx_stale_tmp_dirs{dir="/Users/ai/.cache/mlx-share/glm-4_6-5b"} 212.0
     mlx_stale_tmp_bytes{dir="/Users/ai/.cache/mlx-share/glm-4_6-5b"} 8.77e+11
@@ -41,8 +41,9 @@ from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from mlx_medic.exporter.background import PeriodicWorker, interval_from_env
+from mlx_medic.exporter.background import PeriodicWorker
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
+from mlx_medic.exporter.settings import positive_seconds, setting
 from mlx_medic.platform.open_paths import PathsInUse, paths_in_use
 from mlx_medic.platform.temp_dirs import launch_temp_dirs
 from mlx_medic.platform.weighers import Weigher, default_weigher
@@ -218,8 +219,8 @@ class TmpDirsCollector(Collector):
 
     def _families(self, result: WalkResult | None) -> Iterator[Metric]:
         age_note = (
-            f" From the last background walk: up to {self.walker.interval:g}s plus one walk's"
-            " duration old (see mlx_stale_tmp_walk_timestamp_seconds)."
+            " From the last background walk (every --collector.tmpdirs.interval seconds), so"
+            " as old as mlx_stale_tmp_walk_timestamp_seconds says."
         )
         dirs = GaugeMetricFamily(
             "mlx_stale_tmp_dirs",
@@ -286,12 +287,17 @@ def watched_dirs(context: ExporterContext) -> list[WatchedDir]:
     return [WatchedDir(path, age) for path, age in ages.items()]
 
 
-def configured_interval() -> float:
-    return interval_from_env("MLX_MEDIC_TMPDIRS_INTERVAL", DEFAULT_INTERVAL)
+@dataclass(frozen=True)
+class TmpDirsSettings:
+    interval: float = setting(DEFAULT_INTERVAL, "seconds between background tmp walks",
+                              positive_seconds, env="MLX_MEDIC_TMPDIRS_INTERVAL",
+                              metavar="SECONDS")
 
 
-@register("tmpdirs", help="stale tmp dirs and mlx.launch leftovers (walked in the background)")
+@register("tmpdirs", help="stale tmp dirs and mlx.launch leftovers (walked in the background)",
+          settings=TmpDirsSettings)
 def make(context: ExporterContext) -> Collector:
+    settings = context.settings_for(TmpDirsSettings)
     inventory = context.inventory
     configured = list(inventory.launch_temp_dirs) if inventory is not None else []
     walker = TmpWalker(
@@ -299,5 +305,5 @@ def make(context: ExporterContext) -> Collector:
         launch_dirs=(lambda: configured) if configured else launch_temp_dirs,
         clock=context.clock,
     )
-    background = BackgroundWalker(walker.walk, configured_interval()).start()
+    background = BackgroundWalker(walker.walk, settings.interval).start()
     return TmpDirsCollector(background, clock=context.clock)

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from mlx_medic.exporter import log_follower, log_scanner
 from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector, sample_value
 from mlx_medic.exporter.collectors import logs as logs_module
-from mlx_medic.exporter.collectors.logs import FileHandle, LogsCollector
+from mlx_medic.exporter.collectors.logs import LogsCollector
+from mlx_medic.exporter.log_follower import FileHandle
 from mlx_medic.inventory import parse_inventory
 from mlx_medic.signatures import BUILTIN, signature_set
 
@@ -135,7 +137,7 @@ def test_only_the_bytes_added_since_the_last_scrape_are_read_and_counted(
     assert count(collector, log_file) == 2
     assert count(collector, log_file, "metal_gpu_timeout") == 1
     # the second scrape above read the new lines plus the 4 KiB head; the third, the head only
-    assert opener.bytes_read - before <= len(PD + NOISE) + 2 * logs_module.HEAD_BYTES
+    assert opener.bytes_read - before <= len(PD + NOISE) + 2 * log_follower.HEAD_BYTES
 
 
 def test_a_partial_last_line_waits_for_its_newline(log_file, state_dir):
@@ -280,7 +282,7 @@ def test_a_1mb_append_after_a_1gb_file_costs_about_1mb_of_reading(log_file, stat
         before = opener.bytes_read
         assert count(collector, log_file) == 2
         spent = opener.bytes_read - before
-        assert len(chunk) <= spent <= len(chunk) + logs_module.HEAD_BYTES
+        assert len(chunk) <= spent <= len(chunk) + log_follower.HEAD_BYTES
     finally:
         log_file.unlink()
 
@@ -326,7 +328,7 @@ def test_binary_garbage_is_read_without_crashing_and_real_errors_in_it_still_cou
 def test_a_very_long_line_is_judged_by_its_head_and_never_buffered_whole(
     log_file, state_dir, engine
 ):
-    cap = logs_module.MAX_LINE_BYTES
+    cap = log_scanner.MAX_LINE_BYTES
     head_error = PD.rstrip(b"\n") + b" " + b"x" * (5 * cap) + b"\n"  # counted: error at the head
     tail_error = b"y" * (5 * cap) + PD  # not counted: the error is past the cap
     log_file.write_bytes(head_error + tail_error + PD)
@@ -395,7 +397,7 @@ def test_a_huge_backlog_is_read_over_several_scrapes_within_a_per_scrape_budget(
         before = opener.bytes_read
         families = list(collector.collect())
         scrapes += 1
-        assert opener.bytes_read - before <= 256 * 1024 + logs_module.CHUNK_BYTES
+        assert opener.bytes_read - before <= 256 * 1024 + log_scanner.CHUNK_BYTES
         seen.append(sample_value(families, "mlx_log_errors_total",
                                  {"signature": "jaccl_protection_domain", "file": str(log_file)}))
         if sample_value(families, "mlx_log_unread_bytes", {"file": str(log_file)}) == 0:

@@ -39,7 +39,8 @@ time.sleep(3600)
 
 
 def scrape(cluster: Cluster, node: str, inventory: Path) -> dict[tuple, float]:
-    """One `mlx-medic exporter --once` inside the node's namespaces."""
+    """One `mlx-medic exporter --once` inside the node's namespaces, by name and labels
+    (without `node`, checked to be this node on every series)."""
     popen = cluster.node(node).spawn(
         [cluster.python, "-m", "mlx_medic.cli", "exporter", "--once",
          "--config.file", str(inventory), "--node", node,
@@ -54,7 +55,9 @@ def scrape(cluster: Cluster, node: str, inventory: Path) -> dict[tuple, float]:
     samples: dict[tuple, float] = {}
     for family in text_string_to_metric_families(out.decode()):
         for sample in family.samples:
-            samples[(sample.name, *sorted(sample.labels.items()))] = sample.value
+            labels = dict(sample.labels)
+            assert labels.pop("node") == node  # every series names the node it is from
+            samples[(sample.name, *sorted(labels.items()))] = sample.value
     return samples
 
 

@@ -209,10 +209,14 @@ def test_a_probe_that_raises_is_logged_and_the_loop_keeps_going(caplog, collecto
     assert "probe of model m at 127.0.0.1:9 failed to run" in caplog.text
 
 
-def test_help_says_how_old_the_value_may_be():
-    collector = ModelServiceCollector([], interval=30, timeout=10, start=False)
-    family = next(f for f in collector.collect() if getattr(f, "name", "") == "mlx_model_up")
-    assert "up to 40s old" in getattr(family, "documentation", "")
+def test_help_is_the_same_whatever_the_settings_and_the_age_is_a_series_of_its_own():
+    helps = []
+    for interval, timeout in ((30, 10), (300, 60)):
+        collector = ModelServiceCollector([], interval=interval, timeout=timeout, start=False)
+        helps.append({f.name: f.documentation for f in collector.collect()})
+    assert helps[0] == helps[1]
+    assert "mlx_model_probe_age_seconds" in helps[0]["mlx_model_up"]
+    assert "mlx_model_probe_age_seconds" in helps[0]
 
 
 # --- never two probes at once -------------------------------------------------

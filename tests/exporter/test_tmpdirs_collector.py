@@ -456,11 +456,15 @@ def test_before_the_first_walk_completes_only_the_walk_timestamp_is_exported():
         collector.close()
 
 
-def test_the_help_text_says_how_old_the_numbers_may_be():
-    background = BackgroundWalker(lambda: fake_result(1.0, 1), interval=120)
-    background.latest = fake_result(1.0, 1)
-    families = {f.name: f for f in TmpDirsCollector(background, first_scrape_wait=0).collect()}
-    assert "up to 120s" in families["mlx_stale_tmp_bytes"].documentation
+def test_the_help_text_is_the_same_whatever_the_interval_and_the_walk_time_is_a_series():
+    helps = []
+    for interval in (120, 3600):
+        background = BackgroundWalker(lambda: fake_result(1.0, 1), interval=interval)
+        background.latest = fake_result(1.0, 1)
+        families = {f.name: f for f in TmpDirsCollector(background, first_scrape_wait=0).collect()}
+        helps.append({name: family.documentation for name, family in families.items()})
+    assert helps[0] == helps[1]
+    assert "mlx_stale_tmp_walk_timestamp_seconds" in helps[0]["mlx_stale_tmp_bytes"]
 
 
 def test_a_failing_walk_makes_the_collector_fail_not_the_exporter():
