@@ -279,26 +279,20 @@ class Engine:
             "mlx_medic_remediation_in_progress", "1 while a run acts on the model.",
             ["model"], registry=registry,
         )
-        self.m_backend = Gauge(
-            "mlx_medic_backend", "1 for the backend the model was last verified on.",
+        self.m_last_verified_backend = Gauge(
+            "mlx_medic_last_verified_backend",
+            "1 for the backend the last remediation run verified the model serving on,"
+            " 0 for its other backends (all 0 until a run verified one).",
             ["model", "backend"], registry=registry,
         )
         self.m_escalations = Counter(
             "mlx_medic_escalations_total", "Escalations to a person, by reason.",
             ["model", "reason"], registry=registry,
         )
-        self.m_pd_debt = Gauge(
-            "mlx_medic_pd_debt",
-            "JACCL protection domains spent by remediation (SIGKILLed ranks, failed inits)"
-            " on the node since its last reboot.",
-            ["node"], registry=registry,
-        )
         for model in inventory.models:
             self.m_in_progress.labels(model=model.name).set(0)
             for backend, _spec in model.backends.in_order():
-                self.m_backend.labels(model=model.name, backend=backend).set(0)
-        for node in inventory.nodes:
-            self.m_pd_debt.labels(node=node.name).set(0)
+                self.m_last_verified_backend.labels(model=model.name, backend=backend).set(0)
         self.escalator = Escalator(
             journal, self.m_escalations, notify_url=config.notify_url,
             hostname=self.hostname, clock=clock,
@@ -706,7 +700,8 @@ class Engine:
                 if result.outcome == "ok":
                     if step.backend:
                         for backend, _ in model.backends.in_order():
-                            self.m_backend.labels(model=model.name, backend=backend).set(
+                            self.m_last_verified_backend.labels(
+                                model=model.name, backend=backend).set(
                                 1 if backend == step.backend else 0
                             )
                     on = f" on {step.backend}" if step.backend else ""

@@ -405,9 +405,10 @@ async def test_the_remediator_metrics_are_registered_with_their_contract_names(
     assert value("mlx_medic_remediations_total", {"model": MODEL, "outcome": "succeeded"}) == 1
     assert value("mlx_medic_remediation_duration_seconds_count") == 1
     assert value("mlx_medic_remediation_in_progress", {"model": MODEL}) == 0
-    assert value("mlx_medic_backend", {"model": MODEL, "backend": "ring"}) == 1
-    assert value("mlx_medic_backend", {"model": MODEL, "backend": "jaccl"}) == 0
-    assert value("mlx_medic_pd_debt", {"node": "ai002"}) == 0
+    backend = "mlx_medic_last_verified_backend"
+    assert value(backend, {"model": MODEL, "backend": "ring"}) == 1
+    assert value(backend, {"model": MODEL, "backend": "jaccl"}) == 0
+    assert value("mlx_medic_pd_debt", {"node": "ai002"}) is None  # the exporter's to serve
     names = {m.name for m in registry.collect()}
     assert {"mlx_medic_remediations", "mlx_medic_escalations"} <= names
 
