@@ -624,7 +624,16 @@ def _start_node(
             f"mkdir -p {shlex.quote(str(shared))}"
             f" && mount --bind {shlex.quote(str(staging))} {shlex.quote(str(shared))}"
         )
-    script = " && ".join([*stage, *binds, *restore])
+    # A node is a clean machine: the host user's shell start-up files do not run in its ssh
+    # sessions (pyenv's rehash there waits forever on a lock that a killed node left behind).
+    empty_rc = root / "empty-rc"
+    empty_rc.write_text("")
+    hide_rc = [
+        f"mount --bind {shlex.quote(str(empty_rc))} {shlex.quote(str(rc))}"
+        for rc in (Path.home() / n for n in (".bashrc", ".bash_profile", ".bash_login", ".profile"))
+        if rc.is_file()
+    ]
+    script = " && ".join([*stage, *binds, *restore, *hide_rc])
     script += f" && exec {SSHD} -D -e -f {shlex.quote(str(config))}"
     argv = [
         "unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
