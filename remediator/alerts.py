@@ -43,4 +43,4 @@ class Disposition(StrEnum):
     PAUSED = "paused"  # automatic action paused (all or this model)
     CIRCUIT_OPEN = "circuit_open"  # budget spent or unfixable: escalated, waiting for resume
     BACKOFF = "backoff"  # within the budget's backoff: journaled, not started
-    STALE = "stale"  # too old, or the model is up again
+    STALE = "stale"  # too old, or the playbook's re-check found it no longer holds (model up)

@@ -22,11 +22,10 @@ from prometheus_client import Counter
 
 from mlx_medic.inventory import Model
 from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.outcomes import EscalationReason
 
 log = logging.getLogger(__name__)
 
-# Closed set of `reason` label values for mlx_medic_escalations_total.
-ESCALATION_REASONS = ("budget_spent", "unrecoverable", "not_implemented", "step_failed")
 NOTIFY_TIMEOUT = 5.0
 
 
@@ -114,15 +113,17 @@ class Escalator:
     def escalate(
         self,
         model: str,
-        reason: str,
+        reason: EscalationReason,
         detail: str,
         next_action: str,
         *,
         run_id: int | None = None,
     ) -> bool:
         """Open the circuit; True if it opened now (False: it already was open)."""
-        if reason not in ESCALATION_REASONS:
-            raise ValueError(f"escalation reason must be one of {ESCALATION_REASONS}")
+        if reason not in set(EscalationReason):  # a closed set: the metric's `reason` label
+            known = ", ".join(EscalationReason)
+            raise ValueError(f"escalation reason must be one of {known}, not {reason!r}")
+        reason = EscalationReason(reason)
         now = self.clock()
         opened = self.journal.open_circuit(
             model, reason=f"{reason}: {detail}", next_action=next_action,

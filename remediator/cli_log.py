@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from mlx_medic.inventory import parse_duration
+from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.cli_common import (
     CliError,
     add_config_argument,
@@ -27,6 +28,7 @@ from mlx_medic.remediator.cli_common import (
     open_journal,
 )
 from mlx_medic.remediator.journal import ControlView, EventView, Journal, RunView, StepView
+from mlx_medic.remediator.outcomes import StepOutcome
 
 WIDTH = 100
 FOLLOW_INTERVAL = 1.0
@@ -91,7 +93,7 @@ def format_run(run: RunView) -> list[str]:
     ]
     for step in run.steps:
         lines.append(format_step(step))
-        if step.detail and step.outcome not in ("ok", "planned"):
+        if step.detail and step.outcome not in (StepOutcome.OK, StepOutcome.PLANNED):
             lines += _wrapped("   ", step.detail, indent=12)
     if run.detail:
         lines += _wrapped("why:  ", run.detail)
@@ -102,7 +104,7 @@ def format_run(run: RunView) -> list[str]:
 
 def format_step(step: StepView) -> str:
     what = " ".join(step.command) if step.command else step.description
-    took = "-" if step.outcome == "planned" else _took(step.duration)
+    took = "-" if step.outcome == StepOutcome.PLANNED else _took(step.duration)
     head = (
         f"      {step.seq:>2} {_cut(step.name, 14):<15}{_cut(step.node, 10):<11}"
         f"{step.outcome:<16}{took:>6}  "
@@ -125,7 +127,7 @@ def format_control(control: ControlView) -> list[str]:
 
 
 # Decisions that are not runs; repeats of a firing (duplicate, absorbed) are noise here.
-QUIET_EVENTS = ("duplicate", "absorbed")
+QUIET_EVENTS = (Disposition.DUPLICATE, Disposition.ABSORBED)
 EVENTS_SHOWN = 10
 
 

@@ -2,8 +2,9 @@
 
 Same playbook, same model lock (so it never races the service or the serve
 wrapper), same journal. Not held back by pause, budget or an open circuit: a
-person decided. Exit status: 0 succeeded or planned (dry run), 1 failed,
-escalated or interrupted, 2 usage or config error, 3 the model lock is held.
+person decided. Exit status: 0 succeeded or planned (dry run), 1 any other end
+(escalated, inconclusive, failed, interrupted), 2 usage or config error, 3 the model
+lock is held.
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ from mlx_medic.remediator.cli_common import (
     open_journal,
 )
 from mlx_medic.remediator.cli_log import RUN_HEADER, format_run
+from mlx_medic.remediator.config import ConfigError
 from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.outcomes import RunOutcome
 from mlx_medic.transport import SshTransport
 
-EXIT_BY_OUTCOME = {"succeeded": 0, "planned": 0, "locked": 3}
+EXIT_BY_OUTCOME: dict[str, int] = {
+    RunOutcome.SUCCEEDED: 0, RunOutcome.PLANNED: 0, RunOutcome.LOCKED: 3,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +49,11 @@ async def _remediate(args: argparse.Namespace) -> int:
         raise CliError(f"no model {args.model!r} in {config.inventory} (known: {known})")
     journal = open_journal(config)
     transport = SshTransport(inventory)
-    engine = Engine(config, inventory, journal, transport, registry=CollectorRegistry())
+    try:
+        engine = Engine(config, inventory, journal, transport, registry=CollectorRegistry())
+    except ConfigError as exc:
+        await transport.close()
+        raise CliError(f"config: {exc}") from exc
     try:
         run_id = await engine.run_manual(args.model, dry_run=args.dry_run or config.dry_run)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,7 +49,8 @@ class TlsConfig(_Strict):
 
 
 class RoutingConfig(_Strict):
-    """Which alert names start which playbook, and which label names the model."""
+    """Which alert names start which playbook (by name: the remediator's built-in
+    playbooks), and which label names the model."""
 
     playbooks: dict[str, str] = Field(default_factory=lambda: {"LLMModelDown": "recover"})
     model_label: str = Field(default="model", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -66,10 +68,15 @@ class RemediatorConfig(_Strict):
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     max_alert_age: Duration = Field(default=6 * 3600.0, description="older firings are stale")
     notify_url: str | None = Field(default=None, description="POSTed a JSON escalation")
+    node: str | None = Field(
+        default=None,
+        description="the inventory name of the node this remediator runs on, if it runs on"
+        " one (else `<state_dir>/node-id` is read); never guessed from addresses",
+    )
     probe_from: Literal["auto", "remediator", "head"] = Field(
         default="auto",
         description="where the re-check probes a model: 'auto' probes a loopback listener on"
-        " its head node over SSH (`medic_command probe`) unless the head is this machine;"
+        " its head node over SSH (`medic_command probe`) unless `node` is that head;"
         " 'head' always probes there; 'remediator' always probes from here",
     )
 
@@ -81,6 +88,19 @@ class RemediatorConfig(_Strict):
 
 class ConfigError(ValueError):
     pass
+
+
+def check_routing(routing: RoutingConfig, playbooks: Iterable[str]) -> None:
+    """Every routed playbook name is one the remediator has; else a ConfigError naming it."""
+    known = sorted(playbooks)
+    unknown = [
+        f"{alertname}: unknown playbook {name!r}"
+        for alertname, name in routing.playbooks.items() if name not in known
+    ]
+    if unknown:
+        raise ConfigError(
+            f"routing.playbooks: {'; '.join(unknown)} (playbooks: {', '.join(known) or 'none'})"
+        )
 
 
 def load_config(path: Path | None) -> RemediatorConfig:

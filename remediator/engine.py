@@ -14,58 +14,57 @@ is the safety argument:
   budget spent -> escalate, CIRCUIT_OPEN; within backoff -> BACKOFF
   else -> a new run, STARTED
 
-A run then re-checks that the model is still down, takes the model lock on the
-head node, and walks the playbook's plan, journaling each step before it starts.
+A run then asks its playbook whether the alert still holds (`recover`: is the model
+still down? "could not tell" is not down), takes the model lock on the head node, and
+walks the playbook's plan of steps, journaling each step before it starts. The engine
+owns the control flow: fallback steps only after a failed verify, a verify that could
+not tell ends the run inconclusive, and a step that did nothing, failed, or found a
+state a restart cannot fix escalates to a person.
+
+The engine is given its playbooks as instances by name (`builtin_playbooks()` unless
+told otherwise); the config routes alert names to those names.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import ipaddress
-import json
 import logging
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from mlx_medic.inventory import Inventory, Model, Node, is_loopback
+from mlx_medic.inventory import Inventory, Model
 from mlx_medic.model_lock import LockHandle, ModelLocks
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
 from mlx_medic.remediator.budget import Budget, Escalator, resume_hint
-from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.config import RemediatorConfig, check_routing
 from mlx_medic.remediator.journal import Journal, RunView, owner_tag
-from mlx_medic.remediator.playbook import (
-    PlannedStep,
-    Playbook,
+from mlx_medic.remediator.model_health import HealthVerdict, probe_model_health, remediator_node
+from mlx_medic.remediator.outcomes import EscalationReason, RunOutcome, StepOutcome
+from mlx_medic.remediator.playbooks import Playbook, builtin_playbooks
+from mlx_medic.remediator.steps import (
+    HealthCheck,
     RunContext,
+    Step,
+    StepDescription,
+    StepKind,
     StepResult,
-    load_playbook,
 )
 from mlx_medic.transport import NodeTransport, TransportError
 
 log = logging.getLogger("mlx_medic.remediator.engine")
 
-HealthCheck = Callable[[Model], Awaitable[Any]]
-PROBE_TIMEOUT = 10.0
-# `mlx-medic probe` on the head: may wait a probe's length for the node's probe lock,
-# then probe; plus its own start-up.
-REMOTE_PROBE_TIMEOUT = 2 * PROBE_TIMEOUT + 15.0
-ProbeFrom = Literal["auto", "remediator", "head"]
 SEEN_CACHE = 100_000
 FLUSH_DELAY = 0.05
 # The storm's repeats: journaled in batches (see Journal.flush); every other decision
 # is on disk before submit returns.
 _DEFERRED = {Disposition.DUPLICATE, Disposition.ABSORBED}
-_WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
-# Probed on the head itself, a server listening on every address answers on loopback.
-_LOOPBACK_FOR_WILDCARD = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 
 
 @dataclass
@@ -83,155 +82,12 @@ class _Run:
     firing: tuple[str, str] | None = None
 
 
-@dataclass(frozen=True)
-class HealthVerdict:
-    up: bool
-    conclusive: bool
-    reason: str
+class _End(NamedTuple):
+    """How a run ended, as journaled: outcome, why, and the next action for on-call."""
 
-
-def is_loopback_host(host: str) -> bool:
-    """127.0.0.0/8, ::1 or localhost: an address that means "the machine you are on"."""
-    return is_loopback(host.strip().lower().rstrip("."))
-
-
-def local_addresses() -> set[str]:
-    """This machine's interface addresses (IPv6 scope suffixes dropped)."""
-    import psutil
-
-    found: set[str] = set()
-    for entries in psutil.net_if_addrs().values():
-        for entry in entries:
-            if entry.family in (socket.AF_INET, socket.AF_INET6):
-                found.add(entry.address.split("%", 1)[0])
-    return found
-
-
-def head_is_this_machine(
-    ssh_address: str, *, hostnames: Iterable[str], addresses: Iterable[str]
-) -> bool:
-    """Is the node reached at `ssh_address` the machine we run on?
-
-    Only a sure match counts (loopback, one of our interface addresses, our exact host
-    name; no DNS): a wrong "yes" would probe our own loopback and act on a model that
-    may be up, a wrong "no" only costs an SSH round trip to ourselves.
-    """
-    address = ssh_address.strip().lower().rstrip(".")
-    if is_loopback_host(address):
-        return True
-    try:
-        wanted = ipaddress.ip_address(address)
-    except ValueError:
-        return address in {h.strip().lower().rstrip(".") for h in hostnames if h}
-    for candidate in addresses:
-        with contextlib.suppress(ValueError):
-            if ipaddress.ip_address(candidate.split("%", 1)[0]) == wanted:
-                return True
-    return False
-
-
-def probes_on_head(
-    model: Model, head: Node, probe_from: ProbeFrom, *, hostname: str
-) -> bool:
-    """Must the re-check run on the head (over SSH) rather than from here?"""
-    if probe_from != "auto":
-        return probe_from == "head"
-    if not is_loopback_host(model.host):
-        return False  # a wildcard or a real address is reachable from here
-    if is_loopback_host(head.ssh):
-        return False  # the head is this machine (no need to list our interfaces)
-    return not head_is_this_machine(
-        head.ssh, hostnames={hostname, socket.gethostname()}, addresses=local_addresses()
-    )
-
-
-async def default_health_check(
-    model: Model,
-    inventory: Inventory,
-    *,
-    transport: NodeTransport | None = None,
-    probe_from: ProbeFrom = "auto",
-    hostname: str | None = None,
-) -> HealthVerdict:
-    """`mlx_medic.health.probe_model_async` on the model's server, from where that
-    server can be reached: a loopback listener on another machine is probed on its
-    head node with `mlx-medic probe` over SSH (see `probes_on_head`); a wildcard
-    listen address means the head node's own address."""
-    head = inventory.node(model.head)
-    if transport is not None and probes_on_head(
-        model, head, probe_from, hostname=hostname or socket.gethostname()
-    ):
-        return await _probe_on_head(model, head, inventory, transport)
-    try:
-        from mlx_medic import health
-    except ImportError as exc:
-        log.error("mlx_medic.health is not available (%s); treating the model as down", exc)
-        return HealthVerdict(False, True, f"no health probe available: {exc}")
-    host = model.host
-    if host in _WILDCARD_HOSTS:
-        host = head.ssh
-    result = await health.probe_model_async(host, model.port, timeout=PROBE_TIMEOUT)
-    return HealthVerdict(bool(result.up), bool(getattr(result, "conclusive", True)), result.reason)
-
-
-async def _probe_on_head(
-    model: Model, head: Node, inventory: Inventory, transport: NodeTransport
-) -> HealthVerdict:
-    """Run `medic_command probe` on the head; anything but a clean up/down answer is
-    inconclusive (the engine does not act on it)."""
-    host = _LOOPBACK_FOR_WILDCARD.get(model.host, model.host)
-    argv = [
-        head.medic_command, "probe", "--host", host, "--port", str(model.port),
-        "--timeout", f"{PROBE_TIMEOUT:g}", "--lock-dir", str(inventory.state_dir / "locks"),
-    ]
-    where = f"on {head.name}"
-    try:
-        result = await transport.run(head, argv, timeout=REMOTE_PROBE_TIMEOUT)
-    except Exception as exc:  # TransportError mostly; not knowing is never "down"
-        return HealthVerdict(False, False, f"could not probe {where}: {exc}")
-    if result.timed_out:
-        return HealthVerdict(
-            False, False, f"`{head.medic_command} probe` {where} gave no answer within"
-            f" {REMOTE_PROBE_TIMEOUT:g}s",
-        )
-    answer = _parse_probe_output(result.stdout)
-    if answer is not None and result.exit_status in (0, 1, 3):
-        up, conclusive, reason = answer
-        if result.exit_status == 3 or not conclusive:
-            return HealthVerdict(False, False, f"{where}: {reason}")
-        if up == (result.exit_status == 0):
-            return HealthVerdict(up, True, f"{where}: {reason}")
-    said = (result.stderr.strip() or result.stdout.strip() or "no output")[-300:]
-    return HealthVerdict(
-        False, False, f"`{head.medic_command} probe` {where} exited"
-        f" {result.exit_status} without a verdict: {said}",
-    )
-
-
-def _parse_probe_output(stdout: str) -> tuple[bool, bool, str] | None:
-    """(up, conclusive, reason) from the probe's JSON line, or None if it is not one."""
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    if not lines:
-        return None
-    try:
-        answer = json.loads(lines[-1])
-    except ValueError:
-        return None
-    if not isinstance(answer, dict):
-        return None
-    up, conclusive, reason = answer.get("up"), answer.get("conclusive"), answer.get("reason")
-    if not (isinstance(up, bool) and isinstance(conclusive, bool) and isinstance(reason, str)):
-        return None
-    return up, conclusive, reason[:500]
-
-
-def _verdict(result: Any) -> HealthVerdict:
-    if isinstance(result, HealthVerdict):
-        return result
-    if isinstance(result, bool):
-        return HealthVerdict(result, True, "up" if result else "down")
-    conclusive = bool(getattr(result, "conclusive", True))
-    return HealthVerdict(bool(result.up), conclusive, str(getattr(result, "reason", "")))
+    outcome: RunOutcome
+    detail: str
+    next_action: str | None = None
 
 
 class Engine:
@@ -242,14 +98,20 @@ class Engine:
         journal: Journal,
         transport: NodeTransport,
         *,
+        playbooks: Mapping[str, Playbook] | None = None,
         health_check: HealthCheck | None = None,
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.time,
         hostname: str | None = None,
         lock_lease: float = 90.0,
     ):
+        """`playbooks`: name -> instance, the names `config.routing` may use (the
+        built-in ones by default); a routed name it lacks is a ConfigError."""
+        self.playbooks = dict(builtin_playbooks() if playbooks is None else playbooks)
+        check_routing(config.routing, self.playbooks)
         self.config = config
         self.inventory = inventory
+        self.this_node = remediator_node(config.node, inventory)
         self.journal = journal
         self.transport = transport
         self.clock = clock
@@ -257,14 +119,13 @@ class Engine:
         self.owner = owner_tag(self.hostname)
         self._health_check = health_check
         self.locks = ModelLocks(
-            inventory, transport, this_node=None, hostname=self.hostname, clock=clock,
+            inventory, transport, this_node=self.this_node, hostname=self.hostname, clock=clock,
             lease=lock_lease,
         )
         self.budget = Budget(journal, clock)
         self._runs: dict[str, _Run] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._playbooks: dict[str, Playbook] = {}
         self._closing = False
         self._flush_handle: asyncio.TimerHandle | None = None
 
@@ -280,26 +141,20 @@ class Engine:
             "mlx_medic_remediation_in_progress", "1 while a run acts on the model.",
             ["model"], registry=registry,
         )
-        self.m_backend = Gauge(
-            "mlx_medic_backend", "1 for the backend the model was last verified on.",
+        self.m_last_verified_backend = Gauge(
+            "mlx_medic_last_verified_backend",
+            "1 for the backend the last remediation run verified the model serving on,"
+            " 0 for its other backends (all 0 until a run verified one).",
             ["model", "backend"], registry=registry,
         )
         self.m_escalations = Counter(
             "mlx_medic_escalations_total", "Escalations to a person, by reason.",
             ["model", "reason"], registry=registry,
         )
-        self.m_pd_debt = Gauge(
-            "mlx_medic_pd_debt",
-            "JACCL protection domains spent by remediation (SIGKILLed ranks, failed inits)"
-            " on the node since its last reboot.",
-            ["node"], registry=registry,
-        )
         for model in inventory.models:
             self.m_in_progress.labels(model=model.name).set(0)
             for backend, _spec in model.backends.in_order():
-                self.m_backend.labels(model=model.name, backend=backend).set(0)
-        for node in inventory.nodes:
-            self.m_pd_debt.labels(node=node.name).set(0)
+                self.m_last_verified_backend.labels(model=model.name, backend=backend).set(0)
         self.escalator = Escalator(
             journal, self.m_escalations, notify_url=config.notify_url,
             hostname=self.hostname, clock=clock,
@@ -402,11 +257,6 @@ class Engine:
         if len(self._seen) > SEEN_CACHE:
             self._seen.popitem(last=False)
 
-    def _playbook(self, name: str) -> Playbook:
-        if name not in self._playbooks:
-            self._playbooks[name] = load_playbook(name)
-        return self._playbooks[name]
-
     async def submit(self, event: AlertEvent) -> Disposition:
         """Decide, journal, maybe queue a run. Never runs a playbook inline."""
         label = self.config.routing.model_label
@@ -485,7 +335,7 @@ class Engine:
             decision = self.budget.check(model)
             if decision.spent:
                 self.escalator.escalate(
-                    model.name, "budget_spent", decision.reason,
+                    model.name, EscalationReason.BUDGET_SPENT, decision.reason,
                     f"find out why {model.name} keeps failing (`mlx-medic log --model"
                     f" {model.name}`) and fix it; {resume_hint(model.name)}",
                 )
@@ -496,11 +346,6 @@ class Engine:
                 self._event(Disposition.BACKOFF, event, model=model.name, detail=decision.reason)
                 return Disposition.BACKOFF
 
-        try:
-            playbook = self._playbook(playbook_name)
-        except ValueError as exc:
-            self._event(Disposition.UNROUTED, event, model=model.name, detail=str(exc))
-            return Disposition.UNROUTED
         run_id = self.journal.create_alert_run(
             model=model.name, playbook=playbook_name, owner=self.owner, now=self.clock(),
             alertname=event.alertname, fingerprint=event.fingerprint, starts_at=key[1],
@@ -511,7 +356,8 @@ class Engine:
             self._event(Disposition.DUPLICATE, event, model=model.name,
                         detail="firing recorded by another process")
             return Disposition.DUPLICATE
-        run = _Run(run_id, model.name, playbook, dry_run, "alert", {event.fingerprint}, firing=key)
+        run = _Run(run_id, model.name, self.playbooks[playbook_name], dry_run, "alert",
+                   {event.fingerprint}, firing=key)
         self._runs[model.name] = run
         self._spawn(run)
         self._event(Disposition.STARTED, event, model=model.name, run_id=run_id,
@@ -534,18 +380,17 @@ class Engine:
 
     def _cancel_queued(self, run: _Run, why: str) -> None:
         run.cancelled = True
-        self._finish(run, "cancelled", why)
+        self._finish(run, _End(RunOutcome.CANCELLED, why))
         if run.task is not None:
             run.task.cancel()
 
-    def _finish(
-        self, run: _Run, outcome: str, detail: str, next_action: str | None = None
-    ) -> None:
+    def _finish(self, run: _Run, end: _End) -> None:
         """Journal the end of a run once, count it, free the model's slot."""
         if run.ended:
             return
         run.ended = True
         now = self.clock()
+        outcome, detail, next_action = end
         self.journal.end_run(run.run_id, outcome, now, detail, next_action)
         self.m_remediations.labels(model=run.model, outcome=outcome).inc()
         view = self.journal.get_run(run.run_id)
@@ -560,20 +405,21 @@ class Engine:
     # --- runs -------------------------------------------------------------
 
     async def run_manual(self, model_name: str, *, dry_run: bool) -> int:
-        """Run the model's playbook now, by hand: same lock, same journal; no budget,
-        pause or circuit (a person decided). Returns the run id once it has ended."""
+        """Run the model's playbook now, by hand: same lock, same journal; no re-check,
+        budget, pause or circuit (a person decided). Returns the run id once it has ended."""
         try:
             model = self.inventory.model(model_name)
         except KeyError:
             known = ", ".join(m.name for m in self.inventory.models) or "none"
             raise KeyError(f"no model {model_name!r} in the inventory (known: {known})") from None
         playbook_name = self.config.routing.playbooks.get("LLMModelDown", "recover")
-        playbook = self._playbook(playbook_name)
+        if playbook_name not in self.playbooks:
+            raise KeyError(f"no playbook {playbook_name!r} (playbooks: {sorted(self.playbooks)})")
         run_id = self.journal.create_run(
             model=model.name, playbook=playbook_name, trigger_kind="manual", owner=self.owner,
             now=self.clock(), dry_run=dry_run,
         )
-        run = _Run(run_id, model.name, playbook, dry_run, "manual")
+        run = _Run(run_id, model.name, self.playbooks[playbook_name], dry_run, "manual")
         self._runs.setdefault(model.name, run)
         self._spawn(run)
         assert run.task is not None
@@ -581,19 +427,17 @@ class Engine:
         return run_id
 
     async def _health(self, model: Model) -> HealthVerdict:
+        """The model's health verdict; a probe that broke could not tell."""
         try:
             if self._health_check is not None:
-                result = self._health_check(model)
-                if inspect.isawaitable(result):
-                    result = await result
-                return _verdict(result)
-            return await default_health_check(
+                return await self._health_check(model)
+            return await probe_model_health(
                 model, self.inventory, transport=self.transport,
-                probe_from=self.config.probe_from, hostname=self.hostname,
+                probe_from=self.config.probe_from, this_node=self.this_node,
             )
-        except Exception as exc:  # a broken probe must not hide an outage
+        except Exception as exc:
             log.warning("health check of %s failed: %s", model.name, exc)
-            return HealthVerdict(False, True, f"health check raised {type(exc).__name__}: {exc}")
+            return HealthVerdict.unknown(f"health check raised {type(exc).__name__}: {exc}")
 
     def _forget_firing(self, run: _Run) -> None:
         """Let a redelivery of this firing try again (nothing was done for it)."""
@@ -606,149 +450,176 @@ class Engine:
         ended, so the next run of the model never finds our own lock still there."""
         model = self.inventory.model(run.model)
         holding: list[LockHandle] = []
-        result: tuple[str, str, str | None] | None = None
+        end: _End | None = None
         try:
-            result = await self._attempt(run, model, holding)
+            end = await self._attempt(run, model, holding)
         except asyncio.CancelledError:
             if not run.ended:
                 self._interrupt_steps(run)
-                result = ("interrupted", "the remediator stopped during this run", None)
+                end = _End(RunOutcome.INTERRUPTED, "the remediator stopped during this run")
             raise
         except Exception as exc:
             log.exception("run %s of %s crashed", run.run_id, model.name)
             self._interrupt_steps(run)
-            result = ("failed", f"internal error: {type(exc).__name__}: {exc}", None)
+            end = _End(RunOutcome.FAILED, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self.m_in_progress.labels(model=model.name).set(0)
             for handle in holding:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.locks.release(handle))
-            if result is not None:
-                self._finish(run, *result)
+            if end is not None:
+                self._finish(run, end)
 
-    async def _attempt(
-        self, run: _Run, model: Model, holding: list[LockHandle]
-    ) -> tuple[str, str, str | None]:
-        """Re-check, lock, walk the plan: (outcome, detail, next action)."""
+    async def _attempt(self, run: _Run, model: Model, holding: list[LockHandle]) -> _End:
+        """Re-check (the playbook's), lock, walk the plan."""
+        context = RunContext(
+            model=model, inventory=self.inventory, transport=self.transport,
+            run_id=run.run_id, health=self._health, log=log,
+        )
         if run.trigger == "alert":
             control = self.journal.blocking_control(model.name)
             if control is not None:
                 self._forget_firing(run)
-                return "skipped", f"{control.kind} set before the run started", None
-            verdict = await self._health(model)
-            if verdict.up:
-                self._event(Disposition.STALE, None, model=model.name, run_id=run.run_id,
-                            detail=f"model is up again: {verdict.reason}")
-                return "skipped", f"model is up again: {verdict.reason}", None
-            if not verdict.conclusive:
-                self._forget_firing(run)
-                return "skipped", f"could not confirm {model.name} is down: {verdict.reason}", None
+                return _End(RunOutcome.SKIPPED, f"{control.kind} set before the run started")
+            verdict = await run.playbook.recheck(context)
+            if not verdict.should_act:
+                if verdict.retry:
+                    self._forget_firing(run)
+                else:
+                    self._event(Disposition.STALE, None, model=model.name, run_id=run.run_id,
+                                detail=verdict.reason)
+                return _End(RunOutcome.SKIPPED, verdict.reason)
+            log.info("run %s of %s acts: %s", run.run_id, model.name, verdict.reason,
+                     extra={"model": model.name, "run_id": run.run_id})
         holder = "manual" if run.trigger == "manual" else "remediator"
         run.phase = "starting"  # no longer cancellable: a half-taken lock must not leak
         handle = await self.locks.acquire(model.name, holder, str(run.run_id))
         if handle is None:
             why = self.locks.refusals.get(model.name, "locked")
-            return "locked", why if why.startswith("locked") else f"locked: {why}", None
+            return _End(RunOutcome.LOCKED, why if why.startswith("locked") else f"locked: {why}")
         holding.append(handle)
         run.phase = "executing"
         self.journal.start_run(run.run_id, self.clock())
         self.m_in_progress.labels(model=model.name).set(1)
-        return await self._walk(run, model)
+        return await self._walk(run, model, context)
 
     def _interrupt_steps(self, run: _Run) -> None:
         view = self.journal.get_run(run.run_id)
         for step in view.steps if view else []:
-            if step.outcome == "running":
-                self.journal.end_step(step.id, "interrupted", self.clock(),
+            if step.outcome == StepOutcome.RUNNING:
+                self.journal.end_step(step.id, StepOutcome.INTERRUPTED, self.clock(),
                                       detail="the run stopped while this step ran")
 
-    async def _walk(self, run: _Run, model: Model) -> tuple[str, str, str | None]:
-        """Walk the plan: (outcome, detail, next action for on-call)."""
+    async def _walk(self, run: _Run, model: Model, context: RunContext) -> _End:
+        """Walk the plan: each step journaled before it starts, its result deciding what
+        comes next."""
         plan = run.playbook.plan(model, self.inventory)
         if not plan:
-            return "failed", "the playbook planned no steps", None
+            return _End(RunOutcome.FAILED, "the playbook planned no steps")
+        described = [step.describe() for step in plan]
         if run.dry_run:
-            for seq, step in enumerate(plan, 1):
-                self._begin_step(run, seq, step, outcome="planned")
-            return "planned", f"dry run: {len(plan)} steps planned, nothing executed", None
+            for seq, about in enumerate(described, 1):
+                self._begin_step(run, seq, about, outcome=StepOutcome.PLANNED)
+            return _End(
+                RunOutcome.PLANNED, f"dry run: {len(plan)} steps planned, nothing executed"
+            )
 
         self.journal.mark_counted(run.run_id)
-        context = RunContext(
-            model=model, inventory=self.inventory, transport=self.transport,
-            run_id=run.run_id, dry_run=False, health_check=self._health_bool, log=log,
-        )
         step_timeout = max(model.policy.start_timeout, self.inventory.ssh.command_timeout) + 60
         verify_failed = False
-        for seq, step in enumerate(plan, 1):
+        for seq, (step, about) in enumerate(zip(plan, described, strict=True), 1):
             if step.fallback and not verify_failed:
                 continue
-            step_id = self._begin_step(run, seq, step)
-            try:
-                result = await asyncio.wait_for(run.playbook.execute(step, context), step_timeout)
-            except TimeoutError:
-                result = StepResult("failed", detail=f"no end after {step_timeout:g}s")
-            except TransportError as exc:
-                result = StepResult("failed", detail=str(exc))
-            except Exception as exc:
-                log.exception("step %s of run %s raised", step.name, run.run_id)
-                result = StepResult("failed", detail=f"{type(exc).__name__}: {exc}")
+            step_id = self._begin_step(run, seq, about)
+            result = await self._run_step(run.run_id, step, about, context, step_timeout)
             self.journal.end_step(
                 step_id, result.outcome, self.clock(), exit_status=result.exit_status,
                 output=result.output, detail=result.detail,
             )
-            where = f"{step.name} on {step.node}"
-            if result.outcome == "not_implemented":
-                remaining = _summarise([s for s in plan[seq - 1 :] if not s.fallback])
+            where = f"{about.name} on {about.node}"
+            if result.outcome == StepOutcome.NOT_IMPLEMENTED:
+                remaining = _summarise(
+                    [d for s, d in zip(plan[seq - 1 :], described[seq - 1 :], strict=True)
+                     if not s.fallback]
+                )
                 detail = f"step {where} has no implementation yet; nothing was done to {model.name}"
                 action = f"recover {model.name} by hand ({remaining}); {resume_hint(model.name)}"
-                return self._escalate(run, "not_implemented", detail, action)
-            if step.kind == "escalate" or result.unrecoverable:
+                return self._escalate(run, EscalationReason.NOT_IMPLEMENTED, detail, action)
+            if result.unrecoverable:
                 detail = result.detail or f"{where} found a state a restart cannot fix"
-                action = (result.next_action or f"recover {model.name} by hand")
+                action = result.next_action or f"recover {model.name} by hand"
                 return self._escalate(
-                    run, "unrecoverable", detail, f"{action}; {resume_hint(model.name)}"
+                    run, EscalationReason.UNRECOVERABLE, detail,
+                    f"{action}; {resume_hint(model.name)}",
                 )
-            if step.kind == "verify":
-                if result.outcome == "ok":
-                    if step.backend:
-                        for backend, _ in model.backends.in_order():
-                            self.m_backend.labels(model=model.name, backend=backend).set(
-                                1 if backend == step.backend else 0
-                            )
-                    on = f" on {step.backend}" if step.backend else ""
-                    return "succeeded", f"{model.name} verified healthy{on}", None
+            if result.outcome == StepOutcome.INCONCLUSIVE:
+                return _End(
+                    RunOutcome.INCONCLUSIVE, f"step {where}: {result.detail}",
+                    f"find out by hand whether {model.name} serves on {model.head}"
+                    f" ({model.host}:{model.port}); the run: `mlx-medic log --model {model.name}`",
+                )
+            if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.OK:
+                self._verified(model, result.backend)
+                on = f" on {result.backend}" if result.backend else ""
+                return _End(RunOutcome.SUCCEEDED, f"{model.name} verified healthy{on}")
+            if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.FAILED:
                 verify_failed = True
                 continue
-            if result.outcome == "failed":
-                detail = f"step {where} failed: {result.detail}".rstrip(": ")
-                action = (
-                    f"read the step's output (`mlx-medic log --model {model.name}`), recover"
-                    f" by hand; {resume_hint(model.name)}"
-                )
-                return self._escalate(run, "step_failed", detail, action)
+            if result.outcome in (StepOutcome.OK, StepOutcome.SKIPPED):
+                continue
+            ended = "failed" if result.outcome == StepOutcome.FAILED else f"ended {result.outcome}"
+            detail = f"step {where} {ended}: {result.detail}".rstrip(": ")
+            action = (
+                f"read the step's output (`mlx-medic log --model {model.name}`), recover"
+                f" by hand; {resume_hint(model.name)}"
+            )
+            return self._escalate(run, EscalationReason.STEP_FAILED, detail, action)
         return self._escalate(
-            run, "step_failed", "the playbook ended without a verified start",
+            run, EscalationReason.STEP_FAILED, "the playbook ended without a verified start",
             f"recover {model.name} by hand; {resume_hint(model.name)}",
         )
 
+    async def _run_step(
+        self, run_id: int, step: Step, about: StepDescription, context: RunContext,
+        timeout: float,
+    ) -> StepResult:
+        """The step's own result; a step that raised or overran has failed."""
+        try:
+            return await asyncio.wait_for(step.run(context), timeout)
+        except TimeoutError:
+            return StepResult(StepOutcome.FAILED, detail=f"no end after {timeout:g}s")
+        except TransportError as exc:
+            return StepResult(StepOutcome.FAILED, detail=str(exc))
+        except Exception as exc:
+            log.exception("step %s of run %s raised", about.name, run_id)
+            return StepResult(StepOutcome.FAILED, detail=f"{type(exc).__name__}: {exc}")
+
+    def _verified(self, model: Model, backend: str | None) -> None:
+        if backend is None:
+            return
+        for name, _spec in model.backends.in_order():
+            self.m_last_verified_backend.labels(model=model.name, backend=name).set(
+                1 if name == backend else 0
+            )
+
     def _escalate(
-        self, run: _Run, reason: str, detail: str, next_action: str
-    ) -> tuple[str, str, str | None]:
+        self, run: _Run, reason: EscalationReason, detail: str, next_action: str
+    ) -> _End:
         self.escalator.escalate(run.model, reason, detail, next_action, run_id=run.run_id)
-        return "escalated", detail, next_action
+        return _End(RunOutcome.ESCALATED, detail, next_action)
 
-    async def _health_bool(self, model: Model) -> bool:
-        return (await self._health(model)).up
-
-    def _begin_step(self, run: _Run, seq: int, step: PlannedStep, outcome: str = "running") -> int:
+    def _begin_step(
+        self, run: _Run, seq: int, about: StepDescription,
+        outcome: StepOutcome = StepOutcome.RUNNING,
+    ) -> int:
         return self.journal.begin_step(
-            run.run_id, seq=seq, name=step.name, node=step.node, command=step.argv,
-            description=step.description, targets=list(step.targets), now=self.clock(),
+            run.run_id, seq=seq, name=about.name, node=about.node, command=about.argv,
+            description=about.description, targets=list(about.targets), now=self.clock(),
             outcome=outcome,
         )
 
 
-def _summarise(steps: list[PlannedStep]) -> str:
+def _summarise(steps: list[StepDescription]) -> str:
     """`stop-service on ai001, sweep on ai001, ai002, then start-jaccl on ai001`."""
     groups: list[tuple[str, list[str]]] = []
     for step in steps:

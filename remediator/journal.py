@@ -20,21 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-OUTPUT_CAP = 4000  # characters of command output kept per step
+from mlx_medic.remediator.outcomes import RUN_ENDED, RUN_IN_FLIGHT, RunOutcome, StepOutcome
 
-# Run outcomes. `queued`/`running` are in flight; the rest are final.
-RUN_IN_FLIGHT = ("queued", "running")
-RUN_OUTCOMES = (
-    "succeeded",    # verified healthy after the playbook
-    "failed",       # a step failed and nothing escalated
-    "escalated",    # handed to a person; the circuit is open
-    "planned",      # dry run: every step journaled, nothing executed
-    "skipped",      # the model was up again when the run was due
-    "locked",       # another holder had the model lock
-    "cancelled",    # resolved while still queued
-    "interrupted",  # the process stopped (crash, kill, shutdown) mid-run
-)
-STEP_OUTCOMES = ("running", "ok", "failed", "planned", "not_implemented", "skipped", "interrupted")
+OUTPUT_CAP = 4000  # characters of command output kept per step
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -322,7 +310,8 @@ class Journal:
     def start_run(self, run_id: int, now: float) -> None:
         with self._tx() as db:
             db.execute(
-                "UPDATE runs SET outcome='running', started_at=? WHERE id=?", (now, run_id)
+                "UPDATE runs SET outcome=?, started_at=? WHERE id=?",
+                (RunOutcome.RUNNING.value, now, run_id),
             )
 
     def mark_counted(self, run_id: int) -> None:
@@ -333,17 +322,18 @@ class Journal:
     def end_run(
         self,
         run_id: int,
-        outcome: str,
+        outcome: RunOutcome,
         now: float,
         detail: str = "",
         next_action: str | None = None,
     ) -> None:
-        if outcome not in RUN_OUTCOMES:
-            raise ValueError(f"unknown run outcome {outcome!r}; expected one of {RUN_OUTCOMES}")
+        if outcome not in RUN_ENDED:
+            ended = ", ".join(RUN_ENDED)
+            raise ValueError(f"unknown run outcome {outcome!r}; expected one of {ended}")
         with self._tx() as db:
             db.execute(
                 "UPDATE runs SET outcome=?, detail=?, next_action=?, ended_at=? WHERE id=?",
-                (outcome, detail, next_action, now, run_id),
+                (RunOutcome(outcome).value, detail, next_action, now, run_id),
             )
 
     def begin_step(
@@ -357,7 +347,7 @@ class Journal:
         description: str,
         targets: list[str],
         now: float,
-        outcome: str = "running",
+        outcome: StepOutcome = StepOutcome.RUNNING,
     ) -> int:
         """Written before the step starts: a crash leaves it `running`."""
         with self._tx() as db:
@@ -367,8 +357,8 @@ class Journal:
                 (
                     run_id, seq, name, node,
                     None if command is None else json.dumps(command),
-                    description, json.dumps(targets), outcome, now,
-                    None if outcome == "running" else now,
+                    description, json.dumps(targets), StepOutcome(outcome).value, now,
+                    None if outcome == StepOutcome.RUNNING else now,
                 ),
             )
             return int(cursor.lastrowid or 0)
@@ -376,15 +366,16 @@ class Journal:
     def end_step(
         self,
         step_id: int,
-        outcome: str,
+        outcome: StepOutcome,
         now: float,
         *,
         exit_status: int | None = None,
         output: str = "",
         detail: str = "",
     ) -> None:
-        if outcome not in STEP_OUTCOMES:
-            raise ValueError(f"unknown step outcome {outcome!r}; expected one of {STEP_OUTCOMES}")
+        if outcome not in set(StepOutcome):
+            known = ", ".join(StepOutcome)
+            raise ValueError(f"unknown step outcome {outcome!r}; expected one of {known}")
         if len(output) > OUTPUT_CAP:
             half = OUTPUT_CAP // 2
             output = output[:half] + "\n[... output cut ...]\n" + output[-half:]
@@ -392,7 +383,7 @@ class Journal:
             db.execute(
                 "UPDATE steps SET outcome=?, exit_status=?, output=?, detail=?, ended_at=?"
                 " WHERE id=?",
-                (outcome, exit_status, output, detail, now, step_id),
+                (StepOutcome(outcome).value, exit_status, output, detail, now, step_id),
             )
 
     def mark_interrupted(self, now: float | None = None, hostname: str | None = None) -> list[int]:
@@ -403,7 +394,7 @@ class Journal:
         host = hostname or _this_host()
         ids: list[int] = []
         for row in self._query(
-            "SELECT id, owner FROM runs WHERE outcome IN ('queued','running')"
+            "SELECT id, owner FROM runs WHERE outcome IN (?, ?)", [o.value for o in RUN_IN_FLIGHT]
         ):
             owner_host, _, pid = str(row["owner"]).rpartition(":")
             if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
@@ -413,16 +404,16 @@ class Journal:
         marks = ",".join("?" * len(ids))
         with self._tx() as db:
             db.execute(
-                f"UPDATE steps SET outcome='interrupted', ended_at=?,"
+                f"UPDATE steps SET outcome=?, ended_at=?,"
                 f" detail='the remediator stopped while this step ran'"
-                f" WHERE outcome='running' AND run_id IN ({marks})",
-                (now, *ids),
+                f" WHERE outcome=? AND run_id IN ({marks})",
+                (StepOutcome.INTERRUPTED.value, now, StepOutcome.RUNNING.value, *ids),
             )
             db.execute(
-                f"UPDATE runs SET outcome='interrupted', ended_at=?,"
+                f"UPDATE runs SET outcome=?, ended_at=?,"
                 f" detail='the remediator stopped during this run; found at start-up'"
                 f" WHERE id IN ({marks})",
-                (now, *ids),
+                (RunOutcome.INTERRUPTED.value, now, *ids),
             )
         return ids
 
@@ -725,10 +716,10 @@ def _insert_run(
     cursor = db.execute(
         "INSERT INTO runs (model, playbook, trigger_kind, alertname, fingerprint,"
         " starts_at, labels, dry_run, owner, outcome, queued_at)"
-        " VALUES (?,?,?,?,?,?,?,?,?,'queued',?)",
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
         (
             model, playbook, trigger_kind, alertname, fingerprint, starts_at,
-            json.dumps(labels, sort_keys=True), int(dry_run), owner, now,
+            json.dumps(labels, sort_keys=True), int(dry_run), owner, RunOutcome.QUEUED.value, now,
         ),
     )
     return int(cursor.lastrowid or 0)

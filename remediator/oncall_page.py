@@ -13,17 +13,20 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
+from mlx_medic.remediator.outcomes import RunOutcome, StepOutcome
+
 REFRESH_SECONDS = 30
 OUTPUT_EXCERPT_CHARS = 2000
 
-# Outcome words map to a closed set of CSS classes; a value is never used as a class name.
-_OUTCOME_CLASS = {
-    "ok": "good", "success": "good", "succeeded": "good", "done": "good", "recovered": "good",
-    "completed": "good", "planned": "info", "dry_run": "info", "dry-run": "info",
-    "skipped": "info", "queued": "info", "running": "busy", "in_progress": "busy",
-    "started": "busy", "failed": "bad", "error": "bad", "timeout": "bad",
-    "interrupted": "bad", "escalated": "bad", "cancelled": "muted", "canceled": "muted",
-    "stale": "muted", "resolved": "muted", "locked": "muted", "not_implemented": "info",
+# Outcomes map to a closed set of CSS classes; a value is never used as a class name.
+_OUTCOME_CLASS: dict[str, str] = {
+    RunOutcome.SUCCEEDED: "good", StepOutcome.OK: "good",
+    RunOutcome.PLANNED: "info", RunOutcome.SKIPPED: "info", RunOutcome.QUEUED: "info",
+    StepOutcome.NOT_IMPLEMENTED: "info",
+    RunOutcome.RUNNING: "busy",
+    RunOutcome.FAILED: "bad", RunOutcome.ESCALATED: "bad", RunOutcome.INTERRUPTED: "bad",
+    RunOutcome.INCONCLUSIVE: "bad", RunOutcome.UNREACHABLE: "bad", StepOutcome.UNKILLABLE: "bad",
+    RunOutcome.CANCELLED: "muted", RunOutcome.LOCKED: "muted",
 }
 
 _CSS = """
@@ -151,7 +154,7 @@ def _command(value: Any) -> str:
 
 
 def _render_step(step: Mapping[str, Any]) -> str:
-    outcome = _first(step, "outcome") or "running"
+    outcome = _first(step, "outcome") or StepOutcome.RUNNING
     klass = _outcome_class(outcome)
     command = _command(step.get("command"))
     output = _output(step.get("output"))
@@ -180,7 +183,7 @@ def _render_step(step: Mapping[str, Any]) -> str:
 
 
 def _render_run(run: Mapping[str, Any]) -> str:
-    outcome = _first(run, "outcome") or "running"
+    outcome = _first(run, "outcome") or RunOutcome.RUNNING
     klass = _outcome_class(outcome)
     next_action = _first(run, "next_action")
     meta = [

@@ -14,6 +14,7 @@ import signal
 import socket
 import ssl
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,16 @@ from prometheus_client import CollectorRegistry
 from mlx_medic.inventory import InventoryError, load_inventory
 from mlx_medic.listen_address import parse_listen
 from mlx_medic.remediator.auth import AuthError, Credentials, load_credentials
-from mlx_medic.remediator.config import ConfigError, RemediatorConfig, TlsConfig, load_config
+from mlx_medic.remediator.config import (
+    ConfigError,
+    RemediatorConfig,
+    TlsConfig,
+    check_routing,
+    load_config,
+)
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
-from mlx_medic.remediator.playbook import PlaybookError, load_playbook
+from mlx_medic.remediator.playbooks import Playbook, builtin_playbooks
 from mlx_medic.remediator.webapp import make_app
 from mlx_medic.transport import SshTransport
 
@@ -78,7 +85,14 @@ def effective_config(args: argparse.Namespace) -> RemediatorConfig:
     return config.model_copy(update=overrides)
 
 
-async def serve(config: RemediatorConfig, credentials: Credentials | None) -> None:
+async def serve(
+    config: RemediatorConfig,
+    credentials: Credentials | None,
+    playbooks: Mapping[str, Playbook] | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT; `playbooks` (name -> instance) are the ones the
+    config may route to, the built-in ones unless given."""
+    playbooks = builtin_playbooks() if playbooks is None else playbooks
     try:
         host, port = parse_listen(config.listen, default_host="127.0.0.1")
     except ValueError as exc:
@@ -89,11 +103,10 @@ async def serve(config: RemediatorConfig, credentials: Credentials | None) -> No
     except InventoryError as exc:
         raise StartupError(exc.report()) from exc
 
-    for playbook in sorted(set(config.routing.playbooks.values())):
-        try:
-            load_playbook(playbook)
-        except PlaybookError as exc:
-            raise StartupError(f"routing.playbooks: {exc}") from exc
+    try:
+        check_routing(config.routing, playbooks)
+    except ConfigError as exc:
+        raise StartupError(f"config: {exc}") from exc
     try:
         config.journal.parent.mkdir(parents=True, exist_ok=True)
         journal = Journal(config.journal)
@@ -102,8 +115,13 @@ async def serve(config: RemediatorConfig, credentials: Credentials | None) -> No
 
     registry = CollectorRegistry()
     transport = SshTransport(inventory)
-    engine = Engine(config, inventory, journal, transport,
-                    registry=registry, hostname=socket.gethostname())
+    try:
+        engine = Engine(config, inventory, journal, transport, playbooks=playbooks,
+                        registry=registry, hostname=socket.gethostname())
+    except ConfigError as exc:
+        await transport.close()
+        journal.close()
+        raise StartupError(f"config: {exc}") from exc
     app = make_app(engine, journal, config, registry, credentials)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
@@ -128,6 +146,7 @@ async def serve(config: RemediatorConfig, credentials: Credentials | None) -> No
                 s.split()[0].lower() for s in credentials.challenge()),
             "dry_run": config.dry_run, "inventory": str(config.inventory),
             "journal": str(config.journal), "models": [m.name for m in inventory.models],
+            "node": engine.this_node,
         })
         await stop.wait()
         log.info("stopping", extra={"reason": "signal"})
@@ -147,7 +166,7 @@ def _lean_logging() -> None:
     logging.logMultiprocessing = False
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, playbooks: Mapping[str, Playbook] | None = None) -> int:
     _lean_logging()
     try:
         config = effective_config(args)
@@ -155,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         if credentials is None:
             log.warning("serving WITHOUT authentication (insecure_no_auth): anyone who can"
                         " reach the port can trigger remediations")
-        asyncio.run(serve(config, credentials))
+        asyncio.run(serve(config, credentials, playbooks))
     except (StartupError, AuthError) as exc:
         print(f"mlx-medic remediator: {exc}", file=sys.stderr)
         return 2

@@ -266,13 +266,20 @@ def write_config(path: Path, settings: dict[str, Any]) -> Path:
     return path
 
 
+# The real entry point, and the same with the test playbooks registered beside the built-ins.
+REMEDIATOR = ("mlx_medic.cli", "remediator")
+REMEDIATOR_WITH_TEST_PLAYBOOKS = ("tests.remediator.service_with_test_playbooks",)
+
+
 def start_service(config_file: Path, journal: Path, workdir: Path, *extra_args: str,
-                  env: dict[str, str] | None = None) -> Service:
+                  env: dict[str, str] | None = None,
+                  command: tuple[str, ...] = REMEDIATOR) -> Service:
     port = free_port()
     stderr_path = workdir / f"remediator-{port}.log"
+    module, *subcommand = command
     with stderr_path.open("wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mlx_medic.cli", "remediator", "--config.file",
+            [sys.executable, "-m", module, *subcommand, "--config.file",
              str(config_file), "--web.listen-address", f"127.0.0.1:{port}", *extra_args],
             cwd=workdir, env=env or subprocess_env(), stdout=subprocess.DEVNULL, stderr=stderr,
         )
@@ -384,18 +391,16 @@ def wait_until(predicate: Any, timeout: float = 30, interval: float = 0.2,
 
 # --- the real service on the simulated cluster ---------------------------------------
 
-ROUTING = {
-    "LLMModelDown": "recover",
-    "SlowDown": "tests.remediator.slow_playbook:SlowPlaybook",
-    "FlapDown": "tests.remediator.slow_playbook:QuickRecoveringPlaybook",
-}
+ROUTING = {"LLMModelDown": "recover", "SlowDown": "slow", "FlapDown": "quick-recovering"}
 
 
 @dataclass
 class Stack:
-    """Files for a real `mlx-medic remediator` whose models live on the testbed's head node
-    (the model lock is taken there over SSH); nothing listens on the models' ports, so
-    the health re-check finds them down."""
+    """Files for a real `mlx-medic remediator` (with the test playbooks of
+    tests.remediator.slow_playbook) whose models live on the testbed's head node: the
+    model lock is taken there over SSH, and the re-check probes the models' loopback
+    listeners there with `mlx-medic probe` (the remediator runs on no node). Nothing
+    listens on the models' ports, so the re-check finds them down."""
 
     cluster: Any
     workdir: Path
@@ -418,7 +423,8 @@ class Stack:
         return write_config(self.workdir / name, base)
 
     def start(self, *args: str, config: Path | None = None) -> Service:
-        service = start_service(config or self.config(), self.journal_path, self.workdir, *args)
+        service = start_service(config or self.config(), self.journal_path, self.workdir, *args,
+                                command=REMEDIATOR_WITH_TEST_PLAYBOOKS)
         self.started.append(service)
         return service
 
@@ -445,8 +451,11 @@ def stack(clean_cluster: Any, tmp_path: Path, services: list[Service]) -> Stack:
          "policy": policy}
         for name in ("m1", "m2")
     ]
+    data = yaml.safe_load(clean_cluster.inventory_yaml(models))
+    # sshd's PATH is minimal: the head runs this venv's mlx-medic for the re-check's probe
+    data["nodes"]["ai001"]["medic_command"] = str(Path(sys.executable).parent / "mlx-medic")
     inventory = workdir / "inventory.yaml"
-    inventory.write_text(clean_cluster.inventory_yaml(models))
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
     return Stack(clean_cluster, workdir, workdir / "token", inventory,
                  workdir / "journal.sqlite", services)
 

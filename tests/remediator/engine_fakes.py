@@ -1,23 +1,41 @@
 """Helpers for the remediator core tests: an inventory, alerts, a controllable
-health check and playbooks that succeed, fail, or wait to be released."""
+health check, and playbooks (instances, handed to the engine) that succeed, fail, wait
+to be released, or act while the model is up."""
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Inventory, Model, parse_inventory
+from mlx_medic.inventory import BackendName, Inventory, Model, parse_inventory
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
-from mlx_medic.remediator.playbook import PlannedStep, Playbook, RunContext, StepResult
+from mlx_medic.remediator.model_health import HealthVerdict, ModelState
+from mlx_medic.remediator.outcomes import StepOutcome
+from mlx_medic.remediator.playbooks import (
+    Playbook,
+    RecheckVerdict,
+    RecoverPlaybook,
+    recheck_model_down,
+)
+from mlx_medic.remediator.steps import (
+    Escalate,
+    RunContext,
+    Step,
+    StepDescription,
+    StepKind,
+    StepResult,
+    Verify,
+)
 from mlx_medic.transport import LocalTransport, NodeTransport
 
 MODEL = "glm-4_6-5b"
@@ -78,82 +96,154 @@ def alert(
 
 
 class Health:
-    """Health check double: `up` decides; `gate` (when set) holds runs queued."""
+    """Health check double: `verdicts` are answered first, in order; then `up` decides
+    (up or down, never "could not tell"). `gate` (when set) holds runs queued."""
 
-    def __init__(self, up: bool = False):
+    def __init__(self, up: bool = False, verdicts: list[HealthVerdict] | None = None):
         self.up = up
+        self.verdicts = list(verdicts or [])
         self.calls = 0
         self.gate: asyncio.Event | None = None
 
-    async def __call__(self, model: Model) -> bool:
+    async def __call__(self, model: Model) -> HealthVerdict:
         self.calls += 1
         if self.gate is not None:
             await self.gate.wait()
-        return self.up
+        if self.verdicts:
+            return self.verdicts.pop(0)
+        return HealthVerdict.up("up") if self.up else HealthVerdict.down("down")
 
 
-class Gate:
-    """Process-wide release switch for GatedPlaybook (one per test)."""
+# --- steps ---------------------------------------------------------------------------
 
-    release: asyncio.Event | None = None
-    entered: asyncio.Event | None = None
+@dataclass(frozen=True, kw_only=True)
+class Touch(Step):
+    """A harmless action on the head that succeeds."""
 
-    @classmethod
-    def reset(cls) -> None:
-        cls.release = asyncio.Event()
-        cls.entered = asyncio.Event()
+    model: Model
+    name: str = "touch"
 
+    def describe(self) -> StepDescription:
+        return StepDescription(self.name, self.model.head, "a harmless action",
+                               targets=[self.model.name])
 
-class SucceedingPlaybook(Playbook):
-    """One action and a verify that passes: a run that 'fixes' the model."""
-
-    name = "succeeding"
-
-    def plan(self, model: Model, inventory: Inventory) -> list[PlannedStep]:
-        return [
-            PlannedStep("touch", model.head, "a harmless action", targets=[model.name]),
-            PlannedStep("verify-ring", model.head, "health", kind="verify", backend="ring"),
-        ]
-
-    async def execute(self, step: PlannedStep, context: RunContext) -> StepResult:
-        return StepResult("ok", detail=f"{step.name} done")
+    async def run(self, context: RunContext) -> StepResult:
+        return StepResult(StepOutcome.OK, detail=f"{self.name} done")
 
 
-class GatedPlaybook(SucceedingPlaybook):
-    """Like SucceedingPlaybook, but its first step waits for Gate.release."""
+@dataclass(frozen=True, kw_only=True)
+class PassingVerify(Step):
+    """A verify that passes whatever the health check says: the run 'fixes' the model."""
 
-    async def execute(self, step: PlannedStep, context: RunContext) -> StepResult:
-        if step.name == "touch":
-            assert Gate.release is not None and Gate.entered is not None
-            Gate.entered.set()
-            await Gate.release.wait()
-        return StepResult("ok", detail=f"{step.name} done")
+    kind: ClassVar[StepKind] = StepKind.VERIFY
+    model: Model
+
+    def describe(self) -> StepDescription:
+        return StepDescription("verify-ring", self.model.head, "health")
+
+    async def run(self, context: RunContext) -> StepResult:
+        return StepResult(StepOutcome.OK, detail="verify-ring done", backend="ring")
 
 
-class UnrecoverablePlaybook(SucceedingPlaybook):
+@dataclass(frozen=True, kw_only=True)
+class WaitForRelease(Touch):
+    """Says it entered, then waits until its playbook's gate is released."""
+
+    gate: GatedPlaybook
+
+    async def run(self, context: RunContext) -> StepResult:
+        self.gate.entered.set()
+        await self.gate.release.wait()
+        return await super().run(context)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FindsUnkillableRanks(Touch):
     """The sweep finds ranks that survive SIGKILL: only a reboot helps."""
 
-    async def execute(self, step: PlannedStep, context: RunContext) -> StepResult:
+    async def run(self, context: RunContext) -> StepResult:
         return StepResult(
-            "failed",
+            StepOutcome.FAILED,
             detail="3 ranks in uninterruptible state survive SIGKILL",
             unrecoverable=True,
             next_action="reboot ai002: 3 ranks in uninterruptible state survive SIGKILL",
         )
 
 
-PLAYBOOKS = {
-    "succeeding": f"{__name__}:SucceedingPlaybook",
-    "gated": f"{__name__}:GatedPlaybook",
-    "unrecoverable": f"{__name__}:UnrecoverablePlaybook",
-}
+# --- playbooks -----------------------------------------------------------------------
+
+class SucceedingPlaybook(Playbook):
+    """Recover's re-check, one action and a verify that passes."""
+
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        return [Touch(model=model), PassingVerify(model=model)]
+
+    async def recheck(self, context: RunContext) -> RecheckVerdict:
+        return await recheck_model_down(context)
+
+
+class GatedPlaybook(SucceedingPlaybook):
+    """Like SucceedingPlaybook, but its first step waits for `release` (after setting
+    `entered`): a run that holds the model until the test lets go."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        return [WaitForRelease(model=model, gate=self), PassingVerify(model=model)]
+
+
+class UnrecoverablePlaybook(SucceedingPlaybook):
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        return [FindsUnkillableRanks(model=model), PassingVerify(model=model)]
+
+
+class StartAndVerifyPlaybook(SucceedingPlaybook):
+    """Recover's shape with harmless starts: start and the real verify per backend, the
+    later backends as fallbacks, then escalate."""
+
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        steps: list[Step] = []
+        for index, (backend, _spec) in enumerate(model.backends.in_order()):
+            steps += [Touch(model=model, name=f"start-{backend}", fallback=index > 0),
+                      Verify(model=model, backend=backend, fallback=index > 0)]
+        return [*steps, Escalate(model=model, fallback=True)]
+
+
+class ActsWhileUpPlaybook(Playbook):
+    """Like a playbook that removes orphans from a serving model: acts only while the
+    model is up, then checks it still serves."""
+
+    backend: ClassVar[BackendName] = "jaccl"
+
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        return [Touch(model=model, name="remove-orphans"),
+                Verify(model=model, backend=self.backend)]
+
+    async def recheck(self, context: RunContext) -> RecheckVerdict:
+        verdict = await context.health(context.model)
+        if verdict.state is ModelState.UP:
+            return RecheckVerdict.act(f"model is up: {verdict.reason}")
+        return RecheckVerdict.skip(f"not while the model is {verdict.state}: {verdict.reason}")
+
+
+def fake_playbooks() -> dict[str, Playbook]:
+    """Fresh instances by name, beside the built-in `recover`."""
+    return {
+        "recover": RecoverPlaybook(),
+        "succeeding": SucceedingPlaybook(),
+        "gated": GatedPlaybook(),
+        "unrecoverable": UnrecoverablePlaybook(),
+        "start-and-verify": StartAndVerifyPlaybook(),
+        "acts-while-up": ActsWhileUpPlaybook(),
+    }
 
 
 def make_config(tmp_path: Path, playbook: str = "recover", **overrides: Any) -> RemediatorConfig:
-    name = PLAYBOOKS.get(playbook, playbook)
     data: dict[str, Any] = {
         "journal": tmp_path / "journal" / "journal.sqlite",
-        "routing": {"playbooks": {"LLMModelDown": name}},
+        "routing": {"playbooks": {"LLMModelDown": playbook}},
     }
     data.update(overrides)
     return RemediatorConfig.model_validate(data)
@@ -163,6 +253,7 @@ def make_engine(
     config: RemediatorConfig,
     inventory: Inventory,
     *,
+    playbooks: dict[str, Playbook] | None = None,
     transport: NodeTransport | None = None,
     health: Any = None,
     hostname: str = "replica-a",
@@ -170,6 +261,7 @@ def make_engine(
     registry: CollectorRegistry | None = None,
     tmp_path: Path | None = None,
 ) -> Engine:
+    """An engine with `fake_playbooks()`, and `playbooks` over them (e.g. a test's gate)."""
     if transport is None:
         assert tmp_path is not None
         transport = LocalTransport(tmp_path / "nodes")
@@ -178,6 +270,7 @@ def make_engine(
         inventory,
         journal or Journal(config.journal),
         transport,
+        playbooks={**fake_playbooks(), **(playbooks or {})},
         health_check=health if health is not None else Health(up=False),
         registry=registry or CollectorRegistry(),
         hostname=hostname,

@@ -1,44 +1,81 @@
-"""Test playbooks routed by alert name (`routing.playbooks: {X: tests.remediator.slow_playbook:Y}`):
+"""Test playbooks for the real service (`service_with_test_playbooks` registers them):
 a run that lasts long enough to be killed in the middle, and a quick one that "recovers"."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
+from typing import ClassVar
 
 from mlx_medic.inventory import Inventory, Model
-from mlx_medic.remediator.playbook import PlannedStep, Playbook, RunContext, StepResult
+from mlx_medic.remediator.outcomes import StepOutcome
+from mlx_medic.remediator.playbooks import Playbook, RecheckVerdict, recheck_model_down
+from mlx_medic.remediator.steps import (
+    RunContext,
+    Step,
+    StepDescription,
+    StepKind,
+    StepResult,
+    Verify,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hold(Step):
+    """Holds the model (and its lock) for `seconds`."""
+
+    model: Model
+    seconds: float
+
+    def describe(self) -> StepDescription:
+        return StepDescription("hold", self.model.head,
+                               f"hold {self.model.name} for {self.seconds:g}s",
+                               targets=[self.model.name])
+
+    async def run(self, context: RunContext) -> StepResult:
+        await asyncio.sleep(self.seconds)
+        return StepResult(StepOutcome.OK, detail=f"held {self.seconds:g}s", output="held")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimsRecovery(Step):
+    """A verify that says the model is serving again, though it falls over again."""
+
+    kind: ClassVar[StepKind] = StepKind.VERIFY
+    model: Model
+
+    def describe(self) -> StepDescription:
+        return StepDescription("verify", self.model.head, f"claims {self.model.name} is up")
+
+    async def run(self, context: RunContext) -> StepResult:
+        return StepResult(StepOutcome.OK, detail="restarted (and it will fall over again)")
 
 
 class SlowPlaybook(Playbook):
     """Holds the model for `hold_seconds` in a step of its own, then verifies."""
 
-    name = "slow"
-    hold_seconds = 60.0
+    def __init__(self, hold_seconds: float = 60.0) -> None:
+        self.hold_seconds = hold_seconds
 
-    def plan(self, model: Model, inventory: Inventory) -> list[PlannedStep]:
-        return [
-            PlannedStep("hold", model.head, f"hold {model.name} for {self.hold_seconds:g}s",
-                        targets=[model.name]),
-            PlannedStep("verify", model.head, f"health probe of {model.name}",
-                        targets=[f"{model.host}:{model.port}"], kind="verify"),
-        ]
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        backend = model.backends.in_order()[0][0]
+        return [Hold(model=model, seconds=self.hold_seconds),
+                Verify(model=model, backend=backend)]
 
-    async def execute(self, step: PlannedStep, context: RunContext) -> StepResult:
-        if step.kind == "verify":
-            healthy = await context.health_check(context.model)
-            return StepResult("ok" if healthy else "failed", detail=f"healthy={healthy}")
-        await asyncio.sleep(self.hold_seconds)
-        return StepResult("ok", detail=f"held {self.hold_seconds:g}s", output="held")
+    async def recheck(self, context: RunContext) -> RecheckVerdict:
+        return await recheck_model_down(context)
 
 
 class QuickRecoveringPlaybook(SlowPlaybook):
     """Acts briefly and reports the model healthy, though it falls over again: the
     restart loop the budget exists for. Each run succeeds and spends budget."""
 
-    name = "quick-recovering"
-    hold_seconds = 0.1
+    def __init__(self) -> None:
+        super().__init__(hold_seconds=0.1)
 
-    async def execute(self, step: PlannedStep, context: RunContext) -> StepResult:
-        if step.kind == "verify":
-            return StepResult("ok", detail="restarted (and it will fall over again)")
-        return await super().execute(step, context)
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        return [Hold(model=model, seconds=self.hold_seconds), ClaimsRecovery(model=model)]
+
+
+def slow_playbooks() -> dict[str, Playbook]:
+    return {"slow": SlowPlaybook(), "quick-recovering": QuickRecoveringPlaybook()}

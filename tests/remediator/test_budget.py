@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from mlx_medic.remediator.budget import Budget, Escalator
 from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.outcomes import EscalationReason
 from tests.remediator.engine_fakes import MODEL, make_inventory
 
 
@@ -104,9 +105,9 @@ async def test_an_escalation_opens_the_circuit_counts_and_posts_to_the_notify_ur
         escalator = Escalator(journal, counter(registry), hostname="replica-a",
                               notify_url=f"http://127.0.0.1:{unused_tcp_port}/page")
         next_action = "reboot ai002: 3 ranks in uninterruptible state survive SIGKILL"
-        assert escalator.escalate(MODEL, "unrecoverable", "ranks survive SIGKILL",
+        assert escalator.escalate(MODEL, EscalationReason.UNRECOVERABLE, "ranks survive SIGKILL",
                                   next_action, run_id=3)
-        assert not escalator.escalate(MODEL, "unrecoverable", "again", next_action)
+        assert not escalator.escalate(MODEL, EscalationReason.UNRECOVERABLE, "again", next_action)
         await escalator.drain()
     finally:
         await runner.cleanup()
@@ -126,7 +127,7 @@ async def test_a_failing_notify_url_is_journaled_and_never_raises(
     escalator = Escalator(journal, counter(CollectorRegistry()),
                           notify_url=f"http://127.0.0.1:{unused_tcp_port}/nobody-listens",
                           notify_timeout=2.0)
-    escalator.escalate(MODEL, "budget_spent", "3 runs in 1h", "find out why")
+    escalator.escalate(MODEL, EscalationReason.BUDGET_SPENT, "3 runs in 1h", "find out why")
     await asyncio.wait_for(escalator.drain(), 5)
     (failed,) = journal.list_events(kind="notify_failed")
     assert "POST http://127.0.0.1" in failed.detail and failed.model == MODEL
@@ -135,4 +136,4 @@ async def test_a_failing_notify_url_is_journaled_and_never_raises(
 def test_an_unknown_escalation_reason_is_refused(journal: Journal) -> None:
     escalator = Escalator(journal, counter(CollectorRegistry()))
     with pytest.raises(ValueError, match="reason must be one of"):
-        escalator.escalate(MODEL, "bored", "x", "y")
+        escalator.escalate(MODEL, "bored", "x", "y")  # type: ignore[arg-type]

@@ -19,10 +19,10 @@ from mlx_medic.remediator import cli_log
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.outcomes import RunOutcome
 from tests.remediator.engine_fakes import (
     MODEL,
     OTHER,
-    PLAYBOOKS,
     alert,
     inventory_text,
     make_engine,
@@ -60,7 +60,7 @@ def fill_journal(tmp_path: Path, config_file: Path) -> None:
         await engine.wait_idle()
         await engine.close()
         failing = RemediatorConfig.model_validate(
-            {**raw, "routing": {"playbooks": {"LLMModelDown": PLAYBOOKS["unrecoverable"]}}})
+            {**raw, "routing": {"playbooks": {"LLMModelDown": "unrecoverable"}}})
         engine = make_engine(failing, inventory, tmp_path=tmp_path)
         await engine.submit(alert("bad1", OTHER))
         await engine.wait_idle()
@@ -144,7 +144,7 @@ def test_log_follow_prints_a_run_again_when_it_changes(tmp_path: Path) -> None:
 
     def between_rounds(_seconds: float) -> None:
         journal.start_run(run_id, time.time())
-        journal.end_run(run_id, "succeeded", time.time(), "verified healthy on ring")
+        journal.end_run(run_id, RunOutcome.SUCCEEDED, time.time(), "verified healthy on ring")
 
     cli_log.follow(journal, None, None, 20, as_json=True, out=out, rounds=2,
                    sleep=between_rounds)
@@ -156,7 +156,7 @@ def test_pause_and_resume_reach_a_running_engine_and_say_what_they_did(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config_file = write_config(tmp_path, routing={"playbooks": {
-        "LLMModelDown": PLAYBOOKS["succeeding"]}})
+        "LLMModelDown": "succeeding"}})
     config = config_of(config_file)
     inventory = parse_inventory(Path(config.inventory).read_text())
 

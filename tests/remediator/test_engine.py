@@ -16,14 +16,16 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory import Inventory, parse_inventory
-from mlx_medic.remediator.alerts import AlertStatus, Disposition
+from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
+from mlx_medic.remediator.config import ConfigError
 from mlx_medic.remediator.engine import Engine
-from mlx_medic.remediator.journal import Journal, owner_tag
+from mlx_medic.remediator.journal import Journal, RunView, owner_tag
+from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.transport import LocalTransport, SshTransport
 from tests.remediator.engine_fakes import (
     MODEL,
     OTHER,
-    Gate,
+    GatedPlaybook,
     Health,
     alert,
     dead_pid,
@@ -39,9 +41,9 @@ def inventory() -> Inventory:
 
 
 @pytest.fixture
-async def gate() -> type[Gate]:
-    Gate.reset()
-    return Gate
+def gate() -> GatedPlaybook:
+    """A run of the "gated" playbook holds the model until the test releases it."""
+    return GatedPlaybook()
 
 
 @pytest.fixture
@@ -51,6 +53,14 @@ async def engines() -> AsyncIterator[list[Engine]]:
     yield made
     for engine in made:
         await engine.close()
+
+
+async def only_run(engine: Engine, event: AlertEvent) -> RunView:
+    """Submit an alert that starts a run, wait for it to end; the journal's only run."""
+    assert await engine.submit(event) == Disposition.STARTED
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    return run
 
 
 def outcome_of(engine: Engine, run_id: int | None = None) -> str:
@@ -75,16 +85,17 @@ async def test_a_hundred_concurrent_deliveries_of_one_alert_start_exactly_one_ru
 
 
 async def test_a_hundred_different_alerts_for_a_model_in_progress_give_one_run(
-    tmp_path: Path, inventory: Inventory, engines: list[Engine], gate: type[Gate]
+    tmp_path: Path, inventory: Inventory, engines: list[Engine], gate: GatedPlaybook
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "gated"), inventory, tmp_path=tmp_path)
+    engine = make_engine(make_config(tmp_path, "gated"), inventory, playbooks={"gated": gate},
+                         tmp_path=tmp_path)
     engines.append(engine)
     assert await engine.submit(alert("first")) == Disposition.STARTED
-    await asyncio.wait_for(gate.entered.wait(), 5)  # type: ignore[union-attr]
+    await asyncio.wait_for(gate.entered.wait(), 5)
     results = await asyncio.gather(*(engine.submit(alert(f"fp{i}")) for i in range(100)))
     assert results == [Disposition.ABSORBED] * 100
     assert engine.m_in_progress.labels(model=MODEL)._value.get() == 1
-    gate.release.set()  # type: ignore[union-attr]
+    gate.release.set()
     await engine.wait_idle()
     assert [r.outcome for r in engine.journal.list_runs()] == ["succeeded"]
     absorbed = engine.journal.list_events(kind="absorbed", limit=1000)
@@ -129,14 +140,15 @@ async def test_a_resolved_alert_cancels_its_run_while_still_queued(
 
 
 async def test_a_resolved_alert_does_not_stop_a_run_already_executing(
-    tmp_path: Path, inventory: Inventory, engines: list[Engine], gate: type[Gate]
+    tmp_path: Path, inventory: Inventory, engines: list[Engine], gate: GatedPlaybook
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "gated"), inventory, tmp_path=tmp_path)
+    engine = make_engine(make_config(tmp_path, "gated"), inventory, playbooks={"gated": gate},
+                         tmp_path=tmp_path)
     engines.append(engine)
     await engine.submit(alert("x1"))
-    await asyncio.wait_for(gate.entered.wait(), 5)  # type: ignore[union-attr]
+    await asyncio.wait_for(gate.entered.wait(), 5)
     assert await engine.submit(alert("x1", status=AlertStatus.RESOLVED)) == Disposition.RESOLVED
-    gate.release.set()  # type: ignore[union-attr]
+    gate.release.set()
     await engine.wait_idle()
     assert outcome_of(engine) == "succeeded"
 
@@ -300,6 +312,98 @@ async def test_steps_without_an_implementation_escalate_and_never_pretend_succes
     assert engine.m_escalations.labels(model=MODEL, reason="not_implemented")._value.get() == 1
 
 
+async def test_a_verify_that_could_not_tell_ends_the_run_inconclusive_without_a_fallback(
+    tmp_path: Path, inventory: Inventory, engines: list[Engine]
+) -> None:
+    health = Health(verdicts=[
+        HealthVerdict.down("connection refused"),  # the re-check: act
+        HealthVerdict.unknown("not probed: another probe ran longer than 11s"),  # the verify
+    ])
+    engine = make_engine(make_config(tmp_path, "start-and-verify"), inventory, health=health,
+                         tmp_path=tmp_path)
+    engines.append(engine)
+    run = await only_run(engine, alert("v1"))
+    assert run.outcome == "inconclusive" and run.counted
+    assert "another probe ran longer than 11s" in run.detail
+    assert [(s.name, s.outcome) for s in run.steps] == [
+        ("start-jaccl", "ok"), ("verify-jaccl", "inconclusive")]  # no fallback to ring
+    assert "another probe ran longer than 11s" in run.steps[1].detail
+    assert run.next_action is not None and "by hand" in run.next_action
+    assert engine.journal.blocking_control(MODEL) is None  # not a failed verify: no escalation
+    value = engine.m_remediations.labels(model=MODEL, outcome="inconclusive")._value.get()
+    assert value == 1
+
+
+async def test_a_verify_that_finds_the_model_down_falls_back_to_the_next_backend(
+    tmp_path: Path, inventory: Inventory, engines: list[Engine]
+) -> None:
+    health = Health(verdicts=[HealthVerdict.down("refused"), HealthVerdict.down("refused"),
+                              HealthVerdict.up("completed a 1-token request")])
+    engine = make_engine(make_config(tmp_path, "start-and-verify"), inventory, health=health,
+                         tmp_path=tmp_path)
+    engines.append(engine)
+    run = await only_run(engine, alert("v2"))
+    assert run.outcome == "succeeded" and run.detail == f"{MODEL} verified healthy on ring"
+    assert [(s.name, s.outcome) for s in run.steps] == [
+        ("start-jaccl", "ok"), ("verify-jaccl", "failed"),
+        ("start-ring", "ok"), ("verify-ring", "ok")]
+    backend = engine.m_last_verified_backend
+    assert backend.labels(model=MODEL, backend="ring")._value.get() == 1
+    assert backend.labels(model=MODEL, backend="jaccl")._value.get() == 0
+
+
+async def test_a_playbook_whose_recheck_acts_while_the_model_is_up_runs_its_steps(
+    tmp_path: Path, inventory: Inventory, engines: list[Engine]
+) -> None:
+    engine = make_engine(make_config(tmp_path, "acts-while-up"), inventory,
+                         health=Health(up=True), tmp_path=tmp_path)
+    engines.append(engine)
+    run = await only_run(engine, alert("o1"))
+    assert run.outcome == "succeeded" and run.counted
+    assert [(s.name, s.outcome) for s in run.steps] == [
+        ("remove-orphans", "ok"), ("verify-jaccl", "ok")]
+    assert engine.journal.list_events(kind="stale") == []
+
+
+async def test_the_same_playbook_skips_a_model_that_is_down_with_its_own_reason(
+    tmp_path: Path, inventory: Inventory, engines: list[Engine]
+) -> None:
+    engine = make_engine(make_config(tmp_path, "acts-while-up"), inventory,
+                         health=Health(up=False), tmp_path=tmp_path)
+    engines.append(engine)
+    run = await only_run(engine, alert("o2"))
+    assert run.outcome == "skipped" and run.steps == [] and not run.counted
+    assert run.detail == "not while the model is down: down"
+
+
+async def test_recover_never_acts_on_a_model_it_could_not_confirm_down(
+    tmp_path: Path, inventory: Inventory, engines: list[Engine]
+) -> None:
+    health = Health(verdicts=[HealthVerdict.unknown("could not probe on ai001: refused")])
+    engine = make_engine(make_config(tmp_path), inventory, health=health, tmp_path=tmp_path)
+    engines.append(engine)
+    same = alert("u0")
+    run = await only_run(engine, same)
+    assert run.outcome == "skipped" and run.steps == []
+    assert run.detail == f"could not confirm {MODEL} is down: could not probe on ai001: refused"
+    assert await engine.submit(same) == Disposition.STARTED  # the redelivery may try again
+
+
+def test_a_routed_playbook_the_engine_does_not_have_is_a_config_error_naming_it(
+    tmp_path: Path, inventory: Inventory
+) -> None:
+    config = make_config(tmp_path, "tests.remediator.slow_playbook:SlowPlaybook")
+    with pytest.raises(ConfigError) as caught:
+        make_engine(config, inventory, tmp_path=tmp_path)
+    message = str(caught.value)
+    assert "routing.playbooks" in message and "LLMModelDown" in message
+    assert "unknown playbook 'tests.remediator.slow_playbook:SlowPlaybook'" in message
+    assert "recover" in message  # the names it could have used
+    with pytest.raises(ConfigError, match="unknown playbook 'succeeding'"):
+        Engine(make_config(tmp_path, "succeeding"), inventory, Journal(config.journal),
+               LocalTransport(tmp_path / "nodes"), registry=CollectorRegistry())
+
+
 async def test_a_dry_run_journals_every_planned_step_and_executes_nothing(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
@@ -357,11 +461,12 @@ async def test_start_up_marks_a_crashed_run_interrupted_and_releases_its_lock(
 
 
 async def test_closing_the_engine_interrupts_a_run_and_releases_its_lock(
-    tmp_path: Path, inventory: Inventory, gate: type[Gate]
+    tmp_path: Path, inventory: Inventory, gate: GatedPlaybook
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "gated"), inventory, tmp_path=tmp_path)
+    engine = make_engine(make_config(tmp_path, "gated"), inventory, playbooks={"gated": gate},
+                         tmp_path=tmp_path)
     await engine.submit(alert("c1"))
-    await asyncio.wait_for(gate.entered.wait(), 5)  # type: ignore[union-attr]
+    await asyncio.wait_for(gate.entered.wait(), 5)
     await engine.close()
     (run,) = engine.journal.list_runs()
     assert run.outcome == "interrupted"
@@ -370,21 +475,22 @@ async def test_closing_the_engine_interrupts_a_run_and_releases_its_lock(
 
 
 async def test_a_manual_run_ignores_pause_but_not_the_lock(
-    tmp_path: Path, inventory: Inventory, engines: list[Engine], gate: type[Gate]
+    tmp_path: Path, inventory: Inventory, engines: list[Engine], gate: GatedPlaybook
 ) -> None:
     config = make_config(tmp_path, "gated")
-    engine = make_engine(config, inventory, tmp_path=tmp_path)
+    engine = make_engine(config, inventory, playbooks={"gated": gate}, tmp_path=tmp_path)
     engines.append(engine)
     await engine.submit(alert("m1"))
-    await asyncio.wait_for(gate.entered.wait(), 5)  # type: ignore[union-attr]
+    await asyncio.wait_for(gate.entered.wait(), 5)
     engine.journal.set_pause(None, reason="hands off", by_whom="me", now=1.0)
-    by_hand = make_engine(config, inventory, hostname="laptop", tmp_path=tmp_path)
+    by_hand = make_engine(config, inventory, playbooks={"gated": gate}, hostname="laptop",
+                          tmp_path=tmp_path)
     engines.append(by_hand)
     run_id = await by_hand.run_manual(MODEL, dry_run=False)
     run = by_hand.journal.get_run(run_id)
     assert run is not None and run.outcome == "locked" and run.trigger == "manual"
     assert "locked by remediator" in run.detail and "replica-a" in run.detail
-    gate.release.set()  # type: ignore[union-attr]
+    gate.release.set()
     await engine.wait_idle()
     run_id = await by_hand.run_manual(MODEL, dry_run=False)
     assert outcome_of(by_hand, run_id) == "succeeded"
@@ -405,9 +511,10 @@ async def test_the_remediator_metrics_are_registered_with_their_contract_names(
     assert value("mlx_medic_remediations_total", {"model": MODEL, "outcome": "succeeded"}) == 1
     assert value("mlx_medic_remediation_duration_seconds_count") == 1
     assert value("mlx_medic_remediation_in_progress", {"model": MODEL}) == 0
-    assert value("mlx_medic_backend", {"model": MODEL, "backend": "ring"}) == 1
-    assert value("mlx_medic_backend", {"model": MODEL, "backend": "jaccl"}) == 0
-    assert value("mlx_medic_pd_debt", {"node": "ai002"}) == 0
+    backend = "mlx_medic_last_verified_backend"
+    assert value(backend, {"model": MODEL, "backend": "ring"}) == 1
+    assert value(backend, {"model": MODEL, "backend": "jaccl"}) == 0
+    assert value("mlx_medic_pd_debt", {"node": "ai002"}) is None  # the exporter's to serve
     names = {m.name for m in registry.collect()}
     assert {"mlx_medic_remediations", "mlx_medic_escalations"} <= names
 
@@ -417,7 +524,7 @@ async def test_the_remediator_metrics_are_registered_with_their_contract_names(
 
 @pytest.mark.testbed
 async def test_two_replicas_never_act_on_one_model_at_once_over_real_ssh(
-    tmp_path: Path, clean_cluster, engines: list[Engine], gate: type[Gate]
+    tmp_path: Path, clean_cluster, engines: list[Engine], gate: GatedPlaybook
 ) -> None:
     cluster = clean_cluster
     model = {
@@ -431,12 +538,13 @@ async def test_two_replicas_never_act_on_one_model_at_once_over_real_ssh(
     replicas = []
     for name, transport in zip(("replica-a", "replica-b"), transports, strict=True):
         config = make_config(tmp_path / name, "gated")
-        replicas.append(make_engine(config, inventory, transport=transport, hostname=name))
+        replicas.append(make_engine(config, inventory, playbooks={"gated": gate},
+                                    transport=transport, hostname=name))
     engines.extend(replicas)
     try:
         same = alert("shared", "tiny")  # both replicas get it, as behind one Alertmanager
         assert await replicas[0].submit(same) == Disposition.STARTED
-        await asyncio.wait_for(gate.entered.wait(), 20)  # type: ignore[union-attr]
+        await asyncio.wait_for(gate.entered.wait(), 20)
         assert await replicas[1].submit(same) == Disposition.STARTED
         await replicas[1].wait_idle(30)
         (refused,) = replicas[1].journal.list_runs()
@@ -444,7 +552,7 @@ async def test_two_replicas_never_act_on_one_model_at_once_over_real_ssh(
         assert "locked by remediator" in refused.detail and "replica-a" in refused.detail
         lock = cluster.head.host_path(inventory.state_dir / "locks" / "tiny.lock")
         assert json.loads(lock.read_text())["host"] == "replica-a"
-        gate.release.set()  # type: ignore[union-attr]
+        gate.release.set()
         await replicas[0].wait_idle(30)
         assert outcome_of(replicas[0]) == "succeeded"
         assert not lock.exists()
@@ -480,8 +588,9 @@ def test_any_mix_of_concurrent_deliveries_starts_at_most_one_run_per_model(
     tmp_path = tmp_path_factory.mktemp("mix")
 
     async def scenario() -> None:
-        Gate.reset()
-        engine = make_engine(make_config(tmp_path, "gated"), make_inventory(), tmp_path=tmp_path)
+        gate = GatedPlaybook()
+        engine = make_engine(make_config(tmp_path, "gated"), make_inventory(),
+                             playbooks={"gated": gate}, tmp_path=tmp_path)
         try:
             results = await asyncio.gather(*(
                 engine.submit(alert(f"{model}-{fp}", model, status=status))
@@ -503,8 +612,7 @@ def test_any_mix_of_concurrent_deliveries_starts_at_most_one_run_per_model(
                 if m == "not-in-inventory"
             )
         finally:
-            assert Gate.release is not None
-            Gate.release.set()
+            gate.release.set()
             await engine.close()
 
     asyncio.run(scenario())

@@ -27,6 +27,7 @@ from mlx_medic.remediator.payload import PayloadError, parse_payload, to_events
 from mlx_medic.remediator.webapp import make_app
 from mlx_medic.transport import LocalTransport
 from tests.remediator.conftest import bearer
+from tests.remediator.engine_fakes import Health
 
 FUZZ = settings(max_examples=1500, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -166,7 +167,7 @@ class Harness:
 
         async def start() -> tuple[RecordingEngine, TestClient]:
             engine = Engine(config, inventory, self.journal, transport,
-                            health_check=lambda model: False, registry=CollectorRegistry())
+                            health_check=Health(up=False), registry=CollectorRegistry())
             await engine.start()
             recording = RecordingEngine(engine)
             app = make_app(recording, self.journal, config, CollectorRegistry(),

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.remediator.journal import OUTPUT_CAP, Journal, owner_tag
+from mlx_medic.remediator.outcomes import RunOutcome, StepOutcome
 from tests.remediator.engine_fakes import dead_pid
 
 
@@ -55,7 +56,7 @@ def test_runs_come_newest_first_with_their_steps_in_order_and_filter_by_model_an
     for seq in (1, 2, 3):
         step = journal.begin_step(second, seq=seq, name=f"s{seq}", node="n", command=None,
                                   description="d", targets=[], now=200.0 + seq)
-        journal.end_step(step, "ok", 200.5 + seq)
+        journal.end_step(step, StepOutcome.OK, 200.5 + seq)
     assert [r.id for r in journal.list_runs()] == [third, second, first]
     assert [s.name for s in journal.list_runs(model="m2")[0].steps] == ["s1", "s2", "s3"]
     assert [r.id for r in journal.list_runs(model="m1")] == [third, first]
@@ -76,9 +77,9 @@ def test_a_run_records_its_trigger_command_targets_output_duration_and_outcome(
     step = journal.begin_step(run_id, seq=1, name="stop-service", node="ai001",
                               command=["launchctl", "bootout", "system/x"], description="stop",
                               targets=["x"], now=12.0)
-    journal.end_step(step, "failed", 14.5, exit_status=3, output="x" * (OUTPUT_CAP * 3),
+    journal.end_step(step, StepOutcome.FAILED, 14.5, exit_status=3, output="x" * (OUTPUT_CAP * 3),
                      detail="boom")
-    journal.end_run(run_id, "escalated", 15.0, "stop failed", "reboot ai001")
+    journal.end_run(run_id, RunOutcome.ESCALATED, 15.0, "stop failed", "reboot ai001")
     run = journal.get_run(run_id)
     assert run is not None
     assert (run.trigger, run.labels["severity"], run.duration) == ("alert abc", "critical", 4.0)
@@ -92,7 +93,7 @@ def test_a_run_records_its_trigger_command_targets_output_duration_and_outcome(
 def test_unknown_outcomes_are_refused_with_the_allowed_list(journal: Journal) -> None:
     run_id = _run(journal)
     with pytest.raises(ValueError, match="expected one of"):
-        journal.end_run(run_id, "fine", 1.0)
+        journal.end_run(run_id, "fine", 1.0)  # type: ignore[arg-type]
 
 
 def test_start_up_marks_runs_of_dead_processes_of_this_host_interrupted_and_no_others(

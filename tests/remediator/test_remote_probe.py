@@ -1,6 +1,8 @@
 """The re-check before acting probes a loopback listener where it listens: on the model's
-head node, through `mlx-medic probe` over SSH. From the remediator's own machine,
-127.0.0.1 is the wrong machine: "connection refused" there would act on a healthy model."""
+head node, through `mlx-medic probe` over SSH, unless the remediator is told it runs on
+that head. From the remediator's own machine, 127.0.0.1 is the wrong machine:
+"connection refused" there would act on a healthy model. Which node the remediator is
+on is said (config `node`, or the node id file), never guessed from an address."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -21,51 +22,29 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory import Inventory, InventoryError, Model, parse_inventory
-from mlx_medic.remediator.config import RemediatorConfig
-from mlx_medic.remediator.engine import (
-    Engine,
-    HealthVerdict,
-    default_health_check,
-    head_is_this_machine,
-    probes_on_head,
-)
+from mlx_medic.node_identity import write_node_id
+from mlx_medic.remediator.config import ConfigError, RemediatorConfig
+from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.model_health import (
+    HealthVerdict,
+    ModelState,
+    probe_model_health,
+    probes_on_head,
+    remediator_node,
+)
 from mlx_medic.transport import CommandResult, SshTransport, TransportError
 from testbed import free_port, wait_listening
 from tests.remediator.engine_fakes import alert
 
 REPO = Path(__file__).resolve().parents[2]
 
-# --- is the head this machine? -------------------------------------------------------
 
-HOSTNAMES = {"remediator-1"}
-ADDRESSES = {"10.1.2.3", "fe80::1", "2001:db8::7"}
-
-
-@pytest.mark.parametrize("ssh_address", [
-    "127.0.0.1", "127.0.0.5", "::1", "localhost", "LOCALHOST", "localhost.",
-    "10.1.2.3", "2001:db8::7", "2001:DB8:0::7", "fe80::1", "remediator-1", "Remediator-1",
-])
-def test_a_head_reached_at_loopback_one_of_our_addresses_or_our_name_is_this_machine(
-    ssh_address: str,
-) -> None:
-    assert head_is_this_machine(ssh_address, hostnames=HOSTNAMES, addresses=ADDRESSES)
-
-
-@pytest.mark.parametrize("ssh_address", [
-    "192.168.101.1", "10.1.2.4", "2001:db8::8", "ai001", "remediator-1.example.com",
-    "remediator", "10.1.2.3.nip.io",
-])
-def test_any_other_head_is_another_machine_without_guessing(ssh_address: str) -> None:
-    assert not head_is_this_machine(ssh_address, hostnames=HOSTNAMES, addresses=ADDRESSES)
-
-
-def test_an_interface_address_with_an_ipv6_scope_still_matches() -> None:
-    assert head_is_this_machine("fe80::9", hostnames=(), addresses={"fe80::9%eth0"})
-
-
-def _two_node_inventory(host: str, head_ssh: str = "192.168.101.1") -> Inventory:
+def _two_node_inventory(
+    host: str, head_ssh: str = "192.168.101.1", state_dir: Path | None = None
+) -> Inventory:
     return parse_inventory(yaml.safe_dump({
+        **({"state_dir": str(state_dir)} if state_dir is not None else {}),
         "nodes": {"ai001": {"ssh": head_ssh}, "ai002": {"ssh": "192.168.101.2"}},
         "models": {"m1": {
             "model": "tiny", "nodes": ["ai001", "ai002"], "port": 8080, "host": host,
@@ -75,24 +54,66 @@ def _two_node_inventory(host: str, head_ssh: str = "192.168.101.1") -> Inventory
     }))
 
 
-@pytest.mark.parametrize(("host", "head_ssh", "probe_from", "on_head"), [
-    ("127.0.0.1", "192.168.101.1", "auto", True),   # loopback on another machine
-    ("::1", "192.168.101.1", "auto", True),
-    ("localhost", "192.168.101.1", "auto", True),
-    ("127.0.0.1", "127.0.0.1", "auto", False),      # the head is this machine
-    ("0.0.0.0", "192.168.101.1", "auto", False),    # wildcard: the head's address, from here
-    ("192.168.101.1", "192.168.101.1", "auto", False),
-    ("127.0.0.1", "192.168.101.1", "remediator", False),
-    ("192.168.101.1", "192.168.101.1", "head", True),
-    ("127.0.0.1", "127.0.0.1", "head", True),
-])
-def test_where_the_recheck_probes_follows_the_listen_address_and_probe_from(
-    host: str, head_ssh: str, probe_from: Any, on_head: bool,
+# --- which node is the remediator on? ------------------------------------------------
+
+def test_the_remediator_is_on_the_node_its_config_names(tmp_path: Path) -> None:
+    inventory = _two_node_inventory("127.0.0.1", state_dir=tmp_path)
+    assert remediator_node("ai002", inventory) == "ai002"
+    assert remediator_node(None, inventory) is None  # no name, no node id file: off-cluster
+
+
+def test_without_a_configured_name_the_node_id_file_says_it(tmp_path: Path) -> None:
+    inventory = _two_node_inventory("127.0.0.1", state_dir=tmp_path)
+    write_node_id(tmp_path, "ai001")
+    assert remediator_node(None, inventory) == "ai001"
+    assert remediator_node("ai002", inventory) == "ai002"  # the config wins
+
+
+def test_a_node_name_the_inventory_does_not_list_is_a_config_error_saying_where(
+    tmp_path: Path,
 ) -> None:
-    inventory = _two_node_inventory(host, head_ssh)
-    model = inventory.model("m1")
-    decided = probes_on_head(model, inventory.node("ai001"), probe_from, hostname="remediator-1")
-    assert decided is on_head
+    inventory = _two_node_inventory("127.0.0.1", state_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"node: 'ai009' is not a node of the inventory"
+                       r" \(nodes: ai001, ai002\)"):
+        remediator_node("ai009", inventory)
+    write_node_id(tmp_path, "gpu7")
+    with pytest.raises(ConfigError, match=f"{tmp_path}/node-id: 'gpu7' is not a node"):
+        remediator_node(None, inventory)
+
+
+def test_the_engine_takes_its_node_from_the_config(tmp_path: Path) -> None:
+    inventory = _two_node_inventory("127.0.0.1", state_dir=tmp_path / "state")
+    config = RemediatorConfig.model_validate(
+        {"journal": str(tmp_path / "journal.sqlite"), "node": "ai001"})
+    engine = Engine(config, inventory, Journal(config.journal), ScriptedTransport(
+        AssertionError("unused")), registry=CollectorRegistry())  # type: ignore[arg-type]
+    assert engine.this_node == "ai001"
+    with pytest.raises(ConfigError, match="'nope' is not a node"):
+        Engine(config.model_copy(update={"node": "nope"}), inventory, Journal(config.journal),
+               ScriptedTransport(AssertionError("unused")),  # type: ignore[arg-type]
+               registry=CollectorRegistry())
+
+
+@pytest.mark.parametrize(("host", "head_ssh", "probe_from", "this_node", "on_head"), [
+    ("127.0.0.1", "192.168.101.1", "auto", None, True),   # loopback on another machine
+    ("::1", "192.168.101.1", "auto", None, True),
+    ("localhost", "192.168.101.1", "auto", None, True),
+    # a loopback SSH address alone never means "this machine" (testbed nodes are 127.0.0.N)
+    ("127.0.0.1", "127.0.0.1", "auto", None, True),
+    ("127.0.0.1", "127.0.0.2", "auto", "ai002", True),    # we are a node, not its head
+    ("127.0.0.1", "127.0.0.2", "auto", "ai001", False),   # we are its head: probe here
+    ("127.0.0.1", "192.168.101.1", "auto", "ai001", False),
+    ("0.0.0.0", "192.168.101.1", "auto", None, False),    # wildcard: the head's address, from here
+    ("192.168.101.1", "192.168.101.1", "auto", None, False),
+    ("127.0.0.1", "192.168.101.1", "remediator", None, False),
+    ("192.168.101.1", "192.168.101.1", "head", None, True),
+    ("127.0.0.1", "127.0.0.1", "head", "ai001", True),
+])
+def test_where_the_recheck_probes_follows_the_listen_address_probe_from_and_our_node(
+    host: str, head_ssh: str, probe_from: Any, this_node: str | None, on_head: bool,
+) -> None:
+    model = _two_node_inventory(host, head_ssh).model("m1")
+    assert probes_on_head(model, probe_from, this_node) is on_head
 
 
 # --- the SSH path with a scripted transport ------------------------------------------
@@ -111,10 +132,12 @@ class ScriptedTransport:
         return self.result
 
 
-async def _check(inventory: Inventory, transport: ScriptedTransport) -> HealthVerdict:
-    return await default_health_check(
+async def _check(
+    inventory: Inventory, transport: ScriptedTransport, this_node: str | None = None
+) -> HealthVerdict:
+    return await probe_model_health(
         inventory.model("m1"), inventory, transport=transport,  # type: ignore[arg-type]
-        probe_from="auto", hostname="remediator-1",
+        probe_from="auto", this_node=this_node,
     )
 
 
@@ -126,11 +149,11 @@ def _answer(up: bool, reason: str, conclusive: bool = True) -> str:
 async def test_the_head_probe_is_an_argv_command_with_the_nodes_medic_command() -> None:
     inventory = _two_node_inventory("0.0.0.0")
     transport = ScriptedTransport(CommandResult(0, _answer(True, "completed"), ""))
-    verdict = await default_health_check(
+    verdict = await probe_model_health(
         inventory.model("m1"), inventory, transport=transport,  # type: ignore[arg-type]
-        probe_from="head", hostname="remediator-1",
+        probe_from="head",
     )
-    assert verdict == HealthVerdict(True, True, "on ai001: completed")
+    assert verdict == HealthVerdict.up("on ai001: completed")
     assert transport.commands == [("ai001", [
         "mlx-medic", "probe", "--host", "127.0.0.1", "--port", "8080", "--timeout", "10",
         "--lock-dir", "/var/lib/mlx-medic/locks",
@@ -139,11 +162,11 @@ async def test_the_head_probe_is_an_argv_command_with_the_nodes_medic_command() 
 
 @pytest.mark.parametrize(("result", "expected"), [
     (CommandResult(0, _answer(True, "completed a 1-token request"), ""),
-     HealthVerdict(True, True, "on ai001: completed a 1-token request")),
+     HealthVerdict.up("on ai001: completed a 1-token request")),
     (CommandResult(1, _answer(False, "connection refused"), ""),
-     HealthVerdict(False, True, "on ai001: connection refused")),
+     HealthVerdict.down("on ai001: connection refused")),
     (CommandResult(3, _answer(False, "not probed: busy", conclusive=False), ""),
-     HealthVerdict(False, False, "on ai001: not probed: busy")),
+     HealthVerdict.unknown("on ai001: not probed: busy")),
 ])
 async def test_exit_status_0_is_up_1_is_down_and_3_is_inconclusive(
     result: CommandResult, expected: HealthVerdict,
@@ -165,22 +188,28 @@ async def test_a_probe_that_could_not_run_or_said_nothing_clear_is_inconclusive(
     result: CommandResult | Exception, in_reason: str,
 ) -> None:
     verdict = await _check(_two_node_inventory("127.0.0.1"), ScriptedTransport(result))
-    assert verdict.conclusive is False and verdict.up is False
+    assert verdict.state is ModelState.UNKNOWN
     assert in_reason in verdict.reason
 
 
-async def test_a_loopback_model_on_this_machine_is_probed_directly_without_ssh() -> None:
-    inventory = _two_node_inventory("127.0.0.1", head_ssh="127.0.0.1")
+async def test_a_loopback_model_whose_head_we_are_is_probed_directly_without_ssh() -> None:
+    inventory = _two_node_inventory("127.0.0.1", head_ssh="192.168.101.1")
     port = free_port()
     inventory = parse_inventory(
         yaml.safe_dump(inventory.model_dump(mode="json")).replace("8080", str(port))
     )
-    transport = ScriptedTransport(AssertionError("no SSH for a local head"))
-    verdict = await _check(inventory, transport)
+    transport = ScriptedTransport(AssertionError("no SSH when we are the head"))
+    verdict = await _check(inventory, transport, this_node="ai001")
     assert transport.commands == []
-    assert verdict == HealthVerdict(
-        False, True, f"connection refused: nothing listens on 127.0.0.1:{port}"
-    )
+    assert verdict == HealthVerdict.down(f"connection refused: nothing listens on 127.0.0.1:{port}")
+
+
+async def test_a_head_at_a_loopback_ssh_address_is_still_probed_over_ssh() -> None:
+    inventory = _two_node_inventory("127.0.0.1", head_ssh="127.0.0.1")
+    transport = ScriptedTransport(CommandResult(1, _answer(False, "connection refused"), ""))
+    verdict = await _check(inventory, transport)
+    assert [node for node, _argv in transport.commands] == ["ai001"]
+    assert verdict == HealthVerdict.down("on ai001: connection refused")
 
 
 @pytest.mark.parametrize(("command", "problem"), [
@@ -287,9 +316,8 @@ async def ssh_transports() -> AsyncIterator[list[SshTransport]]:
 async def _recheck(inventory: Inventory, made: list[SshTransport], model: str) -> HealthVerdict:
     transport = SshTransport(inventory)
     made.append(transport)
-    return await default_health_check(
+    return await probe_model_health(
         inventory.model(model), inventory, transport=transport, probe_from="head",
-        hostname=socket.gethostname(),
     )
 
 
@@ -299,7 +327,7 @@ async def test_a_model_serving_on_the_heads_loopback_is_up_when_probed_on_the_he
 ) -> None:
     inventory = _inventory(remote, port=server_in_head["port"])
     verdict = await _recheck(inventory, ssh_transports, remote["model"])
-    assert verdict.up and verdict.conclusive, verdict
+    assert verdict.state is ModelState.UP, verdict
     assert verdict.reason.startswith("on ai001: completed a 1-token request")
     # the probe ran inside ai001: its mark is in ai001's private /tmp, not in ours
     assert f"--port {server_in_head['port']}" in remote["marker"].read_text()
@@ -314,8 +342,8 @@ async def test_the_model_is_down_once_its_server_on_the_head_is_gone(
     os.kill(server_in_head["pid"], signal.SIGKILL)
     server_in_head["popen"].wait(10)
     verdict = await _recheck(_inventory(remote, port=port), ssh_transports, remote["model"])
-    assert verdict == HealthVerdict(
-        False, True, f"on ai001: connection refused: nothing listens on 127.0.0.1:{port}"
+    assert verdict == HealthVerdict.down(
+        f"on ai001: connection refused: nothing listens on 127.0.0.1:{port}"
     )
     assert remote["marker"].exists()
 
@@ -327,7 +355,7 @@ async def test_a_missing_medic_command_on_the_head_is_inconclusive_and_says_why(
     missing = f"/nonexistent-{remote['token']}/bin/mlx-medic"
     inventory = _inventory(remote, medic_command=missing)
     verdict = await _recheck(inventory, ssh_transports, remote["model"])
-    assert verdict.up is False and verdict.conclusive is False
+    assert verdict.state is ModelState.UNKNOWN
     assert f"`{missing} probe` on ai001 exited 127 without a verdict" in verdict.reason
     assert "No such file or directory" in verdict.reason or "not found" in verdict.reason
 

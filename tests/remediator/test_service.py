@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 from tests.remediator.conftest import (
     Stack,
@@ -28,6 +29,7 @@ from tests.remediator.conftest import (
     runs_of,
     wait_until,
 )
+from tests.remediator.engine_fakes import inventory_text
 from tests.tools import require_tool
 
 
@@ -223,3 +225,22 @@ def test_with_a_client_ca_only_clients_holding_a_certificate_it_signed_get_in(
         post(trusted)  # no client certificate: the handshake fails
     trusted.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
     assert post(trusted) == 202
+
+
+@pytest.mark.parametrize(("settings", "problem"), [
+    ({"routing": {"playbooks": {"LLMModelDown": "recover", "SlowDown": "mypkg.mod:Slow"}}},
+     "config: routing.playbooks: SlowDown: unknown playbook 'mypkg.mod:Slow' (playbooks:"
+     " recover)"),
+    ({"node": "ai042"}, "config: node: 'ai042' is not a node of the inventory"),
+])
+def test_a_config_naming_what_the_remediator_does_not_have_stops_it_with_exit_2(
+    tmp_path: Path, settings: dict, problem: str,
+) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(inventory_text(tmp_path / "state"))
+    config = tmp_path / "remediator.yml"
+    config.write_text(yaml.safe_dump({"inventory": str(inventory), "insecure_no_auth": True,
+                                      "journal": str(tmp_path / "journal.sqlite"), **settings}))
+    result = mlx_medic("remediator", "--config.file", str(config), check=False)
+    assert result.returncode == 2
+    assert problem in result.stderr

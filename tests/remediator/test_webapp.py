@@ -198,3 +198,10 @@ async def test_without_credentials_configured_everything_is_open(
     async with TestClient(TestServer(app)) as open_client:
         assert (await open_client.post("/alerts", json=make_payload())).status == 202
         assert (await open_client.get("/")).status == 200
+
+
+def test_the_page_colours_every_run_and_step_outcome_and_nothing_else() -> None:
+    from mlx_medic.remediator.oncall_page import _OUTCOME_CLASS
+    from mlx_medic.remediator.outcomes import RunOutcome, StepOutcome
+
+    assert set(_OUTCOME_CLASS) == {*RunOutcome, *StepOutcome}

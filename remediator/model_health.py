@@ -1,0 +1,172 @@
+"""Is a model serving, asked from where its server can be reached.
+
+A model listening on loopback answers only on its head node: probed from the
+remediator's machine, 127.0.0.1 is the wrong machine, and "connection refused" there
+would act on a healthy model. So such a model is probed on its head with
+`<medic_command> probe` over SSH, unless the remediator runs on that head. Which node
+the remediator runs on is said (config `node`, or `<state_dir>/node-id`), never guessed
+from addresses: on the testbed every node is 127.0.0.N on one machine, so a loopback
+SSH address does not mean "this machine".
+
+A verdict has three values, and "could not tell" is never "down": nothing acts on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+from mlx_medic import health
+from mlx_medic.inventory import Inventory, Model, Node, is_loopback
+from mlx_medic.node_identity import NodeIdentityError, node_id_path, read_node_id
+from mlx_medic.remediator.config import ConfigError
+from mlx_medic.transport import NodeTransport
+
+log = logging.getLogger("mlx_medic.remediator.model_health")
+
+PROBE_TIMEOUT = 10.0
+# `mlx-medic probe` on the head: may wait a probe's length for the node's probe lock,
+# then probe; plus its own start-up.
+REMOTE_PROBE_TIMEOUT = 2 * PROBE_TIMEOUT + 15.0
+ProbeFrom = Literal["auto", "remediator", "head"]
+# Probed from here, a server listening on every address is reached at its head's address;
+# probed on the head itself, it answers on loopback.
+_WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+_LOOPBACK_FOR_WILDCARD = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
+
+
+class ModelState(StrEnum):
+    UP = "up"
+    DOWN = "down"
+    UNKNOWN = "unknown"  # could not tell: the probe did not run or gave no clear answer
+
+
+@dataclass(frozen=True)
+class HealthVerdict:
+    state: ModelState
+    reason: str
+
+    @classmethod
+    def up(cls, reason: str) -> HealthVerdict:
+        return cls(ModelState.UP, reason)
+
+    @classmethod
+    def down(cls, reason: str) -> HealthVerdict:
+        return cls(ModelState.DOWN, reason)
+
+    @classmethod
+    def unknown(cls, reason: str) -> HealthVerdict:
+        return cls(ModelState.UNKNOWN, reason)
+
+    @classmethod
+    def of(cls, up: bool, conclusive: bool, reason: str) -> HealthVerdict:
+        """From a probe's (up, conclusive) pair: inconclusive is unknown, whatever `up` says."""
+        if not conclusive:
+            return cls.unknown(reason)
+        return cls.up(reason) if up else cls.down(reason)
+
+
+def is_loopback_host(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: an address that means "the machine you are on"."""
+    return is_loopback(host.strip().lower().rstrip("."))
+
+
+def remediator_node(configured: str | None, inventory: Inventory) -> str | None:
+    """The inventory node this remediator runs on: `configured` (config `node`), else
+    `<state_dir>/node-id`; None when neither names one (it runs off the cluster).
+    A name the inventory does not list is a ConfigError that says where it came from."""
+    try:
+        name = configured or read_node_id(inventory.state_dir)
+    except NodeIdentityError as exc:
+        raise ConfigError(str(exc)) from exc
+    if name is None:
+        return None
+    known = [node.name for node in inventory.nodes]
+    if name not in known:
+        source = "node" if configured else str(node_id_path(inventory.state_dir))
+        raise ConfigError(
+            f"{source}: {name!r} is not a node of the inventory (nodes: {', '.join(known)})"
+        )
+    return name
+
+
+def probes_on_head(model: Model, probe_from: ProbeFrom, this_node: str | None) -> bool:
+    """Must the model be probed on its head (over SSH) rather than from here?"""
+    if probe_from != "auto":
+        return probe_from == "head"
+    if not is_loopback_host(model.host):
+        return False  # a wildcard or a real address is reachable from here
+    return this_node != model.head
+
+
+async def probe_model_health(
+    model: Model,
+    inventory: Inventory,
+    *,
+    transport: NodeTransport,
+    probe_from: ProbeFrom = "auto",
+    this_node: str | None = None,
+) -> HealthVerdict:
+    """`mlx_medic.health.probe_model_async` on the model's server, from where that server
+    can be reached (see `probes_on_head`); a wildcard listen address means the head
+    node's own address."""
+    head = inventory.node(model.head)
+    if probes_on_head(model, probe_from, this_node):
+        return await _probe_on_head(model, head, inventory, transport)
+    host = head.ssh if model.host in _WILDCARD_HOSTS else model.host
+    result = await health.probe_model_async(host, model.port, timeout=PROBE_TIMEOUT)
+    return HealthVerdict.of(result.up, result.conclusive, result.reason)
+
+
+async def _probe_on_head(
+    model: Model, head: Node, inventory: Inventory, transport: NodeTransport
+) -> HealthVerdict:
+    """Run `medic_command probe` on the head; anything but a clean up/down answer is
+    unknown (nothing acts on it)."""
+    host = _LOOPBACK_FOR_WILDCARD.get(model.host, model.host)
+    argv = [
+        head.medic_command, "probe", "--host", host, "--port", str(model.port),
+        "--timeout", f"{PROBE_TIMEOUT:g}", "--lock-dir", str(inventory.state_dir / "locks"),
+    ]
+    where = f"on {head.name}"
+    try:
+        result = await transport.run(head, argv, timeout=REMOTE_PROBE_TIMEOUT)
+    except Exception as exc:  # TransportError mostly; not knowing is never "down"
+        return HealthVerdict.unknown(f"could not probe {where}: {exc}")
+    if result.timed_out:
+        return HealthVerdict.unknown(
+            f"`{head.medic_command} probe` {where} gave no answer within"
+            f" {REMOTE_PROBE_TIMEOUT:g}s"
+        )
+    answer = _parse_probe_output(result.stdout)
+    if answer is not None and result.exit_status in (0, 1, 3):
+        up, conclusive, reason = answer
+        if result.exit_status == 3 or not conclusive:
+            return HealthVerdict.unknown(f"{where}: {reason}")
+        if up == (result.exit_status == 0):
+            return HealthVerdict.of(up, True, f"{where}: {reason}")
+    said = (result.stderr.strip() or result.stdout.strip() or "no output")[-300:]
+    return HealthVerdict.unknown(
+        f"`{head.medic_command} probe` {where} exited {result.exit_status} without a verdict:"
+        f" {said}"
+    )
+
+
+def _parse_probe_output(stdout: str) -> tuple[bool, bool, str] | None:
+    """(up, conclusive, reason) from the probe's JSON line, or None if it is not one."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    try:
+        answer = json.loads(lines[-1])
+    except ValueError:
+        return None
+    if not isinstance(answer, dict):
+        return None
+    up, conclusive, reason = answer.get("up"), answer.get("conclusive"), answer.get("reason")
+    if not (isinstance(up, bool) and isinstance(conclusive, bool) and isinstance(reason, str)):
+        return None
+    return up, conclusive, reason[:500]

@@ -1,0 +1,55 @@
+"""The words for how steps and runs end, defined once.
+
+The journal stores these values as they are (old journals stay readable), the metrics
+use them as label values and the on-call page and `mlx-medic log` show them; an enum
+makes a typo a failure at import, not a run that no query finds.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class StepOutcome(StrEnum):
+    """How one step of a run ended (`running` while it runs)."""
+
+    RUNNING = "running"  # journaled before the step starts: a crash leaves it visible
+    OK = "ok"
+    FAILED = "failed"
+    PLANNED = "planned"  # dry run: journaled, never executed
+    NOT_IMPLEMENTED = "not_implemented"  # nothing was done: the run escalates
+    INCONCLUSIVE = "inconclusive"  # could not tell (e.g. a verify whose probe gave no answer)
+    SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"  # the remediator stopped while the step ran
+    UNREACHABLE = "unreachable"  # the step's node did not answer
+    UNKILLABLE = "unkillable"  # processes survived SIGKILL (uninterruptible)
+
+
+class RunOutcome(StrEnum):
+    """How a run ended (`queued`/`running` while in flight)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # verified healthy after the playbook
+    FAILED = "failed"  # the run broke (an internal error) and nothing escalated
+    ESCALATED = "escalated"  # handed to a person; the circuit is open
+    PLANNED = "planned"  # dry run: every step journaled, nothing executed
+    SKIPPED = "skipped"  # the playbook's re-check found nothing to do, or was paused
+    LOCKED = "locked"  # another holder had the model lock
+    CANCELLED = "cancelled"  # resolved while still queued
+    INTERRUPTED = "interrupted"  # the process stopped (crash, kill, shutdown) mid-run
+    INCONCLUSIVE = "inconclusive"  # acted, then could not tell whether the model is up
+    UNREACHABLE = "unreachable"  # a node the run needed did not answer
+
+
+RUN_IN_FLIGHT = (RunOutcome.QUEUED, RunOutcome.RUNNING)
+RUN_ENDED = tuple(outcome for outcome in RunOutcome if outcome not in RUN_IN_FLIGHT)
+
+
+class EscalationReason(StrEnum):
+    """Why a model's circuit opened: the `reason` label of mlx_medic_escalations_total."""
+
+    BUDGET_SPENT = "budget_spent"
+    UNRECOVERABLE = "unrecoverable"
+    NOT_IMPLEMENTED = "not_implemented"
+    STEP_FAILED = "step_failed"

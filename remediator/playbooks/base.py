@@ -1,0 +1,59 @@
+"""What a playbook is: a plan of steps, and its own answer to "is there still work?".
+
+Why a plan first: the whole run can be shown (dry run, on-call log) before any of it
+happens, and each step is journaled before it starts. The engine owns the control flow
+(order, fallback after a failed verify, escalation); a playbook composes steps and
+says, just before acting, whether the alert still holds: `recover` acts on a model
+that is down, while a playbook that removes orphans acts on a model that is up.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from mlx_medic.inventory import Inventory, Model
+from mlx_medic.remediator.model_health import ModelState
+from mlx_medic.remediator.steps.base import RunContext, Step
+
+
+@dataclass(frozen=True)
+class RecheckVerdict:
+    """Act, or skip with the reason (journaled as the run's detail)."""
+
+    should_act: bool
+    reason: str
+    retry: bool = False  # a skip that decided nothing: a redelivery of the firing may try again
+
+    @classmethod
+    def act(cls, reason: str) -> RecheckVerdict:
+        return cls(True, reason)
+
+    @classmethod
+    def skip(cls, reason: str, *, retry: bool = False) -> RecheckVerdict:
+        return cls(False, reason, retry)
+
+
+class Playbook(ABC):
+    @abstractmethod
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        """Every step the run may take, in order, including fallback steps."""
+
+    @abstractmethod
+    async def recheck(self, context: RunContext) -> RecheckVerdict:
+        """Just before an alert's run acts: does the alert still hold? (A manual run
+        skips this: a person decided.)"""
+
+
+async def recheck_model_down(context: RunContext) -> RecheckVerdict:
+    """Act only on a model that is still down; could not tell is not down."""
+    model = context.model
+    verdict = await context.health(model)
+    match verdict.state:
+        case ModelState.DOWN:
+            return RecheckVerdict.act(f"{model.name} is still down: {verdict.reason}")
+        case ModelState.UP:
+            return RecheckVerdict.skip(f"model is up again: {verdict.reason}")
+    return RecheckVerdict.skip(
+        f"could not confirm {model.name} is down: {verdict.reason}", retry=True
+    )

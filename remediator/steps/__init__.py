@@ -1,0 +1,31 @@
+"""A playbook's steps, one module each: each describes itself and runs itself."""
+
+from mlx_medic.remediator.steps.base import (
+    HealthCheck,
+    RunContext,
+    Step,
+    StepDescription,
+    StepKind,
+    StepResult,
+)
+from mlx_medic.remediator.steps.clean import CleanTmp
+from mlx_medic.remediator.steps.escalate import Escalate
+from mlx_medic.remediator.steps.service import StartService, StopService, service_argv
+from mlx_medic.remediator.steps.sweep import Sweep
+from mlx_medic.remediator.steps.verify import Verify
+
+__all__ = [
+    "CleanTmp",
+    "Escalate",
+    "HealthCheck",
+    "RunContext",
+    "StartService",
+    "Step",
+    "StepDescription",
+    "StepKind",
+    "StepResult",
+    "StopService",
+    "Sweep",
+    "Verify",
+    "service_argv",
+]

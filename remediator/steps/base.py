@@ -1,0 +1,83 @@
+"""What every step is: an object that describes itself and runs itself.
+
+Why describe and run apart: the whole run is shown (dry run, on-call log) and each step
+journaled before any of it happens. A step only does its one thing and says how it
+ended; what follows (the next step, a fallback, an escalation) is the engine's to decide.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import ClassVar
+
+from mlx_medic.inventory import Inventory, Model
+from mlx_medic.remediator.model_health import HealthVerdict
+from mlx_medic.remediator.outcomes import StepOutcome
+from mlx_medic.transport import NodeTransport
+
+HealthCheck = Callable[[Model], Awaitable[HealthVerdict]]
+
+
+class StepKind(StrEnum):
+    ACTION = "action"
+    VERIFY = "verify"  # ok ends the run as succeeded; failed moves on to the fallback
+
+
+@dataclass(frozen=True)
+class StepDescription:
+    """What the dry run shows and the journal records before the step starts."""
+
+    name: str
+    node: str
+    description: str
+    targets: list[str] = field(default_factory=list)
+    argv: list[str] | None = None  # the exact command, when the step is one command
+
+
+@dataclass
+class StepResult:
+    outcome: StepOutcome
+    detail: str = ""
+    output: str = ""
+    exit_status: int | None = None
+    unrecoverable: bool = False  # a restart cannot fix this: escalate, open the circuit
+    next_action: str | None = None  # in words, for on-call
+    backend: str | None = None  # a verify that passed: the backend found serving
+
+
+@dataclass
+class RunContext:
+    """What a step (and a playbook's re-check) may use; the engine makes one per run."""
+
+    model: Model
+    inventory: Inventory
+    transport: NodeTransport
+    run_id: int
+    health: HealthCheck  # the full verdict: up, down, or could not tell
+    log: logging.Logger
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step(ABC):
+    kind: ClassVar[StepKind] = StepKind.ACTION
+    fallback: bool = False  # reached only after an earlier verify failed
+
+    @abstractmethod
+    def describe(self) -> StepDescription:
+        """Name, node, description, targets and (for one command) argv."""
+
+    @abstractmethod
+    async def run(self, context: RunContext) -> StepResult:
+        """Do the step. Never called in a dry run."""
+
+    def not_implemented(self) -> StepResult:
+        """The honest answer of a step whose body a later release brings."""
+        name = self.describe().name
+        return StepResult(
+            StepOutcome.NOT_IMPLEMENTED,
+            detail=f"step {name!r} has no implementation yet; nothing was done",
+        )
