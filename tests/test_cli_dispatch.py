@@ -1,0 +1,46 @@
+"""The `mlx-medic` command imports only the command it runs: `probe` runs over SSH on
+every re-check and must start fast; nothing a node runs pays for the remediator."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from testbed import free_port
+
+SERVICE_STACK = ("aiohttp", "asyncssh", "mlx_medic.remediator.engine",
+                 "mlx_medic.remediator.webapp", "mlx_medic.remediator")
+
+
+def modules_loaded_by(*argv: str) -> tuple[int, set[str]]:
+    code = (
+        "import sys\n"
+        "from mlx_medic.cli import main\n"
+        "try:\n"
+        f"    code = main({list(argv)!r})\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        f"print('LOADED', *sorted(m for m in {SERVICE_STACK!r} if m in sys.modules),"
+        " file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    line = next(line for line in result.stderr.splitlines() if line.startswith("LOADED"))
+    return result.returncode, set(line.split()[1:])
+
+
+def test_probe_loads_neither_the_web_stack_nor_ssh_nor_the_engine() -> None:
+    code, loaded = modules_loaded_by("probe", "--host", "127.0.0.1", "--port", str(free_port()))
+    assert code == 1  # nothing listens there: down
+    assert loaded == set()
+
+
+def test_top_level_help_lists_every_command_without_importing_any() -> None:
+    code, loaded = modules_loaded_by("--help")
+    assert code == 0 and loaded == set()
+
+
+def test_the_remediator_command_loads_the_service_stack_only_when_asked_for() -> None:
+    code, loaded = modules_loaded_by("remediator", "--help")
+    assert code == 0 and {"aiohttp", "mlx_medic.remediator"} <= loaded
