@@ -26,6 +26,7 @@ from pydantic import (
 from mlx_medic.names import NAME_PATTERN
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+USER_NAME_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
 ServiceManager = Literal["launchd", "systemd", "supervisord"]
 BackendName = Literal["jaccl", "ring"]
 
@@ -66,9 +67,7 @@ class Node(_Strict):
         " refer to it"
     )
     ssh: str = Field(description="address or host name used by ssh and in hostfiles")
-    user: str = Field(
-        default="root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="SSH login user"
-    )
+    user: str = Field(default="root", pattern=USER_NAME_PATTERN, description="SSH login user")
     port: int = Field(default=22, ge=1, le=65535, description="SSH port")
     medic_command: str = Field(
         default="mlx-medic",
@@ -114,6 +113,14 @@ class Service(_Strict):
         description="the service's name for its manager (launchd: the job label, its plist"
         " is /Library/LaunchDaemons/<label>.plist)",
     )
+    user: str | None = Field(
+        default=None, pattern=USER_NAME_PATTERN,
+        description="the user the service runs as (launchd: the plist's `UserName`)."
+        " mlx.launch's pid files and hostfiles land in this user's temp dir on every node of"
+        " the model (ssh logs in to the peers under the same name by default), and the"
+        " exporter counts leftovers there (macOS: the user's `DARWIN_USER_TEMP_DIR`, asked as"
+        " that user; Linux: /tmp); null: the user the exporter runs as",
+    )  # fmt: skip
 
 
 class Backend(_Strict):
@@ -322,7 +329,8 @@ class Inventory(_Strict):
     )
     launch_temp_dirs: list[Path] = Field(
         default_factory=list,
-        description="where mlx.launch's mktemp files land; empty means the platform default",
+        description="where mlx.launch's mktemp files land, for every model on every node;"
+        " empty: each model's `service.user`'s temp dir",
     )
 
     @model_validator(mode="after")

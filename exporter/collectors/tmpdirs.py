@@ -12,17 +12,19 @@ entered). On Linux GNU du does the weighing (one run per dir,
 for macOS and for when du fails, is about 1.5 times slower.
 
 `mlx_launch_leftover_files` counts what mlx.launch's rank script leaves in the
-launch user's temp dir, by the same module's rule: `mktemp` files named
-`tmp.XXXXXXXXXX` holding a pid whose process is gone, or the MLX hostfile /
-RDMA-device JSON that no live rank points at (`MLX_HOSTFILE`, `MLX_IBV_DEVICES`).
-Other tmp files are not counted.
+temp dir of the user it runs as (each model's `service.user`: an exporter running
+as root asks for that user's dir, not its own), by the same module's rule:
+`mktemp` files named `tmp.XXXXXXXXXX` holding a pid whose process is gone, or the
+MLX hostfile / RDMA-device JSON that no live rank points at (`MLX_HOSTFILE`,
+`MLX_IBV_DEVICES`). Other tmp files are not counted.
 
 Walking hundreds of gigabytes is slow, so it never happens on the scrape path:
 a background thread walks every `--collector.tmpdirs.interval` seconds (default
 60; `MLX_MEDIC_TMPDIRS_INTERVAL` when the flag is not given), and a scrape returns
 the last completed walk at once. Without an inventory no tmp dir is scanned (only
 the operator knows where `--tmpdir` points, and /tmp's `tmp*` entries belong to
-everyone); the launcher leftovers are still counted in the platform's default temp dir.
+everyone); the launcher leftovers are still counted, in the exporter's own user's
+temp dir.
 
     mlx_stale_tmp_dirs{dir="/Users/ai/.cache/mlx-share/glm-4_6-5b"} 212.0
     mlx_stale_tmp_bytes{dir="/Users/ai/.cache/mlx-share/glm-4_6-5b"} 8.77e+11
@@ -45,7 +47,7 @@ from mlx_medic.exporter.background import PeriodicWorker
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.exporter.settings import positive_seconds, setting
 from mlx_medic.platform.open_paths import PathsInUse, paths_in_use
-from mlx_medic.platform.temp_dirs import launch_temp_dirs
+from mlx_medic.platform.temp_dirs import user_temp_dirs
 from mlx_medic.platform.weighers import Weigher, default_weigher
 from mlx_medic.tmp_rules import launcher_leftovers, stale_entries
 
@@ -269,7 +271,7 @@ class TmpDirsCollector(Collector):
             leftovers = GaugeMetricFamily(
                 "mlx_launch_leftover_files",
                 "mlx.launch pid files (process gone) and hostfiles (no live rank uses them)"
-                " left in the launch user's temp dir." + age_note,
+                " left in the temp dir of the user mlx.launch runs as (service.user)." + age_note,
             )
             leftovers.add_metric([], result.leftovers)
             yield leftovers
@@ -287,6 +289,17 @@ def watched_dirs(context: ExporterContext) -> list[WatchedDir]:
     return [WatchedDir(path, age) for path, age in ages.items()]
 
 
+def launch_dirs_of(context: ExporterContext) -> Callable[[], list[Path]]:
+    """Where to count launcher leftovers: the inventory's `launch_temp_dirs`, else the temp
+    dir of each service user of this node's models (`service.user`; unset: ours). Asked
+    for on the first walk, off the scrape path (on macOS it runs getconf)."""
+    configured = list(context.inventory.launch_temp_dirs) if context.inventory else []
+    if configured:
+        return lambda: configured
+    users = [model.service.user for model in context.models_here()] or [None]
+    return lambda: user_temp_dirs(users)
+
+
 @dataclass(frozen=True)
 class TmpDirsSettings:
     interval: float = setting(DEFAULT_INTERVAL, "seconds between background tmp walks",
@@ -298,12 +311,6 @@ class TmpDirsSettings:
           settings=TmpDirsSettings)
 def make(context: ExporterContext) -> Collector:
     settings = context.settings_for(TmpDirsSettings)
-    inventory = context.inventory
-    configured = list(inventory.launch_temp_dirs) if inventory is not None else []
-    walker = TmpWalker(
-        watched_dirs(context),
-        launch_dirs=(lambda: configured) if configured else launch_temp_dirs,
-        clock=context.clock,
-    )
+    walker = TmpWalker(watched_dirs(context), launch_dirs_of(context), clock=context.clock)
     background = BackgroundWalker(walker.walk, settings.interval).start()
     return TmpDirsCollector(background, clock=context.clock)
