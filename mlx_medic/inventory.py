@@ -177,7 +177,8 @@ class Policy(_Strict):
     stale_tmp_age: Duration = Field(
         default=600.0,
         description="a `tmp*` entry in `tmp_dirs`/`cache_dirs` unchanged this long, and used by"
-        " no live process, is stale",
+        " no live process, is stale; in a dir other models on the node also name, only once"
+        " it is older than every one of their ages",
     )
 
 
@@ -203,7 +204,10 @@ class Model(_Strict):
         " arguments point under one belongs to the model",
     )
     cache_dirs: list[Path] = Field(
-        default_factory=list, description="further dirs whose stale `tmp*` entries are counted"
+        default_factory=list,
+        description="further dirs whose stale `tmp*` entries are counted and planned for"
+        " cleaning as `tmp_dirs`' are (processes are not told apart by them); a dir that"
+        " several models on a node name is one shared dir (`check-config` lists them)",
     )
     log_files: list[Path] = Field(
         default_factory=list,

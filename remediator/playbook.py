@@ -112,13 +112,13 @@ class RecoverPlaybook(Playbook):
                     targets=[f"{model.name} ranks on {node}"],
                 )
             )
-        if model.tmp_dirs:
+        if model.scope_dirs():  # tmp_dirs and cache_dirs alike, as the exporter weighs them
             for node in model.nodes:
                 steps.append(
                     PlannedStep(
                         "clean-tmp", node,
                         f"remove stale tmp* dirs of {model.name} on {node}, after the sweep",
-                        targets=[f"{d}/tmp*" for d in model.tmp_dirs],
+                        targets=[f"{d}/tmp*" for d in model.scope_dirs()],
                     )
                 )
         for index, (backend, spec) in enumerate(model.backends.in_order()):

@@ -2,14 +2,15 @@
 
 In the seed's cluster, partial `mlx_lm.share` dirs (`TemporaryDirectory`,
 `tmpXXXXXXXX`) grew to 817 GB and 868 GB on two peers before anyone looked.
-For every tmp and cache dir the inventory gives the models on this node, this
-collector counts the stale `tmp*` entries and their bytes as `du` counts them, by
-the rule the clean step removes them with (`mlx_medic.tmp_rules`: no live process
-works in or holds a file in the entry, and nothing in its tree changed for the
-model's `policy.stale_tmp_age`; symlinks never followed, other filesystems never
-entered). On Linux GNU du does the weighing (one run per dir,
-`mlx_medic/platform/du.py`): our own walk (`mlx_medic/platform/weighers.py`), kept
-for macOS and for when du fails, is about 1.5 times slower.
+For every tmp and cache dir the inventory gives the models on this node (a dir
+two models share is one dir), this collector counts the stale `tmp*` entries and
+their bytes as `du` counts them, by the rule the clean step removes them with
+(`mlx_medic.tmp_rules`: no live process works in or holds a file in the entry,
+and nothing in its tree changed for the `policy.stale_tmp_age` of every model that
+names the dir; symlinks never followed, other filesystems never entered). On Linux
+GNU du does the weighing (one run per dir, `mlx_medic/platform/du.py`): our own walk
+(`mlx_medic/platform/weighers.py`), kept for macOS and for when du fails, is about
+1.5 times slower.
 
 `mlx_launch_leftover_files` counts what mlx.launch's rank script leaves in the
 temp dir of the user it runs as (each model's `service.user`: an exporter running
@@ -49,7 +50,7 @@ from mlx_medic.exporter.settings import positive_seconds, setting
 from mlx_medic.platform.open_paths import PathsInUse, paths_in_use
 from mlx_medic.platform.temp_dirs import user_temp_dirs
 from mlx_medic.platform.weighers import Weigher, default_weigher
-from mlx_medic.tmp_rules import launcher_leftovers, stale_entries
+from mlx_medic.tmp_rules import launcher_leftovers, scope_dirs, stale_entries
 
 log = logging.getLogger("mlx_medic.exporter.tmpdirs")
 
@@ -227,7 +228,8 @@ class TmpDirsCollector(Collector):
         dirs = GaugeMetricFamily(
             "mlx_stale_tmp_dirs",
             "Stale tmp* entries (dirs or files) at depth one of the dir: unused by any process"
-            " and unchanged for the model's stale_tmp_age." + age_note,
+            " and unchanged for the stale_tmp_age of every model that names the dir (in"
+            " tmp_dirs or cache_dirs; a shared dir is one series)." + age_note,
             labels=["dir"],
         )
         size = GaugeMetricFamily(
@@ -281,12 +283,9 @@ class TmpDirsCollector(Collector):
 
 
 def watched_dirs(context: ExporterContext) -> list[WatchedDir]:
-    """Every tmp and cache dir of the models on this node; the longest stale age wins."""
-    ages: dict[Path, float] = {}
-    for model in context.models_here():
-        for path in model.scope_dirs():
-            ages[path] = max(ages.get(path, 0.0), model.policy.stale_tmp_age)
-    return [WatchedDir(path, age) for path, age in ages.items()]
+    """Every tmp and cache dir of the models on this node, a shared one once, with the
+    longest stale age of the models sharing it (`tmp_rules.scope_dirs`)."""
+    return [WatchedDir(d.path, d.stale_age) for d in scope_dirs(context.models_here())]
 
 
 def launch_dirs_of(context: ExporterContext) -> Callable[[], list[Path]]:
