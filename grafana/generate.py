@@ -216,9 +216,12 @@ def cluster_overview() -> dict[str, Any]:
                    [target(f"mlx_rdma_port_active{{{NODE}}}", "{{node}} {{device}}/{{port}}")],
                    description="1 = PORT_ACTIVE. Absent on hosts without RDMA.",
                    max_value=1, stepped=True, width=8),
-        timeseries("RDMA objects (budget 11)",
+        timeseries("RDMA objects on the node (budget 11 per device)",
                    [target(f"mlx_rdma_objects{{{NODE}}}", "{{node}} {{kind}}")],
-                   description="ioclasscount of protection domains and queue pairs.",
+                   description="ioclasscount of protection domains and queue pairs: the node's"
+                               " total over all its RDMA devices, which it cannot tell apart;"
+                               " the budget is 11 per device (docs/decisions.md), so orange"
+                               " and red mark where one device may be near or at it.",
                    steps=(("green", None), ("orange", PD_HIGH), ("red", PD_BUDGET)),
                    stepped=True, width=8),
         row("Exporter health"),

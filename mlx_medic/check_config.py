@@ -1,8 +1,10 @@
 """`mlx-medic check-config FILE`: validate an inventory before anything uses it.
 
 It loads the file exactly as the exporter and the remediator do (`load_inventory`, the
-same models), so what it accepts they accept. `--schema` prints the field reference
-generated from those models (docs/inventory.md holds the same table).
+same models), so what it accepts they accept, and says which tmp/cache dirs several
+models on a node share (`tmp_rules.scope_dirs`: weighed once, with the longest stale
+age). `--schema` prints the field reference generated from those models
+(docs/inventory.md holds the same table).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from mlx_medic.inventory import InventoryError, load_inventory
+from mlx_medic.inventory import Inventory, InventoryError, load_inventory
+from mlx_medic.inventory_doc import human_duration
+from mlx_medic.tmp_rules import ScopeDir, scope_dirs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,4 +42,22 @@ def run(args: argparse.Namespace) -> int:
         f"{args.file}: ok: {len(inventory.nodes)} nodes, {len(inventory.models)} models"
         + "".join(f"\n  {m.name}: {' -> '.join(m.nodes)} port {m.port}" for m in inventory.models)
     )
+    print("\n".join(shared_dirs_report(inventory)))
     return 0
+
+
+def shared_dirs_report(inventory: Inventory) -> list[str]:
+    """Which tmp/cache dirs several models on a node share, and the stale age they get."""
+    nodes: dict[ScopeDir, list[str]] = {}
+    for node in inventory.nodes:
+        for scope in scope_dirs(inventory.models_on(node.name)):
+            if scope.shared:
+                nodes.setdefault(scope, []).append(node.name)
+    if not nodes:
+        return ["shared dirs: none"]
+    lines = ["shared dirs (weighed once; an entry is stale only when no process uses it and it"
+             " is older than every sharing model's stale_tmp_age):"]
+    for scope, where in nodes.items():
+        lines.append(f"  {scope.path} on {', '.join(where)}: {', '.join(scope.models)}"
+                     f" (stale after {human_duration(scope.stale_age)})")
+    return lines

@@ -26,6 +26,7 @@ from pydantic import (
 from mlx_medic.names import NAME_PATTERN
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+USER_NAME_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
 ServiceManager = Literal["launchd", "systemd", "supervisord"]
 BackendName = Literal["jaccl", "ring"]
 
@@ -66,9 +67,7 @@ class Node(_Strict):
         " refer to it"
     )
     ssh: str = Field(description="address or host name used by ssh and in hostfiles")
-    user: str = Field(
-        default="root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="SSH login user"
-    )
+    user: str = Field(default="root", pattern=USER_NAME_PATTERN, description="SSH login user")
     port: int = Field(default=22, ge=1, le=65535, description="SSH port")
     medic_command: str = Field(
         default="mlx-medic",
@@ -114,6 +113,14 @@ class Service(_Strict):
         description="the service's name for its manager (launchd: the job label, its plist"
         " is /Library/LaunchDaemons/<label>.plist)",
     )
+    user: str | None = Field(
+        default=None, pattern=USER_NAME_PATTERN,
+        description="the user the service runs as (launchd: the plist's `UserName`)."
+        " mlx.launch's pid files and hostfiles land in this user's temp dir on every node of"
+        " the model (ssh logs in to the peers under the same name by default), and the"
+        " exporter counts leftovers there (macOS: the user's `DARWIN_USER_TEMP_DIR`, asked as"
+        " that user; Linux: /tmp); null: the user the exporter runs as",
+    )  # fmt: skip
 
 
 class Backend(_Strict):
@@ -170,7 +177,8 @@ class Policy(_Strict):
     stale_tmp_age: Duration = Field(
         default=600.0,
         description="a `tmp*` entry in `tmp_dirs`/`cache_dirs` unchanged this long, and used by"
-        " no live process, is stale",
+        " no live process, is stale; in a dir other models on the node also name, only once"
+        " it is older than every one of their ages",
     )
 
 
@@ -196,7 +204,10 @@ class Model(_Strict):
         " arguments point under one belongs to the model",
     )
     cache_dirs: list[Path] = Field(
-        default_factory=list, description="further dirs whose stale `tmp*` entries are counted"
+        default_factory=list,
+        description="further dirs whose stale `tmp*` entries are counted and planned for"
+        " cleaning as `tmp_dirs`' are (processes are not told apart by them); a dir that"
+        " several models on a node name is one shared dir (`check-config` lists them)",
     )
     log_files: list[Path] = Field(
         default_factory=list,
@@ -322,7 +333,8 @@ class Inventory(_Strict):
     )
     launch_temp_dirs: list[Path] = Field(
         default_factory=list,
-        description="where mlx.launch's mktemp files land; empty means the platform default",
+        description="where mlx.launch's mktemp files land, for every model on every node;"
+        " empty: each model's `service.user`'s temp dir",
     )
 
     @model_validator(mode="after")

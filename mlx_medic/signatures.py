@@ -148,7 +148,8 @@ _NOT_HEX_BEFORE = r"(?<![0-9A-Fa-f])"
 BUILTIN: tuple[LogSignature, ...] = (
     LogSignature(
         "jaccl_protection_domain",
-        r"\[jaccl\] Couldn't allocate protection domain",
+        # Seed 002 quotes the same RuntimeError without the `[jaccl] ` prefix.
+        r"(?:\[jaccl\] )?Couldn't allocate protection domain",
         "ibv_alloc_pd failed: protection domains exhausted or the Thunderbolt port is down",
     ),
     LogSignature(
@@ -200,6 +201,12 @@ BUILTIN: tuple[LogSignature, ...] = (
         "launch_teardown_failed",
         r"CalledProcessError: Command .*pid=\$\(cat |\btmp\.None\b",
         "mlx.launch's remote kill script failed (the tmp.None pid file): ranks left running",
+    ),
+    LogSignature(
+        "launch_hostfile_malformed",
+        # argparse's `mlx.launch: error: ...`; mlx.launch starts no rank (exit status 2).
+        r"\bThe hostfile is malformed: ",
+        "mlx.launch refused the JACCL hostfile (RDMA devices missing or misplaced)",
     ),
     LogSignature(
         "launch_rank_failed",

@@ -4,16 +4,22 @@ One rule for everyone who counts or removes them: the exporter counts with it
 (`mlx_stale_tmp_*`, `mlx_launch_leftover_files`) and the clean step removes exactly
 what it lists, so what the dashboards show is what the arm deletes.
 
-Stale tmp entries (`stale_entries`). In a dir the inventory names (a model's tmp or
-cache dir; the dir itself may be a symlink, as macOS's /tmp is), an entry at depth
-one is stale when all of these hold:
+The dirs (`scope_dirs`): every `tmp_dirs` and `cache_dirs` entry of the models on a
+node, alike (the seed's clean-up emptied its CACHE_DIR's `tmp*` too). A dir several
+of them name (the example gives two models one Hugging Face cache) is one shared
+dir: its entries are weighed once, and its stale age is the longest of the sharing
+models' `policy.stale_tmp_age`, so an entry is stale only when it is older than
+every sharing model's age (and, as for any dir, no process uses it).
+
+Stale tmp entries (`stale_entries`). In such a dir (the dir itself may be a
+symlink, as macOS's /tmp is), an entry at depth one is stale when all of these hold:
 - its name starts with `tmp` (`TemporaryDirectory`, `mkstemp`, mlx_lm.share's partial
   transfers: the seed's 817 GB and 868 GB);
 - it is a directory or a regular file in itself: a symlink is never an entry and
   no symlink below an entry is followed;
 - it is on the dir's filesystem, and no other filesystem below it is entered;
 - no live process works in it or holds a file in it open (`PathsInUse`: cwd, fds);
-- nothing anywhere in its tree changed for `stale_age` seconds (newest mtime).
+- nothing anywhere in its tree changed for the dir's stale age (newest mtime).
 Its size is the allocated bytes du counts (`mlx_medic.platform.weighers`). As with
 `du -s tmpA tmpB`, a file with two names in the dir counts once: its second name is
 no entry of its own while the first is listed (removing the first frees no block;
@@ -37,16 +43,51 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from mlx_medic.platform.open_paths import PathsInUse, environment_values
 from mlx_medic.platform.weighers import Weigher, default_weigher
 
+if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
+    from mlx_medic.inventory import Model
+
 STALE_PREFIX = "tmp"
 LEFTOVER_NAME = re.compile(r"tmp\.[A-Za-z0-9]{6,32}")
 LEFTOVER_MAX_BYTES = 64 * 1024
 LAUNCH_FILE_VARIABLES = ("MLX_HOSTFILE", "MLX_IBV_DEVICES")
+
+
+# --- the dirs --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScopeDir:
+    """One tmp or cache dir on a node, with every model there that names it."""
+
+    path: Path
+    stale_age: float  # seconds: the longest stale_tmp_age of `models`
+    models: tuple[str, ...]
+
+    @property
+    def shared(self) -> bool:
+        return len(self.models) > 1
+
+
+def scope_dirs(models: Iterable[Model]) -> list[ScopeDir]:
+    """The tmp and cache dirs of `models` (the ones on one node), each dir once, in
+    inventory order; a shared dir takes the longest stale age of the models naming it."""
+    found: dict[Path, ScopeDir] = {}
+    for model in models:
+        for path in model.scope_dirs():
+            seen = found.get(path)
+            if seen is None:
+                found[path] = ScopeDir(path, model.policy.stale_tmp_age, (model.name,))
+            elif model.name not in seen.models:
+                found[path] = ScopeDir(path, max(seen.stale_age, model.policy.stale_tmp_age),
+                                       (*seen.models, model.name))
+    return list(found.values())
 
 
 # --- stale tmp entries -----------------------------------------------------------------

@@ -46,6 +46,14 @@ def test_the_example_inventory_describes_the_seed_cluster() -> None:
     assert [m.name for m in inventory.models_on("ai004")] == ["glm-4_6-5b", "qwq-32b-8bit"]
 
 
+def test_a_service_user_is_a_user_name_and_a_bad_one_is_named_with_its_line() -> None:
+    inventory = parse_inventory(GOOD.replace("label: m}", "label: m, user: ai}"))
+    assert inventory.model("m").service.user == "ai"
+    assert parse_inventory(GOOD).model("m").service.user is None  # the exporter's own user
+    found = problems(GOOD.replace("label: m}", "label: m, user: 'ai; rm -rf /'}"))
+    assert len(found) == 1 and found[0].startswith("line 9: models.m.service.user:")
+
+
 def test_durations_accept_units() -> None:
     inventory = parse_inventory(
         GOOD.replace("port: 8080", "port: 8080\n    policy: {window: 2h, backoff: 90}")

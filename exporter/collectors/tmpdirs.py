@@ -2,27 +2,30 @@
 
 In the seed's cluster, partial `mlx_lm.share` dirs (`TemporaryDirectory`,
 `tmpXXXXXXXX`) grew to 817 GB and 868 GB on two peers before anyone looked.
-For every tmp and cache dir the inventory gives the models on this node, this
-collector counts the stale `tmp*` entries and their bytes as `du` counts them, by
-the rule the clean step removes them with (`mlx_medic.tmp_rules`: no live process
-works in or holds a file in the entry, and nothing in its tree changed for the
-model's `policy.stale_tmp_age`; symlinks never followed, other filesystems never
-entered). On Linux GNU du does the weighing (one run per dir,
-`mlx_medic/platform/du.py`): our own walk (`mlx_medic/platform/weighers.py`), kept
-for macOS and for when du fails, is about 1.5 times slower.
+For every tmp and cache dir the inventory gives the models on this node (a dir
+two models share is one dir), this collector counts the stale `tmp*` entries and
+their bytes as `du` counts them, by the rule the clean step removes them with
+(`mlx_medic.tmp_rules`: no live process works in or holds a file in the entry,
+and nothing in its tree changed for the `policy.stale_tmp_age` of every model that
+names the dir; symlinks never followed, other filesystems never entered). On Linux
+GNU du does the weighing (one run per dir, `mlx_medic/platform/du.py`): our own walk
+(`mlx_medic/platform/weighers.py`), kept for macOS and for when du fails, is about
+1.5 times slower.
 
 `mlx_launch_leftover_files` counts what mlx.launch's rank script leaves in the
-launch user's temp dir, by the same module's rule: `mktemp` files named
-`tmp.XXXXXXXXXX` holding a pid whose process is gone, or the MLX hostfile /
-RDMA-device JSON that no live rank points at (`MLX_HOSTFILE`, `MLX_IBV_DEVICES`).
-Other tmp files are not counted.
+temp dir of the user it runs as (each model's `service.user`: an exporter running
+as root asks for that user's dir, not its own), by the same module's rule:
+`mktemp` files named `tmp.XXXXXXXXXX` holding a pid whose process is gone, or the
+MLX hostfile / RDMA-device JSON that no live rank points at (`MLX_HOSTFILE`,
+`MLX_IBV_DEVICES`). Other tmp files are not counted.
 
 Walking hundreds of gigabytes is slow, so it never happens on the scrape path:
 a background thread walks every `--collector.tmpdirs.interval` seconds (default
 60; `MLX_MEDIC_TMPDIRS_INTERVAL` when the flag is not given), and a scrape returns
 the last completed walk at once. Without an inventory no tmp dir is scanned (only
 the operator knows where `--tmpdir` points, and /tmp's `tmp*` entries belong to
-everyone); the launcher leftovers are still counted in the platform's default temp dir.
+everyone); the launcher leftovers are still counted, in the exporter's own user's
+temp dir.
 
     mlx_stale_tmp_dirs{dir="/Users/ai/.cache/mlx-share/glm-4_6-5b"} 212.0
     mlx_stale_tmp_bytes{dir="/Users/ai/.cache/mlx-share/glm-4_6-5b"} 8.77e+11
@@ -45,9 +48,9 @@ from mlx_medic.exporter.background import PeriodicWorker
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.exporter.settings import positive_seconds, setting
 from mlx_medic.platform.open_paths import PathsInUse, paths_in_use
-from mlx_medic.platform.temp_dirs import launch_temp_dirs
+from mlx_medic.platform.temp_dirs import user_temp_dirs
 from mlx_medic.platform.weighers import Weigher, default_weigher
-from mlx_medic.tmp_rules import launcher_leftovers, stale_entries
+from mlx_medic.tmp_rules import launcher_leftovers, scope_dirs, stale_entries
 
 log = logging.getLogger("mlx_medic.exporter.tmpdirs")
 
@@ -225,7 +228,8 @@ class TmpDirsCollector(Collector):
         dirs = GaugeMetricFamily(
             "mlx_stale_tmp_dirs",
             "Stale tmp* entries (dirs or files) at depth one of the dir: unused by any process"
-            " and unchanged for the model's stale_tmp_age." + age_note,
+            " and unchanged for the stale_tmp_age of every model that names the dir (in"
+            " tmp_dirs or cache_dirs; a shared dir is one series)." + age_note,
             labels=["dir"],
         )
         size = GaugeMetricFamily(
@@ -269,7 +273,7 @@ class TmpDirsCollector(Collector):
             leftovers = GaugeMetricFamily(
                 "mlx_launch_leftover_files",
                 "mlx.launch pid files (process gone) and hostfiles (no live rank uses them)"
-                " left in the launch user's temp dir." + age_note,
+                " left in the temp dir of the user mlx.launch runs as (service.user)." + age_note,
             )
             leftovers.add_metric([], result.leftovers)
             yield leftovers
@@ -279,12 +283,20 @@ class TmpDirsCollector(Collector):
 
 
 def watched_dirs(context: ExporterContext) -> list[WatchedDir]:
-    """Every tmp and cache dir of the models on this node; the longest stale age wins."""
-    ages: dict[Path, float] = {}
-    for model in context.models_here():
-        for path in model.scope_dirs():
-            ages[path] = max(ages.get(path, 0.0), model.policy.stale_tmp_age)
-    return [WatchedDir(path, age) for path, age in ages.items()]
+    """Every tmp and cache dir of the models on this node, a shared one once, with the
+    longest stale age of the models sharing it (`tmp_rules.scope_dirs`)."""
+    return [WatchedDir(d.path, d.stale_age) for d in scope_dirs(context.models_here())]
+
+
+def launch_dirs_of(context: ExporterContext) -> Callable[[], list[Path]]:
+    """Where to count launcher leftovers: the inventory's `launch_temp_dirs`, else the temp
+    dir of each service user of this node's models (`service.user`; unset: ours). Asked
+    for on the first walk, off the scrape path (on macOS it runs getconf)."""
+    configured = list(context.inventory.launch_temp_dirs) if context.inventory else []
+    if configured:
+        return lambda: configured
+    users = [model.service.user for model in context.models_here()] or [None]
+    return lambda: user_temp_dirs(users)
 
 
 @dataclass(frozen=True)
@@ -298,12 +310,6 @@ class TmpDirsSettings:
           settings=TmpDirsSettings)
 def make(context: ExporterContext) -> Collector:
     settings = context.settings_for(TmpDirsSettings)
-    inventory = context.inventory
-    configured = list(inventory.launch_temp_dirs) if inventory is not None else []
-    walker = TmpWalker(
-        watched_dirs(context),
-        launch_dirs=(lambda: configured) if configured else launch_temp_dirs,
-        clock=context.clock,
-    )
+    walker = TmpWalker(watched_dirs(context), launch_dirs_of(context), clock=context.clock)
     background = BackgroundWalker(walker.walk, settings.interval).start()
     return TmpDirsCollector(background, clock=context.clock)

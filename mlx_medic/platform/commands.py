@@ -8,6 +8,7 @@ hangs is a collector failure.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import Callable, Sequence
@@ -43,32 +44,39 @@ def _quote(argv: Sequence[str]) -> str:
     return " ".join(argv)
 
 
-def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
+def run_command(argv: Sequence[str], timeout: float, *, user: str | None = None) -> CommandResult:
     """Run `argv` (no shell) and return its output, killing it after `timeout` s.
 
     Output is decoded as UTF-8 with replacement, so binary garbage becomes a
     parse error later instead of a crash here. `LC_ALL=C` keeps tool output in
-    the format the parsers were written against.
+    the format the parsers were written against. `user`: run it as that user
+    (the process must be root), for answers that depend on who asks.
     """
     argv = tuple(argv)
     env = dict(os.environ, LC_ALL="C")
     try:
         completed = subprocess.run(
             argv, capture_output=True, timeout=timeout, check=False,
-            stdin=subprocess.DEVNULL, env=env,
+            stdin=subprocess.DEVNULL, env=env, user=user,
         )
     except FileNotFoundError as exc:
         raise CommandNotFound(f"{argv[0]} is not installed on this host") from exc
     except subprocess.TimeoutExpired as exc:
         raise CommandError(f"`{_quote(argv)}` did not finish within {timeout:g}s") from exc
-    except OSError as exc:
-        raise CommandError(f"`{_quote(argv)}` could not run: {exc}") from exc
+    except (OSError, KeyError) as exc:  # KeyError: no such user
+        who = f" as {user}" if user else ""
+        raise CommandError(f"`{_quote(argv)}` could not run{who}: {exc}") from exc
     return CommandResult(
         argv=argv,
         returncode=completed.returncode,
         stdout=completed.stdout.decode("utf-8", "replace")[:MAX_OUTPUT_CHARS],
         stderr=completed.stderr.decode("utf-8", "replace")[:MAX_OUTPUT_CHARS],
     )
+
+
+def as_user(user: str) -> Runner:
+    """A runner whose commands run as `user` (needs root)."""
+    return functools.partial(run_command, user=user)
 
 
 def output_of(runner: Runner, argv: Sequence[str], timeout: float) -> str:

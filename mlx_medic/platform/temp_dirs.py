@@ -1,31 +1,37 @@
-"""Where `mlx.launch`'s `mktemp` files land: the launch user's temp dir.
+"""Where `mlx.launch`'s `mktemp` files land: the launching user's temp dir.
 
-The launcher's rank script runs a bare `mktemp` for its pid file and hostfiles.
-On macOS that uses `_CS_DARWIN_USER_TEMP_DIR` (`/var/folders/<xx>/<hash>/T/`)
-and ignores `$TMPDIR` (macos-facts.md §5); on Linux it uses `$TMPDIR`, else
-/tmp. The answer is for the user this process runs as: an exporter running as
-another user than the launcher must be given `launch_temp_dirs` in the
-inventory.
+The launcher's rank script runs a bare `mktemp` for its pid file and hostfiles,
+as the user the model's service runs as (on the peers: the user its ssh logs in
+as). On macOS that uses `_CS_DARWIN_USER_TEMP_DIR` (`/var/folders/<xx>/<hash>/T/`)
+and ignores `$TMPDIR` (macos-facts.md §5). That dir is per user: `confstr` (and
+`getconf DARWIN_USER_TEMP_DIR`) answers for the user who asks, and root gets its
+own (`/var/folders/zz/zyxvpxvq6csfxvn_n0000000000000/T/`), so an exporter running
+as root asks `getconf` as the service's user. On Linux `mktemp` uses `$TMPDIR`,
+else /tmp: our own `$TMPDIR` is known, another user's is not, so for them it is
+the default, /tmp.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pwd
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from mlx_medic.platform.commands import (
     CommandError,
     ParseError,
     Runner,
+    as_user,
     output_of,
     run_command,
 )
 
 log = logging.getLogger("mlx_medic.platform")
 
+GETCONF_ARGV = ("getconf", "DARWIN_USER_TEMP_DIR")
 GETCONF_TIMEOUT = 5.0
 
 
@@ -55,13 +61,44 @@ def launch_temp_dirs(
     runner: Runner = run_command,
     environ: Mapping[str, str] | None = None,
 ) -> list[Path]:
-    """The default directories to look in for mlx.launch's leftover files."""
+    """Where mlx.launch's files land when it runs as the user this process runs as."""
     environ = os.environ if environ is None else environ
     if platform == "darwin":
         try:
-            return [parse_darwin_user_temp_dir(
-                output_of(runner, ["getconf", "DARWIN_USER_TEMP_DIR"], GETCONF_TIMEOUT)
-            )]
+            return [parse_darwin_user_temp_dir(output_of(runner, GETCONF_ARGV, GETCONF_TIMEOUT))]
         except (CommandError, ParseError) as exc:
             log.warning("cannot find the user temp dir (%s); looking in $TMPDIR and /tmp", exc)
     return posix_temp_dirs(environ)
+
+
+def current_user() -> str:
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def user_temp_dirs(
+    users: Iterable[str | None],
+    platform: str = sys.platform,
+    runner: Runner = run_command,
+    runner_as: Callable[[str], Runner] = as_user,
+    environ: Mapping[str, str] | None = None,
+    me: Callable[[], str] = current_user,
+) -> list[Path]:
+    """Where mlx.launch's files land for each of `users` (None: the user this process
+    runs as), in order, each dir once. A macOS user whose dir cannot be asked for (no
+    such user; an exporter that is neither root nor that user) is logged and left out."""
+    found: list[Path] = []
+    for user in dict.fromkeys(users):
+        if user is None or user == me():
+            dirs = launch_temp_dirs(platform, runner, environ)
+        elif platform == "darwin":
+            try:
+                text = output_of(runner_as(user), GETCONF_ARGV, GETCONF_TIMEOUT)
+                dirs = [parse_darwin_user_temp_dir(text)]
+            except (CommandError, ParseError) as exc:
+                log.warning("cannot find %s's temp dir, its launch leftovers are not"
+                            " counted: %s", user, exc)
+                dirs = []
+        else:
+            dirs = [Path("/tmp")]
+        found += [d for d in dirs if d not in found]
+    return found

@@ -23,7 +23,7 @@ class RecoverPlaybook(Playbook):
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         steps: list[Step] = [StopService(model=model)]
         steps += [Sweep(model=model, node=node) for node in model.nodes]
-        if model.tmp_dirs:
+        if model.scope_dirs():  # tmp_dirs and cache_dirs alike, as the exporter weighs them
             steps += [CleanTmp(model=model, node=node) for node in model.nodes]
         for index, (backend, _spec) in enumerate(model.backends.in_order()):
             fallback = index > 0

@@ -17,7 +17,7 @@ class CleanTmp(Step):
         return StepDescription(
             "clean-tmp", self.node,
             f"remove stale tmp* dirs of {self.model.name} on {self.node}, after the sweep",
-            targets=[f"{d}/tmp*" for d in self.model.tmp_dirs],
+            targets=[f"{d}/tmp*" for d in self.model.scope_dirs()],
         )
 
     async def run(self, context: RunContext) -> StepResult:

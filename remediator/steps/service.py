@@ -8,6 +8,8 @@ from typing import Literal
 from mlx_medic.inventory import BackendName, Model
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
 
+LAUNCHCTL = ("sudo", "-n", "/bin/launchctl")
+
 
 def service_argv(model: Model, action: Literal["stop", "start"]) -> list[str]:
     """The service manager's own command to stop or start the model's service.
@@ -16,11 +18,12 @@ def service_argv(model: Model, action: Literal["stop", "start"]) -> list[str]:
     the nodes are swept; `bootstrap` loads it again from its plist.
     """
     label = model.service.label
+    # launchctl(1): changing the system domain needs root; -n: never wait for a password.
     match model.service.manager:
         case "launchd":
             if action == "stop":
-                return ["launchctl", "bootout", f"system/{label}"]
-            return ["launchctl", "bootstrap", "system", f"/Library/LaunchDaemons/{label}.plist"]
+                return [*LAUNCHCTL, "bootout", f"system/{label}"]
+            return [*LAUNCHCTL, "bootstrap", "system", f"/Library/LaunchDaemons/{label}.plist"]
         case "systemd":
             return ["systemctl", action, label]
         case "supervisord":

@@ -21,6 +21,8 @@ from mlx_medic.signatures import (
 VERBATIM = [
     # seed 000, the error every restart failed with
     ("RuntimeError: [jaccl] Couldn't allocate protection domain", ["jaccl_protection_domain"]),
+    # seed 002 quotes the same failure without the `[jaccl] ` prefix
+    ("RuntimeError: Couldn't allocate protection domain", ["jaccl_protection_domain"]),
     ("[jaccl] Changing queue pair to RTR failed with errno 16", ["jaccl_qp_rtr_errno_16"]),
     ("RuntimeError: [jaccl] Changing queue pair to RTR failed with errno 22",
      ["jaccl_qp_rtr_errno_22"]),
@@ -55,6 +57,14 @@ VERBATIM = [
      ["launch_teardown_failed"]),
     ("  rm /var/folders/.../tmp.None'' returned non-zero exit status 1.",
      ["launch_teardown_failed"]),
+    # seed 004: mlx.launch refuses a JACCL hostfile (argparse's `prog: error:` line); the other
+    # two texts are launch.py's own (as installed), which the seed's run did not reach
+    ("mlx.launch: error: The hostfile is malformed: no RDMA device is listed for m3-ultra-1 to "
+     "m3-ultra-2, ...", ["launch_hostfile_malformed"]),
+    ("mlx.launch: error: The hostfile is malformed: number of RDMA devices does not match hosts",
+     ["launch_hostfile_malformed"]),
+    ("mlx.launch: error: The hostfile is malformed: RDMA device of self should be null",
+     ["launch_hostfile_malformed"]),
     ("\x1b[33m[WARN] Node with rank 1 exited with code 1 \x1b[0m", ["launch_rank_failed"]),
     ("\x1b[33m[WARN] Node with rank 0 was killed \x1b[0m", ["launch_rank_failed"]),
     ("\x1b[33m[WARN] Node with rank 3 exited with code -9 \x1b[0m", ["launch_rank_failed"]),
@@ -73,6 +83,13 @@ NEAR_MISSES = [
     "[jaccl] Couldn't connect (error: 61)",
     "[jaccl] Couldn't connect (error: 600)",
     "[JACCL] couldn't allocate protection domain",
+    "RuntimeError: couldn't allocate protection domain",
+    "[jaccl] Couldn't allocate memory region",
+    "RuntimeError: Couldn't allocate the protection domain",
+    "The hostfile is malformed",  # no reason after it: not mlx.launch's message
+    "the hostfile is malformed: no RDMA device is listed for a to b",
+    "ValueError: Hostfile /etc/mlx/h.json doesn't exist",
+    "warning: The hostfile is malformed? check it: no",
     "RuntimeError: Cannot initialize jaccl distributed backend.",
     "[METAL] Command buffer execution failed: Impacting Interactivity "
     "(0000000e:kIOGPUCommandBufferCallbackErrorImpactingInteractivity)",
@@ -106,7 +123,8 @@ def test_the_issue_lists_every_builtin_name_and_names_are_label_safe_snake_case(
         "jaccl_protection_domain", "jaccl_qp_rtr_errno_16", "jaccl_qp_rtr_errno_22",
         "jaccl_qp_rtr_errno_96", "jaccl_qp_create", "jaccl_connect_error_60",
         "jaccl_connect_error_65", "metal_gpu_timeout", "metal_out_of_memory",
-        "metal_malloc_resource_limit", "launch_teardown_failed", "launch_rank_failed",
+        "metal_malloc_resource_limit", "launch_teardown_failed", "launch_hostfile_malformed",
+        "launch_rank_failed",
         "ring_peer_lost", "generate_thread_died",
     ]
     for signature in BUILTIN:

@@ -33,10 +33,14 @@ from mlx_medic.exporter.collectors.tmpdirs import (
     scan_watched_dir,
 )
 from mlx_medic.inventory import parse_inventory
-from mlx_medic.platform.commands import CommandResult
+from mlx_medic.platform.commands import CommandError, CommandResult, as_user, output_of
 from mlx_medic.platform.du import DuError, gnu_du, parse_du_output, probe_du
 from mlx_medic.platform.open_paths import PathsInUse, paths_in_use, psutil_paths_in_use
-from mlx_medic.platform.temp_dirs import launch_temp_dirs, parse_darwin_user_temp_dir
+from mlx_medic.platform.temp_dirs import (
+    launch_temp_dirs,
+    parse_darwin_user_temp_dir,
+    user_temp_dirs,
+)
 from mlx_medic.platform.weighers import DuWeigher, PythonWeigher, default_weigher
 from mlx_medic.tmp_rules import classify_launch_file, launcher_leftovers, stale_entries
 from tests.tools import require_root, require_tool
@@ -608,6 +612,96 @@ def test_the_macos_temp_dir_comes_from_getconf_not_tmpdir():
     dirs = launch_temp_dirs("darwin", runner, {"TMPDIR": "/opt/mlx/tmp"})
     assert asked == [["getconf", "DARWIN_USER_TEMP_DIR"]]
     assert dirs == [Path("/var/folders/qg/s5jp5ffx2p1fxv0hy2l_p3hm0000gn/T")]
+
+
+def getconf_fixture(name: str) -> str:
+    lines = (FIXTURES / name).read_text().splitlines()
+    return "\n".join(line for line in lines if not line.startswith("#")) + "\n"
+
+
+def test_an_exporter_running_as_root_asks_getconf_as_the_service_user_not_itself():
+    """mlx.launch's pid file lands in the service user's DARWIN_USER_TEMP_DIR; root's own
+    answer (`/var/folders/zz/...`) is another dir, so getconf is asked as that user."""
+    asked_as: list[str | None] = []
+
+    def runner_for(user: str | None):
+        def runner(argv, timeout):
+            asked_as.append(user)
+            assert list(argv) == ["getconf", "DARWIN_USER_TEMP_DIR"]
+            fixture = ("getconf_darwin_user_temp_dir_root.txt" if user is None
+                       else "getconf_darwin_user_temp_dir.txt")
+            return CommandResult(tuple(argv), 0, getconf_fixture(fixture), "")
+        return runner
+
+    def dirs(users):
+        return user_temp_dirs(users, "darwin", runner_for(None), runner_for,
+                              environ={"TMPDIR": "/opt/mlx/tmp"}, me=lambda: "root")
+
+    assert dirs(["ai"]) == [Path("/var/folders/qg/s5jp5ffx2p1fxv0hy2l_p3hm0000gn/T")]
+    assert asked_as == ["ai"]
+    assert dirs([None]) == [Path("/var/folders/zz/zyxvpxvq6csfxvn_n0000000000000/T")]
+    assert dirs(["root"]) == dirs([None])  # the exporter's own user: asked directly
+    assert dirs(["ai", None, "ai"]) == [  # each user asked once, each dir listed once
+        Path("/var/folders/qg/s5jp5ffx2p1fxv0hy2l_p3hm0000gn/T"),
+        Path("/var/folders/zz/zyxvpxvq6csfxvn_n0000000000000/T")]
+
+
+def test_a_service_user_whose_temp_dir_cannot_be_asked_for_is_logged_and_left_out(caplog):
+    def refused(user: str):
+        def runner(argv, timeout):
+            raise CommandError(f"`getconf DARWIN_USER_TEMP_DIR` could not run as {user}: denied")
+        return runner
+
+    with caplog.at_level(logging.WARNING):
+        found = user_temp_dirs(["ai"], "darwin", runner_as=refused, me=lambda: "medic")
+    assert found == []
+    assert "cannot find ai's temp dir" in caplog.text and "denied" in caplog.text
+
+
+def test_on_linux_another_users_temp_dir_is_the_default_tmp_and_ours_follows_tmpdir():
+    mine = {"TMPDIR": "/var/tmp/medic"}
+    assert user_temp_dirs(["nobody"], "linux", environ=mine, me=lambda: "root") == [Path("/tmp")]
+    assert user_temp_dirs([None], "linux", environ=mine, me=lambda: "root") == [
+        Path("/var/tmp/medic"), Path("/tmp")]
+
+
+def test_a_command_asked_as_another_user_runs_as_that_user():
+    require_root()
+    assert output_of(as_user("nobody"), ["id", "-un"], 10).strip() == "nobody"
+    with pytest.raises(CommandError, match="could not run as no-such-user"):
+        as_user("no-such-user")(["id"], 10)
+
+
+SERVICE_USER_INVENTORY = """
+nodes: {ai001: {ssh: 127.0.0.1}, ai002: {ssh: 127.0.0.2}}
+models:
+  a:
+    model: m
+    nodes: [ai001, ai002]
+    port: 8080
+    service: {manager: launchd, label: a, user: nobody}
+    backends: {ring: {hostfile: /etc/h.json}}
+"""
+
+
+def test_the_exporter_counts_leftovers_in_the_temp_dir_of_the_models_service_user(
+    tmp_path, monkeypatch
+):
+    """The inventory names the user each model's service runs as; with none, the exporter
+    looks in its own user's temp dir; `launch_temp_dirs` overrides both."""
+    if sys.platform == "darwin":
+        pytest.skip("the Linux default; macOS asks getconf (tested above)")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    inventory = parse_inventory(SERVICE_USER_INVENTORY)
+    on_peer = ExporterContext(node="ai002", inventory=inventory)
+    assert tmpdirs.launch_dirs_of(on_peer)() == [Path("/tmp")]  # nobody's, not our $TMPDIR
+    no_user = parse_inventory(SERVICE_USER_INVENTORY.replace(", user: nobody", ""))
+    ours = [tmp_path, Path("/tmp")]
+    assert tmpdirs.launch_dirs_of(ExporterContext(node="ai002", inventory=no_user))() == ours
+    assert tmpdirs.launch_dirs_of(ExporterContext(node=None, inventory=None))() == ours
+    pinned = parse_inventory(SERVICE_USER_INVENTORY + f"launch_temp_dirs: [{tmp_path}/T]\n")
+    assert tmpdirs.launch_dirs_of(ExporterContext(node="ai002", inventory=pinned))() == [
+        tmp_path / "T"]
 
 
 def test_linux_uses_tmpdir_then_tmp_and_bad_getconf_output_is_named():

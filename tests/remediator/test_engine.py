@@ -424,7 +424,8 @@ async def test_a_dry_run_journals_every_planned_step_and_executes_nothing(
         ("stop-service", "ai001"), ("start-ring", "ai001"), ("verify-ring", "ai001"),
         ("escalate", "ai001"),
     ]
-    assert run.steps[0].command == ["launchctl", "bootout", f"system/com.example.{MODEL}"]
+    assert run.steps[0].command == ["sudo", "-n", "/bin/launchctl", "bootout",
+                                    f"system/com.example.{MODEL}"]
     assert run.steps[5].targets == [f"/Users/ai/.cache/mlx-share/{MODEL}/tmp*"]
     assert "--pipeline" in run.steps[12].description
     assert [c for c in transport.commands if c[1][0] != "sh"] == []

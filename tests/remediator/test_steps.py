@@ -44,11 +44,11 @@ def test_each_step_describes_itself_with_its_node_targets_and_command() -> None:
         "stop-service", "ai001",
         f"stop launchd service com.example.{MODEL} so it cannot respawn ranks during the sweep",
         targets=[f"com.example.{MODEL}"],
-        argv=["launchctl", "bootout", f"system/com.example.{MODEL}"],
+        argv=["sudo", "-n", "/bin/launchctl", "bootout", f"system/com.example.{MODEL}"],
     )
     start = StartService(model=m, backend="ring").describe()
     assert start.name == "start-ring" and "--pipeline" in start.description
-    assert start.argv == ["launchctl", "bootstrap", "system",
+    assert start.argv == ["sudo", "-n", "/bin/launchctl", "bootstrap", "system",
                           f"/Library/LaunchDaemons/com.example.{MODEL}.plist"]
     assert Sweep(model=m, node="ai003").describe().node == "ai003"
     assert CleanTmp(model=m, node="ai002").describe().targets == [

@@ -1,0 +1,202 @@
+"""What on-call reads states only settled facts, or says they are disputed: the commands carry
+the sudo they need, the defaults are the code's, and the remediator is described as it is."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from mlx_medic.inventory import Policy, load_inventory
+from mlx_medic.inventory_doc import human_duration
+from mlx_medic.remediator.playbooks.recover import RecoverPlaybook
+from mlx_medic.remediator.steps import RunContext, StepKind
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNBOOKS = ROOT / "alerting-rules" / "runbooks"
+RULES = ROOT / "alerting-rules" / "mlx-medic.rules.yaml"
+DECISIONS = ROOT / "docs" / "decisions.md"
+ON_CALL_TEXTS = sorted(
+    [*RUNBOOKS.glob("*.md"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md",
+     *(ROOT / "deploy").rglob("*"), RULES, ROOT / "examples" / "inventory.yaml"]
+)
+ON_CALL_TEXTS = [p for p in ON_CALL_TEXTS if p.is_file()]
+
+# launchctl(1): "Anyone may read or query the system domain, but root privileges are required
+# to make modifications" (macos-facts.md §1): these subcommands change a job.
+LAUNCHCTL_CHANGES = ("kickstart", "bootout", "bootstrap", "enable", "disable", "kill",
+                     "load", "unload", "remove", "start", "stop", "submit")
+
+
+def text_of(path: Path) -> str:
+    """The text on-call reads: YAML comments without their `#`."""
+    text = path.read_text(encoding="utf-8")
+    return re.sub(r"^\s*# ?", "", text, flags=re.M) if path.suffix == ".yaml" else text
+
+
+def paragraphs(text: str) -> list[str]:
+    """Blank-line separated blocks, list items apart, whitespace folded."""
+    blocks = re.split(r"\n\s*\n|\n(?=\s*(?:[-*]|\d+\.) )", text)
+    return [" ".join(block.split()) for block in blocks if block.strip()]
+
+
+def test_there_are_on_call_texts_to_check():
+    names = {p.name for p in ON_CALL_TEXTS}
+    assert {"README.md", "decisions.md", "llmmodeldown.md", "com.mlx-medic.exporter.plist"} <= names
+
+
+@pytest.mark.parametrize("path", ON_CALL_TEXTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_launchctl_command_that_changes_a_job_is_shown_with_sudo(path):
+    changes = "|".join(LAUNCHCTL_CHANGES)
+    text = text_of(path)
+    for match in re.finditer(rf"(?:/bin/)?launchctl\s+(?:{changes})\b", text):
+        before = text[max(0, match.start() - 12):match.start()]
+        assert re.search(r"\bsudo (?:-n )?$", before), f"{path.name}: {match[0]!r} without sudo"
+
+
+def test_the_sudo_check_catches_a_bare_launchctl_bootout(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("stop it with `launchctl bootout system/LABEL` if KeepAlive restarts it\n")
+    with pytest.raises(AssertionError, match="without sudo"):
+        test_every_launchctl_command_that_changes_a_job_is_shown_with_sudo(page)
+
+
+def test_a_stated_start_timeout_default_is_the_codes():
+    """Wherever on-call reads the default `start_timeout`, it is the one the code has."""
+    default = Policy().start_timeout
+    minutes = f"{default / 60:g} minutes"
+    short = human_duration(default)
+    stated = [(path.name, block) for path in ON_CALL_TEXTS
+              for block in paragraphs(text_of(path))
+              if "start_timeout" in block and "default" in block]
+    assert stated, "no text states start_timeout's default"
+    for name, block in stated:
+        assert minutes in block or f"{short} by default" in block or f"`{short}`" in block, (
+            name, block)
+        assert "15 minutes" not in block, (name, block)
+
+
+def server_parser() -> argparse.ArgumentParser:
+    """mlx_lm.server's own argument parser, as installed (its main() builds it inline)."""
+    server = pytest.importorskip("mlx_lm.server")
+
+    class Built(Exception):
+        pass
+
+    def capture(self, *args, **kwargs):
+        raise Built(self)
+
+    original = argparse.ArgumentParser.parse_args
+    argparse.ArgumentParser.parse_args = capture  # type: ignore[method-assign]
+    try:
+        server.main()
+    except Built as built:
+        return built.args[0]
+    finally:
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+    raise AssertionError("mlx_lm.server.main() did not parse its arguments")
+
+
+def test_mlx_lm_servers_prefill_step_default_is_2048_as_the_runbook_says():
+    assert metadata.version("mlx-lm").startswith("0.32.")
+    assert server_parser().get_default("prefill_step_size") == 2048
+    runbook = " ".join(text_of(RUNBOOKS / "mlxmetalgputimeouts.md").split())
+    assert "already defaults to 2048 (mlx-lm 0.32" in runbook
+    assert "`mlx_lm.server` reads `--prefill-step-size`" in runbook
+    assert "own `serve.py`" in runbook  # whose server the seed's 2048 went to
+    assert "smaller step" in runbook and "--prefill-step-size 1024" in runbook
+    decisions = " ".join(text_of(DECISIONS).split())
+    assert "`default=2048`" in decisions
+
+
+# Where the seeds disagree (docs/decisions.md), on-call reads "disputed", never a verdict.
+DISPUTED_CLAIMS = [
+    re.compile(r"comes? back when (?:the|its) (?:process|holder)s? exits?", re.I),
+    re.compile(r"(?:stuck )?in the JACCL RDMA stack", re.I),
+    re.compile(r"leaks? (?:one )?(?:on|at) every teardown", re.I),
+    re.compile(r"SIGKILLed[^.]*leak", re.I),
+]
+
+
+def test_the_decisions_page_lists_the_three_questions_the_seeds_disagree_on():
+    section = text_of(DECISIONS).split("## What the seeds disagree on", 1)[1].split("\n## ")[0]
+    assert "Does a domain come back when its process exits?" in section
+    assert "Does a domain leak on every teardown?" in section
+    assert "Do uninterruptible (`Us+`) ranks sit in the RDMA stack?" in section
+
+
+@pytest.mark.parametrize("path", sorted(RUNBOOKS.glob("*.md")), ids=lambda p: p.name)
+def test_a_runbook_states_what_the_seeds_disagree_on_only_as_disputed(path):
+    for block in paragraphs(text_of(path)):
+        if any(claim.search(block) for claim in DISPUTED_CLAIMS):
+            assert "disputed" in block, f"{path.name}: {block}"
+
+
+def test_the_runbooks_that_touch_a_disputed_question_say_so_and_link_the_sources():
+    for name in ("mlxrdmaprotectiondomainshigh.md", "mlxrdmaprotectiondomainsexhausted.md",
+                 "mlxjacclprotectiondomainerrors.md", "mlxorphanprocessesuninterruptible.md",
+                 "README.md"):
+        text = text_of(RUNBOOKS / name)
+        assert "disputed" in text and "docs/decisions.md#what-the-seeds-disagree-on" in text
+
+
+def test_the_decisions_page_puts_the_budget_per_device_and_ioclasscount_per_node():
+    section = " ".join(text_of(DECISIONS).split("## What the seeds disagree on")[0].split())
+    assert "is a limit of each RDMA device (`rdma_enX`, one per Thunderbolt link), not of the" \
+        " node" in section
+    assert "`ioclasscount` cannot tell devices apart" in section
+    # the sources it names: the dryvist measurement, JACCL's code, the man page (as fixtured)
+    assert "`max_pd: 11 max_qp: 11 max_cq: 11` \"on every device\"" in section
+    assert "`Connection::allocate_protection_domain`" in section
+    assert "`MeshGroup::initialize`" in section
+    manpage = (ROOT / "tests" / "fixtures" / "macos" / "ioclasscount_manpage.txt").read_text()
+    assert "ioclasscount(8)" in manpage and "ioclasscount(8)" in section
+
+
+def test_the_protection_domain_runbooks_and_rules_count_per_rdma_device():
+    for name in ("mlxrdmaprotectiondomainshigh.md", "mlxrdmaprotectiondomainsexhausted.md",
+                 "mlxorphanprocesses.md", "README.md"):
+        assert re.search(r"11 per (?:RDMA )?device", " ".join(text_of(RUNBOOKS / name).split()))
+    rules = text_of(RULES)
+    assert "10 * count by (node) (count by (node, device) (mlx_rdma_port_active))" in rules
+    assert "budget is 11 per RDMA device" in " ".join(rules.split())
+    assert "docs/decisions.md" in rules
+
+
+def acting_steps_today() -> list[str]:
+    """The recover playbook's steps that would act on a node, and what each does today."""
+    inventory = load_inventory(ROOT / "examples" / "inventory.yaml")
+    model = inventory.models[0]
+    playbook = RecoverPlaybook()
+    context = RunContext(model, inventory, None, 0, None, None)  # type: ignore[arg-type]
+    outcomes = {}
+    for step in playbook.plan(model, inventory):
+        if step.kind == StepKind.ACTION:
+            outcomes[step.describe().name] = asyncio.run(step.run(context)).outcome
+    return [name for name, outcome in outcomes.items() if outcome == "not_implemented"]
+
+
+# A sentence saying the remediator (or `mlx-medic remediate`) does one of these acts...
+REMEDIATOR_ACTS = re.compile(
+    r"(?:remediator|mlx-medic remediate)[^.;]*\b(?:sweeps?|kills?|cleans?|removes?|stops the"
+    r" service|starts the service|falls? back)\b", re.I)
+# ...must also say it is only planned today.
+NOT_TODAY = re.compile(r"not implemented|not act on nodes|does not (?:sweep|act)|planned|"
+                       r"plans|journals|escalates before", re.I)
+
+
+def test_the_runbooks_say_the_remediator_journals_and_escalates_and_acts_on_no_node_yet():
+    assert set(acting_steps_today()) == {"stop-service", "sweep", "clean-tmp", "start-jaccl",
+                                         "start-ring"}
+    readme = " ".join(text_of(RUNBOOKS / "README.md").split())
+    assert "escalates at the plan's first step that acts on a node" in readme
+    assert "not implemented yet, so nothing is done to the nodes" in readme
+    for path in sorted(RUNBOOKS.glob("*.md")):
+        for block in paragraphs(text_of(path)):
+            for sentence in re.split(r"(?<=\.)\s", block):
+                if REMEDIATOR_ACTS.search(sentence):
+                    assert NOT_TODAY.search(sentence), f"{path.name}: {sentence}"
