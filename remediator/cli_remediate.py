@@ -15,14 +15,8 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.remediator.cli_common import (
-    CliError,
-    add_config_argument,
-    fail,
-    load_cli_config,
-    load_cli_inventory,
-    open_journal,
-)
+from mlx_medic.inventory import Inventory
+from mlx_medic.remediator.cli_common import CliError, OnCall, add_config_argument, run_oncall
 from mlx_medic.remediator.cli_log import RUN_HEADER, format_run
 from mlx_medic.remediator.config import ConfigError
 from mlx_medic.remediator.engine import Engine
@@ -41,13 +35,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="plan and journal every step, execute nothing")
 
 
-async def _remediate(args: argparse.Namespace) -> int:
-    config = load_cli_config(args)
-    inventory = load_cli_inventory(config)
-    if args.model not in {m.name for m in inventory.models}:
-        known = ", ".join(m.name for m in inventory.models) or "none"
-        raise CliError(f"no model {args.model!r} in {config.inventory} (known: {known})")
-    journal = open_journal(config)
+def run(args: argparse.Namespace) -> int:
+    return run_oncall(args, lambda oncall: remediate(oncall, args), writes=True)
+
+
+def remediate(oncall: OnCall, args: argparse.Namespace) -> int:
+    inventory = oncall.load_inventory()
+    names = [m.name for m in inventory.models]
+    if args.model not in names:
+        raise oncall.unknown_model(args.model, names)
+    try:
+        return asyncio.run(_remediate(oncall, args, inventory))
+    except KeyboardInterrupt:
+        print("interrupted; the run is journaled as interrupted", file=sys.stderr)
+        return 1
+
+
+async def _remediate(oncall: OnCall, args: argparse.Namespace, inventory: Inventory) -> int:
+    config, journal = oncall.config, oncall.journal
     transport = SshTransport(inventory)
     try:
         engine = Engine(config, inventory, journal, transport, registry=CollectorRegistry())
@@ -64,13 +69,3 @@ async def _remediate(args: argparse.Namespace) -> int:
     print(RUN_HEADER)
     print("\n".join(format_run(view)))
     return EXIT_BY_OUTCOME.get(view.outcome, 1)
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        return asyncio.run(_remediate(args))
-    except CliError as exc:
-        return fail(exc)
-    except KeyboardInterrupt:
-        print("interrupted; the run is journaled as interrupted", file=sys.stderr)
-        return 1
