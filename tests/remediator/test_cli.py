@@ -17,11 +17,12 @@ import yaml
 
 from mlx_medic.cli import COMMANDS, parse_args
 from mlx_medic.inventory import parse_inventory
-from mlx_medic.remediator import cli_log
+from mlx_medic.remediator import cli_log, cli_remediate
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.outcomes import RunOutcome
+from mlx_medic.transport import LocalTransport
 from tests.remediator.engine_fakes import (
     MODEL,
     OTHER,
@@ -380,3 +381,45 @@ def test_who_acted_without_sudo_is_the_account_of_the_real_uid(
     assert cli(["pause", "--config.file", str(config_file)]) == 0
     (control,) = Journal(config_of(config_file).journal).controls()
     assert control.by_whom == f"{pwd.getpwuid(os.getuid()).pw_name}@{socket.gethostname()}"
+
+
+def test_remediate_of_a_paused_model_is_refused_without_force_and_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    flag = ["--config.file", str(config_file)]
+    for pause in ([MODEL], []):  # the model's pause, and the pause of every model
+        assert cli(["pause", *flag, *pause, "--reason", "bob is on ai002"]) == 0
+        capsys.readouterr()
+        assert cli(["remediate", *flag, MODEL, "--dry-run"]) == 4
+        err = capsys.readouterr().err
+        assert f"{MODEL} is paused" in err and "bob is on ai002" in err and "--force" in err
+        assert f"`mlx-medic resume {' '.join(pause + flag)}`" in err
+        assert cli(["resume", *flag, *pause]) == 0
+    assert Journal(config_of(config_file).journal).list_runs() == []
+
+
+def test_remediate_force_of_a_paused_model_runs_and_journals_the_override(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_remediate, "SshTransport",
+                        lambda inventory: LocalTransport(tmp_path / "nodes"))
+    monkeypatch.setenv("SUDO_USER", "alice")
+    config_file = write_config(tmp_path)
+    flag = ["--config.file", str(config_file)]
+    assert cli(["pause", *flag, MODEL, "--reason", "bob is on ai002"]) == 0
+    capsys.readouterr()
+    assert cli(["remediate", *flag, MODEL, "--dry-run", "--force"]) == 0
+    captured = capsys.readouterr()
+    assert "planned (dry run)" in captured.out
+    assert captured.err.startswith(f"mlx-medic: journal {config_of(config_file).journal},")
+    assert "override journaled: " in captured.err
+    journal = Journal(config_of(config_file).journal)
+    (run,) = journal.list_runs()
+    assert (run.model, run.trigger_kind, run.outcome) == (MODEL, "manual", "planned")
+    (override,) = journal.list_events(kind="override")
+    assert override.model == MODEL
+    assert override.detail.startswith(f"alice@{socket.gethostname()} ran the playbook by hand"
+                                      " with --force while")
+    assert "bob is on ai002" in override.detail
+    assert journal.controls()[0].kind == "pause"  # --force overrides once; the pause stays
