@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import plistlib
+import re
 import shlex
 import socket
 from pathlib import Path
@@ -143,3 +144,20 @@ def test_the_service_without_a_flag_finds_its_config_as_the_on_call_commands_do(
     monkeypatch.setenv(CONFIG_ENV, str(tmp_path / "gone.yml"))
     with pytest.raises(ConfigError, match=r"gone\.yml \(\$MLX_MEDIC_CONFIG\)"):
         load_config(None)
+
+
+RUNBOOKS = DEPLOY.parent / "alerting-rules" / "runbooks"
+ON_CALL_COMMAND = re.compile(r"mlx-medic (pause|resume|log|remediate)\b")
+
+
+@pytest.mark.parametrize(
+    "runbook", sorted(p for p in RUNBOOKS.glob("*.md") if ON_CALL_COMMAND.search(p.read_text())),
+    ids=lambda p: p.name,
+)
+def test_a_runbook_showing_on_call_commands_says_they_rely_on_the_default_config(
+    runbook: Path,
+) -> None:
+    text = " ".join(runbook.read_text().split())
+    assert str(DEFAULT_CONFIG_FILE) in text and f"${CONFIG_ENV}" in text
+    assert "--config.file FILE" in text and "remediator's host" in text
+    assert "refuse" in text and "--force" in text
