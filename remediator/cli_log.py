@@ -22,10 +22,10 @@ from mlx_medic.inventory import parse_duration
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.cli_common import (
     CliError,
+    OnCall,
     add_config_argument,
     fail,
-    load_cli_config,
-    open_journal,
+    run_oncall,
 )
 from mlx_medic.remediator.journal import ControlView, EventView, Journal, RunView, StepView
 from mlx_medic.remediator.outcomes import StepOutcome
@@ -112,7 +112,15 @@ def format_step(step: StepView) -> str:
     return head + _cut(what, WIDTH - len(head))
 
 
-def format_control(control: ControlView) -> list[str]:
+def bare_command(*words: str) -> str:
+    return " ".join(["mlx-medic", *words])
+
+
+def format_control(
+    control: ControlView, command: Callable[..., str] = bare_command
+) -> list[str]:
+    """The pause or open circuit; `command` spells the undo (OnCall.command: with the
+    `--config.file` this run needed)."""
     scope = control.model or "ALL MODELS"
     state = "PAUSED" if control.kind == "pause" else "CIRCUIT OPEN"
     lines = [f"{state}: {scope} since {_clock(control.since)}Z by {control.by_whom}"]
@@ -121,7 +129,7 @@ def format_control(control: ControlView) -> list[str]:
     if control.next_action:
         lines += _wrapped("NEXT: ", control.next_action, 2)
     else:
-        undo = f"mlx-medic resume {control.model}" if control.model else "mlx-medic resume"
+        undo = command("resume", *([control.model] if control.model else []))
         lines.append(f"  undo: `{undo}`")
     return lines
 
@@ -148,11 +156,14 @@ def format_event(event: EventView) -> list[str]:
 
 
 def render(
-    runs: list[RunView], controls: list[ControlView], events: list[EventView] | None = None
+    runs: list[RunView],
+    controls: list[ControlView],
+    events: list[EventView] | None = None,
+    command: Callable[..., str] = bare_command,
 ) -> str:
     lines: list[str] = []
     for control in controls:
-        lines += format_control(control)
+        lines += format_control(control, command)
     if controls:
         lines.append("")
     if not runs:
@@ -179,37 +190,38 @@ def _since(args: argparse.Namespace) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_cli_config(args)
-        since = _since(args)
-        journal = open_journal(config)
-    except CliError as exc:
-        return fail(exc)
     if args.limit < 1:
         return fail(CliError("--limit must be at least 1"))
     try:
-        return _show(journal, args, since)
+        since = _since(args)
+    except CliError as exc:
+        return fail(exc)
+    return run_oncall(args, lambda oncall: _show(oncall, args, since), writes=False)
+
+
+def _show(oncall: OnCall, args: argparse.Namespace, since: float | None) -> int:
+    journal = oncall.journal
+    try:
+        if args.follow:
+            with contextlib.suppress(KeyboardInterrupt):
+                follow(journal, args.model, since, args.limit, as_json=args.json)
+            return 0
+        runs = journal.list_runs(model=args.model, since=since, limit=args.limit)
+        controls = [
+            c for c in journal.controls() if c.model in (None, args.model) or not args.model
+        ]
+        events = recent_decisions(journal, args.model, since)
+        if args.json:
+            json.dump({"controls": [c.to_dict() for c in controls],
+                       "runs": [r.to_dict() for r in runs],
+                       "events": [e.to_dict() for e in events]}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(render(runs, controls, events, oncall.command))
+        return 0
     except BrokenPipeError:  # `mlx-medic log | head`: the reader had enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-def _show(journal: Journal, args: argparse.Namespace, since: float | None) -> int:
-    if args.follow:
-        with contextlib.suppress(KeyboardInterrupt):
-            follow(journal, args.model, since, args.limit, as_json=args.json)
-        return 0
-    runs = journal.list_runs(model=args.model, since=since, limit=args.limit)
-    controls = [c for c in journal.controls() if c.model in (None, args.model) or not args.model]
-    events = recent_decisions(journal, args.model, since)
-    if args.json:
-        json.dump({"controls": [c.to_dict() for c in controls],
-                   "runs": [r.to_dict() for r in runs],
-                   "events": [e.to_dict() for e in events]}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render(runs, controls, events))
-    return 0
 
 
 def follow(

@@ -1,21 +1,21 @@
 """`mlx-medic pause [MODEL]`: the big red button. Stops automatic action for one
 model or all of them, at once, in a running remediator too (it reads the same
-journal before every decision). By-hand `mlx-medic remediate` still works."""
+journal before every decision). A by-hand `mlx-medic remediate` of a paused model
+needs `--force`.
+
+Exit status: 0 paused in the service's journal (or it already was: nothing to change);
+1 the pause is written but MODEL could not be checked against the inventory (a name the
+service does not know pauses nothing); 2 nothing written: no config to tell the service's
+journal, unknown model, journal not writable.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
-from mlx_medic.remediator.cli_common import (
-    CliError,
-    add_config_argument,
-    fail,
-    load_cli_config,
-    load_cli_inventory,
-    open_journal,
-    who,
-)
+from mlx_medic.remediator.cli_common import CliError, OnCall, add_config_argument, run_oncall
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,33 +26,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_cli_config(args)
-        warning = ""
-        if args.model is not None:
-            try:
-                names = [m.name for m in load_cli_inventory(config).models]
-            except CliError as exc:  # the button must work even with a broken inventory
-                warning = f"warning: could not check the model name: {exc}"
-            else:
-                if args.model not in names:
-                    raise CliError(
-                        f"no model {args.model!r} in {config.inventory}"
-                        f" (known: {', '.join(names) or 'none'})"
-                    )
-        journal = open_journal(config)
-    except CliError as exc:
-        return fail(exc)
-    if warning:
-        print(warning)
-    scope = args.model or "all models"
-    by = who()
-    if journal.set_pause(args.model, reason=args.reason, by_whom=by, now=time.time()):
-        journal.add_event("paused", now=time.time(), model=args.model,
-                          detail=f"{scope} paused by {by}: {args.reason}")
-        print(f"paused automatic remediation for {scope} (journal {config.journal})")
+    return run_oncall(args, lambda oncall: pause(oncall, args.model, args.reason), writes=True)
+
+
+def pause(oncall: OnCall, model: str | None, reason: str) -> int:
+    unchecked = ""
+    if model is not None:
+        try:
+            names = oncall.model_names()
+        except CliError as exc:  # the button must work even with a broken inventory
+            unchecked = str(exc)
+        else:
+            if model not in names:
+                raise oncall.unknown_model(model, names)
+    scope = model or "all models"
+    journal, by, now = oncall.journal, oncall.actor, time.time()
+    if journal.set_pause(model, reason=reason, by_whom=by, now=now):
+        journal.add_event("paused", now=now, model=model,
+                          detail=f"{scope} paused by {by}: {reason}")
+        print(f"paused automatic remediation for {scope} (journal {oncall.config.journal})")
     else:
-        print(f"{scope}: already paused; nothing changed")
-    undo = f"mlx-medic resume {args.model}" if args.model else "mlx-medic resume"
-    print(f"undo with: {undo}")
+        print(f"{scope}: already paused in the journal {oncall.config.journal};"
+              " nothing to change")
+    print(f"undo with: {oncall.command('resume', *([model] if model else []))}")
+    if unchecked:
+        print(f"mlx-medic: warning: the pause of {model!r} is written, but the name could not"
+              f" be checked against the inventory ({unchecked}); a name the service does not"
+              f" know pauses nothing: `{oncall.command('pause')}` pauses every model",
+              file=sys.stderr)
+        return 1
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,6 +12,43 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlx_medic.inventory import Duration, parse_duration
+
+# Where the service's config is when no `--config.file` is given: the environment variable
+# the shipped units set, else the path they use (deploy/systemd, deploy/launchd).
+CONFIG_ENV = "MLX_MEDIC_CONFIG"
+DEFAULT_CONFIG_FILE = Path("/etc/mlx-medic/remediator.yml")
+FLAG_FOUND_BY = "--config.file"
+DEFAULT_PATH_FOUND_BY = "the default path"
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """A config file and how it was found, said to the user beside the journal it names."""
+
+    path: Path
+    found_by: str  # FLAG_FOUND_BY, "$MLX_MEDIC_CONFIG" or DEFAULT_PATH_FOUND_BY
+
+    @property
+    def is_default(self) -> bool:
+        """Found at the default path: a bare command finds it too, wherever it is typed."""
+        return self.found_by == DEFAULT_PATH_FOUND_BY
+
+    def __str__(self) -> str:
+        return f"{self.path} ({self.found_by})"
+
+
+def find_config_file(flag: Path | None) -> ConfigSource | None:
+    """`--config.file`, else `$MLX_MEDIC_CONFIG`, else the default path if that file exists;
+    None when there is none of them. The service and the on-call commands find it alike,
+    so a command without the flag reads the journal the service writes."""
+    if flag is not None:
+        return ConfigSource(flag, FLAG_FOUND_BY)
+    from_env = os.environ.get(CONFIG_ENV)
+    if from_env:
+        return ConfigSource(Path(from_env), f"${CONFIG_ENV}")
+    if DEFAULT_CONFIG_FILE.is_file():
+        return ConfigSource(DEFAULT_CONFIG_FILE, DEFAULT_PATH_FOUND_BY)
+    return None
 
 
 def default_state_dir() -> Path:
@@ -104,15 +142,23 @@ def check_routing(routing: RoutingConfig, playbooks: Iterable[str]) -> None:
 
 
 def load_config(path: Path | None) -> RemediatorConfig:
-    """The file's settings over the embedded defaults; no file means all defaults."""
-    if path is None:
-        return RemediatorConfig()
+    """The file's settings over the embedded defaults. Without a path, the file
+    find_config_file() finds; none found means all defaults."""
+    source = find_config_file(path)
+    return RemediatorConfig() if source is None else read_config(source)
+
+
+def read_config(source: ConfigSource) -> RemediatorConfig:
+    """The file's settings over the embedded defaults; a ConfigError names the file (and,
+    when it came from the environment or the default path, how it was found)."""
+    path = source.path
+    name = str(path) if source.found_by == FLAG_FOUND_BY else str(source)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        raise ConfigError(f"{name}: {exc}") from exc
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
+        raise ConfigError(f"{name}: the top level must be a mapping")
     try:
         return RemediatorConfig.model_validate(raw)
     except ValidationError as exc:
@@ -120,4 +166,4 @@ def load_config(path: Path | None) -> RemediatorConfig:
             f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
             for e in exc.errors()
         ]
-        raise ConfigError(f"{path}: " + "; ".join(problems)) from exc
+        raise ConfigError(f"{name}: " + "; ".join(problems)) from exc

@@ -42,7 +42,8 @@ log = logging.getLogger("mlx_medic.remediator.service")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config.file", dest="config_file", type=Path, default=None,
-                        help="remediator config (YAML); embedded defaults without it")
+                        help="remediator config (YAML); default: $MLX_MEDIC_CONFIG, else"
+                        " /etc/mlx-medic/remediator.yml if it exists, else embedded defaults")
     parser.add_argument("--web.listen-address", dest="listen", default=None,
                         metavar="HOST:PORT", help="overrides the config's listen (default"
                         " 127.0.0.1:10901); port 0 picks a free one")

@@ -7,6 +7,8 @@ import importlib
 import io
 import json
 import os
+import pwd
+import socket
 import time
 from pathlib import Path
 
@@ -15,11 +17,12 @@ import yaml
 
 from mlx_medic.cli import COMMANDS, parse_args
 from mlx_medic.inventory import parse_inventory
-from mlx_medic.remediator import cli_log
+from mlx_medic.remediator import cli_log, cli_remediate
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.outcomes import RunOutcome
+from mlx_medic.transport import LocalTransport
 from tests.remediator.engine_fakes import (
     MODEL,
     OTHER,
@@ -35,6 +38,7 @@ def cli(args: list[str]) -> int:
 
 
 def write_config(tmp_path: Path, inventory: str | None = None, **extra) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     inventory_file = tmp_path / "inventory.yaml"
     inventory_file.write_text(inventory or inventory_text(Path("/var/lib/mlx-medic")))
     config = {"journal": str(tmp_path / "state" / "journal.sqlite"),
@@ -86,7 +90,7 @@ def test_log_prints_runs_steps_outcomes_and_the_next_action_within_100_columns(
     assert "escalated" in lines[run2] and "alert bad1" in lines[run2]
     assert "planned (dry run)" in lines[run1]
     assert "NEXT: reboot ai002: 3 ranks in uninterruptible state survive SIGKILL; then" in out
-    assert f"`mlx-medic resume {OTHER}`" in out
+    assert f"`mlx-medic resume {OTHER}`" in out  # the engine's NEXT, on the default path
     assert "sudo -n /bin/launchctl bootout system/" in out  # the dry run's first command
     assert out.count("planned  ") >= 15
 
@@ -171,7 +175,7 @@ def test_pause_and_resume_reach_a_running_engine_and_say_what_they_did(
     assert cli(["pause", "--config.file", str(config_file), MODEL]) == 0
     out = capsys.readouterr().out
     assert f"paused automatic remediation for {MODEL}" in out
-    assert f"undo with: mlx-medic resume {MODEL}" in out
+    assert f"undo with: mlx-medic resume {MODEL} --config.file {config_file}" in out
     assert asyncio.run(submit("p1")) == Disposition.PAUSED
     assert cli(["pause", "--config.file", str(config_file), MODEL]) == 0
     assert "already paused" in capsys.readouterr().out
@@ -194,7 +198,8 @@ def test_resume_closes_an_open_circuit_and_says_so(
         MODEL, reason="budget", next_action="reboot ai002", by_whom="r", now=1.0)
     assert cli(["resume", "--config.file", str(config_file)]) == 0
     out = capsys.readouterr().out
-    assert f"still circuit open: {MODEL}" in out and f"`mlx-medic resume {MODEL}`" in out
+    assert f"still circuit open: {MODEL}" in out
+    assert f"`mlx-medic resume {MODEL} --config.file {config_file}`" in out
     assert cli(["resume", "--config.file", str(config_file), MODEL]) == 0
     assert f"closed the circuit of {MODEL}" in capsys.readouterr().out
     assert Journal(config_of(config_file).journal).controls() == []
@@ -247,3 +252,174 @@ def test_remediate_dry_run_plans_under_the_real_lock_and_exit_3_when_it_is_held(
     assert "locked by serve" in capsys.readouterr().out
     (latest, first) = Journal(config_of(config_file).journal).list_runs()
     assert (latest.outcome, first.outcome) == ("locked", "planned")
+
+
+# --- which journal: the service's, said on stderr, or a refusal ----------------------
+
+def test_every_command_says_on_stderr_which_journal_and_config_it_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    journal = config_of(config_file).journal
+    said = f"mlx-medic: journal {journal}"
+    flag = ["--config.file", str(config_file)]
+    assert cli(["pause", *flag, MODEL]) == 0
+    assert capsys.readouterr().err.startswith(
+        f"{said} (new), named by {config_file} (--config.file)")
+    for command in (["log"], ["log", "--json"], ["resume", MODEL], ["remediate", "nope"]):
+        cli([command[0], *flag, *command[1:]])
+        captured = capsys.readouterr()
+        assert f"{said}, named by {config_file} (--config.file)" in captured.err, command
+        assert said not in captured.out, command  # `log --json` stays JSON
+
+
+def test_without_the_flag_the_config_comes_from_MLX_MEDIC_CONFIG(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_file = write_config(tmp_path)
+    monkeypatch.setenv("MLX_MEDIC_CONFIG", str(config_file))
+    assert cli(["pause", MODEL]) == 0
+    captured = capsys.readouterr()
+    assert f"named by {config_file} ($MLX_MEDIC_CONFIG)" in captured.err
+    # The hint names the file: another shell may not have the variable.
+    assert f"undo with: mlx-medic resume {MODEL} --config.file {config_file}" in captured.out
+    (control,) = Journal(config_of(config_file).journal).controls()
+    assert control.model == MODEL
+
+
+def test_the_flag_wins_over_MLX_MEDIC_CONFIG(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chosen = write_config(tmp_path / "chosen")
+    other = write_config(tmp_path / "other")
+    monkeypatch.setenv("MLX_MEDIC_CONFIG", str(other))
+    assert cli(["pause", "--config.file", str(chosen)]) == 0
+    assert f"named by {chosen} (--config.file)" in capsys.readouterr().err
+    assert len(Journal(config_of(chosen).journal).controls()) == 1
+    assert not config_of(other).journal.exists()
+
+
+def test_MLX_MEDIC_CONFIG_naming_a_missing_file_is_refused_naming_the_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLX_MEDIC_CONFIG", str(tmp_path / "gone.yml"))
+    assert cli(["pause", MODEL]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'gone.yml'} ($MLX_MEDIC_CONFIG)" in err and "No such file" in err
+
+
+def test_a_config_that_does_not_name_the_journal_is_refused_and_nothing_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded default journal is under the service user's home: not this user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state-home"))
+    config_file = tmp_path / "remediator.yml"
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(inventory_text(Path("/var/lib/mlx-medic")))
+    config_file.write_text(yaml.safe_dump({"inventory": str(inventory)}))
+    for command in (["pause", MODEL], ["pause"], ["resume"], ["log"], ["remediate", MODEL]):
+        assert cli([command[0], "--config.file", str(config_file), *command[1:]]) == 2
+        err = capsys.readouterr().err
+        assert "does not name the journal" in err and "nothing was changed" in err, command
+    assert not (tmp_path / "state-home").exists()
+
+    config_file.write_text(yaml.safe_dump({"inventory": str(inventory),
+                                           "journal": "state/journal.sqlite"}))
+    assert cli(["pause", "--config.file", str(config_file)]) == 2
+    assert "is relative to the service's working directory" in capsys.readouterr().err
+
+
+def test_log_of_a_journal_that_does_not_exist_is_refused_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    assert cli(["log", "--config.file", str(config_file)]) == 2
+    assert "no journal at" in capsys.readouterr().err
+    assert not config_of(config_file).journal.exists()
+
+
+# --- what the commands do: pause and resume check names, remediate respects a pause ---
+
+def test_pause_with_an_unreadable_inventory_writes_the_pause_but_exits_1_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path, inventory="models: [not, a, mapping]\n")
+    assert cli(["pause", "--config.file", str(config_file), MODEL]) == 1
+    captured = capsys.readouterr()
+    assert f"paused automatic remediation for {MODEL}" in captured.out
+    assert "warning: the pause of" in captured.err and "could not be checked" in captured.err
+    assert f"`mlx-medic pause --config.file {config_file}` pauses every model" in captured.err
+    (control,) = Journal(config_of(config_file).journal).controls()
+    assert control.model == MODEL
+
+
+def test_resume_of_a_model_not_in_the_inventory_is_refused_when_nothing_was_paused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    assert cli(["resume", "--config.file", str(config_file), "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no model 'nope'" in err and MODEL in err
+
+
+def test_who_acted_is_the_sudo_user_with_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SUDO_USER", "alice")
+    config_file = write_config(tmp_path)
+    assert cli(["pause", "--config.file", str(config_file), MODEL]) == 0
+    (control,) = Journal(config_of(config_file).journal).controls()
+    assert control.by_whom == f"alice@{socket.gethostname()}"
+
+
+def test_who_acted_without_sudo_is_the_account_of_the_real_uid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    monkeypatch.setenv("USER", "someone-else")  # the environment is not who ran it
+    config_file = write_config(tmp_path)
+    assert cli(["pause", "--config.file", str(config_file)]) == 0
+    (control,) = Journal(config_of(config_file).journal).controls()
+    assert control.by_whom == f"{pwd.getpwuid(os.getuid()).pw_name}@{socket.gethostname()}"
+
+
+def test_remediate_of_a_paused_model_is_refused_without_force_and_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path)
+    flag = ["--config.file", str(config_file)]
+    for pause in ([MODEL], []):  # the model's pause, and the pause of every model
+        assert cli(["pause", *flag, *pause, "--reason", "bob is on ai002"]) == 0
+        capsys.readouterr()
+        assert cli(["remediate", *flag, MODEL, "--dry-run"]) == 4
+        err = capsys.readouterr().err
+        assert f"{MODEL} is paused" in err and "bob is on ai002" in err and "--force" in err
+        assert f"`mlx-medic resume {' '.join(pause + flag)}`" in err
+        assert cli(["resume", *flag, *pause]) == 0
+    assert Journal(config_of(config_file).journal).list_runs() == []
+
+
+def test_remediate_force_of_a_paused_model_runs_and_journals_the_override(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_remediate, "SshTransport",
+                        lambda inventory: LocalTransport(tmp_path / "nodes"))
+    monkeypatch.setenv("SUDO_USER", "alice")
+    config_file = write_config(tmp_path)
+    flag = ["--config.file", str(config_file)]
+    assert cli(["pause", *flag, MODEL, "--reason", "bob is on ai002"]) == 0
+    capsys.readouterr()
+    assert cli(["remediate", *flag, MODEL, "--dry-run", "--force"]) == 0
+    captured = capsys.readouterr()
+    assert "planned (dry run)" in captured.out
+    assert captured.err.startswith(f"mlx-medic: journal {config_of(config_file).journal},")
+    assert "override journaled: " in captured.err
+    journal = Journal(config_of(config_file).journal)
+    (run,) = journal.list_runs()
+    assert (run.model, run.trigger_kind, run.outcome) == (MODEL, "manual", "planned")
+    (override,) = journal.list_events(kind="override")
+    assert override.model == MODEL
+    assert override.detail.startswith(f"alice@{socket.gethostname()} ran the playbook by hand"
+                                      " with --force while")
+    assert "bob is on ai002" in override.detail
+    assert journal.controls()[0].kind == "pause"  # --force overrides once; the pause stays
