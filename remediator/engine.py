@@ -182,7 +182,8 @@ class Engine:
         self.m_unreachable = Counter(
             "mlx_medic_node_unreachable_total",
             "Times a node the remediator needed for a model did not answer over SSH (taking"
-            " or checking the model lock, the re-check on the head); nothing was done then.",
+            " or checking the model lock, the re-check on the head, the start-up check of a"
+            " crashed run's lock); nothing was done then.",
             ["model", "node"], registry=registry,
         )
         for model in inventory.models:

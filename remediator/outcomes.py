@@ -35,7 +35,7 @@ class RunOutcome(StrEnum):
     ESCALATED = "escalated"  # handed to a person; the circuit is open
     PLANNED = "planned"  # dry run: every step journaled, nothing executed
     SKIPPED = "skipped"  # the playbook's re-check found nothing to do, or was paused
-    LOCKED = "locked"  # another holder kept the model lock for all of lock_wait
+    LOCKED = "locked"  # another holder had the model lock (an alert's run waits lock_wait)
     CANCELLED = "cancelled"  # resolved while still queued
     INTERRUPTED = "interrupted"  # the process stopped (crash, kill, shutdown) mid-run
     INCONCLUSIVE = "inconclusive"  # acted, then could not tell whether the model is up

@@ -189,8 +189,8 @@ async def post_alerts(request: web.Request) -> web.Response:
                 "status": alert.status.value, "disposition": disposition.value,
             })
     except JournalError as exc:
-        # The alerts before this one were journaled (a run they started is a repeat
-        # when Alertmanager retries); this one and the rest were not acted on.
+        # Whatever acted so far was journaled first (a run it started makes the retry a
+        # repeat); nothing after the failed write acts.
         _decide(request, dispositions=[r["disposition"] for r in results])
         return _unavailable(request, str(exc))
     _decide(request, alerts=len(alerts),
