@@ -17,9 +17,12 @@ It is stale when its holder is dead, and who may say so depends on who the holde
 `host` is there for people reading the lock; it decides nothing. `token` is the
 acquirer's nonce: release and renew touch only the lock this acquire wrote.
 Anything we cannot judge (node unreachable, unreadable file) counts as held:
-fail closed. This module knows nothing of the remediator, so the serve wrapper on
-the head can use it too, with a RoutedTransport (its own node local, peers over SSH:
-a holder on a peer must be asked about there, not here).
+fail closed; `unreachable[model]` then names the node that did not answer, so a caller
+can tell "someone holds it" from "we cannot reach it". A caller may wait a bounded time
+for a held lock (`acquire(wait=...)`): the serve wrapper holds it while its ranks start.
+This module knows nothing of the remediator, so the serve wrapper on the head can use
+it too, with a RoutedTransport (its own node local, peers over SSH: a holder on a peer
+must be asked about there, not here).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ log = logging.getLogger(__name__)
 Holder = Literal["remediator", "manual", "serve"]
 HOLDERS = ("remediator", "manual", "serve")
 BREAK_GUARD_TIMEOUT = 60.0  # a breaker that held the guard longer than this crashed
+WAIT_POLL = 2.0  # seconds between attempts while waiting for a held lock
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class LockHandle:
     path: Path
     info: LockInfo
     renewer: asyncio.Task[None] | None = field(default=None, repr=False)
+    waited: float = 0.0  # seconds spent waiting for another holder to let go
 
 
 def process_start_time(pid: int) -> float | None:
@@ -137,6 +142,7 @@ class ModelLocks:
         self.lease = lease
         self.clock = clock
         self.refusals: dict[str, str] = {}  # model -> why the last acquire failed
+        self.unreachable: dict[str, str] = {}  # model -> the node that did not answer then
 
     def path_for(self, model: str) -> Path:
         self.inventory.model(model)  # a KeyError names an unknown model
@@ -160,12 +166,31 @@ class ModelLocks:
         )
 
     async def acquire(
-        self, model: str, holder: str, run_id: str, *, renew: bool = True
+        self, model: str, holder: str, run_id: str, *, renew: bool = True, wait: float = 0.0
     ) -> LockHandle | None:
-        """The lock, or None if someone live holds it (`refusals[model]` says who)."""
+        """The lock, or None: someone live held it for all of `wait` seconds, or a node
+        did not answer (no waiting then). `refusals[model]` says why, and
+        `unreachable[model]` names the node that did not answer."""
         if holder not in HOLDERS:
             raise ValueError(f"lock holder must be one of {HOLDERS}, not {holder!r}")
+        started = time.monotonic()
+        waited = 0.0
+        while True:
+            handle = await self._try_acquire(model, holder, run_id, renew=renew)
+            if handle is not None:
+                handle.waited = waited
+                return handle
+            waited = time.monotonic() - started
+            if model in self.unreachable or waited >= wait:
+                return None
+            await asyncio.sleep(min(WAIT_POLL, wait - waited))
+            waited = time.monotonic() - started
+
+    async def _try_acquire(
+        self, model: str, holder: str, run_id: str, *, renew: bool
+    ) -> LockHandle | None:
         head, path = self._head(model), self.path_for(model)
+        self.unreachable.pop(model, None)
         for _attempt in range(2):
             info = self._info(holder, run_id)
             try:
@@ -178,18 +203,22 @@ class ModelLocks:
                 text = await self.transport.read_text(head, path)
             except TransportError as exc:
                 self.refusals[model] = f"cannot reach the lock on {head.name}: {exc}"
+                self.unreachable[model] = head.name
                 return None
             if text is None:
                 continue  # released between our create and read: try again
             try:
-                stale, why = await self._judge(head, text)
+                stale, why, silent = await self._judge(head, text)
                 if not stale:
                     self.refusals[model] = why
+                    if silent is not None:
+                        self.unreachable[model] = silent
                     return None
                 log.warning("breaking stale lock: %s", why, extra={"model": model})
                 broken = await self._break(head, path, text)
             except TransportError as exc:
                 self.refusals[model] = f"cannot judge the lock on {head.name}: {exc}"
+                self.unreachable[model] = head.name
                 return None
             if not broken:
                 self.refusals[model] = "another process is breaking the same stale lock"
@@ -270,33 +299,37 @@ class ModelLocks:
             return False
         return bool(mine.token) and info.token == mine.token
 
-    async def _judge(self, head: Node, text: str) -> tuple[bool, str]:
-        """(stale?, a sentence saying who holds it or why it is stale)."""
+    async def _judge(self, head: Node, text: str) -> tuple[bool, str, str | None]:
+        """(stale?, a sentence saying who holds it or why it is stale, the holder's node
+        when it did not answer the question)."""
         try:
             info = LockInfo.parse(text)
         except (ValueError, KeyError, TypeError) as exc:
-            return False, f"an unreadable lock file on {head.name} ({exc}); remove it by hand"
+            return (False, f"an unreadable lock file on {head.name} ({exc}); remove it by hand",
+                    None)
         held = f"locked by {info.describe()}"
         if info.node is None:
             if info.expires < self.clock():
-                return True, f"holder's lease on {info.host} ran out"
-            return False, held
+                return True, f"holder's lease on {info.host} ran out", None
+            return False, held, None
         try:
             node = self.inventory.node(info.node)
         except KeyError:
             # Nobody can ask a node the inventory no longer lists: the lease decides.
             if info.expires < self.clock():
-                return True, f"holder's node {info.node} is not in the inventory; its lease ran out"
-            return False, held + f"; its node {info.node} is not in the inventory"
+                return (True, f"holder's node {info.node} is not in the inventory;"
+                        " its lease ran out", None)
+            return False, held + f"; its node {info.node} is not in the inventory", None
         try:
             liveness, why = await pid_liveness(self.transport, node, info.pid, info.pid_start)
         except TransportError as exc:
-            return False, held + f"; cannot check its pid on {node.name}: {exc}"
+            return False, held + f"; cannot check its pid on {node.name}: {exc}", node.name
         if liveness in (Liveness.DEAD, Liveness.REUSED):
-            return True, f"holder pid {info.pid} on {node.name} is gone: {why}"
+            return True, f"holder pid {info.pid} on {node.name} is gone: {why}", None
         if liveness is Liveness.UNKNOWN:
-            return False, held + f"; cannot tell whether its pid lives on {node.name}: {why}"
-        return False, held
+            return (False, held + f"; cannot tell whether its pid lives on {node.name}: {why}",
+                    None)
+        return False, held, None
 
     async def _break(self, head: Node, path: Path, stale_text: str) -> bool:
         """Remove a stale lock, but only the one judged stale: breakers take a guard

@@ -31,6 +31,20 @@ class AlertEvent:
         return (self.fingerprint, self.starts_at.isoformat())
 
 
+@dataclass(frozen=True)
+class InvalidAlert:
+    """One alert of a delivery that cannot be acted on, and why. The rest of the delivery
+    still counts: each invalid alert is journaled with its reason, never dropped silently.
+    The fields are what could be read of it (bounded), for the journal and the answer."""
+
+    index: int  # its place in the delivery's `alerts`
+    reason: str  # names the field, e.g. "alerts[2].labels.model: ..."
+    alertname: str = ""
+    fingerprint: str = ""
+    model: str = ""
+    status: str = ""
+
+
 class Disposition(StrEnum):
     """What the engine did with an alert; journaled and returned to the web layer."""
 
@@ -44,3 +58,4 @@ class Disposition(StrEnum):
     CIRCUIT_OPEN = "circuit_open"  # budget spent or unfixable: escalated, waiting for resume
     BACKOFF = "backoff"  # within the budget's backoff: journaled, not started
     STALE = "stale"  # too old, or the playbook's re-check found it no longer holds (model up)
+    INVALID = "invalid"  # the alert itself could not be read: journaled with the reason

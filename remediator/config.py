@@ -105,6 +105,11 @@ class RemediatorConfig(_Strict):
     dry_run: bool = False
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     max_alert_age: Duration = Field(default=6 * 3600.0, description="older firings are stale")
+    lock_wait: Duration = Field(
+        default=60.0,
+        description="how long an alert's run waits for a model lock another holder has (a"
+        " serve wrapper holds it while its ranks start) before it ends as locked",
+    )
     notify_url: str | None = Field(default=None, description="POSTed a JSON escalation")
     node: str | None = Field(
         default=None,

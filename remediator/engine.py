@@ -5,21 +5,39 @@ concurrent deliveries cannot interleave): Alertmanager retries slow receivers,
 and a slow answer would turn into duplicate deliveries. The order of the rules
 is the safety argument:
 
+  (an alert that could not be read -> `reject`: journaled with its reason, INVALID)
   resolved -> journal, cancel a still-queued run of that alert
   unrouted alert name / unknown model -> journal, ignore
-  same firing (fingerprint, startsAt) seen before, durably -> DUPLICATE
+  same firing (fingerprint, startsAt) held by a run, durably -> DUPLICATE
   older than max_alert_age -> STALE
   a run for the model queued or running -> ABSORBED (single flight)
   paused / circuit open -> PAUSED / CIRCUIT_OPEN
   budget spent -> escalate, CIRCUIT_OPEN; within backoff -> BACKOFF
   else -> a new run, STARTED
 
+Dedupe exists to stop repeats of a firing whose run is queued or running, or whose run
+succeeded (a dry run: planned). A firing is held by the run it started or joined, and
+only while that run is in flight or after it succeeded. Every other ending (locked,
+unreachable, inconclusive, skipped, escalated, failed, interrupted, cancelled) did not
+fix the model, so it lets go of its firings (`Journal.end_run`): Alertmanager's next
+notification of the same firing starts a new run, within the budget and backoff; a
+PAUSED, CIRCUIT_OPEN or BACKOFF decision never holds a firing at all. So after
+`mlx-medic resume`, the next re-notification acts.
+
+Nothing acts unrecorded: every decision that acts is journaled before it acts, and a
+journal write that fails (JournalError) ends the delivery: the web layer answers 503,
+which Alertmanager retries. `journal_problem` says when the journal cannot record.
+
 A run then asks its playbook whether the alert still holds (`recover`: is the model
-still down? "could not tell" is not down), takes the model lock on the head node, and
-walks the playbook's plan of steps, journaling each step before it starts. The engine
-owns the control flow: fallback steps only after a failed verify, a verify that could
-not tell ends the run inconclusive, and a step that did nothing, failed, or found a
-state a restart cannot fix escalates to a person.
+still down? "could not tell" is not down), takes the model lock on the head node
+(waiting up to `lock_wait` for a holder such as a serve wrapper starting its ranks, then
+asking the playbook again, since that holder may have fixed it), and walks the
+playbook's plan of steps, journaling each step before it starts. A node that does not
+answer over SSH while the run re-checks or takes the lock ends it `unreachable` (never
+`locked`): a warning, `mlx_medic_node_unreachable_total`, and the next action in words.
+The engine owns the control flow: fallback steps only after a failed verify, a verify
+that could not tell ends the run inconclusive, and a step that did nothing, failed, or
+found a state a restart cannot fix escalates to a person.
 
 The engine is given its playbooks as instances by name (`builtin_playbooks()` unless
 told otherwise); the config routes alert names to those names.
@@ -41,12 +59,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mlx_medic.inventory import Inventory, Model
 from mlx_medic.model_lock import LockHandle, ModelLocks
-from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
+from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition, InvalidAlert
 from mlx_medic.remediator.budget import Budget, Escalator, resume_hint
 from mlx_medic.remediator.config import RemediatorConfig, check_routing
-from mlx_medic.remediator.journal import Journal, RunView, owner_tag
+from mlx_medic.remediator.journal import Journal, JournalError, RunView, owner_tag
 from mlx_medic.remediator.model_health import HealthVerdict, probe_model_health, remediator_node
-from mlx_medic.remediator.outcomes import EscalationReason, RunOutcome, StepOutcome
+from mlx_medic.remediator.outcomes import (
+    RUN_HOLDS_FIRING,
+    EscalationReason,
+    RunOutcome,
+    StepOutcome,
+)
 from mlx_medic.remediator.playbooks import Playbook, builtin_playbooks
 from mlx_medic.remediator.steps import (
     HealthCheck,
@@ -65,6 +88,9 @@ FLUSH_DELAY = 0.05
 # The storm's repeats: journaled in batches (see Journal.flush); every other decision
 # is on disk before submit returns.
 _DEFERRED = {Disposition.DUPLICATE, Disposition.ABSORBED}
+# Run endings worth a warning: nothing was fixed and the reason is not another holder.
+_WARN = {RunOutcome.UNREACHABLE, RunOutcome.INCONCLUSIVE, RunOutcome.FAILED,
+         RunOutcome.INTERRUPTED}
 
 
 @dataclass
@@ -79,7 +105,7 @@ class _Run:
     cancelled: bool = False
     ended: bool = False
     task: asyncio.Task[None] | None = None
-    firing: tuple[str, str] | None = None
+    firings: set[tuple[str, str]] = field(default_factory=set)  # dedupe keys it holds
 
 
 class _End(NamedTuple):
@@ -128,6 +154,8 @@ class Engine:
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._closing = False
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._journal_failing: str | None = None  # the problem last reported, for the log
+        self._unjournaled_ends: list[tuple[int, RunOutcome, float, str, str | None]] = []
 
         self.m_remediations = Counter(
             "mlx_medic_remediations_total", "Remediation runs by final outcome.",
@@ -150,6 +178,13 @@ class Engine:
         self.m_escalations = Counter(
             "mlx_medic_escalations_total", "Escalations to a person, by reason.",
             ["model", "reason"], registry=registry,
+        )
+        self.m_unreachable = Counter(
+            "mlx_medic_node_unreachable_total",
+            "Times a node the remediator needed for a model did not answer over SSH (taking"
+            " or checking the model lock, the re-check on the head, the start-up check of a"
+            " crashed run's lock); nothing was done then.",
+            ["model", "node"], registry=registry,
         )
         for model in inventory.models:
             self.m_in_progress.labels(model=model.name).set(0)
@@ -185,9 +220,15 @@ class Engine:
                     self.inventory.ssh.connect_timeout + 10,
                 )
             except (TransportError, TimeoutError) as exc:
+                detail = (f"could not check the lock of interrupted run {run.id} on"
+                          f" {model.head} at start-up: {exc or 'no answer'}; a lock it left"
+                          " there is broken by the next run that finds its holder gone or"
+                          " its lease run out")
+                log.warning("start-up lock check failed: %s", detail,
+                            extra={"model": model.name, "node": model.head})
+                self.m_unreachable.labels(model=model.name, node=model.head).inc()
                 self.journal.add_event(
-                    "lock_check_failed", now=self.clock(), model=model.name,
-                    detail=f"could not check the lock on {model.head} at start-up: {exc}",
+                    "lock_check_failed", now=self.clock(), model=model.name, detail=detail,
                 )
                 return
             if info is not None:
@@ -230,11 +271,12 @@ class Engine:
         model: str | None = None,
         run_id: int | None = None,
         detail: str = "",
+        fingerprint: str | None = None,
     ) -> None:
         self.journal.add_event(
             str(disposition), now=self.clock(), model=model,
-            fingerprint=event.fingerprint if event else None, run_id=run_id, detail=detail,
-            defer=disposition in _DEFERRED,
+            fingerprint=event.fingerprint if event else fingerprint, run_id=run_id,
+            detail=detail, defer=disposition in _DEFERRED,
         )
         if self.journal.pending:
             self._schedule_flush()
@@ -251,6 +293,51 @@ class Engine:
             self.journal.flush()
         except Exception:
             log.exception("journal flush failed")
+
+    def journal_problem(self) -> str | None:
+        """None when the journal records; else why not, and nothing may act. After a
+        failed write one real write decides (the event saying it records again), so a
+        freed disk is noticed by the next delivery; run ends it refused meanwhile are
+        written then too. A file removed or replaced stays a problem: no write can fix it."""
+        problem = self.journal.problem()
+        if problem is None or problem == self.journal.write_failure:
+            was = problem or self._journal_failing
+            if was is not None or self._unjournaled_ends:
+                with contextlib.suppress(JournalError):
+                    if was is not None:
+                        self.journal.add_event(
+                            "journal_recovered", now=self.clock(),
+                            detail=f"the journal records again; it had failed: {was}",
+                        )
+                    self._journal_ends()
+                problem = self.journal.problem()
+        if problem != self._journal_failing:
+            if problem is None:
+                log.warning("the journal records again")
+            else:
+                log.error("the journal cannot record, nothing acts until it can: %s", problem)
+            self._journal_failing = problem
+        return problem
+
+    def _journal_ends(self) -> None:
+        """Write the run ends a failing journal refused (JournalError if it still does)."""
+        while self._unjournaled_ends:
+            self.journal.end_run(*self._unjournaled_ends[0])
+            self._unjournaled_ends.pop(0)
+
+    def reject(self, invalid: InvalidAlert) -> Disposition:
+        """Journal an alert that could not be read, with its reason; nothing acts on it."""
+        named = invalid.model if self._known_model(invalid.model or None) else None
+        parts = []
+        if invalid.alertname:
+            parts.append(f"alert {invalid.alertname[:100]!r}")
+        if invalid.model and named is None:
+            parts.append(f"model={invalid.model[:100]!r}")
+        what = " ".join(parts) or "an alert"
+        self._event(Disposition.INVALID, None, model=named,
+                    fingerprint=invalid.fingerprint[:128] or None,
+                    detail=f"{what} is not acted on: {invalid.reason}")
+        return Disposition.INVALID
 
     def _remember(self, key: tuple[str, str]) -> None:
         self._seen[key] = None
@@ -315,6 +402,7 @@ class Engine:
             self.journal.record_firing(*key, model.name, current.run_id, self.clock(), defer=True)
             self._remember(key)
             current.fingerprints.add(event.fingerprint)
+            current.firings.add(key)
             self._event(Disposition.ABSORBED, event, model=model.name, run_id=current.run_id,
                         detail=f"run {current.run_id} is already {current.phase}")
             return Disposition.ABSORBED
@@ -357,7 +445,7 @@ class Engine:
                         detail="firing recorded by another process")
             return Disposition.DUPLICATE
         run = _Run(run_id, model.name, self.playbooks[playbook_name], dry_run, "alert",
-                   {event.fingerprint}, firing=key)
+                   {event.fingerprint}, firings={key})
         self._runs[model.name] = run
         self._spawn(run)
         self._event(Disposition.STARTED, event, model=model.name, run_id=run_id,
@@ -385,22 +473,35 @@ class Engine:
             run.task.cancel()
 
     def _finish(self, run: _Run, end: _End) -> None:
-        """Journal the end of a run once, count it, free the model's slot."""
+        """Journal the end of a run once, count it, free the model's slot. An ending that
+        does not hold its firings lets them go (see the module's dedupe rule). An end
+        the journal refuses is kept and written once it records again."""
         if run.ended:
             return
         run.ended = True
         now = self.clock()
         outcome, detail, next_action = end
-        self.journal.end_run(run.run_id, outcome, now, detail, next_action)
+        try:
+            self._journal_ends()
+            self.journal.end_run(run.run_id, outcome, now, detail, next_action)
+        except JournalError as exc:
+            log.error("could not journal the end of run %s (%s): %s", run.run_id, outcome, exc,
+                      extra={"model": run.model, "run_id": run.run_id})
+            self._unjournaled_ends.append((run.run_id, outcome, now, detail, next_action))
+        if outcome not in RUN_HOLDS_FIRING:
+            for key in run.firings:
+                self._seen.pop(key, None)
         self.m_remediations.labels(model=run.model, outcome=outcome).inc()
-        view = self.journal.get_run(run.run_id)
-        if view is not None and view.started_at is not None:
-            self.m_duration.observe(max(0.0, now - view.started_at))
+        with contextlib.suppress(Exception):
+            view = self.journal.get_run(run.run_id)
+            if view is not None and view.started_at is not None:
+                self.m_duration.observe(max(0.0, now - view.started_at))
         if self._runs.get(run.model) is run:
             del self._runs[run.model]
-        log.info("run %s of %s ended: %s", run.run_id, run.model, outcome,
-                 extra={"model": run.model, "run_id": run.run_id, "outcome": outcome,
-                        "detail": detail})
+        log.log(logging.WARNING if outcome in _WARN else logging.INFO,
+                "run %s of %s ended: %s", run.run_id, run.model, outcome,
+                extra={"model": run.model, "run_id": run.run_id, "outcome": outcome,
+                       "detail": detail, "next_action": next_action})
 
     # --- runs -------------------------------------------------------------
 
@@ -439,12 +540,6 @@ class Engine:
             log.warning("health check of %s failed: %s", model.name, exc)
             return HealthVerdict.unknown(f"health check raised {type(exc).__name__}: {exc}")
 
-    def _forget_firing(self, run: _Run) -> None:
-        """Let a redelivery of this firing try again (nothing was done for it)."""
-        if run.firing is not None:
-            self.journal.forget_firing(*run.firing)
-            self._seen.pop(run.firing, None)
-
     async def _execute(self, run: _Run) -> None:
         """One run from queue to end. The lock is released before the run is marked
         ended, so the next run of the model never finds our own lock still there."""
@@ -476,39 +571,68 @@ class Engine:
             model=model, inventory=self.inventory, transport=self.transport,
             run_id=run.run_id, health=self._health, log=log,
         )
-        if run.trigger == "alert":
+        alert = run.trigger == "alert"
+        if alert:
             control = self.journal.blocking_control(model.name)
             if control is not None:
-                self._forget_firing(run)
                 return _End(RunOutcome.SKIPPED, f"{control.kind} set before the run started")
-            verdict = await run.playbook.recheck(context)
-            if not verdict.should_act:
-                if verdict.retry:
-                    self._forget_firing(run)
-                else:
-                    self._event(Disposition.STALE, None, model=model.name, run_id=run.run_id,
-                                detail=verdict.reason)
-                return _End(RunOutcome.SKIPPED, verdict.reason)
-            log.info("run %s of %s acts: %s", run.run_id, model.name, verdict.reason,
-                     extra={"model": model.name, "run_id": run.run_id})
+            skipped = await self._recheck(run, model, context)
+            if skipped is not None:
+                return skipped
         holder = "manual" if run.trigger == "manual" else "remediator"
         run.phase = "starting"  # no longer cancellable: a half-taken lock must not leak
-        handle = await self.locks.acquire(model.name, holder, str(run.run_id))
+        # A person waits at a terminal for a manual run: it never waits for the lock.
+        handle = await self.locks.acquire(model.name, holder, str(run.run_id),
+                                          wait=self.config.lock_wait if alert else 0.0)
         if handle is None:
             why = self.locks.refusals.get(model.name, "locked")
+            silent = self.locks.unreachable.get(model.name)
+            if silent is not None:
+                return self._unreachable(model, silent, f"taking the model lock: {why}")
             return _End(RunOutcome.LOCKED, why if why.startswith("locked") else f"locked: {why}")
         holding.append(handle)
+        if alert and handle.waited > 0:  # the holder (a serve wrapper?) may have fixed it
+            skipped = await self._recheck(run, model, context)
+            if skipped is not None:
+                return skipped
         run.phase = "executing"
         self.journal.start_run(run.run_id, self.clock())
         self.m_in_progress.labels(model=model.name).set(1)
         return await self._walk(run, model, context)
 
+    async def _recheck(self, run: _Run, model: Model, context: RunContext) -> _End | None:
+        """The playbook's re-check: None to act, else how the run ends."""
+        verdict = await run.playbook.recheck(context)
+        if verdict.should_act:
+            log.info("run %s of %s acts: %s", run.run_id, model.name, verdict.reason,
+                     extra={"model": model.name, "run_id": run.run_id})
+            return None
+        if verdict.unreachable_node is not None:
+            return self._unreachable(model, verdict.unreachable_node, f"re-check: {verdict.reason}")
+        if not verdict.undecided:
+            self._event(Disposition.STALE, None, model=model.name, run_id=run.run_id,
+                        detail=verdict.reason)
+        return _End(RunOutcome.SKIPPED, verdict.reason)
+
+    def _unreachable(self, model: Model, node_name: str, detail: str) -> _End:
+        """A node the run needed did not answer: nothing was done; say what to check."""
+        self.m_unreachable.labels(model=model.name, node=node_name).inc()
+        node = self.inventory.node(node_name)
+        return _End(
+            RunOutcome.UNREACHABLE, f"{node_name} did not answer over SSH ({detail})",
+            f"nothing was done to {model.name}: check that {node_name} is up and answers SSH"
+            f" (`ssh -p {node.port} {node.user}@{node.ssh} true`) and that"
+            f" {self.inventory.state_dir / 'locks'} there is writable; the next notification"
+            f" of the alert starts a new run, or run `mlx-medic remediate {model.name}`",
+        )
+
     def _interrupt_steps(self, run: _Run) -> None:
-        view = self.journal.get_run(run.run_id)
-        for step in view.steps if view else []:
-            if step.outcome == StepOutcome.RUNNING:
-                self.journal.end_step(step.id, StepOutcome.INTERRUPTED, self.clock(),
-                                      detail="the run stopped while this step ran")
+        with contextlib.suppress(JournalError):  # a failing journal: start-up marks them
+            view = self.journal.get_run(run.run_id)
+            for step in view.steps if view else []:
+                if step.outcome == StepOutcome.RUNNING:
+                    self.journal.end_step(step.id, StepOutcome.INTERRUPTED, self.clock(),
+                                          detail="the run stopped while this step ran")
 
     async def _walk(self, run: _Run, model: Model, context: RunContext) -> _End:
         """Walk the plan: each step journaled before it starts, its result deciding what

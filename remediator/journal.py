@@ -5,6 +5,11 @@ processes that must see each other's writes at once (a pause reaches a running
 service), and a crash must leave what was in flight visible. A step is written
 *before* it starts, so a killed process leaves a `running` step that start-up
 turns into `interrupted`.
+
+A journal that cannot record is a reason to act on nothing: a failed write raises
+JournalError (and is remembered until a write succeeds), and `problem()` also notices a
+file that was removed or replaced under the running process (its writes would then land
+where no other process reads).
 """
 
 from __future__ import annotations
@@ -15,12 +20,18 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlx_medic.remediator.outcomes import RUN_ENDED, RUN_IN_FLIGHT, RunOutcome, StepOutcome
+from mlx_medic.remediator.outcomes import (
+    RUN_ENDED,
+    RUN_HOLDS_FIRING,
+    RUN_IN_FLIGHT,
+    RunOutcome,
+    StepOutcome,
+)
 
 OUTPUT_CAP = 4000  # characters of command output kept per step
 
@@ -196,6 +207,11 @@ class ControlView:
         return asdict(self)
 
 
+class JournalError(RuntimeError):
+    """A write to the journal failed (disk full, I/O error, read-only file): nothing it
+    was to record happened."""
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -217,6 +233,7 @@ class Journal:
         self._db = sqlite3.connect(
             str(self.path), timeout=10.0, isolation_level=None, check_same_thread=False
         )
+        self.write_failure: str | None = None  # why the last write failed; None once one works
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoint, never corrupt
@@ -231,6 +248,7 @@ class Journal:
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 self._db.execute(statement)
+        self._identity = _file_identity(self.path)  # the file this connection writes
 
     def close(self) -> None:
         with self._lock:
@@ -264,18 +282,44 @@ class Journal:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; BEGIN IMMEDIATE so writers from other processes queue."""
+        """One write transaction; BEGIN IMMEDIATE so writers from other processes queue.
+        A database or OS error becomes JournalError, remembered in `write_failure`."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._write_pending(self._db)
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._write_pending(self._db)
+                    yield self._db
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except (sqlite3.Error, OSError) as exc:
+                if self._db.in_transaction:
+                    with suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                self.write_failure = f"cannot write the journal {self.path}: {exc}"
+                raise JournalError(self.write_failure) from exc
+            self.write_failure = None
             self._pending_events, self._pending_firings = [], []
             self._pending_firing_keys = set()
+
+    def problem(self) -> str | None:
+        """Why this journal cannot be trusted to record now, or None: its file is gone or
+        was replaced (this process would write where nobody reads), or the last write
+        failed."""
+        try:
+            identity = _file_identity(self.path)
+        except FileNotFoundError:
+            return (f"the journal file {self.path} is gone (removed, or its directory was):"
+                    " this process writes where no other process reads; restart the service")
+        except OSError as exc:
+            return f"cannot check the journal file {self.path}: {exc.strerror or exc}"
+        if identity != self._identity:
+            return (f"the journal file {self.path} was replaced by another file:"
+                    " this process still writes to the old one; restart the service")
+        return self.write_failure
 
     def _query(
         self, sql: str, params: Sequence[Any] = (), *, flush: bool = True
@@ -335,6 +379,8 @@ class Journal:
                 "UPDATE runs SET outcome=?, detail=?, next_action=?, ended_at=? WHERE id=?",
                 (RunOutcome(outcome).value, detail, next_action, now, run_id),
             )
+            if outcome not in RUN_HOLDS_FIRING:  # its firings may start a run again
+                db.execute("DELETE FROM firings WHERE run_id=?", (run_id,))
 
     def begin_step(
         self,
@@ -415,6 +461,7 @@ class Journal:
                 f" WHERE id IN ({marks})",
                 (RunOutcome.INTERRUPTED.value, now, *ids),
             )
+            db.execute(f"DELETE FROM firings WHERE run_id IN ({marks})", ids)
         return ids
 
     def get_run(self, run_id: int) -> RunView | None:
@@ -535,7 +582,8 @@ class Journal:
         ]
 
     def firing_seen(self, fingerprint: str, starts_at: str) -> bool:
-        """True if this firing already started or joined a run (durable dedupe)."""
+        """True if this firing started or joined a run that is in flight or succeeded
+        (durable dedupe; a run's other endings forget its firings, see end_run)."""
         with self._lock:
             if (fingerprint, starts_at) in self._pending_firing_keys:
                 return True
@@ -564,13 +612,6 @@ class Journal:
             return True
         with self._tx() as db:
             return _insert_firing(db, fingerprint, starts_at, model, run_id, now)
-
-    def forget_firing(self, fingerprint: str, starts_at: str) -> None:
-        """Let a redelivery of this firing count again (its run did nothing)."""
-        with self._tx() as db:
-            db.execute(
-                "DELETE FROM firings WHERE fingerprint=? AND starts_at=?", (fingerprint, starts_at)
-            )
 
     def create_alert_run(
         self,
@@ -669,6 +710,11 @@ class Journal:
             kind=r["kind"], model=r["model"], reason=r["reason"],
             next_action=r["next_action"], by_whom=r["by_whom"], since=r["since"],
         )
+
+
+def _file_identity(path: Path) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino
 
 
 def _this_host() -> str:

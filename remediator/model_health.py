@@ -23,7 +23,7 @@ from mlx_medic import health
 from mlx_medic.inventory import Inventory, Model, Node, is_loopback
 from mlx_medic.node_identity import NodeIdentityError, node_id_path, read_node_id
 from mlx_medic.remediator.config import ConfigError
-from mlx_medic.transport import NodeTransport
+from mlx_medic.transport import NodeTransport, TransportError
 
 log = logging.getLogger("mlx_medic.remediator.model_health")
 
@@ -48,6 +48,7 @@ class ModelState(StrEnum):
 class HealthVerdict:
     state: ModelState
     reason: str
+    unreachable_node: str | None = None  # unknown because this node did not answer over SSH
 
     @classmethod
     def up(cls, reason: str) -> HealthVerdict:
@@ -60,6 +61,10 @@ class HealthVerdict:
     @classmethod
     def unknown(cls, reason: str) -> HealthVerdict:
         return cls(ModelState.UNKNOWN, reason)
+
+    @classmethod
+    def unreachable(cls, node: str, reason: str) -> HealthVerdict:
+        return cls(ModelState.UNKNOWN, reason, unreachable_node=node)
 
     @classmethod
     def of(cls, up: bool, conclusive: bool, reason: str) -> HealthVerdict:
@@ -134,7 +139,9 @@ async def _probe_on_head(
     where = f"on {head.name}"
     try:
         result = await transport.run(head, argv, timeout=REMOTE_PROBE_TIMEOUT)
-    except Exception as exc:  # TransportError mostly; not knowing is never "down"
+    except TransportError as exc:  # not knowing is never "down"
+        return HealthVerdict.unreachable(head.name, f"could not probe {where}: {exc}")
+    except Exception as exc:
         return HealthVerdict.unknown(f"could not probe {where}: {exc}")
     if result.timed_out:
         return HealthVerdict.unknown(

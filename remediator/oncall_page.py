@@ -69,6 +69,9 @@ table{width:100%;border-collapse:collapse;background:#fff;font-size:.85rem;table
 th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #e3e6eb;
  overflow-wrap:anywhere;vertical-align:top}
 .empty{color:#5b6472;font-style:italic}
+.alarm{background:#fbdada;border:2px solid #c62828;border-left-width:6px;border-radius:6px;
+ color:#5c0d0d;padding:.7rem 1rem;margin:0 0 1rem;overflow-wrap:anywhere}
+.alarm strong{display:block;color:#8e1414;text-transform:uppercase;font-size:.85rem}
 @media (max-width:600px){dl.meta{grid-template-columns:1fr}dl.meta dt{margin-top:.3rem}
  main{padding:.5rem}.run{padding:.6rem}}
 """
@@ -237,18 +240,31 @@ def _render_events(events: Iterable[Mapping[str, Any]]) -> str:
     )
 
 
+def _render_journal_problem(problem: str | None) -> str:
+    if problem is None:
+        return ""
+    return (
+        '<p class="alarm" role="alert"><strong>The journal is failing: nothing acts</strong>'
+        f"{_text(problem)}. Alertmanager's deliveries are answered 503 (it retries them) until"
+        " the journal records again; what is shown below may be out of date.</p>"
+    )
+
+
 def render_page(
     runs: Iterable[Mapping[str, Any]],
     *,
     now: datetime,
     model: str | None = None,
     events: Iterable[Mapping[str, Any]] = (),
+    journal_problem: str | None = None,
 ) -> str:
-    """The whole page; `runs` are journal run dicts, newest first."""
+    """The whole page; `runs` are journal run dicts, newest first; `journal_problem`
+    (why the journal cannot record) heads it in red."""
     runs = list(runs)
     scope = f" for {_text(model)}" if model else ""
-    body = "".join(_render_run(r) for r in runs) or (
-        f'<p class="empty">No remediations recorded{scope}.</p>'
+    body = _render_journal_problem(journal_problem) + (
+        "".join(_render_run(r) for r in runs)
+        or f'<p class="empty">No remediations recorded{scope}.</p>'
     )
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -35,15 +35,20 @@ class RunOutcome(StrEnum):
     ESCALATED = "escalated"  # handed to a person; the circuit is open
     PLANNED = "planned"  # dry run: every step journaled, nothing executed
     SKIPPED = "skipped"  # the playbook's re-check found nothing to do, or was paused
-    LOCKED = "locked"  # another holder had the model lock
+    LOCKED = "locked"  # another holder had the model lock (an alert's run waits lock_wait)
     CANCELLED = "cancelled"  # resolved while still queued
     INTERRUPTED = "interrupted"  # the process stopped (crash, kill, shutdown) mid-run
     INCONCLUSIVE = "inconclusive"  # acted, then could not tell whether the model is up
-    UNREACHABLE = "unreachable"  # a node the run needed did not answer
+    UNREACHABLE = "unreachable"  # a node the run needed did not answer (nothing was done)
 
 
 RUN_IN_FLIGHT = (RunOutcome.QUEUED, RunOutcome.RUNNING)
 RUN_ENDED = tuple(outcome for outcome in RunOutcome if outcome not in RUN_IN_FLIGHT)
+# A firing (fingerprint, startsAt) stays handled while its run is in flight and after its
+# run succeeded (a dry run: planned): a repeat notification of it is a duplicate. Every
+# other ending (locked, unreachable, inconclusive, skipped, escalated, failed, ...) did
+# not fix the model, so a later notification of the same firing may start a new run.
+RUN_HOLDS_FIRING = (*RUN_IN_FLIGHT, RunOutcome.SUCCEEDED, RunOutcome.PLANNED)
 
 
 class EscalationReason(StrEnum):

@@ -1,7 +1,11 @@
 """Alertmanager's webhook payload (version "4"), validated before anything acts on it.
 
-Alertmanager does not retry 4xx, so every rejection carries a reason a person can
-act on; a newer Alertmanager's extra fields are tolerated, never trusted.
+Two levels, because Alertmanager does not retry 4xx: a body that is not an Alertmanager
+payload at all (not JSON, wrong version, no `alerts` list) is refused whole with a
+reason a person can act on; inside a payload each alert is read on its own, so one bad
+alert (say, a rule that lost its `model` label) never loses the good ones beside it: it
+becomes an InvalidAlert with its reason. A newer Alertmanager's extra fields are
+tolerated, never trusted.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pydantic import (
     ValidationError,
 )
 
-from mlx_medic.remediator.alerts import AlertEvent, AlertStatus
+from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, InvalidAlert
 from mlx_medic.remediator.config import RoutingConfig
 
 SUPPORTED_VERSION = "4"
@@ -61,7 +65,7 @@ class WebhookPayload(_Tolerant):
     commonLabels: StrMap = Field(default_factory=dict)
     commonAnnotations: StrMap = Field(default_factory=dict)
     externalURL: StrictStr = ""
-    alerts: list[WebhookAlert]
+    alerts: list[Any]  # each read on its own by to_events (WebhookAlert)
 
 
 def _where(loc: Iterable[Any]) -> str:
@@ -71,16 +75,20 @@ def _where(loc: Iterable[Any]) -> str:
     return text or "(top level)"
 
 
-def _reason(exc: ValidationError) -> str:
+REASON_CAP = 1000  # characters: a reason is journaled, and label names come from the sender
+FIELD_CAP = 200  # characters kept of a field read from an invalid alert
+
+
+def _problems(exc: ValidationError, within: tuple[Any, ...] = ()) -> str:
     errors = exc.errors(include_url=False)
     parts = []
     for error in errors[:3]:
         message = error["msg"]
         if error["type"] == "missing":
             message = "required field is missing"
-        parts.append(f"{_where(error['loc'])}: {message}")
+        parts.append(f"{_where((*within, *error['loc']))}: {message}")
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    return "invalid payload: " + "; ".join(parts) + more
+    return ("; ".join(parts) + more)[:REASON_CAP]
 
 
 def check_content_type(content_type: str) -> None:
@@ -114,35 +122,60 @@ def parse_payload(body: bytes) -> WebhookPayload:
     try:
         return WebhookPayload.model_validate(raw)
     except ValidationError as exc:
-        raise PayloadError(_reason(exc)) from exc
+        raise PayloadError("invalid payload: " + _problems(exc)) from exc
 
 
-def to_events(payload: WebhookPayload, routing: RoutingConfig | None = None) -> list[AlertEvent]:
-    """One AlertEvent per alert. A routed alert (its name has a playbook) must name its
-    model, else the whole delivery is refused: a silent drop would hide a broken rule."""
+def to_events(
+    payload: WebhookPayload, routing: RoutingConfig | None = None
+) -> list[AlertEvent | InvalidAlert]:
+    """Each alert, in order: an AlertEvent, or an InvalidAlert saying why it cannot be
+    acted on. A routed alert (its name has a playbook) must name its model: acting on
+    it is impossible without, and a silent drop would hide a broken rule."""
     routing = routing or RoutingConfig()
-    events = []
-    for index, alert in enumerate(payload.alerts):
-        alertname = alert.labels.get("alertname")
-        if not alertname:
-            raise PayloadError(f"invalid payload: alerts[{index}].labels.alertname:"
-                               " required label is missing")
-        if alertname in routing.playbooks and not alert.labels.get(routing.model_label):
-            raise PayloadError(
-                f"invalid payload: alerts[{index}].labels.{routing.model_label}: alert"
-                f" {json.dumps(alertname)[:80]} needs the {routing.model_label!r} label"
-                " naming the model"
-            )
-        events.append(
-            AlertEvent(
-                alertname=alertname,
-                status=AlertStatus(alert.status),
-                fingerprint=alert.fingerprint,
-                starts_at=alert.startsAt,
-                labels=dict(alert.labels),
-                annotations=dict(alert.annotations),
-                receiver=payload.receiver,
-                group_key=payload.groupKey,
-            )
+    return [_read_alert(index, raw, payload, routing) for index, raw in enumerate(payload.alerts)]
+
+
+def _read_alert(
+    index: int, raw: Any, payload: WebhookPayload, routing: RoutingConfig
+) -> AlertEvent | InvalidAlert:
+    place = f"alerts[{index}]"
+    try:
+        alert = WebhookAlert.model_validate(raw)
+    except ValidationError as exc:
+        return _invalid(index, raw, routing, _problems(exc, ("alerts", index)))
+    alertname = alert.labels.get("alertname")
+    if not alertname:
+        return _invalid(index, raw, routing,
+                        f"{place}.labels.alertname: required label is missing")
+    if alertname in routing.playbooks and not alert.labels.get(routing.model_label):
+        return _invalid(
+            index, raw, routing,
+            f"{place}.labels.{routing.model_label}: alert {json.dumps(alertname)[:80]} needs"
+            f" the {routing.model_label!r} label naming the model",
         )
-    return events
+    return AlertEvent(
+        alertname=alertname,
+        status=AlertStatus(alert.status),
+        fingerprint=alert.fingerprint,
+        starts_at=alert.startsAt,
+        labels=dict(alert.labels),
+        annotations=dict(alert.annotations),
+        receiver=payload.receiver,
+        group_key=payload.groupKey,
+    )
+
+
+def _invalid(index: int, raw: Any, routing: RoutingConfig, reason: str) -> InvalidAlert:
+    """What could be read of a bad alert (strings only, bounded), and why it is bad."""
+    alert: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    found = alert.get("labels")
+    labels: dict[str, Any] = found if isinstance(found, dict) else {}
+
+    def text(value: Any) -> str:
+        return value[:FIELD_CAP] if isinstance(value, str) else ""
+
+    return InvalidAlert(
+        index=index, reason=reason, alertname=text(labels.get("alertname")),
+        fingerprint=text(alert.get("fingerprint")), model=text(labels.get(routing.model_label)),
+        status=text(alert.get("status")),
+    )

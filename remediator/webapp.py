@@ -3,7 +3,11 @@
 `POST /alerts` answers within milliseconds: it validates, hands each alert to the
 engine (which only decides and queues; playbooks run in the background) and
 returns. Alertmanager retries 5xx and timeouts, so a slow answer would become
-duplicate deliveries; 4xx is final, so every rejection says why.
+duplicate deliveries; 4xx is final, so it is kept for a body that is not an
+Alertmanager payload at all, and says why. Inside a payload every alert gets its own
+disposition: a bad one is journaled with its reason (`invalid`) and the good ones act.
+When the journal cannot record, the answer is 503 and nothing acts: Alertmanager
+retries, and the page and /healthz say the journal is failing.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from mlx_medic.inventory import parse_duration
-from mlx_medic.remediator.alerts import AlertEvent, Disposition
+from mlx_medic.remediator.alerts import AlertEvent, Disposition, InvalidAlert
 from mlx_medic.remediator.auth import DECISION_KEY, Credentials, auth_middleware
 from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.journal import JournalError
 from mlx_medic.remediator.oncall_page import render_page
 from mlx_medic.remediator.payload import PayloadError, check_content_type, parse_payload, to_events
 
@@ -35,6 +40,10 @@ MAX_LIMIT = 500
 
 class EngineLike(Protocol):
     async def submit(self, event: AlertEvent) -> Disposition: ...
+
+    def reject(self, invalid: InvalidAlert) -> Disposition: ...
+
+    def journal_problem(self) -> str | None: ...
 
 
 class RecordLike(Protocol):
@@ -77,7 +86,8 @@ class AlertsReceived:
     def collect(self) -> list[Metric]:
         family = CounterMetricFamily(
             "mlx_medic_alerts_received", "Alerts received on the webhook, by status;"
-            " invalid counts rejected deliveries.", labels=["status"])
+            " invalid counts alerts that could not be read and deliveries refused whole.",
+            labels=["status"])
         for status, count in self.counts.items():
             family.add_metric([status], count)
         return [family]
@@ -123,6 +133,13 @@ def _reject(request: web.Request, status: int, reason: str) -> web.Response:
     return web.json_response({"status": "rejected", "reason": reason}, status=status)
 
 
+def _unavailable(request: web.Request, problem: str) -> web.Response:
+    """503: Alertmanager retries it, and nothing was done that the journal did not record."""
+    reason = f"the journal cannot record, so nothing acts: {problem}"
+    _decide(request, reason=reason)
+    return web.json_response({"status": "unavailable", "reason": reason}, status=503)
+
+
 async def _read_capped(request: web.Request, limit: int) -> bytes | None:
     """The body, or None when it is larger than `limit` (declared or actual). The app's
     client_max_size is the same limit, so aiohttp stops reading at it."""
@@ -141,30 +158,53 @@ async def post_alerts(request: web.Request) -> web.Response:
         return _reject(request, 413, f"body larger than {config.max_body_bytes} bytes")
     try:
         check_content_type(request.content_type)
-        events = to_events(parse_payload(body), config.routing)
+        alerts = to_events(parse_payload(body), config.routing)
     except PayloadError as exc:
         return _reject(request, 400, str(exc))
 
     engine = request.app[ENGINE_KEY]
+    problem = engine.journal_problem()
+    if problem is not None:
+        return _unavailable(request, problem)
     received = request.app[RECEIVED_KEY]
-    results = []
-    for event in events:
-        received.inc(event.status.value)
-        disposition = await engine.submit(event)
-        results.append({
-            "alertname": event.alertname,
-            "fingerprint": event.fingerprint,
-            "model": event.labels.get(config.routing.model_label, ""),
-            "status": event.status.value,
-            "disposition": disposition.value,
-        })
-    _decide(request, alerts=len(events),
+    results: list[dict[str, Any]] = []
+    try:
+        for index, alert in enumerate(alerts):
+            if isinstance(alert, InvalidAlert):
+                received.inc("invalid")
+                disposition = engine.reject(alert)
+                results.append({
+                    "index": index, "alertname": alert.alertname,
+                    "fingerprint": alert.fingerprint, "model": alert.model,
+                    "status": alert.status, "disposition": disposition.value,
+                    "reason": alert.reason,
+                })
+                continue
+            received.inc(alert.status.value)
+            disposition = await engine.submit(alert)
+            results.append({
+                "index": index, "alertname": alert.alertname,
+                "fingerprint": alert.fingerprint,
+                "model": alert.labels.get(config.routing.model_label, ""),
+                "status": alert.status.value, "disposition": disposition.value,
+            })
+    except JournalError as exc:
+        # Whatever acted so far was journaled first (a run it started makes the retry a
+        # repeat); nothing after the failed write acts.
+        _decide(request, dispositions=[r["disposition"] for r in results])
+        return _unavailable(request, str(exc))
+    _decide(request, alerts=len(alerts),
             dispositions=[r["disposition"] for r in results],
             fingerprints=[r["fingerprint"] for r in results][:20])
     return web.json_response({"status": "accepted", "alerts": results}, status=202)
 
 
 async def get_healthz(request: web.Request) -> web.Response:
+    """Unauthenticated: says whether the service can do its job, never the details."""
+    if request.app[ENGINE_KEY].journal_problem() is not None:
+        return web.json_response(
+            {"status": "failing", "problem": "the journal cannot record; see the page"},
+            status=503)
     return web.json_response({"status": "ok"})
 
 
@@ -217,32 +257,42 @@ async def _runs(request: web.Request) -> list[dict[str, Any]]:
     return [run.to_dict() for run in runs]
 
 
-async def _events(request: web.Request, limit: int = 25) -> list[dict[str, Any]]:
+async def _events(request: web.Request, limit: int | None = None) -> list[dict[str, Any]]:
+    """Decisions (journal events), newest first; `limit` defaults to the query's."""
     journal = request.app[JOURNAL_KEY]
     query = run_query(request)
     events = await asyncio.to_thread(
-        journal.list_events, model=query["model"], since=query["since"], limit=limit)
+        journal.list_events, model=query["model"], since=query["since"],
+        limit=query["limit"] if limit is None else limit)
     return [event.to_dict() for event in events]
 
 
 async def get_remediations(request: web.Request) -> web.Response:
+    """Runs with their steps, and the decisions (an invalid alert's reason among them)."""
     try:
         runs = await _runs(request)
+        decisions = await _events(request)
     except QueryError as exc:
         _decide(request, reason=str(exc))
         return web.json_response({"status": "rejected", "reason": str(exc)}, status=400)
-    return web.json_response({"runs": runs}, dumps=_dumps)
+    return web.json_response({"runs": runs, "decisions": decisions}, dumps=_dumps)
 
 
 async def get_page(request: web.Request) -> web.Response:
+    problem = request.app[ENGINE_KEY].journal_problem()
     try:
         runs = await _runs(request)
-        events = await _events(request)
+        events = await _events(request, limit=25)
     except QueryError as exc:
         _decide(request, reason=str(exc))
         return web.Response(text=str(exc), status=400)
+    except Exception as exc:
+        if problem is None:
+            raise
+        log.warning("the page could not read the journal: %s", exc)
+        runs, events = [], []  # the banner still says what is wrong
     html = render_page(runs, now=datetime.now(UTC), model=request.query.get("model") or None,
-                       events=events)
+                       events=events, journal_problem=problem)
     return web.Response(text=html, content_type="text/html", charset="utf-8",
                         headers={"Cache-Control": "no-store",
                                  "Content-Security-Policy": "default-src 'none';"

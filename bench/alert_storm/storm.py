@@ -37,7 +37,9 @@ sys.path.insert(0, str(REPO))
 from mlx_medic.remediator.journal import Journal  # noqa: E402
 from testbed import free_port, start_cluster  # noqa: E402
 
-HOLD_PLAYBOOK = "tests.remediator.slow_playbook:SlowPlaybook"  # holds a model for 60 s
+HOLD_PLAYBOOK = "slow"  # tests.remediator.slow_playbook: holds a model for 60 s
+# The remediator's entry point with the test playbooks registered beside the built-ins.
+SERVICE = ["-m", "tests.remediator.service_with_test_playbooks"]
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
@@ -137,13 +139,15 @@ def remediator_round(args: argparse.Namespace, workdir: Path, inventory: Path, n
         "inventory": str(inventory), "journal": str(journal_path),
         "auth": {"bearer_token_file": str(token)},
         "routing": {"playbooks": {"LLMModelDown": HOLD_PLAYBOOK}},
+        # Nothing listens on the models' ports: probed from here they are down, so each
+        # first firing's run acts (holds its model) instead of asking the head over SSH.
+        "probe_from": "remediator",
     }))
     port = free_port()
     with (rounddir / "remediator.log").open("wb") as log:  # one JSON line per request
         profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
         proc = subprocess.Popen(
-            [sys.executable, *profile, "-m", "mlx_medic.cli", "remediator",
-             "--config.file", str(config),
+            [sys.executable, *profile, *SERVICE, "--config.file", str(config),
              "--web.listen-address", f"127.0.0.1:{port}"],
             cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=log)
     try:

@@ -19,19 +19,24 @@ from mlx_medic.remediator.steps.base import RunContext, Step
 
 @dataclass(frozen=True)
 class RecheckVerdict:
-    """Act, or skip with the reason (journaled as the run's detail)."""
+    """Act, or skip with the reason (journaled as the run's detail). A skip that could not
+    tell is `undecided` (not journaled as stale news); when it could not tell because a
+    node did not answer, `unreachable_node` names it and the run ends unreachable."""
 
     should_act: bool
     reason: str
-    retry: bool = False  # a skip that decided nothing: a redelivery of the firing may try again
+    undecided: bool = False
+    unreachable_node: str | None = None
 
     @classmethod
     def act(cls, reason: str) -> RecheckVerdict:
         return cls(True, reason)
 
     @classmethod
-    def skip(cls, reason: str, *, retry: bool = False) -> RecheckVerdict:
-        return cls(False, reason, retry)
+    def skip(
+        cls, reason: str, *, undecided: bool = False, unreachable_node: str | None = None
+    ) -> RecheckVerdict:
+        return cls(False, reason, undecided or unreachable_node is not None, unreachable_node)
 
 
 class Playbook(ABC):
@@ -55,5 +60,6 @@ async def recheck_model_down(context: RunContext) -> RecheckVerdict:
         case ModelState.UP:
             return RecheckVerdict.skip(f"model is up again: {verdict.reason}")
     return RecheckVerdict.skip(
-        f"could not confirm {model.name} is down: {verdict.reason}", retry=True
+        f"could not confirm {model.name} is down: {verdict.reason}", undecided=True,
+        unreachable_node=verdict.unreachable_node,
     )

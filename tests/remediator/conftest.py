@@ -23,10 +23,13 @@ import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
+from mlx_medic.inventory import Inventory, parse_inventory
+from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition, InvalidAlert
 from mlx_medic.remediator.auth import Credentials
 from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.webapp import make_app
+from mlx_medic.transport import SshTransport
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token-for-tests"
@@ -107,6 +110,15 @@ class FakeEngine:
     started: list[AlertEvent] = field(default_factory=list)
     seen: set[tuple[str, str]] = field(default_factory=set)
     running: set[str] = field(default_factory=set)
+    rejected: list[InvalidAlert] = field(default_factory=list)
+    problem: str | None = None  # what journal_problem answers
+
+    def journal_problem(self) -> str | None:
+        return self.problem
+
+    def reject(self, invalid: InvalidAlert) -> Disposition:
+        self.rejected.append(invalid)
+        return Disposition.INVALID
 
     async def submit(self, event: AlertEvent) -> Disposition:
         self.events.append(event)
@@ -150,6 +162,24 @@ class FakeJournal:
     def list_events(self, model: str | None = None, since: float | None = None,
                     kind: str | None = None, limit: int = 100) -> list[FakeRun]:
         return [FakeRun(e) for e in self.events[:limit]]
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[list[Engine]]:
+    """Engines made by a test are closed after it, even when it fails."""
+    made: list[Engine] = []
+    yield made
+    for engine in made:
+        await engine.close()
+
+
+@pytest.fixture
+async def ssh_transports() -> AsyncIterator[list[SshTransport]]:
+    """SSH transports made by a test are closed after it."""
+    made: list[SshTransport] = []
+    yield made
+    for transport in made:
+        await transport.close()
 
 
 @pytest.fixture
@@ -199,6 +229,26 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+# --- a node nobody answers for -------------------------------------------------
+
+SILENT_PORT = free_port()
+
+
+def silent_inventory(tmp_path: Path) -> Inventory:
+    """One node, m1's head, at an address where nothing listens: every SSH connect is
+    refused at once."""
+    return parse_inventory(yaml.safe_dump({
+        "state_dir": str(tmp_path / "state"),
+        "ssh": {"connect_timeout": "3s", "known_hosts": str(tmp_path / "known_hosts")},
+        "nodes": {"ai001": {"ssh": "127.0.0.1", "port": SILENT_PORT, "user": "medic"}},
+        "models": {"m1": {
+            "model": "tiny", "nodes": ["ai001"], "port": free_port(),
+            "service": {"manager": "supervisord", "label": "m1"},
+            "backends": {"ring": {"hostfile": str(tmp_path / "m1.ring.json")}},
+        }},
+    }))
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -273,13 +323,15 @@ REMEDIATOR_WITH_TEST_PLAYBOOKS = ("tests.remediator.service_with_test_playbooks"
 
 def start_service(config_file: Path, journal: Path, workdir: Path, *extra_args: str,
                   env: dict[str, str] | None = None,
-                  command: tuple[str, ...] = REMEDIATOR) -> Service:
+                  command: tuple[str, ...] = REMEDIATOR,
+                  wrapper: tuple[str, ...] = ()) -> Service:
+    """`wrapper`: argv that execs the service in the end (its pid stays the service's)."""
     port = free_port()
     stderr_path = workdir / f"remediator-{port}.log"
     module, *subcommand = command
     with stderr_path.open("wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, *subcommand, "--config.file",
+            [*wrapper, sys.executable, "-m", module, *subcommand, "--config.file",
              str(config_file), "--web.listen-address", f"127.0.0.1:{port}", *extra_args],
             cwd=workdir, env=env or subprocess_env(), stdout=subprocess.DEVNULL, stderr=stderr,
         )

@@ -83,3 +83,38 @@ def test_alertmanager_delivers_a_firing_and_its_resolution_to_the_remediator(
     logged = json.loads(mlx_medic("log", "--model", "m1", "--json", *config).stdout)
     assert [entry["id"] for entry in logged["runs"]] == [run["id"]]
     assert {"resolved", "started"} <= {event["kind"] for event in logged["events"]}
+
+
+def test_after_an_escalation_and_resume_alertmanagers_next_notification_of_the_same_firing_acts(
+    stack: Stack, tmp_path: Path, managers: list[Alertmanager],
+) -> None:
+    """Dedupe stops only repeats of a firing whose run is in flight or succeeded: an
+    escalated run did not fix the model, so once on-call resumes, Alertmanager's next
+    re-notification of the very same firing (fingerprint and startsAt) starts a run."""
+    service = stack.start()  # not a dry run: recover's unimplemented steps escalate
+    config = alertmanager_config(service.url + "/alerts", stack.token_file)
+    config["route"]["repeat_interval"] = "4s"  # re-notify an unchanged group this often
+    manager = start_alertmanager(tmp_path / "am", config)
+    managers.append(manager)
+    manager.amtool("alert", "add", "alertname=LLMModelDown", "model=m1", "severity=critical",
+                   f"--start={am_time(datetime.now(UTC) - timedelta(seconds=5))}")
+
+    first = wait_until(lambda: [r for r in runs_of(stack, "m1") if r["outcome"] == "escalated"],
+                       timeout=60, what="the first run to escalate")[0]
+    # While the circuit is open, Alertmanager's repeats start nothing.
+    wait_until(lambda: events_of(stack, kind="circuit_open", model="m1"), timeout=60,
+               what="a re-notification while the circuit is open")
+    assert len(runs_of(stack, "m1")) == 1
+
+    resumed = mlx_medic("resume", "m1", "--config.file", str(service.config_file), check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    second = wait_until(lambda: [r for r in runs_of(stack, "m1") if r["id"] != first["id"]],
+                        timeout=60, what="a new run from the same firing after resume")[0]
+    assert (second["fingerprint"], second["starts_at"]) == (
+        first["fingerprint"], first["starts_at"])
+    assert second["trigger_kind"] == "alert"
+    deliveries = [line for line in service.log_lines()
+                  if line.get("msg") == "request" and line.get("path") == "/alerts"]
+    assert [d["dispositions"] for d in deliveries if "started" in d["dispositions"]] == [
+        ["started"], ["started"]]
+    assert not [d for d in deliveries if "duplicate" in d["dispositions"]]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -44,15 +43,6 @@ def inventory() -> Inventory:
 def gate() -> GatedPlaybook:
     """A run of the "gated" playbook holds the model until the test releases it."""
     return GatedPlaybook()
-
-
-@pytest.fixture
-async def engines() -> AsyncIterator[list[Engine]]:
-    """Engines made by a test are closed after it, even when it fails."""
-    made: list[Engine] = []
-    yield made
-    for engine in made:
-        await engine.close()
 
 
 async def only_run(engine: Engine, event: AlertEvent) -> RunView:
@@ -538,7 +528,7 @@ async def test_two_replicas_never_act_on_one_model_at_once_over_real_ssh(
     transports = [SshTransport(inventory), SshTransport(inventory)]
     replicas = []
     for name, transport in zip(("replica-a", "replica-b"), transports, strict=True):
-        config = make_config(tmp_path / name, "gated")
+        config = make_config(tmp_path / name, "gated", lock_wait="1s")  # not the whole run
         replicas.append(make_engine(config, inventory, playbooks={"gated": gate},
                                     transport=transport, hostname=name))
     engines.extend(replicas)

@@ -1,6 +1,8 @@
 """Thousands of generated deliveries, valid and broken, against the app in-process with
-the real engine and journal (dry run, local lock files): never a 5xx, nothing that fails
-validation ever reaches the engine, and no invalid delivery starts a run."""
+the real engine and journal (dry run, local lock files): never a 5xx; a body that is not
+an Alertmanager payload reaches nothing and starts no run; inside a payload, an alert that
+fails validation never reaches `submit` and is journaled as invalid, while the valid
+alerts beside it do reach it."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory import parse_inventory
-from mlx_medic.remediator.alerts import AlertEvent, Disposition
+from mlx_medic.remediator.alerts import AlertEvent, Disposition, InvalidAlert
 from mlx_medic.remediator.auth import Credentials
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
@@ -135,15 +137,23 @@ bodies = st.one_of(
 
 
 class RecordingEngine:
-    """The real engine; remembers every event that reached it."""
+    """The real engine; remembers every event and invalid alert that reached it."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.events: list[AlertEvent] = []
+        self.rejected: list[InvalidAlert] = []
 
     async def submit(self, event: AlertEvent) -> Disposition:
         self.events.append(event)
         return await self.engine.submit(event)
+
+    def reject(self, invalid: InvalidAlert) -> Disposition:
+        self.rejected.append(invalid)
+        return self.engine.reject(invalid)
+
+    def journal_problem(self) -> str | None:
+        return self.engine.journal_problem()
 
 
 def fuzz_inventory(tmp_path: Path) -> str:
@@ -202,28 +212,38 @@ def harness(web_config: RemediatorConfig, tmp_path: Path) -> Iterator[Harness]:
     h.close()
 
 
-def accepted_by_validation(body: bytes) -> bool:
+def read_by_validation(body: bytes) -> list[AlertEvent | InvalidAlert] | None:
+    """Each alert as validation reads it, or None for a body that is no payload at all."""
     try:
-        to_events(parse_payload(body))
+        return to_events(parse_payload(body))
     except PayloadError:
-        return False
-    return True
+        return None
 
 
 @FUZZ
 @given(body=bodies)
-def test_no_generated_body_gets_a_5xx_and_invalid_ones_never_reach_the_engine(
+def test_no_generated_body_gets_a_5xx_and_invalid_alerts_never_reach_submit(
     harness: Harness, body: bytes,
 ) -> None:
-    before, runs_before = len(harness.engine.events), harness.runs()
+    engine = harness.engine
+    before, rejected_before, runs_before = len(engine.events), len(engine.rejected), harness.runs()
+    journaled_before = len(harness.journal.list_events(kind="invalid", limit=100_000))
     status = harness.post(body)
     assert status < 500
-    if accepted_by_validation(body):
-        assert status == 202
-    else:
+    alerts = read_by_validation(body)
+    if alerts is None:
         assert status == 400
-        assert len(harness.engine.events) == before, "an invalid delivery reached the engine"
+        assert len(engine.events) == before, "an invalid delivery reached the engine"
+        assert len(engine.rejected) == rejected_before
         assert harness.runs() == runs_before, "an invalid delivery started a run"
+        return
+    assert status == 202
+    valid = [a for a in alerts if isinstance(a, AlertEvent)]
+    invalid = [a for a in alerts if isinstance(a, InvalidAlert)]
+    assert engine.events[before:] == valid, "a valid alert beside an invalid one was lost"
+    assert engine.rejected[rejected_before:] == invalid
+    journaled = harness.journal.list_events(kind="invalid", limit=100_000)
+    assert len(journaled) - journaled_before == len(invalid), "an invalid alert went unjournaled"
 
 
 @FUZZ

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.remediator.journal import OUTPUT_CAP, Journal, owner_tag
-from mlx_medic.remediator.outcomes import RunOutcome, StepOutcome
+from mlx_medic.remediator.outcomes import RUN_ENDED, RUN_HOLDS_FIRING, RunOutcome, StepOutcome
 from tests.remediator.engine_fakes import dead_pid
 
 
@@ -119,8 +119,40 @@ def test_a_firing_is_recorded_once_even_across_journal_instances(journal: Journa
     assert journal.create_alert_run(**kwargs) is not None  # type: ignore[arg-type]
     assert Journal(journal.path).create_alert_run(**kwargs) is None  # type: ignore[arg-type]
     assert journal.firing_seen("fp", "t0") and not journal.firing_seen("fp", "t1")
-    journal.forget_firing("fp", "t0")
-    assert not journal.firing_seen("fp", "t0")
+
+
+def _alert_run(journal: Journal, fingerprint: str) -> int:
+    run_id = journal.create_alert_run(
+        model="m1", playbook="recover", owner=owner_tag("host-a", dead_pid()), now=1.0,
+        alertname="A", fingerprint=fingerprint, starts_at="t0", labels={}, dry_run=False)
+    assert run_id is not None
+    return run_id
+
+
+@pytest.mark.parametrize("outcome", [RunOutcome.SUCCEEDED, RunOutcome.PLANNED])
+def test_a_run_that_succeeded_keeps_holding_its_firings(journal: Journal, outcome: str) -> None:
+    run_id = _alert_run(journal, "fp")
+    journal.record_firing("absorbed", "t0", "m1", run_id, 2.0)
+    journal.end_run(run_id, RunOutcome(outcome), 3.0)
+    assert Journal(journal.path).firing_seen("fp", "t0")
+    assert Journal(journal.path).firing_seen("absorbed", "t0")
+
+
+@pytest.mark.parametrize("outcome", sorted(set(RUN_ENDED) - set(RUN_HOLDS_FIRING)))
+def test_any_other_run_ending_lets_go_of_its_firings(journal: Journal, outcome: str) -> None:
+    run_id = _alert_run(journal, "fp")
+    journal.record_firing("absorbed", "t0", "m1", run_id, 2.0, defer=True)  # still pending
+    other = _alert_run(journal, "someone-else")
+    journal.end_run(run_id, RunOutcome(outcome), 3.0)
+    reader = Journal(journal.path)
+    assert not reader.firing_seen("fp", "t0") and not reader.firing_seen("absorbed", "t0")
+    assert reader.firing_seen("someone-else", "t0") and other
+
+
+def test_a_run_found_interrupted_at_start_up_lets_go_of_its_firings(journal: Journal) -> None:
+    run_id = _alert_run(journal, "fp")
+    assert journal.mark_interrupted(now=5.0, hostname="host-a") == [run_id]
+    assert not Journal(journal.path).firing_seen("fp", "t0")
 
 
 def test_pause_and_circuit_are_shared_through_the_file_and_resume_resets_the_budget(

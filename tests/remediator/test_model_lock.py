@@ -159,6 +159,70 @@ async def test_a_holder_on_a_node_we_cannot_reach_counts_as_held(
     a = locks(inventory, Unreachable(tmp_path / "nodes"), "replica-a")
     assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
     assert "cannot check its pid on ai003" in a.refusals[MODEL]
+    assert a.unreachable[MODEL] == "ai003"  # not "someone holds it": we cannot tell
+
+
+class HeadUnreachable(LocalTransport):
+    """Nothing reaches the head: every file operation fails as SSH would."""
+
+    async def create_exclusive(self, node: Node, path: Path, content: str) -> bool:
+        raise TransportError(f"cannot reach {node.name} (root@127.0.0.2:22): refused")
+
+
+async def test_a_head_we_cannot_reach_is_named_as_unreachable_and_never_waited_for(
+    tmp_path: Path, inventory: Inventory
+) -> None:
+    a = locks(inventory, HeadUnreachable(tmp_path / "nodes"), "replica-a")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await a.acquire(MODEL, "remediator", "5", renew=False, wait=30.0) is None
+    assert loop.time() - started < 5  # the wait is for a holder, not for a dead node
+    assert a.unreachable[MODEL] == "ai001"
+    assert a.refusals[MODEL].startswith("cannot reach the lock on ai001: cannot reach ai001")
+
+
+async def test_a_live_holder_is_held_and_not_unreachable(
+    tmp_path: Path, inventory: Inventory, transport: LocalTransport
+) -> None:
+    plant(tmp_path, inventory, host="replica-b", pid=os.getpid(), expires=2e9)
+    a = locks(inventory, transport, "replica-a")
+    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
+    assert MODEL not in a.unreachable and "locked by remediator" in a.refusals[MODEL]
+
+
+async def test_acquire_waits_a_bounded_time_for_a_holder_that_lets_go(
+    tmp_path: Path, inventory: Inventory, transport: LocalTransport
+) -> None:
+    """The serve wrapper holds the lock while its ranks start, then releases it."""
+    serve = locks(inventory, transport, "head", this_node="ai001")
+    held = await serve.acquire(MODEL, "serve", "r1", renew=False)
+    assert held is not None
+    remediator = locks(inventory, transport, "replica-a")
+
+    async def ranks_up() -> None:
+        await asyncio.sleep(1.0)
+        await serve.release(held)
+
+    releasing = asyncio.create_task(ranks_up())
+    handle = await remediator.acquire(MODEL, "remediator", "7", renew=False, wait=20.0)
+    await releasing
+    assert handle is not None and handle.info.run_id == "7"
+    assert 1.0 <= handle.waited < 5.0
+
+
+async def test_acquire_gives_up_after_its_wait_while_the_holder_keeps_the_lock(
+    tmp_path: Path, inventory: Inventory, transport: LocalTransport
+) -> None:
+    plant(tmp_path, inventory, host="head", node="ai001", holder="serve",
+          pid=os.getpid(), pid_start=started_at(os.getpid()), expires=0.0)
+    a = locks(inventory, transport, "replica-a")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await a.acquire(MODEL, "remediator", "8", renew=False, wait=1.5) is None
+    assert 1.5 <= loop.time() - started < 5.0
+    assert "locked by serve" in a.refusals[MODEL] and MODEL not in a.unreachable
+    handle = await a.acquire(MODEL, "remediator", "8", renew=False)  # no wait: one try
+    assert handle is None
 
 
 async def test_a_holder_on_a_node_the_inventory_no_longer_lists_is_judged_by_its_lease(

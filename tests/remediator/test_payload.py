@@ -1,4 +1,5 @@
-"""Alertmanager's webhook payload: what is accepted, what is refused and why."""
+"""Alertmanager's webhook payload: what is accepted, what is refused whole and why, and
+which alerts inside a payload are invalid on their own (and why), beside the good ones."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from mlx_medic.remediator.alerts import AlertStatus
+from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, InvalidAlert
 from mlx_medic.remediator.config import RoutingConfig
 from mlx_medic.remediator.payload import PayloadError, check_content_type, parse_payload, to_events
 from tests.remediator.conftest import make_alert, make_payload
@@ -14,6 +15,13 @@ from tests.remediator.conftest import make_alert, make_payload
 
 def encode(value: object) -> bytes:
     return json.dumps(value).encode()
+
+
+def only_invalid(raw: dict[str, object], routing: RoutingConfig | None = None) -> InvalidAlert:
+    """The payload's one alert, which must come out invalid."""
+    (result,) = to_events(parse_payload(encode(raw)), routing)
+    assert isinstance(result, InvalidAlert), result
+    return result
 
 
 def test_a_real_shaped_payload_becomes_one_event_per_alert() -> None:
@@ -38,7 +46,8 @@ def test_fields_a_newer_alertmanager_adds_are_tolerated() -> None:
 def test_the_zero_time_alertmanager_sends_as_endsat_is_accepted() -> None:
     alert = make_alert()
     alert["endsAt"] = "0001-01-01T00:00:00Z"
-    assert parse_payload(encode(make_payload(alert))).alerts[0].endsAt is not None
+    (event,) = to_events(parse_payload(encode(make_payload(alert))))
+    assert isinstance(event, AlertEvent)
 
 
 @pytest.mark.parametrize("body, reason", [
@@ -64,11 +73,10 @@ def test_a_missing_top_level_field_is_named(field: str) -> None:
 
 
 @pytest.mark.parametrize("field", ["status", "labels", "startsAt", "fingerprint"])
-def test_a_missing_alert_field_is_named_with_its_place(field: str) -> None:
+def test_a_missing_alert_field_makes_that_alert_invalid_naming_its_place(field: str) -> None:
     raw = make_payload()
     del raw["alerts"][0][field]
-    with pytest.raises(PayloadError, match=rf"alerts\[0\]\.{field}: required field is missing"):
-        parse_payload(encode(raw))
+    assert only_invalid(raw).reason == f"alerts[0].{field}: required field is missing"
 
 
 @pytest.mark.parametrize("labels", [{"model": 1}, {"model": None}, {"model": ["m1"]},
@@ -76,36 +84,36 @@ def test_a_missing_alert_field_is_named_with_its_place(field: str) -> None:
 def test_label_values_must_be_strings(labels: dict[str, object]) -> None:
     raw = make_payload()
     raw["alerts"][0]["labels"].update(labels)
-    with pytest.raises(PayloadError, match=r"alerts\[0\]\.labels\.model"):
-        parse_payload(encode(raw))
+    assert only_invalid(raw).reason.startswith("alerts[0].labels.model:")
 
 
-def test_a_start_time_without_a_timezone_is_refused() -> None:
+def test_a_start_time_without_a_timezone_makes_the_alert_invalid() -> None:
     raw = make_payload()
     raw["alerts"][0]["startsAt"] = "2026-11-30T01:02:03"
-    with pytest.raises(PayloadError, match="startsAt"):
-        parse_payload(encode(raw))
+    assert "alerts[0].startsAt" in only_invalid(raw).reason
 
 
-def test_an_unknown_alert_status_is_refused() -> None:
+def test_an_unknown_alert_status_makes_the_alert_invalid() -> None:
     raw = make_payload()
     raw["alerts"][0]["status"] = "pending"
-    with pytest.raises(PayloadError, match=r"alerts\[0\]\.status"):
-        parse_payload(encode(raw))
+    invalid = only_invalid(raw)
+    assert invalid.reason.startswith("alerts[0].status:") and invalid.status == "pending"
 
 
-def test_a_routed_alert_without_the_model_label_is_refused() -> None:
-    payload = parse_payload(encode(make_payload(make_alert(None))))
-    with pytest.raises(PayloadError, match=r"alerts\[0\]\.labels\.model: .*needs the 'model'"):
-        to_events(payload)
+def test_a_routed_alert_without_the_model_label_is_invalid_saying_so() -> None:
+    invalid = only_invalid(make_payload(make_alert(None, fingerprint="f1")))
+    assert invalid.reason == ('alerts[0].labels.model: alert "LLMModelDown" needs the'
+                              " 'model' label naming the model")
+    assert (invalid.index, invalid.alertname, invalid.fingerprint, invalid.model) == (
+        0, "LLMModelDown", "f1", "")
 
 
 def test_the_model_label_name_comes_from_the_routing_config() -> None:
     routing = RoutingConfig(playbooks={"LLMModelDown": "recover"}, model_label="llm")
     payload = parse_payload(encode(make_payload(make_alert(None, labels={"llm": "m1"}))))
-    assert to_events(payload, routing)[0].labels["llm"] == "m1"
-    with pytest.raises(PayloadError, match=r"labels\.llm"):
-        to_events(parse_payload(encode(make_payload(make_alert("m1")))), routing)
+    (event,) = to_events(payload, routing)
+    assert isinstance(event, AlertEvent) and event.labels["llm"] == "m1"
+    assert "labels.llm" in only_invalid(make_payload(make_alert("m1")), routing).reason
 
 
 def test_an_unrouted_alert_does_not_need_a_model_label() -> None:
@@ -113,17 +121,37 @@ def test_an_unrouted_alert_does_not_need_a_model_label() -> None:
     assert to_events(payload)[0].alertname == "DiskFull"
 
 
-def test_an_alert_without_an_alertname_is_refused() -> None:
+def test_an_alert_without_an_alertname_is_invalid() -> None:
     raw = make_payload()
     del raw["alerts"][0]["labels"]["alertname"]
-    with pytest.raises(PayloadError, match="alertname: required label is missing"):
-        to_events(parse_payload(encode(raw)))
+    assert only_invalid(raw).reason == "alerts[0].labels.alertname: required label is missing"
+
+
+def test_one_bad_alert_leaves_the_good_ones_beside_it_in_their_order() -> None:
+    raw = make_payload(make_alert("m1", fingerprint="a"), make_alert(None, fingerprint="b"),
+                       make_alert("m2", fingerprint="c"))
+    raw["alerts"].append(["not", "an", "alert"])
+    results = to_events(parse_payload(encode(raw)))
+    assert [type(r).__name__ for r in results] == [
+        "AlertEvent", "InvalidAlert", "AlertEvent", "InvalidAlert"]
+    assert [r.fingerprint for r in results] == ["a", "b", "c", ""]
+    last = results[3]
+    assert isinstance(last, InvalidAlert) and last.index == 3
+    assert last.reason.startswith("alerts[3]: Input should be a valid dictionary")
+
+
+def test_what_is_kept_of_an_invalid_alert_is_bounded_text() -> None:
+    raw = make_payload(make_alert("m" * 5000, fingerprint="f" * 5000))
+    raw["alerts"][0]["status"] = 7
+    invalid = only_invalid(raw)
+    assert len(invalid.model) == len(invalid.fingerprint) == 200 and invalid.status == ""
 
 
 def test_hostile_label_values_stay_exact_data() -> None:
     hostile = "; $(touch /tmp/CANARY) `id` ../../etc\n\x00"
     payload = parse_payload(encode(make_payload(make_alert(hostile))))
-    assert to_events(payload)[0].labels["model"] == hostile
+    (event,) = to_events(payload)
+    assert isinstance(event, AlertEvent) and event.labels["model"] == hostile
 
 
 @pytest.mark.parametrize("content_type", ["application/json", "Application/JSON"])

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -303,14 +303,6 @@ def _inventory(remote: dict[str, Any], port: int | None = None, **node_changes: 
         data["models"][remote["model"]]["port"] = port
     data["nodes"]["ai001"].update(node_changes)
     return parse_inventory(yaml.safe_dump(data))
-
-
-@pytest.fixture
-async def ssh_transports() -> AsyncIterator[list[SshTransport]]:
-    made: list[SshTransport] = []
-    yield made
-    for transport in made:
-        await transport.close()
 
 
 async def _recheck(inventory: Inventory, made: list[SshTransport], model: str) -> HealthVerdict:

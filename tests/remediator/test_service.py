@@ -50,7 +50,7 @@ def test_a_firing_alert_starts_one_dry_run_that_plans_and_journals_every_step(
     assert status == 200 and [r["id"] for r in api["runs"]] == [run["id"]]
     assert api["runs"][0]["steps"] == run["steps"]
     assert http("GET", service.url + "/api/remediations?model=m2", headers=bearer())[1] == {
-        "runs": []}
+        "runs": [], "decisions": []}
 
 
 def test_the_service_refuses_to_start_without_credentials_unless_told_it_is_insecure(
@@ -88,7 +88,7 @@ def test_wrong_credentials_bad_payloads_and_oversized_bodies_are_refused_with_re
     for payload, reason in [
         (b"{broken", "body is not valid JSON"),
         (make_payload(version="3"), 'unsupported payload version "3"'),
-        (make_payload(make_alert(None)), "alerts[0].labels.model"),
+        (make_payload(alerts="none"), "alerts: Input should be a valid list"),
     ]:
         status, body = post_alerts(service, payload)
         assert status == 400 and reason in body["reason"]
@@ -98,6 +98,38 @@ def test_wrong_credentials_bad_payloads_and_oversized_bodies_are_refused_with_re
     decisions = [line for line in service.log_lines() if line.get("msg") == "request"]
     assert [d["status"] for d in decisions] == [401, 401, 401, 400, 400, 400, 413]
     assert all(d.get("reason") for d in decisions)
+
+
+def test_two_valid_firings_and_an_invalid_alert_in_one_delivery_give_two_runs_and_a_reason(
+    stack: Stack,
+) -> None:
+    """Alertmanager does not retry a 4xx: refusing the whole delivery would lose both
+    valid firings. The invalid alert is journaled with its reason instead."""
+    service = stack.start("--dry-run")
+    status, body = post_alerts(service, make_payload(
+        make_alert("m1", fingerprint="ok-m1"), make_alert(None, fingerprint="no-model"),
+        make_alert("m2", fingerprint="ok-m2")))
+    assert status == 202
+    assert [(a["fingerprint"], a["disposition"]) for a in body["alerts"]] == [
+        ("ok-m1", "started"), ("no-model", "invalid"), ("ok-m2", "started")]
+    reason = ('alerts[1].labels.model: alert "LLMModelDown" needs the \'model\' label naming'
+              " the model")
+    assert body["alerts"][1]["reason"] == reason
+    for model in ("m1", "m2"):
+        wait_until(lambda model=model: [r for r in runs_of(stack, model)
+                                        if r["outcome"] == "planned"], what=f"{model}'s run")
+    (event,) = events_of(stack, kind="invalid")
+    assert event["fingerprint"] == "no-model"
+    assert event["detail"] == f"alert 'LLMModelDown' is not acted on: {reason}"
+    _, api = http("GET", service.url + "/api/remediations", headers=bearer())
+    assert {r["model"] for r in api["runs"]} == {"m1", "m2"}
+    assert [d["detail"] for d in api["decisions"] if d["kind"] == "invalid"] == [event["detail"]]
+    _, page = http("GET", service.url + "/", headers=basic())
+    assert "needs the &#x27;model&#x27; label naming the model" in page
+    logged = mlx_medic("log", "--config.file", str(service.config_file)).stdout
+    decisions = logged.split("RECENT DECISIONS", 1)[1]
+    assert "invalid" in decisions and "no-model" in decisions
+    assert "needs the 'model' label" in " ".join(decisions.split())
 
 
 def test_an_unknown_model_is_journaled_and_ignored(stack: Stack) -> None:

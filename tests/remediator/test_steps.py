@@ -85,7 +85,7 @@ async def test_verify_reads_the_full_verdict_and_could_not_tell_is_not_down(
     (HealthVerdict.down("refused"), RecheckVerdict.act(f"{MODEL} is still down: refused")),
     (HealthVerdict.up("completed"), RecheckVerdict.skip("model is up again: completed")),
     (HealthVerdict.unknown("busy"),
-     RecheckVerdict.skip(f"could not confirm {MODEL} is down: busy", retry=True)),
+     RecheckVerdict.skip(f"could not confirm {MODEL} is down: busy", undecided=True)),
 ])
 async def test_recover_acts_only_on_a_model_that_is_still_down(
     verdict: HealthVerdict, expected: RecheckVerdict, tmp_path: Path,

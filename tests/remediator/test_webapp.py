@@ -80,16 +80,50 @@ async def test_healthz_needs_no_credentials(client: TestClient) -> None:
 @pytest.mark.parametrize("body, reason", [
     (b"{oops", "body is not valid JSON"),
     (make_payload(version="3"), 'unsupported payload version "3"'),
-    (make_payload(make_alert(None)), "alerts[0].labels.model"),
     ({"version": "4"}, "groupKey: required field is missing"),
+    (make_payload(alerts={"0": make_alert()}), "alerts: Input should be a valid list"),
 ])
-async def test_bad_deliveries_get_400_with_the_reason(
+async def test_a_body_that_is_no_alertmanager_payload_at_all_gets_400_with_the_reason(
     client: TestClient, fake_engine: FakeEngine, body: Any, reason: str,
 ) -> None:
     status, answer = await post(client, body)
     assert status == 400
     assert reason in answer["reason"]
     assert fake_engine.events == []
+
+
+async def test_an_invalid_alert_gets_its_own_disposition_and_the_valid_ones_still_act(
+    client: TestClient, fake_engine: FakeEngine,
+) -> None:
+    """Alertmanager does not retry a 4xx: a 400 for the whole delivery would lose the
+    valid firings beside a bad one."""
+    status, body = await post(client, make_payload(
+        make_alert("m1", fingerprint="aa"), make_alert(None, fingerprint="bb"),
+        make_alert("m2", fingerprint="cc")))
+    assert status == 202
+    assert [(a["index"], a["fingerprint"], a["disposition"]) for a in body["alerts"]] == [
+        (0, "aa", "started"), (1, "bb", "invalid"), (2, "cc", "started")]
+    assert body["alerts"][1]["reason"] == (
+        "alerts[1].labels.model: alert \"LLMModelDown\" needs the 'model' label naming the model")
+    assert [e.fingerprint for e in fake_engine.started] == ["aa", "cc"]
+    assert [(i.index, i.fingerprint) for i in fake_engine.rejected] == [(1, "bb")]
+
+
+async def test_when_the_journal_cannot_record_a_delivery_gets_503_and_reaches_nothing(
+    client: TestClient, fake_engine: FakeEngine,
+) -> None:
+    fake_engine.problem = "cannot write the journal /j.sqlite: database or disk is full"
+    status, body = await post(client, make_payload(make_alert("m1"), make_alert(None)))
+    assert status == 503
+    assert body == {"status": "unavailable", "reason": "the journal cannot record, so nothing"
+                    " acts: cannot write the journal /j.sqlite: database or disk is full"}
+    assert fake_engine.events == [] and fake_engine.rejected == []
+    health = await client.get("/healthz")
+    assert health.status == 503
+    assert (await health.json())["status"] == "failing"
+    assert "/j.sqlite" not in await health.text()  # details only behind credentials
+    page = await (await client.get("/", headers=basic())).text()
+    assert "The journal is failing" in page and "database or disk is full" in page
 
 
 async def test_a_non_json_content_type_gets_400(client: TestClient) -> None:
