@@ -29,6 +29,10 @@ DEFAULT_STATE_DIR = Path("/var/lib/mlx-medic")
 # helper name -> (module with add_arguments(parser) and run(args) -> int, help)
 HELPERS: dict[str, tuple[str, str]] = {
     "ledger": ("mlx_medic.node.ledger_cli", "this node's protection-domain ledger and reserves"),
+    "forced-command": (
+        "mlx_medic.node.forced_command",
+        "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if it is a helper or the probe",
+    ),
 }
 
 

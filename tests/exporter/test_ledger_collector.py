@@ -9,26 +9,9 @@ from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector, sampl
 from mlx_medic.exporter.collectors.ledger import LedgerCollector
 from mlx_medic.inventory import parse_inventory
 from mlx_medic.node.ledger import record_spend
+from tests.node.inventories import two_models
 
-INVENTORY = """
-nodes:
-  n1: {ssh: 127.0.0.2}
-  n2: {ssh: 127.0.0.3}
-models:
-  m1:
-    model: /models/m1
-    nodes: [n1, n2]
-    port: 8080
-    service: {manager: supervisord, label: m1}
-    backends: {ring: {hostfile: /etc/ring.json}}
-    policy: {pd_reserve: 3}
-  m2:
-    model: /models/m2
-    nodes: [n2]
-    port: 8081
-    service: {manager: supervisord, label: m2}
-    backends: {ring: {hostfile: /etc/ring.json}}
-"""
+INVENTORY = two_models(m1="\n    policy: {pd_reserve: 3}")
 
 
 def scrape(tmp_path: Path, boot: str, node: str | None = "n1") -> list[object]:

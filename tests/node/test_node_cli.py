@@ -11,30 +11,13 @@ from pathlib import Path
 from mlx_medic.node.boot_id import LINUX_BOOT_ID, current_boot_id
 from mlx_medic.node.ledger import record_spend
 from mlx_medic.node_identity import write_node_id
+from tests.node.inventories import two_models
 
 
 def inventory(tmp_path: Path, reserve: int | None = None) -> Path:
     policy = f"\n    policy: {{pd_reserve: {reserve}}}" if reserve is not None else ""
     path = tmp_path / "inventory.yaml"
-    path.write_text(f"""\
-state_dir: {tmp_path / "state"}
-nodes:
-  n1: {{ssh: 127.0.0.1}}
-  n2: {{ssh: 127.0.0.2}}
-models:
-  m1:
-    model: /models/m1
-    nodes: [n1, n2]
-    port: 8080
-    service: {{manager: supervisord, label: m1}}
-    backends: {{ring: {{hostfile: /etc/ring.json}}}}{policy}
-  m2:
-    model: /models/m2
-    nodes: [n2]
-    port: 8081
-    service: {{manager: supervisord, label: m2}}
-    backends: {{ring: {{hostfile: /etc/ring.json}}}}
-""")
+    path.write_text(two_models(str(tmp_path / "state"), m1=policy))
     return path
 
 
