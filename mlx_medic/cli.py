@@ -28,6 +28,8 @@ COMMANDS: dict[str, CommandInfo] = {
         "mlx_medic.exporter.main", "serve this node's Prometheus metrics", "node"),
     "probe": CommandInfo(
         "mlx_medic.probe_cli", "probe a model's server once from this node", "node"),
+    "node": CommandInfo(
+        "mlx_medic.node.cli", "run a node helper (ledger) with JSON output", "node"),
     "check-config": CommandInfo(
         "mlx_medic.check_config", "validate an inventory file", "node"),
     # remediator

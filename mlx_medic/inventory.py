@@ -174,6 +174,13 @@ class Policy(_Strict):
         description="the time a start gets to answer the health probe (the playbook's verify"
         " step); also bounds a step's run time, with `ssh.command_timeout`",
     )
+    pd_reserve: int = Field(
+        default=5, ge=0, le=11,
+        description="no JACCL start is tried on a node whose protection-domain ledger counts"
+        " this many domains spent since its boot (of about 11 per RDMA device; a SIGKILLed"
+        " rank or a failed JACCL start spends them until reboot). 5 after dryvist/nix-ai's"
+        " cap of 5 of 11, which keeps domains for a person to recover with; 0: never JACCL",
+    )  # fmt: skip
     stale_tmp_age: Duration = Field(
         default=600.0,
         description="a `tmp*` entry in `tmp_dirs`/`cache_dirs` unchanged this long, and used by"

@@ -46,6 +46,7 @@ LOCK_DIR = Path("/var/tmp/mlx-medic-testbed-locks")
 # Private per-node dirs other than /tmp: mounted at <workdir>/node-local/<name> inside
 # every node, so an inventory can name one path that means "this node's own dir".
 PRIVATE_DIRS = ("cache", "state", "log")
+NODE_AUTHORIZED_KEYS = "authorized_keys"  # in the node's root: keys only this node accepts
 _PR_SET_PDEATHSIG = 1
 
 
@@ -117,9 +118,32 @@ class SimNode:
         return path
 
     # --- running things ------------------------------------------------------
-    def ssh_argv(self, *command: str) -> list[str]:
-        """argv for the real ssh client with the testbed config; `command`: a remote shell line."""
-        return [SSH, "-F", str(self.cluster_ssh_config), self.name, *command]
+    @property
+    def authorized_keys(self) -> Path:
+        """This node's own authorized_keys (sshd reads it after the cluster's shared one)."""
+        return self.root / NODE_AUTHORIZED_KEYS
+
+    def ssh_argv(self, *command: str, identity: Path | None = None) -> list[str]:
+        """argv for the real ssh client with the testbed config; `command`: a remote shell line.
+        With `identity`, that key is offered first (e.g. one `install_forced_key` made)."""
+        key = ["-o", f"IdentityFile={identity}"] if identity is not None else []
+        return [SSH, "-F", str(self.cluster_ssh_config), *key, self.name, *command]
+
+    def install_forced_key(self, forced_command: str) -> Path:
+        """A second key that this node (only) accepts with `command="forced_command",restrict`;
+        returns its private key, for `ssh_argv(identity=...)`. Replaces an earlier one."""
+        if '"' in forced_command or "\n" in forced_command:
+            raise ValueError("a forced command may not contain '\"' or a newline")
+        key = self.root / "forced_ed25519"
+        for path in (key, key.with_suffix(".pub")):
+            path.unlink(missing_ok=True)
+        public = _keygen(key, f"{self.name}-forced")
+        self.authorized_keys.write_text(f'command="{forced_command}",restrict {public}\n')
+        self.authorized_keys.chmod(0o600)
+        return key
+
+    def remove_forced_key(self) -> None:
+        self.authorized_keys.write_text("")
 
     def run(
         self, command: str, timeout: float = 30, check: bool = True
@@ -491,7 +515,8 @@ def _sshd_config(node_root: Path, address: str, port: int, authorized_keys: Path
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
-            f"AuthorizedKeysFile {authorized_keys}",
+            # The cluster's key, then this node's own keys (a test's forced-command key).
+            f"AuthorizedKeysFile {authorized_keys} {node_root / NODE_AUTHORIZED_KEYS}",
             # The workdir may sit under /var/tmp (mode 1777), which StrictModes rejects;
             # the key files themselves are 0600 and root's.
             "StrictModes no",
@@ -613,6 +638,7 @@ def _start_node(
     local_dirs = {sub: workdir / "node-local" / sub for sub in PRIVATE_DIRS}
     for mount_point in local_dirs.values():
         mount_point.mkdir(parents=True, exist_ok=True)
+    (root / NODE_AUTHORIZED_KEYS).touch(mode=0o600)
     config = root / "sshd_config"
     config.write_text(_sshd_config(root, address, port, authorized_keys))
     if not (root / "ssh_host_ed25519_key").exists():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from testbed import free_port
 
@@ -44,3 +45,23 @@ def test_top_level_help_lists_every_command_without_importing_any() -> None:
 def test_the_remediator_command_loads_the_service_stack_only_when_asked_for() -> None:
     code, loaded = modules_loaded_by("remediator", "--help")
     assert code == 0 and {"aiohttp", "mlx_medic.remediator"} <= loaded
+
+
+def test_a_node_helper_loads_neither_the_web_stack_nor_ssh_nor_the_engine(
+    tmp_path: Path,
+) -> None:
+    code, loaded = modules_loaded_by(
+        "node", "ledger", "--json", "--node", "n1", "--state-dir", str(tmp_path)
+    )
+    assert code == 0
+    assert loaded == set()
+
+
+def test_the_forced_command_loads_neither_the_web_stack_nor_ssh_nor_the_engine(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "inventory.yaml"
+    config.write_text("nodes:\n  n1: {ssh: 127.0.0.1}\n")
+    code, loaded = modules_loaded_by("node", "forced-command", "--config.file", str(config))
+    assert code == 2  # no SSH_ORIGINAL_COMMAND in this environment: refused
+    assert loaded == set()

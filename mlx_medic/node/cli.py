@@ -1,0 +1,124 @@
+"""`mlx-medic node HELPER ...`: the helpers that run on a node, one module each.
+
+Only the chosen helper's module is imported (like the top-level COMMANDS table): the
+remediator runs a helper over SSH on every step of every run. Every helper prints, with
+`--json`, one JSON document on stdout that starts with the schema version and the helper's
+name; its exit status is 0 for success, 1 when it could not do its job (the reason on
+stderr), 2 for a bad command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlx_medic.inventory import Inventory
+
+SCHEMA = 1
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_ARGUMENTS = 2
+DEFAULT_STATE_DIR = Path("/var/lib/mlx-medic")
+
+# helper name -> (module with add_arguments(parser) and run(args) -> int, help)
+HELPERS: dict[str, tuple[str, str]] = {
+    "ledger": ("mlx_medic.node.ledger_cli", "this node's protection-domain ledger and reserves"),
+    "forced-command": (
+        "mlx_medic.node.forced_command",
+        "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if it is a helper or the probe",
+    ),
+}
+
+
+class HelperError(Exception):
+    """The helper cannot do its job; the message says why (printed on stderr, exit 1)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.splitlines()[0]
+    parser.epilog = "helpers:\n" + "\n".join(f"  {n:<14}{h}" for n, (_, h) in HELPERS.items())
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("helper", choices=sorted(HELPERS), metavar="HELPER")
+    parser.add_argument("helper_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every helper shares: where the inventory is and which node this is."""
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        type=Path,
+        default=None,
+        help="the inventory YAML (its state_dir, models and nodes)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help=f"override the inventory's state_dir (default {DEFAULT_STATE_DIR})",
+    )
+    parser.add_argument(
+        "--node",
+        default=None,
+        help="this node's name in the inventory (default: <state dir>/node-id)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    inventory: Inventory | None
+    state_dir: Path
+    node: str
+
+
+def node_context(args: argparse.Namespace) -> NodeContext:
+    """The inventory, state dir and this node's name, or HelperError saying what is missing."""
+    from mlx_medic.node_identity import NodeIdentityError, resolve_node
+
+    inventory = None
+    if args.config_file is not None:
+        from mlx_medic.inventory import InventoryError, load_inventory
+
+        try:
+            inventory = load_inventory(args.config_file)
+        except InventoryError as exc:
+            raise HelperError(exc.report()) from None
+    state_dir = args.state_dir or (inventory.state_dir if inventory else DEFAULT_STATE_DIR)
+    try:
+        node = resolve_node(inventory, args.node, state_dir)
+    except NodeIdentityError as exc:
+        raise HelperError(str(exc)) from None
+    if node is None:
+        raise HelperError(
+            "which node is this? pass --node NAME, --config.file with <state_dir>/node-id,"
+            " or write the name to <state_dir>/node-id"
+        )
+    return NodeContext(inventory, state_dir, node)
+
+
+def emit(command: str, document: dict[str, Any], as_json: bool, text: str) -> None:
+    if as_json:
+        json.dump({"schema": SCHEMA, "command": command, **document}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    module_name, help_text = HELPERS[args.helper]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"mlx-medic node {args.helper}", description=help_text)
+    module.add_arguments(parser)
+    helper_args = parser.parse_args(args.helper_args)
+    try:
+        return int(module.run(helper_args))
+    except HelperError as exc:
+        print(f"mlx-medic node {args.helper}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
