@@ -34,11 +34,13 @@ from mlx_medic.orphans import (
 from mlx_medic.platform.process_table import system_process_table
 from mlx_medic.process_model import (
     ModelScoper,
+    PatternSet,
     ProcessInfo,
     ProcessTable,
     Role,
     State,
     by_pid,
+    classifier,
 )
 from mlx_medic.runs import read_current_run
 
@@ -204,6 +206,6 @@ def make(context: ExporterContext) -> Collector:
         node=context.node,
         inventory=context.inventory,
         state_dir=context.state_dir,
-        table=system_process_table(),
+        table=system_process_table(classifier(PatternSet.of(context.inventory))),
         clock=context.clock,
     )
