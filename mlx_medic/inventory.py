@@ -262,8 +262,9 @@ class Model(_Strict):
     )
     ranks_per_node: int = Field(
         default=1, ge=1, le=64,
-        description="live ranks the model runs on each of its nodes; older ones beyond this"
-        " count as orphans (excess ranks)",
+        description="live ranks the model runs on each of its nodes (raised to what a live"
+        " rank's own launch places on the node); ranks beyond it are orphans (excess ranks)"
+        " when the evidence tells which, else suspects",
     )  # fmt: skip
     process_patterns: ProcessPatterns = Field(
         default_factory=ProcessPatterns,
