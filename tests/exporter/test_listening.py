@@ -14,6 +14,7 @@ import pytest
 from mlx_medic.platform.listening import (
     LinuxListening,
     listening_probe,
+    netlink_listening,
     parse_proc_net_tcp,
     psutil_listening,
 )
@@ -62,6 +63,14 @@ def test_a_process_that_listens_on_the_port_is_found_by_every_probe(listener):
         assert probe(pid, port) is True
         assert probe(pid, port + 1 if port < 65535 else port - 1) is False
         assert probe(os.getpid(), port) is False  # something listens there, not this one
+
+
+def test_the_netlink_dump_and_the_proc_table_name_the_same_listening_socket(listener):
+    _pid, port = listener
+    by_netlink = netlink_listening(socket.AF_INET)
+    by_proc = parse_proc_net_tcp(Path("/proc/net/tcp").read_text())
+    assert by_netlink[port] == by_proc[port] and len(by_netlink[port]) == 1
+    assert all(len(inodes) >= 1 for inodes in by_netlink.values())
 
 
 def test_where_nothing_listens_on_the_port_no_descriptor_is_read(tmp_path: Path):
