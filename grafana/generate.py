@@ -189,8 +189,10 @@ def cluster_overview() -> dict[str, Any]:
         timeseries("Orphans by model and rule",
                    [target(f"sum by (node, model, rule) ({ORPHANS})",
                            "{{node}} {{model}} {{rule}}")],
-                   description="Which rule found them: stale_run_id, excess_ranks, "
-                               "launcher_gone, ssh_client_lost.", width=8),
+                   description="Which rule found them: stale_run_id, launcher_gone, "
+                               "ssh_client_lost, duplicate_rank, excess_ranks. Suspects "
+                               "(mlx_suspected_orphan_processes) are not counted here.",
+                   width=8),
         timeseries("Orphans by role",
                    [target(f"sum by (node, role) ({ORPHANS})",
                            "{{node}} {{role}}")], width=8),

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -189,6 +190,63 @@ class Policy(_Strict):
     )
 
 
+# Command texts (as `process_model.command_text` gives them) of processes that are never a
+# model's: a pattern that matches one of them would put shells, sshd or grep in the model's
+# scope, and the sweep acts on what is in scope.
+_NOT_A_MODEL_PROCESS = (
+    "bash", "sh -c true", "zsh -l", "sshd", "launchd", "python3", "ssh ai002 true",
+    "grep serve.py", "kill 1", "sleep 1",
+)  # fmt: skip
+
+
+def _process_regex(value: str) -> str:
+    if not value:
+        raise ValueError("an empty pattern matches nothing useful")
+    try:
+        regex = re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from exc
+    for text in _NOT_A_MODEL_PROCESS:
+        if regex.fullmatch(text):
+            raise ValueError(
+                f"too broad: it matches `{text}`; name the script or module first,"
+                r" e.g. 'serve\.py --model \S+ --port 8080( .*)?'"
+            )
+    return value
+
+
+ProcessRegex = Annotated[str, AfterValidator(_process_regex)]
+
+
+class ProcessPatterns(_Strict):
+    """The model's own processes by command line, for ranks that are not mlx_lm.server
+    or mlx_lm.share (the seed runs `serve.py` and `mlx-share-rank.py`).
+
+    A pattern is a Python regular expression that must match the whole command text:
+    what runs (the script's file name, the module after `-m`, or the program's file
+    name; never the interpreter), then its arguments, joined by single spaces.
+    """
+
+    rank: list[ProcessRegex] = Field(
+        default_factory=list,
+        description="command texts of the model's ranks, e.g. `serve\\.py --model \\S+"
+        " --port 8080( .*)?` for `python3 /opt/seed/serve.py --model M --port 8080 ...`;"
+        " a full match of the script's (or module's, or program's) file name and the"
+        " arguments joined by single spaces, tried before `share`",
+    )
+    share: list[ProcessRegex] = Field(
+        default_factory=list,
+        description="command texts of the model's share ranks (role `share`), e.g."
+        " `mlx-share-rank\\.py .*--tmpdir /Users/ai/\\.cache/mlx-share/glm( .*)?`",
+    )
+
+    def compiled(self) -> list[tuple[str, re.Pattern[str]]]:
+        """(role, regex) in the order they are tried."""
+        return [("rank", re.compile(p)) for p in self.rank] + [
+            ("share", re.compile(p)) for p in self.share
+        ]
+
+
 class Model(_Strict):
     """One served model: its ranks, where they run, and how they are started."""
 
@@ -222,9 +280,16 @@ class Model(_Strict):
     )
     ranks_per_node: int = Field(
         default=1, ge=1, le=64,
-        description="live ranks the model runs on each of its nodes; older ones beyond this"
-        " count as orphans (excess ranks)",
+        description="live ranks the model runs on each of its nodes (raised to what a live"
+        " rank's own launch places on the node); ranks beyond it are orphans (excess ranks)"
+        " when the evidence tells which, else suspects",
     )  # fmt: skip
+    process_patterns: ProcessPatterns = Field(
+        default_factory=ProcessPatterns,
+        description="the model's own rank and share processes by command line, when they"
+        " are not mlx_lm.server or mlx_lm.share; a matching process is the model's, with"
+        " that role",
+    )
     policy: Policy = Field(
         default_factory=Policy, description="limits on automatic action for this model"
     )
@@ -461,6 +526,19 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return text or "(top level)"
 
 
+# Keys of the seed's own inventory that mean one of our fields.
+_SEED_KEYS = {
+    ("models", "extra_params"): "`serve_args` (the seed's `extra_params`: the same flags"
+    " without dashes, e.g. `serve_args: {prefill-step-size: 2048}`)",
+}
+
+
+def _unknown_field(loc: tuple[Any, ...]) -> str:
+    if len(loc) == 3 and (loc[0], loc[2]) in _SEED_KEYS:
+        return f"unknown field: mlx-medic calls it {_SEED_KEYS[(loc[0], loc[2])]}"
+    return "unknown field (check the spelling)"
+
+
 def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -493,7 +571,7 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
             where = f"line {line}: " if line else ""
             message = error["msg"].removeprefix("Value error, ")
             if error["type"] == "extra_forbidden":
-                message = "unknown field (check the spelling)"
+                message = _unknown_field(loc)
             problems.append(f"{where}{_format_loc(loc)}: {message}")
         raise InventoryError(source, problems) from exc
 

@@ -37,8 +37,8 @@ class Role(StrEnum):
 
     LAUNCHER = "launcher"  # mlx.launch
     SSH_CLIENT = "ssh_client"  # `ssh -tt host <launch script>` started by mlx.launch
-    RANK = "rank"  # mlx_lm server, or anything started with MLX_RANK
-    SHARE = "share"  # mlx_lm.share
+    RANK = "rank"  # mlx_lm server, a model's `rank` pattern, or anything started with MLX_RANK
+    SHARE = "share"  # mlx_lm.share, or a model's `share` pattern (the seed's mlx-share-rank.py)
     EXO_RUNNER = "exo_runner"  # a multiprocessing child of exo
 
 
@@ -46,7 +46,15 @@ class Role(StrEnum):
 ENV_RANK = "MLX_RANK"
 ENV_RUN_ID = "MLX_MEDIC_RUN_ID"
 ENV_MODEL = "MLX_MEDIC_MODEL"
-WATCHED_ENV = (ENV_RANK, ENV_RUN_ID, ENV_MODEL)
+# What mlx.launch hands every rank about its launch's placement (launch.py launch_ring,
+# launch_jaccl): the paths of temporary files whose content every rank of one launch
+# shares, and JACCL's coordinator address. See mlx_medic.placement.
+ENV_HOSTFILE = "MLX_HOSTFILE"  # ring: a mktemp file holding the ranks' ip:port lists
+ENV_IBV_DEVICES = "MLX_IBV_DEVICES"  # jaccl: a mktemp file holding the RDMA device matrix
+ENV_JACCL_COORDINATOR = "MLX_JACCL_COORDINATOR"  # jaccl: rank 0's ip:port
+ENV_JACCL_RING = "MLX_JACCL_RING"  # jaccl-ring
+PLACEMENT_ENV = (ENV_HOSTFILE, ENV_IBV_DEVICES, ENV_JACCL_COORDINATOR, ENV_JACCL_RING)
+WATCHED_ENV = (ENV_RANK, ENV_RUN_ID, ENV_MODEL, *PLACEMENT_ENV)
 
 
 @dataclass
@@ -106,7 +114,14 @@ _SSH_OPTS_WITH_ARG = set("BbcDEeFIiJLlmOoPpQRSWw")
 # mlx.launch's remote script ends with these two statements (launch.py
 # make_launch_script); the rank's own argv is the bash array.
 _LAUNCH_SCRIPT = re.compile(r"""export MLX_RANK=\d+; cmd=\((?P<cmd>.*)\); exec "\$\{cmd\[@\]\}"$""")
-_LAUNCH_ENV = re.compile(r"export (MLX_MEDIC_RUN_ID|MLX_MEDIC_MODEL)=([^;]*);")
+# One shell word as shlex.quote writes it: quoted runs and plain characters, no blank or `;`.
+_SCRIPT_WORD = r"""(?:'[^']*'|"[^"]*"|[^\s;'"])*"""
+# `export KEY=VALUE; ` for each --env, and for each file (MLX_HOSTFILE, MLX_IBV_DEVICES)
+# `fname=$(mktemp); echo CONTENT >$fname; export NAME=$fname; `.
+_LAUNCH_EXPORT = re.compile(rf"export (\w+)=({_SCRIPT_WORD});")
+_LAUNCH_FILE = re.compile(
+    rf"fname=\$\(mktemp\); echo ({_SCRIPT_WORD}) >\$fname; export (\w+)=\$fname;"
+)
 
 _LAUNCHER_MODULES = {"mlx.launch", "mlx._distributed_utils.launch"}
 _LAUNCHER_SCRIPTS = {"mlx.launch"}
@@ -202,19 +217,105 @@ def launched_command(cmdline: Sequence[str]) -> tuple[str, ...] | None:
         return None
 
 
-def launch_script_env(cmdline: Sequence[str]) -> dict[str, str]:
-    """Run-id variables an ssh client's launch script exports on the peer."""
+@dataclass(frozen=True)
+class LaunchScript:
+    """What an ssh client's mlx.launch script hands the rank it starts on the peer."""
+
+    exports: dict[str, str]  # `export KEY=VALUE` (MLX_RANK, each --env), unquoted
+    files: dict[str, str]  # variable -> the content of the mktemp file it names
+
+
+def _unquote(word: str) -> str | None:
+    try:
+        words = shlex.split(word)
+    except ValueError:
+        return None
+    return words[0] if words else ""
+
+
+def launch_script(cmdline: Sequence[str]) -> LaunchScript | None:
+    """The launch script of an ssh client started by mlx.launch, or None."""
     argv = _ssh_argv(cmdline)
     if not argv or launched_command(cmdline) is None:
+        return None
+    script = argv[-1]
+    exports: dict[str, str] = {}
+    for key, raw in _LAUNCH_EXPORT.findall(script):
+        value = _unquote(raw)
+        if value is not None and raw != "$fname":
+            exports[key] = value
+    files: dict[str, str] = {}
+    for raw, key in _LAUNCH_FILE.findall(script):
+        content = _unquote(raw)
+        if content is not None:
+            files[key] = content
+    return LaunchScript(exports, files)
+
+
+def launch_script_env(cmdline: Sequence[str]) -> dict[str, str]:
+    """Run-id variables an ssh client's launch script exports on the peer."""
+    script = launch_script(cmdline)
+    if script is None:
         return {}
-    found: dict[str, str] = {}
-    for key, value in _LAUNCH_ENV.findall(argv[-1]):
-        try:
-            words = shlex.split(value)
-        except ValueError:
-            continue
-        found[key] = words[0] if words else ""
-    return found
+    return {k: v for k, v in script.exports.items() if k in (ENV_RUN_ID, ENV_MODEL)}
+
+
+def command_text(cmdline: Sequence[str]) -> str | None:
+    """What a model's process patterns are matched against: what runs, then its arguments,
+    joined by single spaces.
+
+    What runs is the script's file name (`python3 /opt/seed/serve.py` -> `serve.py`), the
+    module after `-m` (`mlx_lm.server`), or the program's file name. The interpreter and its
+    options are left out, so one pattern fits whichever Python runs the script; `python -c
+    CODE` has no text (code is never a model's process). A pattern must match all of it
+    (`re.fullmatch`), so `grep serve.py`, `bash -c '... serve.py'` or `serve.py.bak` never
+    match `serve\\.py .*`.
+    """
+    inv = invocation(cmdline)
+    if inv is None or inv.kind == "code" or not inv.target:
+        return None
+    return " ".join((inv.target, *inv.args))
+
+
+@dataclass(frozen=True)
+class ProcessPattern:
+    """One of a model's `process_patterns`: a command that is the model's `role`."""
+
+    model: str
+    role: Role
+    regex: re.Pattern[str]
+
+    def matches(self, text: str) -> bool:
+        return self.regex.fullmatch(text) is not None
+
+
+class PatternSet:
+    """Every model's process patterns, matched in inventory order (the first match wins)."""
+
+    def __init__(self, patterns: Iterable[ProcessPattern] = ()):
+        self.patterns = tuple(patterns)
+
+    @classmethod
+    def of(cls, inventory: Inventory | None) -> PatternSet:
+        found = []
+        for model in inventory.models if inventory is not None else ():
+            for role, regex in model.process_patterns.compiled():
+                found.append(ProcessPattern(model.name, Role(role), regex))
+        return cls(found)
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)
+
+    def match(self, cmdline: Sequence[str]) -> ProcessPattern | None:
+        if not self.patterns:
+            return None
+        text = command_text(cmdline)
+        if text is None:
+            return None
+        return next((p for p in self.patterns if p.matches(text)), None)
+
+
+NO_PATTERNS = PatternSet()
 
 
 def _mlx_lm_role(inv: Invocation) -> Role | None:
@@ -233,8 +334,8 @@ def _mlx_lm_role(inv: Invocation) -> Role | None:
 def classify_cmdline(cmdline: Sequence[str]) -> Role | None:
     """The role a command line alone proves, or None.
 
-    Ranks started by mlx.launch under another name (the seed's `serve.py`)
-    are found through MLX_RANK instead; see `classify`.
+    Ranks started by mlx.launch under another name (the seed's `serve.py`) are found by
+    their model's process patterns, else through MLX_RANK; see `classify`.
     """
     inv = invocation(cmdline)
     if inv is None:
@@ -248,14 +349,32 @@ def classify_cmdline(cmdline: Sequence[str]) -> Role | None:
     return _mlx_lm_role(inv)
 
 
-def classify(cmdline: Sequence[str], env: Callable[[], Mapping[str, str]]) -> Role | None:
-    """Role from the command line, else RANK if it was started with MLX_RANK."""
+def classify(
+    cmdline: Sequence[str],
+    env: Callable[[], Mapping[str, str]],
+    patterns: PatternSet = NO_PATTERNS,
+) -> Role | None:
+    """Role from the command line (mlx.launch, its ssh clients, mlx_lm), else from the
+    inventory's process patterns, else RANK if it was started with MLX_RANK."""
     role = classify_cmdline(cmdline)
     if role is not None:
         return role
     if is_exo_spawn_child(cmdline) or is_exo_main(cmdline):
         return None  # decided by ancestry in resolve_exo_runners
+    found = patterns.match(cmdline)
+    if found is not None:
+        return found.role
     return Role.RANK if ENV_RANK in env() else None
+
+
+Classifier = Callable[[Sequence[str], Callable[[], Mapping[str, str]]], Role | None]
+
+
+def classifier(patterns: PatternSet) -> Classifier:
+    """`classify` with the inventory's process patterns, for a process table."""
+    if not patterns:
+        return classify
+    return lambda cmdline, env: classify(cmdline, env, patterns)
 
 
 def is_exo_main(cmdline: Sequence[str]) -> bool:
@@ -323,16 +442,18 @@ def _under(path: str, roots: Iterable[os.PathLike[str] | str]) -> bool:
 class ModelScoper:
     """Puts a process in a model's scope.
 
-    With an inventory: the run tag's model, else the serving port (`--port`),
-    else an argument under the model's tmp dirs, else the `--model` path. A
-    process on a port no model serves stays out of scope even if its `--model`
-    matches: a manual test server is not the service's rank. Without an
-    inventory, processes are grouped by their `--model` argument.
+    With an inventory: the run tag's model, else the model whose process patterns match
+    (for an ssh client: the rank command it launches), else the serving port (`--port`),
+    else an argument under the model's tmp dirs, else the `--model` path. A process on a
+    port no model serves stays out of scope even if its `--model` matches: a manual test
+    server is not the service's rank. Without an inventory, processes are grouped by their
+    `--model` argument.
     """
 
     def __init__(self, inventory: Inventory | None):
         self.models: list[Model] = list(inventory.models) if inventory else []
         self.discovery = inventory is None or not self.models
+        self.patterns = PatternSet.of(inventory)
 
     def model_of(self, proc: ProcessInfo) -> str | None:
         if proc.role is Role.EXO_RUNNER:
@@ -345,6 +466,9 @@ class ModelScoper:
         names = {m.name for m in self.models}
         if tagged in names:
             return tagged
+        matched = self.patterns.match(argv)
+        if matched is not None:
+            return matched.model
         port = flag_value(argv, "--port")
         if port is not None:
             by_port = [m for m in self.models if str(m.port) == port]

@@ -1,13 +1,16 @@
-"""`processes`: MLX processes on this node by model, role and state, and the
-orphans among them with the rule that found each.
+"""`processes`: MLX processes on this node by model, role and state, the
+orphans among them with the rule that found each, and the suspects apart.
 
 Orphans are judged by rules a node can apply alone (mlx_medic.orphans), never
 by `ppid == 1`: on a peer an orphaned rank keeps its stuck sshd as parent.
-Every state is always present (0 when empty) for every inventory model and
-role, so alert expressions never see a missing series.
+Suspects (ranks of which at most some can be current, with nothing to tell
+which) are a series of their own, so nothing that counts or sweeps orphans
+counts them. Every state is always present (0 when empty) for every inventory
+model and role, so alert expressions never see a missing series.
 
     mlx_processes{model="glm-4_6-5b",role="rank",state="uninterruptible"} 3.0
     mlx_orphan_processes{model="glm-4_6-5b",role="rank",rule="excess_ranks",state="sleeping"} 2.0
+    mlx_suspected_orphan_processes{model="qwq",role="rank",rule="duplicate_rank_undecided",...} 2.0
     mlx_orphan_oldest_age_seconds{model="glm-4_6-5b"} 61200.0
     mlx_suspected_remote_orphans{model="glm-4_6-5b",peer="ai002"} 1.0
 """
@@ -25,20 +28,29 @@ from prometheus_client.core import GaugeMetricFamily
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.orphans import (
     Established,
+    Listening,
+    Orphan,
     OrphanReport,
     Rule,
     Scoped,
+    Suspect,
+    SuspectRule,
     find_orphans,
     psutil_established,
 )
+from mlx_medic.placement import Placement, Reader, placement_of_env
+from mlx_medic.platform.listening import Probe, listening_probe
+from mlx_medic.platform.process_files import read_process_file
 from mlx_medic.platform.process_table import system_process_table
 from mlx_medic.process_model import (
     ModelScoper,
+    PatternSet,
     ProcessInfo,
     ProcessTable,
     Role,
     State,
     by_pid,
+    classifier,
 )
 from mlx_medic.runs import read_current_run
 
@@ -50,6 +62,12 @@ log = logging.getLogger("mlx_medic.exporter.processes")
 ROLES = tuple(Role)
 STATES = tuple(State)
 RULES = tuple(Rule)
+SUSPECT_RULES = tuple(SuspectRule)
+ProcessReader = Callable[[ProcessInfo, str], str | None]  # a file as the process sees it
+
+
+def read_as_process(proc: ProcessInfo, path: str) -> str | None:
+    return read_process_file(proc.pid, path)
 
 
 class ProcessesCollector(Collector):
@@ -64,6 +82,8 @@ class ProcessesCollector(Collector):
         table: ProcessTable,
         clock: Callable[[], float],
         established: Established = psutil_established,
+        listening: Callable[[], Probe] = listening_probe,  # a fresh probe per scrape
+        read_file: ProcessReader = read_as_process,
     ):
         self.node = node
         self.inventory = inventory
@@ -71,9 +91,14 @@ class ProcessesCollector(Collector):
         self.table = table
         self.clock = clock
         self.established = established
+        self.listening = listening
+        self.read_file = read_file
         self.scoper = ModelScoper(inventory)
         # A process's scope cannot change while its argv does not: cache it.
         self._scopes: dict[tuple[int, float, tuple[str, ...]], str | None] = {}
+        # Nor its placement, read once when the rank is first seen: its temporary hostfile
+        # may be cleaned away later.
+        self._placements: dict[tuple[int, float], Placement | None] = {}
         self._announced: set[str] = set(self._known_models())
 
     def _scope(self, snapshot: list[ProcessInfo]) -> list[Scoped]:
@@ -89,6 +114,18 @@ class ProcessesCollector(Collector):
                 found.append(Scoped(proc, model))
         self._scopes = scopes
         return found
+
+    def _placement_of(self, proc: ProcessInfo) -> Placement | None:
+        key = (proc.pid, proc.create_time)
+        if key not in self._placements:
+            read: Reader = lambda path: self.read_file(proc, path)  # noqa: E731
+            self._placements[key] = placement_of_env(proc.env, read)
+        return self._placements[key]
+
+    def _forget_placements(self, snapshot: list[ProcessInfo]) -> None:
+        live = {(p.pid, p.create_time) for p in snapshot}
+        for key in [k for k in self._placements if k not in live]:
+            del self._placements[key]
 
     def _known_models(self) -> list[str]:
         return [m.name for m in self.inventory.models] if self.inventory else []
@@ -116,6 +153,8 @@ class ProcessesCollector(Collector):
                 runs[model] = read_current_run(self.state_dir, model)
             return runs[model]
 
+        probe = self.listening()
+        listening: Listening = lambda proc, port: probe(proc.pid, port)  # noqa: E731
         report = find_orphans(
             scoped,
             by_pid(snapshot),
@@ -123,7 +162,13 @@ class ProcessesCollector(Collector):
             inventory=self.inventory,
             current_run=current_run,
             established=self.established,
+            listening=listening,
+            placement_of=self._placement_of,
         )
+        self._forget_placements(snapshot)
+        for item in scoped:  # read while the temporary hostfile is surely there
+            if item.role in (Role.RANK, Role.SHARE) and item.proc.state is not State.ZOMBIE:
+                self._placement_of(item.proc)
         models = list(dict.fromkeys([*self._known_models(), *(s.model for s in scoped)]))
         self._announce(scoped)
         yield self._processes(models, Counter((s.model, s.role, s.proc.state) for s in scoped))
@@ -154,26 +199,52 @@ class ProcessesCollector(Collector):
                     family.add_metric([model, role, state], counts[(model, role, state)])
         return family
 
+    @staticmethod
+    def _by_rule(
+        name: str,
+        help_text: str,
+        models: list[str],
+        rules: tuple[str, ...],
+        found: Iterable[Orphan | Suspect],
+    ) -> GaugeMetricFamily:
+        """Every model, role, state and rule, with the count found (0 when none)."""
+        counts = Counter((f.model, f.role, f.proc.state, str(f.rule)) for f in found)
+        family = GaugeMetricFamily(name, help_text, labels=["model", "role", "state", "rule"])
+        for model in models:
+            for role in ROLES:
+                for state in STATES:
+                    for rule in rules:
+                        value = counts[(model, role, state, rule)]
+                        family.add_metric([model, role, state, rule], value)
+        return family
+
     def _orphans(
         self, models: list[str], report: OrphanReport, now: float
     ) -> Iterable[GaugeMetricFamily]:
-        counts = Counter((o.model, o.role, o.proc.state, o.rule) for o in report.orphans)
-        orphans = GaugeMetricFamily(
+        yield self._by_rule(
             "mlx_orphan_processes",
             "MLX processes on this node left over from a dead or replaced run, by the rule"
             " that found them: stale_run_id (run tag is not the model's current run here),"
             " launcher_gone (its mlx.launch, or an exo runner's exo, is gone),"
-            " ssh_client_lost (its sshd session has no client), excess_ranks (more ranks"
-            " than the model places here; all but the newest). Never judged by ppid == 1.",
-            labels=["model", "role", "state", "rule"],
-        )
-        for model in models:
-            for role in ROLES:
-                for state in STATES:
-                    for rule in RULES:
-                        value = counts[(model, role, state, rule)]
-                        orphans.add_metric([model, role, state, rule], value)
-        yield orphans
+            " ssh_client_lost (its sshd session has no client), duplicate_rank (another live"
+            " rank with the same launch placement and rank number is the current one: it"
+            " serves the model's port, or is still held by a launcher or a connected ssh"
+            " session), excess_ranks (more ranks than the model runs here; the current ones"
+            " told the same way). Never judged by ppid == 1, never a rank that serves the"
+            " model's port; where the evidence cannot tell, see"
+            " mlx_suspected_orphan_processes.",
+            models, RULES, report.orphans,
+        )  # fmt: skip
+        yield self._by_rule(
+            "mlx_suspected_orphan_processes",
+            "MLX processes on this node of which at most some can be current, with nothing"
+            " to tell which (shown, never swept; not counted in mlx_orphan_processes), by"
+            " rule: duplicate_rank_undecided (live ranks with the same launch placement and"
+            " rank number, each still held by a launcher or a connected ssh session, none"
+            " serving the model's port), excess_ranks_undecided (more ranks than the model"
+            " runs here, told apart by none of that).",
+            models, SUSPECT_RULES, report.suspects,
+        )  # fmt: skip
 
         oldest = GaugeMetricFamily(
             "mlx_orphan_oldest_age_seconds",
@@ -198,12 +269,14 @@ class ProcessesCollector(Collector):
         yield suspected
 
 
-@register("processes", help="MLX processes by model, role and state; orphans by rule")
+@register(
+    "processes", help="MLX processes by model, role and state; orphans by rule; suspects apart"
+)
 def make(context: ExporterContext) -> Collector:
     return ProcessesCollector(
         node=context.node,
         inventory=context.inventory,
         state_dir=context.state_dir,
-        table=system_process_table(),
+        table=system_process_table(classifier(PatternSet.of(context.inventory))),
         clock=context.clock,
     )

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from mlx_medic.process_model import Role, classify, is_exo_spawn_child, next_check
+from mlx_medic.process_model import Classifier, Role, classify, is_exo_spawn_child, next_check
 
 EnvReader = Callable[[], dict[str, str]]
 
@@ -52,12 +52,14 @@ def recheck(
     now: float,
     read_env: EnvReader,
     new: Callable[[tuple[str, ...]], Cached],
+    classifier: Classifier = classify,
 ) -> Cached:
     """The entry for a process whose argv was just read (`old`: the same process's entry).
 
     An unchanged argv, or an empty one (a zombie's is gone), keeps `old` and moves
-    its next re-check on; a changed one is classified afresh but keeps the
-    schedule. The environment is read only if the argv alone cannot decide.
+    its next re-check on; a changed one is classified afresh (by `classifier`: the
+    inventory's process patterns ride on it) but keeps the schedule. The environment is
+    read only if the argv alone cannot decide.
     """
     if old is not None:
         old.checks += 1
@@ -70,6 +72,6 @@ def recheck(
     else:
         entry.first_seen, entry.checks, entry.due = now, 0, next_check(now, 0)
     if cmdline:
-        entry.role = classify(cmdline, entry.env_loader(read_env))
+        entry.role = classifier(cmdline, entry.env_loader(read_env))
         entry.candidate = entry.role is not None or is_exo_spawn_child(cmdline)
     return entry

@@ -23,9 +23,11 @@ from pathlib import Path
 
 from mlx_medic.platform.command_lines import CachedCommand, recheck
 from mlx_medic.process_model import (
+    Classifier,
     ProcessInfo,
     Role,
     State,
+    classify,
     parse_environ,
     resolve_exo_runners,
 )
@@ -103,9 +105,11 @@ class LinuxProcessTable:
         self,
         proc_root: str | os.PathLike[str] = "/proc",
         monotonic: Callable[[], float] = time.monotonic,
+        classifier: Classifier = classify,
     ):
         self.root = Path(proc_root)
         self.monotonic = monotonic
+        self.classifier = classifier
         self._cache: dict[int, _Entry] = {}
         self._ticks = os.sysconf("SC_CLK_TCK")
         self._boot_time = self._read_boot_time()
@@ -140,7 +144,8 @@ class LinuxProcessTable:
             cmdline = ()
         same = old if old is not None and old.ino == ino else None
         return recheck(
-            same, cmdline, now, lambda: self._read_env(pid), lambda argv: _Entry(argv, ino=ino)
+            same, cmdline, now, lambda: self._read_env(pid), lambda argv: _Entry(argv, ino=ino),
+            self.classifier,
         )
 
     def _stat(self, pid: int) -> Stat | None:

@@ -21,9 +21,11 @@ import psutil
 from mlx_medic.platform.command_lines import CachedCommand, recheck
 from mlx_medic.process_model import (
     WATCHED_ENV,
+    Classifier,
     ProcessInfo,
     Role,
     State,
+    classify,
     resolve_exo_runners,
 )
 
@@ -110,10 +112,12 @@ class MacProcessTable:
         ps: Callable[[], str] = run_ps,
         process_iter: Callable[..., Iterable[psutil.Process]] = psutil.process_iter,
         monotonic: Callable[[], float] = time.monotonic,
+        classifier: Classifier = classify,
     ):
         self.ps = ps
         self.process_iter = process_iter
         self.monotonic = monotonic
+        self.classifier = classifier
         self._cache: dict[tuple[int, float], CachedCommand] = {}
 
     @staticmethod
@@ -131,7 +135,9 @@ class MacProcessTable:
             cmdline = tuple(proc.cmdline())
         except (psutil.Error, OSError):
             cmdline = ()
-        return recheck(old, cmdline, now, lambda: self._env_of(proc), CachedCommand)
+        return recheck(
+            old, cmdline, now, lambda: self._env_of(proc), CachedCommand, self.classifier
+        )
 
     def snapshot(self) -> list[ProcessInfo]:
         now = self.monotonic()

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import sys
 
-from mlx_medic.process_model import ProcessTable
+from mlx_medic.process_model import Classifier, ProcessTable, classify
 
 
-def system_process_table() -> ProcessTable:
-    """The table for this platform (only the chosen one is imported)."""
+def system_process_table(classifier: Classifier = classify) -> ProcessTable:
+    """The table for this platform (only the chosen one is imported); `classifier` gives
+    each process its role (with the inventory's process patterns: `process_model.classifier`)."""
     if sys.platform.startswith("linux"):
         from mlx_medic.platform.proc_linux import LinuxProcessTable
 
-        return LinuxProcessTable()
+        return LinuxProcessTable(classifier=classifier)
     if sys.platform == "darwin":
         from mlx_medic.platform.proc_macos import MacProcessTable
 
-        return MacProcessTable()
+        return MacProcessTable(classifier=classifier)
     raise RuntimeError(f"no process table for platform {sys.platform!r} (Linux and macOS only)")

@@ -69,21 +69,34 @@ def rank_argv(port: int = 8080, model: str = MODEL_PATH) -> list[str]:
     return [PYTHON, "-m", "mlx_lm.server", "--model", model, "--port", str(port)]
 
 
-def launch_script(rank: int, argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+def launch_script(rank: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
+                  hostfile: str = '[["10.0.0.1:32323"]]') -> str:
     """The script mlx.launch's RemoteProcess.make_launch_script builds (ring backend)."""
     script = "stty -echo; pidfile=$(mktemp); echo $$ > $pidfile; "
     script += 'printf "%s\\n" $pidfile; if [[ -d /srv ]]; then   cd /srv; fi; '
     for key, value in (env or {}).items():
         script += f"export {key}={shlex.quote(value)}; "
-    script += "fname=$(mktemp); echo '[[\"10.0.0.1:32323\"]]' >$fname; export MLX_HOSTFILE=$fname; "
+    script += f"fname=$(mktemp); echo {shlex.quote(hostfile)} >$fname; export MLX_HOSTFILE=$fname; "
     script += f"export MLX_RANK={rank}; "
     script += f"cmd=({' '.join(map(shlex.quote, argv))}); "
     script += 'exec "${cmd[@]}"'
     return script
 
 
-def ssh_client_argv(host: str, rank: int, argv: Sequence[str], env=None) -> list[str]:
-    return ["ssh", "-tt", "-o", "LogLevel=QUIET", host, launch_script(rank, argv, env)]
+def ssh_client_argv(host: str, rank: int, argv: Sequence[str], env=None,
+                    hostfile: str = '[["10.0.0.1:32323"]]') -> list[str]:
+    return ["ssh", "-tt", "-o", "LogLevel=QUIET", host, launch_script(rank, argv, env, hostfile)]
+
+
+# glm's ring placement as mlx.launch writes it (launch_ring: json.dumps of each rank's
+# ip:port list, then `echo ... >$fname` adds a newline).
+GLM_RING = '[["192.168.101.1:32323"], ["192.168.101.2:32324"]]\n'
+
+
+def launched_env(rank: int, hostfile_path: str, **extra: str) -> dict[str, str]:
+    """What mlx.launch's ring script exports to a rank: MLX_HOSTFILE (a mktemp path) and
+    MLX_RANK, after any --env."""
+    return {**extra, "MLX_HOSTFILE": hostfile_path, "MLX_RANK": str(rank)}
 
 
 def launcher_argv(argv: Sequence[str]) -> list[str]:

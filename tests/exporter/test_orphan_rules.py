@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mlx_medic.orphans import Rule, find_orphans, scope
+from mlx_medic.orphans import Rule, SuspectRule, find_orphans, scope
+from mlx_medic.placement import placement_of_env
 from mlx_medic.process_model import (
     ModelScoper,
     ProcessInfo,
@@ -27,20 +28,29 @@ from tests.exporter.process_tables import (
 )
 
 
-def judge(processes: list[ProcessInfo], *, node: str, current=None, established=None):
-    scoped = scope(processes, ModelScoper(INVENTORY))
+def judge(processes: list[ProcessInfo], *, node: str | None, current=None, established=None,
+          listening=None, files=None, inventory=INVENTORY):
+    """The rules over a synthetic table; `listening`: pid -> ports, `files`: path -> text."""
+    scoped = scope(processes, ModelScoper(inventory))
+    ports = listening or {}
     return find_orphans(
         scoped,
         by_pid(processes),
         node=node,
-        inventory=INVENTORY,
+        inventory=inventory,
         current_run=current or (lambda model: None),
         established=established or (lambda sshd: True),
+        listening=lambda p, port: port in ports.get(p.pid, ()),
+        placement_of=lambda p: placement_of_env(p.env, (files or {}).get),
     )
 
 
 def orphan_rules(report) -> dict[int, Rule]:
     return {o.proc.pid: o.rule for o in report.orphans}
+
+
+def suspect_rules(report) -> dict[int, SuspectRule]:
+    return {s.proc.pid: s.rule for s in report.suspects}
 
 
 def peer_with_two_runs(*, first_state: State = State.UNINTERRUPTIBLE) -> list[ProcessInfo]:
@@ -147,10 +157,14 @@ def test_without_inventory_ranks_are_grouped_by_their_model_argument():
 # --- the rules ---------------------------------------------------------------------
 
 
-def test_a_peer_orphan_under_a_stuck_sshd_is_found_as_an_excess_rank():
+def test_two_peer_ranks_whose_sessions_both_hold_a_client_are_suspects_never_a_guess_by_age():
+    """More ranks than the model runs here, and nothing on the peer tells which is
+    current: the dead launch's ssh client still lives on the launching node."""
     processes = peer_with_two_runs()
     report = judge(processes, node="ai002")
-    assert orphan_rules(report) == {201: Rule.EXCESS_RANKS}
+    assert orphan_rules(report) == {}
+    assert suspect_rules(report) == {201: SuspectRule.EXCESS_RANKS_UNDECIDED,
+                                     301: SuspectRule.EXCESS_RANKS_UNDECIDED}
 
 
 def test_a_ppid_1_sweep_finds_nothing_on_that_peer():
@@ -159,7 +173,7 @@ def test_a_ppid_1_sweep_finds_nothing_on_that_peer():
     assert [p.pid for p in ranks if p.ppid == 1] == []
 
 
-def test_the_newest_live_rank_is_kept_even_when_a_zombie_rank_is_newer():
+def test_the_live_rank_is_kept_even_when_a_zombie_rank_is_newer():
     processes = table(
         proc(1, 0, ["/sbin/launchd"]),
         proc(10, 1, rank_argv(), created=100),
@@ -266,7 +280,8 @@ def test_a_rank_adopted_by_the_listening_sshd_is_judged_by_its_missing_launcher(
 def test_when_connections_cannot_be_read_the_ssh_rule_stays_silent():
     processes = peer_with_two_runs()
     report = judge(processes, node="ai002", established=lambda sshd: None)
-    assert orphan_rules(report) == {201: Rule.EXCESS_RANKS}
+    assert orphan_rules(report) == {}
+    assert set(suspect_rules(report)) == {201, 301}  # excess, but which is current is unknown
 
 
 def test_each_orphan_carries_exactly_one_rule():

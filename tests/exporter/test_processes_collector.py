@@ -42,16 +42,24 @@ class StaticTable:
 
 
 def collect(processes, *, node="ai002", state_dir=Path("/nonexistent"), now=10_000.0,
-            established=lambda sshd: True, inventory=INVENTORY):
+            established=lambda sshd: True, inventory=INVENTORY, listening=None, files=None):
+    ports = listening or {}
     collector = ProcessesCollector(
         node=node, inventory=inventory, state_dir=state_dir, table=StaticTable(processes),
         clock=lambda: now, established=established,
+        listening=lambda: lambda pid, port: port in ports.get(pid, ()),
+        read_file=lambda p, path: (files or {}).get(path),
     )
     return list(collector.collect())
 
 
 def value(families, name, **labels):
     return sample_value(families, name, labels)
+
+
+ORPHAN_RULES = ("stale_run_id", "excess_ranks", "launcher_gone", "ssh_client_lost",
+                "duplicate_rank")
+SUSPECT_RULES = ("duplicate_rank_undecided", "excess_ranks_undecided")
 
 
 def test_every_state_role_and_rule_is_present_for_every_inventory_model_even_when_empty():
@@ -62,14 +70,16 @@ def test_every_state_role_and_rule_is_present_for_every_inventory_model_even_whe
             for state in State:
                 assert value(families, "mlx_processes", model=model, role=role,
                              state=state) == 0.0
-                for rule in ("stale_run_id", "excess_ranks", "launcher_gone",
-                             "ssh_client_lost"):
+                for rule in ORPHAN_RULES:
                     assert value(families, "mlx_orphan_processes", model=model, role=role,
                                  state=state, rule=rule) == 0.0
+                for rule in SUSPECT_RULES:
+                    assert value(families, "mlx_suspected_orphan_processes", model=model,
+                                 role=role, state=state, rule=rule) == 0.0
 
 
-def test_the_peer_reports_its_uninterruptible_orphan_by_rule_and_age():
-    processes = table(
+def peer_with_two_ranks() -> list[ProcessInfo]:
+    return table(
         proc(1, 0, ["/sbin/launchd"]),
         proc(100, 1, SSHD_LISTENER),
         proc(200, 100, SSHD_SESSION, name="sshd"),
@@ -78,15 +88,84 @@ def test_the_peer_reports_its_uninterruptible_orphan_by_rule_and_age():
         proc(300, 100, SSHD_SESSION, name="sshd"),
         proc(301, 300, rank_argv(), env={"MLX_RANK": "1"}, created=9000),
     )
-    families = collect(processes, now=62_200.0)
+
+
+def test_the_peer_reports_its_uninterruptible_orphan_by_rule_and_age():
+    families = collect(peer_with_two_ranks(), now=62_200.0,
+                       established=lambda sshd: sshd.pid == 300)
     assert value(families, "mlx_processes", model="glm", role="rank",
                  state="uninterruptible") == 1
     assert value(families, "mlx_processes", model="glm", role="rank", state="sleeping") == 1
     assert value(families, "mlx_orphan_processes", model="glm", role="rank",
-                 state="uninterruptible", rule="excess_ranks") == 1
+                 state="uninterruptible", rule="ssh_client_lost") == 1
     assert value(families, "mlx_orphan_processes", model="glm", role="rank",
-                 state="sleeping", rule="excess_ranks") == 0
+                 state="sleeping", rule="ssh_client_lost") == 0
     assert value(families, "mlx_orphan_oldest_age_seconds", model="glm") == 61_200.0
+
+
+def test_ranks_nothing_tells_apart_are_suspects_in_their_own_series_never_orphans():
+    families = collect(peer_with_two_ranks(), now=62_200.0)
+    for state in ("uninterruptible", "sleeping"):
+        assert value(families, "mlx_suspected_orphan_processes", model="glm", role="rank",
+                     state=state, rule="excess_ranks_undecided") == 1
+    assert sum(s.value for f in families if f.name == "mlx_orphan_processes"
+               for s in f.samples) == 0
+    assert value(families, "mlx_orphan_oldest_age_seconds", model="glm") == 0
+
+
+def test_without_inventory_two_ranks_of_one_placement_and_rank_are_found_on_the_peer():
+    ring = '[["127.0.0.2:45000"], ["127.0.0.3:45001"]]\n'
+    processes = [p for p in peer_with_two_ranks() if p.pid not in (201, 301)] + table(
+        proc(201, 200, rank_argv(model="/srv/tiny"),
+             env={"MLX_RANK": "1", "MLX_HOSTFILE": "/tmp/tmp.a"}, created=1000),
+        proc(301, 300, rank_argv(model="/srv/tiny"),
+             env={"MLX_RANK": "1", "MLX_HOSTFILE": "/tmp/tmp.b"}, created=9000),
+    )
+    files = {"/tmp/tmp.a": ring, "/tmp/tmp.b": ring}
+    families = collect(processes, inventory=None, node=None, files=files)
+    assert value(families, "mlx_suspected_orphan_processes", model="/srv/tiny", role="rank",
+                 state="sleeping", rule="duplicate_rank_undecided") == 2
+    families = collect(processes, inventory=None, node=None, files=files,
+                       established=lambda sshd: sshd.pid == 300)
+    assert value(families, "mlx_orphan_processes", model="/srv/tiny", role="rank",
+                 state="sleeping", rule="ssh_client_lost") == 1
+
+
+def test_a_ranks_placement_is_read_when_it_is_first_seen_and_outlives_its_hostfile():
+    """Stale tmp files are cleaned; mlx.launch's hostfile is one. A rank's placement is
+    read once, when the rank is first seen, and kept for the life of the process."""
+    ring = '[["127.0.0.2:45000"], ["127.0.0.3:45001"]]\n'
+    files = {"/tmp/tmp.a": ring, "/tmp/tmp.b": ring}
+    reads: list[str] = []
+
+    def read(proc: ProcessInfo, path: str) -> str | None:
+        reads.append(path)
+        return files.get(path)
+
+    launcher = proc(5, 1, launcher_argv(rank_argv(model="/srv/tiny")))
+    first = proc(10, 5, rank_argv(model="/srv/tiny"),
+                 env={"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/tmp.a"}, created=1000)
+    source = StaticTable(table(proc(1, 0, ["/sbin/init"]), launcher, first))
+    collector = ProcessesCollector(
+        node=None, inventory=None, state_dir=Path("/nonexistent"), table=source,
+        clock=lambda: 0.0, established=lambda sshd: True,
+        listening=lambda: lambda pid, port: False, read_file=read,
+    )
+    list(collector.collect())
+    del files["/tmp/tmp.a"]  # cleaned away while the rank runs
+    second = proc(11, 5, rank_argv(model="/srv/tiny"),
+                  env={"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/tmp.b"}, created=2000)
+    source.processes.append(second)
+    families = list(collector.collect())
+    assert value(families, "mlx_suspected_orphan_processes", model="/srv/tiny", role="rank",
+                 state="sleeping", rule="duplicate_rank_undecided") == 2
+    assert reads == ["/tmp/tmp.a", "/tmp/tmp.b"]  # once each
+    # pid 10 ends and is reused by another process: that one is read afresh
+    source.processes[2] = proc(10, 5, rank_argv(model="/srv/tiny"),
+                               env={"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/tmp.c"},
+                               created=3000)
+    list(collector.collect())
+    assert reads[-1] == "/tmp/tmp.c"
 
 
 def test_a_stale_run_id_is_read_from_the_state_dir(tmp_path: Path):

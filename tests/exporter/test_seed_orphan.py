@@ -1,6 +1,7 @@
 """The seed's orphan, for real: mlx.launch (ring) starts ranks on ai001 and ai002,
 the launcher is SIGKILLed, the same model is started again. Each node's
-exporter, run inside that node, reports what that node alone can tell."""
+exporter, run inside that node, reports what that node alone can tell, with the
+inventory and without one (discovery mode, the README's main job)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 # A rank that really joins the ring (mx.distributed.init), then holds on like a server.
+# Saved as `serve.py`, the seed's rank script, found through the model's process pattern.
 RANK_SCRIPT = """\
 import sys, time
 import mlx.core as mx
@@ -38,12 +40,15 @@ time.sleep(3600)
 """
 
 
-def scrape(cluster: Cluster, node: str, inventory: Path) -> dict[tuple, float]:
+def scrape(cluster: Cluster, node: str, inventory: Path | None) -> dict[tuple, float]:
     """One `mlx-medic exporter --once` inside the node's namespaces, by name and labels
-    (without `node`, checked to be this node on every series)."""
+    (without `node`, checked to be this node on every series: the node's state dir holds
+    its node-id). `inventory=None`: discovery mode, where models are named by their
+    `--model` argument."""
+    where = (["--config.file", str(inventory), "--node", node] if inventory is not None
+             else ["--state-dir", str(cluster.node(node).state_mount)])
     popen = cluster.node(node).spawn(
-        [cluster.python, "-m", "mlx_medic.cli", "exporter", "--once",
-         "--config.file", str(inventory), "--node", node,
+        [cluster.python, "-m", "mlx_medic.cli", "exporter", "--once", *where,
          "--no-collector.service"],  # the live probe is another test's business
         env=cluster.env(PYTHONPATH=str(REPO)),
         cwd=str(REPO),
@@ -98,15 +103,26 @@ class Scenario:
     def port(self) -> int:
         return int(self.rank_argv[self.rank_argv.index("--port") + 1])
 
-    def launch(self, attempt: int, *extra: str):
-        ports = ["--starting-port", str(self.ring_port + 5 * attempt)]
+    @property
+    def model(self) -> str:
+        """The model's name without an inventory: its `--model` argument."""
+        return self.rank_argv[self.rank_argv.index("--model") + 1]
+
+    def launch(self, attempt: int, *extra: str, same_placement: bool = False):
+        """mlx.launch of the rank command. `same_placement`: the ring ports of attempt 0,
+        as a KeepAlive restart of the same command has (every rank's hostfile then holds
+        the same content under a new temporary path)."""
+        offset = 0 if same_placement else 5 * attempt
+        ports = ["--starting-port", str(self.ring_port + offset)]
         return start_launch(self.cluster, self.hostfile, self.rank_argv,
+                            env=self.cluster.env(HF_HUB_OFFLINE="1"),
                             launch_args=[*ports, *extra])
 
 
 def prepare(cluster: Cluster, tiny_model: Path, *, real_server: bool = False) -> Scenario:
     token = uuid.uuid4().hex[:8]
-    script = cluster.workdir / f"rank-{token}.py"
+    script = cluster.workdir / f"seed-{token}" / "serve.py"
+    script.parent.mkdir()
     script.write_text(RANK_SCRIPT)
     port = free_port()
     hostfile = cluster.hostfile(cluster.workdir / f"ring-{token}.json", ["ai001", "ai002"])
@@ -118,6 +134,7 @@ def prepare(cluster: Cluster, tiny_model: Path, *, real_server: bool = False) ->
         "port": port,
         "service": {"manager": "supervisord", "label": f"tiny-{token}"},
         "backends": {"ring": {"hostfile": str(hostfile)}},
+        "process_patterns": {"rank": [rf"serve\.py --model \S+ --port {port}"]},
     }]))
     rank_argv = [cluster.python, str(script), "--model", str(tiny_model), "--port", str(port)]
     if real_server:
@@ -127,52 +144,61 @@ def prepare(cluster: Cluster, tiny_model: Path, *, real_server: bool = False) ->
                     random.randrange(42000, 52000, 20))
 
 
-def test_a_killed_launcher_leaves_a_peer_orphan_under_sshd_that_the_peer_reports(
+def test_the_peer_finds_the_seeds_orphan_under_sshd_with_or_without_an_inventory(
     clean_cluster: Cluster, tiny_model: Path
 ):
+    """The seed: the rank script is `serve.py`; the service restarts the same command, so
+    the new launch hands its ranks the same placement under new temporary hostfiles."""
     cluster = clean_cluster
     scenario = prepare(cluster, tiny_model)
     script, inventory, token = scenario.script, scenario.inventory, scenario.token
+    modes = {"tiny": inventory, scenario.model: None}  # model label -> --config.file
 
     first = scenario.launch(0)
     second = None
     try:
         wait_ready(first, 2)
         peer = cluster.node("ai002")
-        (old_peer_rank,) = rank_pids(peer, script.name)
+        (old_peer_rank,) = rank_pids(peer, str(script))
 
         first.kill()  # the crash: SIGKILL, no teardown
-        second = scenario.launch(1)
+        second = scenario.launch(1, same_placement=True)
         wait_ready(second, 2)
 
         # On the peer: the old rank lives on, its parent an sshd session, not pid 1.
-        peer_ranks = rank_pids(peer, script.name)
+        peer_ranks = rank_pids(peer, str(script))
         assert len(peer_ranks) == 2 and old_peer_rank in peer_ranks
         parent = processes.ppid(old_peer_rank)
         assert processes.cmdline(parent)[0].startswith("sshd:")
         assert peer.ns_pid_of(parent) != 1
         # ...so the seed's `ppid == 1` sweep finds nothing there.
         assert [p for p in peer_ranks if peer.ns_pid_of(processes.ppid(p)) == 1] == []
+        # Each rank got its own temporary hostfile, with the same content.
+        hostfiles = [environ(pid)["MLX_HOSTFILE"] for pid in peer_ranks]
+        assert hostfiles[0] != hostfiles[1]
+        assert len({peer.host_path(h).read_text() for h in hostfiles}) == 1
 
-        on_peer = scrape(cluster, "ai002", inventory)
-        assert total(on_peer, "mlx_processes", model="tiny", role="rank") == 2
-        assert total(on_peer, "mlx_orphan_processes", model="tiny", role="rank") == 1
-        assert total(on_peer, "mlx_orphan_processes", model="tiny", role="rank",
-                     rule="excess_ranks") == 1
-        assert on_peer[("mlx_orphan_oldest_age_seconds", ("model", "tiny"))] > 0
+        # The dead launch's ssh client still lives on the head, so both peer ranks have a
+        # session with a client and neither serves HTTP: nothing on the peer tells which
+        # launch is current. Both are suspects (never swept), not orphans; with and
+        # without an inventory.
+        peer_has_two_rank_1_suspects(cluster, modes)
 
         # On the launching node: the dead launch's local rank and ssh client, and the
         # peer that client pointed at.
-        on_head = scrape(cluster, "ai001", inventory)
-        assert total(on_head, "mlx_processes", model="tiny", role="launcher") == 1
-        assert total(on_head, "mlx_processes", model="tiny", role="rank") == 2
-        assert total(on_head, "mlx_processes", model="tiny", role="ssh_client") == 2
-        for role in ("rank", "ssh_client"):
-            assert total(on_head, "mlx_orphan_processes", model="tiny", role=role,
-                         rule="launcher_gone") == 1
-            assert total(on_head, "mlx_orphan_processes", model="tiny", role=role) == 1
-        assert on_head[("mlx_suspected_remote_orphans", ("model", "tiny"),
-                        ("peer", "ai002"))] == 1
+        for model, config in modes.items():
+            on_head = scrape(cluster, "ai001", config)
+            assert total(on_head, "mlx_processes", model=model, role="launcher") == 1
+            assert total(on_head, "mlx_processes", model=model, role="rank") == 2
+            assert total(on_head, "mlx_processes", model=model, role="ssh_client") == 2
+            for role in ("rank", "ssh_client"):
+                assert total(on_head, "mlx_orphan_processes", model=model, role=role,
+                             rule="launcher_gone") == 1
+                assert total(on_head, "mlx_orphan_processes", model=model, role=role) == 1
+            assert total(on_head, "mlx_suspected_orphan_processes", model=model) == 0
+            peer_label = "ai002" if config is not None else peer.address
+            assert on_head[("mlx_suspected_remote_orphans", ("model", model),
+                            ("peer", peer_label))] == 1
 
         # The seed's end state: the orphan stuck in uninterruptible wait, its sshd stuck
         # with it, and the client gone. Freeze both (cgroup v1 freezer: state D, SIGKILL
@@ -185,18 +211,36 @@ def test_a_killed_launcher_leaves_a_peer_orphan_under_sshd_that_the_peer_reports
             os.kill(old_client, signal.SIGKILL)
             wait_gone(old_client)
             os.kill(old_peer_rank, signal.SIGKILL)  # pends: the seed's unkillable Us+ rank
-            on_peer = scrape(cluster, "ai002", inventory)
             assert processes.is_alive(old_peer_rank)
             assert processes.ppid(old_peer_rank) == parent  # still sshd, still not 1
-            assert total(on_peer, "mlx_orphan_processes", model="tiny", role="rank") == 1
-            assert total(on_peer, "mlx_orphan_processes", model="tiny", role="rank",
-                         state="uninterruptible", rule="ssh_client_lost") == 1
-            assert total(on_peer, "mlx_processes", model="tiny", role="rank",
-                         state="uninterruptible") == 1
+            for model, config in modes.items():
+                on_peer = scrape(cluster, "ai002", config)
+                assert total(on_peer, "mlx_orphan_processes", model=model, role="rank") == 1
+                assert total(on_peer, "mlx_orphan_processes", model=model, role="rank",
+                             state="uninterruptible", rule="ssh_client_lost") == 1
+                assert total(on_peer, "mlx_processes", model=model, role="rank",
+                             state="uninterruptible") == 1
+                assert total(on_peer, "mlx_suspected_orphan_processes", model=model) == 0
+                assert on_peer[("mlx_orphan_oldest_age_seconds", ("model", model))] > 0
     finally:
         first.close()
         if second is not None:
             second.close()
+
+
+def peer_has_two_rank_1_suspects(cluster: Cluster, modes: dict[str, Path | None]) -> None:
+    """ai002 holds two rank-1 processes of one placement that nothing there tells apart."""
+    for model, config in modes.items():
+        on_peer = scrape(cluster, "ai002", config)
+        assert total(on_peer, "mlx_processes", model=model, role="rank") == 2
+        assert total(on_peer, "mlx_orphan_processes", model=model) == 0
+        assert total(on_peer, "mlx_suspected_orphan_processes", model=model, role="rank",
+                     rule="duplicate_rank_undecided") == 2
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(e.decode().partition("=")[::2] for e in raw.split(b"\0") if b"=" in e)
 
 
 def test_with_run_ids_every_leftover_of_the_dead_launch_is_a_stale_run(
@@ -297,6 +341,65 @@ def test_real_mlx_lm_server_ranks_the_seeds_stuck_peer_orphan_beside_the_restart
             assert total(on_head, "mlx_orphan_processes", model="tiny") == 0
             assert on_head[("mlx_suspected_remote_orphans", ("model", "tiny"),
                             ("peer", "ai002"))] == 0
+    finally:
+        for run in runs:
+            run.close()
+
+
+def serving(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def test_a_lingering_failed_launch_attempt_never_marks_the_rank_that_serves(
+    clean_cluster: Cluster, tiny_model: Path
+):
+    """Real `mlx_lm server --pipeline` over ring. While the model serves, the same command
+    is launched again (the seed's manual run beside launchd's): the new rank 0 cannot bind
+    the port (`Address already in use`) yet hangs on, with its launcher and its peer rank.
+    By age the serving ranks would be the orphans; by launcher, nothing would be. Then the
+    first launcher is SIGKILLed: its rank 0 still holds the port and is still kept."""
+    cluster = clean_cluster
+    scenario = prepare(cluster, tiny_model, real_server=True)
+    head, peer = cluster.node("ai001"), cluster.node("ai002")
+    modes = {"tiny": scenario.inventory, scenario.model: None}  # model label -> inventory
+    runs = [scenario.launch(0)]
+    try:
+        wait_serving(scenario.port, runs[0])
+        (serving_rank,) = rank_pids(head, "mlx_lm")
+        runs.append(scenario.launch(1, same_placement=True))
+        runs[1].wait_for_output("Address already in use", timeout=240)
+        time.sleep(1)
+        assert runs[1].alive()  # the failed attempt lingers beside the serving run
+        (failed_rank,) = [p for p in rank_pids(head, "mlx_lm") if p != serving_rank]
+        assert len(rank_pids(peer, "mlx_lm")) == 2
+        assert serving(scenario.port)
+
+        def only_the_failed_rank_0_is_an_orphan() -> None:
+            for model, config in modes.items():
+                on_head = scrape(cluster, "ai001", config)
+                assert total(on_head, "mlx_processes", model=model, role="rank") == 2
+                assert total(on_head, "mlx_orphan_processes", model=model) == 1
+                assert total(on_head, "mlx_orphan_processes", model=model, role="rank",
+                             rule="duplicate_rank") == 1
+                assert total(on_head, "mlx_suspected_orphan_processes", model=model) == 0
+                assert total(on_head, "mlx_suspected_remote_orphans", model=model) == 0
+
+            # The peer cannot tell its two rank-1 processes apart (both sessions hold a
+            # client, rank 1 serves no port): suspects, which nothing sweeps.
+            peer_has_two_rank_1_suspects(cluster, modes)
+
+        only_the_failed_rank_0_is_an_orphan()
+        assert serving(scenario.port)
+
+        # The first launcher dies (no teardown). Its rank 0 keeps the port: not an orphan,
+        # and neither is its ssh client, which holds the peer rank of that run.
+        runs[0].kill()
+        assert processes.is_alive(serving_rank) and processes.is_alive(failed_rank)
+        only_the_failed_rank_0_is_an_orphan()
     finally:
         for run in runs:
             run.close()

@@ -1,0 +1,128 @@
+"""A launch's placement, from what mlx.launch hands every rank it starts.
+
+mlx.launch (mlx/_distributed_utils/launch.py) gives each rank `MLX_RANK` and, for the
+ring backend, `MLX_HOSTFILE`: the path of a `mktemp` file holding every rank's `ip:port`
+list (JSON, one list per rank, in rank order); for JACCL, `MLX_JACCL_COORDINATOR` (rank
+0's `ip:port`) and `MLX_IBV_DEVICES`, a `mktemp` file holding the RDMA device matrix. The
+temporary path changes at every launch; the content does not, as long as the hostfile
+and the ports are the same. So two live ranks of one model with the same rank number and
+the same placement content are two launches of the same thing: only one can be current.
+
+The placement also says how many ranks the launch puts on the rank's own host: ring
+entries with the same addresses as the rank's own entry (JACCL places one rank per host).
+A ssh client started by mlx.launch carries the same content in its launch script.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from mlx_medic.process_model import (
+    ENV_HOSTFILE,
+    ENV_IBV_DEVICES,
+    ENV_JACCL_COORDINATOR,
+    ENV_JACCL_RING,
+    ENV_RANK,
+    launch_script,
+)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one launch puts its ranks, and which of them a process is."""
+
+    key: str  # the content every rank of the launch shares (not the temporary paths)
+    rank: int
+    size: int  # ranks in the launch
+    ranks_here: int  # ranks the launch places on this rank's host
+
+
+def _canonical(content: str) -> tuple[str, object]:
+    """The content as one string that ignores layout, and its parsed JSON (or None)."""
+    text = content.strip()
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text, None
+    return json.dumps(parsed, sort_keys=True, separators=(",", ":")), parsed
+
+
+def _hosts_of(entry: object) -> frozenset[str] | None:
+    if not isinstance(entry, list) or not all(isinstance(a, str) for a in entry):
+        return None
+    return frozenset(address.rpartition(":")[0] for address in entry)
+
+
+def placement_from(
+    rank: str | None,
+    *,
+    hostfile: str | None = None,
+    devices: str | None = None,
+    coordinator: str | None = None,
+    jaccl_ring: str | None = None,
+) -> Placement | None:
+    """The placement from the values and file contents a rank was handed, or None when
+    they place nothing that two launches could share (no addresses: a lone rank)."""
+    try:
+        number = int(rank) if rank is not None else -1
+    except ValueError:
+        return None
+    if number < 0:
+        return None
+    if coordinator is not None or devices is not None:  # JACCL: one rank per host
+        if coordinator is None or devices is None:
+            return None
+        key, matrix = _canonical(devices)
+        size = len(matrix) if isinstance(matrix, list) else 0
+        if size < 2 or number >= size:
+            return None
+        return Placement(f"jaccl {coordinator} ring={jaccl_ring or ''} {key}", number, size, 1)
+    if hostfile is None:
+        return None
+    key, entries = _canonical(hostfile)
+    if not isinstance(entries, list) or len(entries) < 2 or number >= len(entries):
+        return None  # a single-rank launch writes an empty hostfile: no addresses to share
+    hosts = [_hosts_of(entry) for entry in entries]
+    own = hosts[number]
+    if own is None:
+        return None
+    return Placement(f"ring {key}", number, len(entries), sum(1 for h in hosts if h == own))
+
+
+Reader = Callable[[str], str | None]  # path -> content, None when it cannot be read
+
+
+def placement_of_env(env: Mapping[str, str], read: Reader) -> Placement | None:
+    """A rank's placement from its environment, reading the files it names."""
+    if ENV_RANK not in env:
+        return None
+    files: dict[str, str | None] = {}
+    for name in (ENV_HOSTFILE, ENV_IBV_DEVICES):
+        path = env.get(name)
+        if path is not None:
+            files[name] = content = read(path)
+            if content is None:
+                return None  # named but unreadable: no placement rather than a wrong one
+    return placement_from(
+        env[ENV_RANK],
+        hostfile=files.get(ENV_HOSTFILE),
+        devices=files.get(ENV_IBV_DEVICES),
+        coordinator=env.get(ENV_JACCL_COORDINATOR),
+        jaccl_ring=env.get(ENV_JACCL_RING),
+    )
+
+
+def placement_of_ssh_client(cmdline: tuple[str, ...]) -> Placement | None:
+    """The placement of the rank an mlx.launch ssh client starts, from its launch script."""
+    script = launch_script(cmdline)
+    if script is None:
+        return None
+    return placement_from(
+        script.exports.get(ENV_RANK),
+        hostfile=script.files.get(ENV_HOSTFILE),
+        devices=script.files.get(ENV_IBV_DEVICES),
+        coordinator=script.exports.get(ENV_JACCL_COORDINATOR),
+        jaccl_ring=script.exports.get(ENV_JACCL_RING),
+    )
