@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from mlx_medic.platform.open_paths import PathsInUse, environment_values
+from mlx_medic.platform.process_files import read_small_file
 from mlx_medic.platform.weighers import Weigher, default_weigher
 
 if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
@@ -205,24 +206,6 @@ def classify_launch_file(content: bytes) -> str | None:
     return None
 
 
-def _read_small_file(directory: int, name: str) -> bytes | None:
-    """A regular file's content (None: a symlink, not regular, too big, or unreadable)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(name, flags, dir_fd=directory)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > LEFTOVER_MAX_BYTES:
-            return None
-        return os.read(fd, LEFTOVER_MAX_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def _pid_alive(pid: int) -> bool:
     return pid > 0 and psutil.pid_exists(pid)
 
@@ -260,7 +243,7 @@ def launcher_leftovers(
             for name in names:
                 if not LEFTOVER_NAME.fullmatch(name):
                     continue
-                content = _read_small_file(fd, name)
+                content = read_small_file(name, LEFTOVER_MAX_BYTES, dir_fd=fd)
                 kind = classify_launch_file(content) if content is not None else None
                 if kind == "pidfile" and not pid_alive(int(content or b"0")):
                     files.append(directory / name)
