@@ -5,7 +5,6 @@ process hands an exporter that runs as root."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.platform.process_files import LIMIT, read_process_file
-from tests.tools import require_root
+from tests.tools import require_root, require_tool
 
 
 def test_a_regular_file_is_read(tmp_path: Path):
@@ -42,9 +41,7 @@ def test_a_symlink_a_fifo_a_device_a_large_file_or_a_relative_path_is_refused(tm
 def test_on_linux_the_file_is_read_in_the_processs_own_mount_namespace():
     """A service with a private /tmp (systemd PrivateTmp=) wrote its hostfile there."""
     require_root()
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.skip("unshare not installed")
+    unshare = require_tool("unshare")  # fails under CI when missing
     name = f"mlx-medic-hostfile-{uuid.uuid4().hex[:8]}"
     ready = Path("/var/tmp") / f"{name}.ready"
     script = (f"mount -t tmpfs tmpfs /tmp && echo private > /tmp/{name}"
