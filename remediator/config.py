@@ -6,12 +6,12 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mlx_medic.inventory import Duration, parse_duration
+from mlx_medic.inventory import Duration
 
 # Where the service's config is when no `--config.file` is given: the environment variable
 # the shipped units set, else the path they use (deploy/systemd, deploy/launchd).
@@ -122,11 +122,6 @@ class RemediatorConfig(_Strict):
         " its head node over SSH (`medic_command probe`) unless `node` is that head;"
         " 'head' always probes there; 'remediator' always probes from here",
     )
-
-    @field_validator("max_alert_age", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float:
-        return parse_duration(value)
 
 
 class ConfigError(ValueError):
