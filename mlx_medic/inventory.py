@@ -29,6 +29,7 @@ from mlx_medic.names import NAME_PATTERN
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 USER_NAME_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
 ServiceManager = Literal["launchd", "systemd", "supervisord"]
+ServiceKind = Literal["wrapper", "script"]
 BackendName = Literal["jaccl", "ring"]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
@@ -76,6 +77,19 @@ class Node(_Strict):
         " use an absolute path (sshd's PATH is minimal)",
     )
 
+    medic_config: Path = Field(
+        default=Path("/etc/mlx-medic/inventory.yaml"),
+        description="this inventory's path on the node: the node helpers the remediator and"
+        " the serve wrapper run there read it (`mlx-medic node HELPER --config.file`)",
+    )
+
+    @field_validator("medic_config")
+    @classmethod
+    def _medic_config_absolute(cls, value: Path) -> Path:
+        if not value.is_absolute() or ".." in value.parts:
+            raise ValueError(f"{str(value)!r} must be an absolute path without '..'")
+        return value
+
     @field_validator("ssh")
     @classmethod
     def _ssh_is_host(cls, value: str) -> str:
@@ -111,9 +125,36 @@ class Service(_Strict):
     )
     label: str = Field(
         pattern=r"^[A-Za-z0-9._:-]{1,200}$",
-        description="the service's name for its manager (launchd: the job label, its plist"
-        " is /Library/LaunchDaemons/<label>.plist)",
+        description="the service's name for its manager (launchd: the job label; systemd:"
+        " the unit; supervisord: the program)",
     )
+    kind: ServiceKind = Field(
+        default="wrapper",
+        description="what the service runs: `wrapper` (`mlx-medic serve MODEL`, which sweeps,"
+        " chooses the backend and launches) or `script` (the site's own start script, as in"
+        " the seed: it runs mlx.launch itself)",
+    )
+    plist: Path | None = Field(
+        default=None,
+        description="launchd: the job's plist, which `sudo -n /bin/launchctl bootstrap` loads"
+        " again after a stop; null: /Library/LaunchDaemons/<label>.plist",
+    )
+    config: Path | None = Field(
+        default=None,
+        description="supervisord: the supervisord.conf that supervisorctl reads (`-c`);"
+        " null: supervisorctl's own default",
+    )
+
+    @field_validator("plist", "config")
+    @classmethod
+    def _absolute_file(cls, value: Path | None) -> Path | None:
+        if value is not None and (not value.is_absolute() or ".." in value.parts):
+            raise ValueError(f"{str(value)!r} must be an absolute path without '..'")
+        return value
+
+    @property
+    def plist_path(self) -> Path:
+        return self.plist or Path("/Library/LaunchDaemons") / f"{self.label}.plist"
     user: str | None = Field(
         default=None, pattern=USER_NAME_PATTERN,
         description="the user the service runs as (launchd: the plist's `UserName`)."

@@ -10,7 +10,7 @@ from mlx_medic.remediator.steps.base import (
 )
 from mlx_medic.remediator.steps.clean import CleanTmp
 from mlx_medic.remediator.steps.escalate import Escalate
-from mlx_medic.remediator.steps.service import StartService, StopService, service_argv
+from mlx_medic.remediator.steps.service import StartService, StopService
 from mlx_medic.remediator.steps.sweep import Sweep
 from mlx_medic.remediator.steps.verify import Verify
 
@@ -27,5 +27,4 @@ __all__ = [
     "StopService",
     "Sweep",
     "Verify",
-    "service_argv",
 ]

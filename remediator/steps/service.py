@@ -3,32 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from mlx_medic.inventory import BackendName, Model
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
-
-LAUNCHCTL = ("sudo", "-n", "/bin/launchctl")
-
-
-def service_argv(model: Model, action: Literal["stop", "start"]) -> list[str]:
-    """The service manager's own command to stop or start the model's service.
-
-    launchd: `bootout` unloads the KeepAlive job so it cannot respawn ranks while
-    the nodes are swept; `bootstrap` loads it again from its plist.
-    """
-    label = model.service.label
-    # launchctl(1): changing the system domain needs root; -n: never wait for a password.
-    match model.service.manager:
-        case "launchd":
-            if action == "stop":
-                return [*LAUNCHCTL, "bootout", f"system/{label}"]
-            return [*LAUNCHCTL, "bootstrap", "system", f"/Library/LaunchDaemons/{label}.plist"]
-        case "systemd":
-            return ["systemctl", action, label]
-        case "supervisord":
-            return ["supervisorctl", action, label]
-    raise ValueError(f"unknown service manager {model.service.manager!r}")
+from mlx_medic.service_manager import service_argv
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,13 +19,18 @@ class StopService(Step):
     def describe(self) -> StepDescription:
         service = self.model.service
         if self.before_backend is None:
-            text = (f"stop {service.manager} service {service.label} so it cannot respawn"
-                    " ranks during the sweep")
+            text = (
+                f"stop {service.manager} service {service.label} so it cannot respawn"
+                " ranks during the sweep"
+            )
         else:
             text = f"stop the service again before falling back to {self.before_backend}"
         return StepDescription(
-            "stop-service", self.model.head, text,
-            targets=[service.label], argv=service_argv(self.model, "stop"),
+            "stop-service",
+            self.model.head,
+            text,
+            targets=[service.label],
+            argv=service_argv(self.model, "stop"),
         )
 
     async def run(self, context: RunContext) -> StepResult:
@@ -65,7 +48,8 @@ class StartService(Step):
         spec = dict(self.model.backends.in_order())[self.backend]
         split = " with --pipeline" if spec.pipeline else ""
         return StepDescription(
-            f"start-{self.backend}", self.model.head,
+            f"start-{self.backend}",
+            self.model.head,
             f"start {self.model.name} on {self.backend} (hostfile {spec.hostfile}){split}",
             targets=[self.model.service.label, str(spec.hostfile)],
             argv=service_argv(self.model, "start"),
