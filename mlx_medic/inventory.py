@@ -223,6 +223,21 @@ class Policy(_Strict):
         " rank or a failed JACCL start spends them until reboot). 5 after dryvist/nix-ai's"
         " cap of 5 of 11, which keeps domains for a person to recover with; 0: never JACCL",
     )  # fmt: skip
+    kill_grace: Duration = Field(
+        default=10.0,
+        description="a sweep's wait between SIGTERM and SIGKILL, for a rank to end itself",
+    )
+    sigkill: bool = Field(
+        default=True,
+        description="whether a sweep may SIGKILL what SIGTERM left (a SIGKILLed JACCL rank"
+        " spends a protection domain until reboot, which the ledger counts); false: survivors"
+        " of SIGTERM are reported, never killed",
+    )
+    stop_timeout: Duration = Field(
+        default=60.0,
+        description="the serve wrapper ends every rank of its run within this after SIGTERM;"
+        " rendered service files wait longer before their own SIGKILL",
+    )
     stale_tmp_age: Duration = Field(
         default=600.0,
         description="a `tmp*` entry in `tmp_dirs`/`cache_dirs` unchanged this long, and used by"
