@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                 raise RenderError(f"--rules.for {item!r}: write ALERT=DURATION")
             overrides[alert] = duration
         site = Site(
-            inventory=inventory, inventory_source=str(args.config_file),
+            inventory=inventory,
             rules=RulesOptions(args.rules_file or rules.SOURCE, overrides, args.rules_interval),
             remediator_url=args.remediator_url, remediator_command=args.remediator_command,
             remediator_user=args.remediator_user, remediator_config=args.remediator_config,
@@ -128,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
         write(args.out, files)
     except RenderError as exc:
         print(f"render {args.target}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # each file is replaced whole; those before it are written
+        print(f"render {args.target}: cannot write {exc.filename}: {exc.strerror}",
+              file=sys.stderr)
         return 1
     for item in files:
         print(args.out / item.path)

@@ -36,7 +36,6 @@ class Site:
     and the remediator's public key (flags of `mlx-medic render`)."""
 
     inventory: Inventory
-    inventory_source: str
     rules: RulesOptions
     remediator_url: str | None = None
     remediator_command: str = "/opt/mlx-medic/.venv/bin/mlx-medic"

@@ -54,3 +54,10 @@ def test_render_loads_neither_the_web_stack_nor_ssh_nor_the_engine(tmp_path: Pat
 
 def test_the_rendered_exporter_port_is_the_exporters_default():
     assert DEFAULT_LISTEN.endswith(f":{services.EXPORTER_PORT}")
+
+
+def test_an_out_dir_that_cannot_be_made_is_reported_without_a_traceback(tmp_path: Path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = render("rules", EXAMPLE, blocker / "out")
+    assert code == 1 and "cannot write" in err and "Traceback" not in err
