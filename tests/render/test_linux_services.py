@@ -9,12 +9,13 @@ import json
 import os
 import pwd
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.render.helpers import model, render, render_ok, run, write_inventory
+from tests.render.helpers import model, render, render_example, render_ok, run, write_inventory
 from tests.tools import require_tool
 
 SUPERVISOR_PYTHON = "/usr/bin/python3"  # Debian's supervisor lives in the system Python
@@ -110,3 +111,33 @@ def test_a_log_path_with_a_space_is_refused_for_systemd(tmp_path: Path):
         "m1": model("systemd", "m1", log_files=["/var/log/my logs/m1.log"])})
     code, _, err = render("systemd", inventory, tmp_path / "out")
     assert code == 1 and "models.m1.log_files" in err and "no spaces" in err
+
+
+def test_the_example_inventorys_units_verify_in_a_root_that_has_their_binaries(tmp_path: Path):
+    """The example's units name /opt/mlx-medic/...: verified inside a temp root that holds
+    that binary and the system's own units (sysinit.target and the like), never this
+    machine's /etc or /opt."""
+    systemd_analyze = require_tool("systemd-analyze")
+    out = render_example("systemd", tmp_path / "out") / "systemd"
+    root = tmp_path / "root"
+    units = root / "etc" / "systemd" / "system"
+    units.mkdir(parents=True)
+    shutil.copytree("/usr/lib/systemd/system", root / "usr" / "lib" / "systemd" / "system",
+                    symlinks=True)
+    medic = root / "opt" / "mlx-medic" / ".venv" / "bin" / "mlx-medic"
+    medic.parent.mkdir(parents=True)
+    medic.write_text("#!/bin/sh\nexit 0\n")
+    medic.chmod(0o755)
+    for node in sorted(p.name for p in out.iterdir() if p.is_dir()):
+        shutil.copy(out / node / "mlx-medic-exporter.service", units)
+        result = run(systemd_analyze, "verify", "--man=no", f"--root={root}",
+                     "mlx-medic-exporter.service")
+        assert result.returncode == 0 and not result.stderr.strip(), (node, result.stderr)
+    shutil.copy(out / "mlx-medic-remediator.service", units)
+    result = run(systemd_analyze, "verify", "--man=no", f"--root={root}",
+                 "mlx-medic-remediator.service")
+    assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+    medic.unlink()  # the check is real: without the binary the unit is refused
+    result = run(systemd_analyze, "verify", "--man=no", f"--root={root}",
+                 "mlx-medic-remediator.service")
+    assert result.returncode != 0 and "mlx-medic" in result.stderr
