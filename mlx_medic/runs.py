@@ -9,22 +9,31 @@ parent is: the strongest orphan signal, and one a node can judge alone.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_medic.process_model import ENV_MODEL, ENV_RUN_ID
+from mlx_medic.state_files import (
+    StateFileError,
+    read_json_record,
+    write_json_record,
+    write_text_atomic,
+)
 
 __all__ = [
     "ENV_MODEL",
     "ENV_RUN_ID",
+    "RunLease",
     "current_run_path",
+    "lease_path",
     "new_run_id",
     "read_current_run",
+    "read_lease",
     "record_current_run",
+    "record_lease",
     "run_env",
 ]
 
@@ -32,7 +41,7 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # inventory NAME_PATTERN
 
 
-def _check_model(model: str) -> str:
+def check_model(model: str) -> str:
     if not _MODEL.match(model):
         raise ValueError(f"model name {model!r} is not a valid inventory model name")
     return model
@@ -53,7 +62,7 @@ def new_run_id(now: float | None = None) -> str:
 
 
 def current_run_path(state_dir: Path, model: str) -> Path:
-    return Path(state_dir) / "runs" / f"{_check_model(model)}.current"
+    return Path(state_dir) / "runs" / f"{check_model(model)}.current"
 
 
 def read_current_run(state_dir: Path, model: str) -> str | None:
@@ -76,21 +85,57 @@ def record_current_run(state_dir: Path, model: str, run_id: str) -> Path:
     """Write the current run atomically (temp file + rename), so a reader never
     sees half a run id."""
     check_run_id(run_id)
-    path = current_run_path(state_dir, model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    return write_text_atomic(current_run_path(state_dir, model), run_id + "\n")
+
+
+@dataclass(frozen=True)
+class RunLease:
+    """A run's lease on a node: its ranks there may live until `expires_at` (wall clock).
+
+    The serve wrapper renews it on every node of its run; a guard beside each rank ends
+    the rank once the lease runs out (the wrapper was SIGKILLed) or the node's current run
+    is another one (a newer start)."""
+
+    run_id: str
+    expires_at: float
+    holder: str  # who renews it, e.g. "serve pid 4242 on ai001"
+
+    def expired(self, now: float) -> bool:
+        return now >= self.expires_at
+
+
+def lease_path(state_dir: Path, model: str) -> Path:
+    return Path(state_dir) / "runs" / f"{check_model(model)}.lease"
+
+
+def record_lease(
+    state_dir: Path, model: str, run_id: str, seconds: float, holder: str,
+    now: float | None = None,
+) -> RunLease:  # fmt: skip
+    """Grant or renew the run's lease for `seconds` from now."""
+    if seconds <= 0:
+        raise ValueError(f"a lease of {seconds:g}s has already run out")
+    lease = RunLease(check_run_id(run_id), (time.time() if now is None else now) + seconds,
+                     holder)  # fmt: skip
+    write_json_record(lease_path(state_dir, model),
+                      {"run_id": lease.run_id, "expires_at": lease.expires_at,
+                       "holder": lease.holder})  # fmt: skip
+    return lease
+
+
+def read_lease(state_dir: Path, model: str) -> RunLease | None:
+    """The model's run lease on this node; None when none is recorded. An unreadable
+    lease is a StateFileError: a guard treats it as run out."""
+    data = read_json_record(lease_path(state_dir, model))
+    if data is None:
+        return None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(run_id + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+        return RunLease(check_run_id(str(data["run_id"])), float(data["expires_at"]),
+                        str(data.get("holder", "")))  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateFileError(f"{lease_path(state_dir, model)} is not a run lease ({exc})") from None
 
 
 def run_env(model: str, run_id: str) -> dict[str, str]:
     """The variables a launcher passes to every rank (`mlx.launch --env K=V`)."""
-    return {ENV_RUN_ID: check_run_id(run_id), ENV_MODEL: _check_model(model)}
+    return {ENV_RUN_ID: check_run_id(run_id), ENV_MODEL: check_model(model)}

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlx_medic.node.boot_id import current_boot_id
+from mlx_medic.state_files import StateFileError, write_text_atomic
 
 SCHEMA = 1
 LEDGER_FILE = "pd-ledger.json"
@@ -154,17 +155,10 @@ def _locked(state_dir: Path) -> Iterator[None]:
 
 
 def _write(state_dir: Path, ledger: Ledger) -> None:
-    path = ledger_path(state_dir)
-    tmp = path.with_name(f".{LEDGER_FILE}.{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
-            json.dump(ledger.to_json(), out, indent=1)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise LedgerError(f"cannot write {path}: {exc.strerror or exc}") from None
+        write_text_atomic(ledger_path(state_dir), json.dumps(ledger.to_json(), indent=1))
+    except StateFileError as exc:
+        raise LedgerError(str(exc)) from None
 
 
 def record_spend(

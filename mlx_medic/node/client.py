@@ -1,0 +1,106 @@
+"""Calling the node helpers from elsewhere: the remediator over SSH, the serve wrapper
+on its head and peers.
+
+One argv shape for every call, `<medic_command> node HELPER ARGS --config.file
+<medic_config> --node NAME --json`, which the forced command on the node accepts, and
+one reading of the reply: the helper's JSON document and exit status, or an error that
+says the node could not be asked (never read as the helper's answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlx_medic.inventory import Inventory, Node
+from mlx_medic.node.cli import EXIT_OK, SCHEMA
+from mlx_medic.transport import NodeTransport, TransportError
+
+
+class HelperCallError(RuntimeError):
+    """The helper's answer could not be had: the node was unreachable, the call timed out,
+    or what came back is not a helper's document. `unreachable` tells the first apart."""
+
+    def __init__(self, node: str, helper: str, message: str, *, unreachable: bool = False):
+        super().__init__(f"{node}: mlx-medic node {helper}: {message}")
+        self.node = node
+        self.helper = helper
+        self.unreachable = unreachable
+
+
+@dataclass(frozen=True)
+class HelperReply:
+    node: str
+    helper: str
+    argv: list[str]
+    exit_status: int
+    document: dict[str, Any]
+    stderr: str = field(default="", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == EXIT_OK
+
+
+def helper_argv(node: Node, helper: str, args: Sequence[str]) -> list[str]:
+    return [node.medic_command, "node", helper, *args,
+            "--config.file", str(node.medic_config), "--node", node.name, "--json"]  # fmt: skip
+
+
+def parse_reply(node: str, helper: str, argv: list[str], exit_status: int | None,
+                stdout: str, stderr: str) -> HelperReply:  # fmt: skip
+    """The helper's document, or HelperCallError saying why there is none."""
+    if exit_status is None:
+        raise HelperCallError(node, helper, f"ended by a signal ({stderr.strip()[-300:]})")
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    try:
+        document = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        document = None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        why = stderr.strip()[-500:] or stdout.strip()[-200:] or "no output"
+        raise HelperCallError(node, helper, f"exit {exit_status}, no helper document: {why}")
+    if document.get("command") != helper:
+        raise HelperCallError(node, helper, f"answered as {document.get('command')!r}")
+    return HelperReply(node, helper, argv, exit_status, document, stderr)
+
+
+class NodeHelpers:
+    """Run helpers on the inventory's nodes through a transport (local, SSH or routed)."""
+
+    def __init__(self, transport: NodeTransport, inventory: Inventory, timeout: float):
+        self.transport = transport
+        self.inventory = inventory
+        self.timeout = timeout
+
+    async def call(
+        self, node_name: str, helper: str, *args: str, timeout: float | None = None
+    ) -> HelperReply:
+        node = self.inventory.node(node_name)
+        argv = helper_argv(node, helper, args)
+        limit = self.timeout if timeout is None else timeout
+        try:
+            result = await self.transport.run(node, argv, timeout=limit)
+        except TransportError as exc:
+            raise HelperCallError(node_name, helper, str(exc), unreachable=True) from exc
+        if result.timed_out:
+            raise HelperCallError(node_name, helper, f"no answer within {limit:g}s")
+        return parse_reply(node_name, helper, argv, result.exit_status, result.stdout,
+                           result.stderr)  # fmt: skip
+
+    async def on_nodes(
+        self, nodes: Sequence[str], helper: str, *args: str, timeout: float | None = None
+    ) -> dict[str, HelperReply | HelperCallError]:
+        """The same helper on every node at once; each node's reply or its error."""
+
+        async def one(name: str) -> HelperReply | HelperCallError:
+            try:
+                return await self.call(name, helper, *args, timeout=timeout)
+            except HelperCallError as exc:
+                return exc
+
+        replies = await asyncio.gather(*(one(name) for name in nodes))
+        return dict(zip(nodes, replies, strict=True))
