@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,9 @@ def node_context(args: argparse.Namespace) -> NodeContext:
 
     inventory = None
     if args.config_file is not None:
+        # No pydantic plugins in a helper: looking for them reads every installed package's
+        # metadata, which costs more than loading the inventory.
+        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
         from mlx_medic.inventory import InventoryError, load_inventory
 
         try:
