@@ -29,6 +29,8 @@ DEFAULT_STATE_DIR = Path("/var/lib/mlx-medic")
 # helper name -> (module with add_arguments(parser) and run(args) -> int, help)
 HELPERS: dict[str, tuple[str, str]] = {
     "ledger": ("mlx_medic.node.ledger_cli", "this node's protection-domain ledger and reserves"),
+    "service": ("mlx_medic.node.service_cli",
+                "stop, start, restart the model's service on its head; the stop record"),
     "forced-command": (
         "mlx_medic.node.forced_command",
         "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if it is a helper or the probe",
@@ -38,6 +40,10 @@ HELPERS: dict[str, tuple[str, str]] = {
 
 class HelperError(Exception):
     """The helper cannot do its job; the message says why (printed on stderr, exit 1)."""
+
+
+class BadArguments(HelperError):
+    """The command line names something the helper may not act on (exit 2)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
     helper_args = parser.parse_args(args.helper_args)
     try:
         return int(module.run(helper_args))
+    except BadArguments as exc:
+        print(f"mlx-medic node {args.helper}: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
     except HelperError as exc:
         print(f"mlx-medic node {args.helper}: {exc}", file=sys.stderr)
         return EXIT_FAILED
