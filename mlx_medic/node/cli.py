@@ -31,6 +31,8 @@ HELPERS: dict[str, tuple[str, str]] = {
     "ledger": ("mlx_medic.node.ledger_cli", "this node's protection-domain ledger and reserves"),
     "service": ("mlx_medic.node.service_cli",
                 "stop, start, restart the model's service on its head; the stop record"),
+    "run": ("mlx_medic.node.run_cli", "the model's current run on this node and its lease"),
+    "backend": ("mlx_medic.node.backend_cli", "the model's backend choice on its head"),
     "forced-command": (
         "mlx_medic.node.forced_command",
         "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if it is a helper or the probe",
