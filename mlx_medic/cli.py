@@ -29,7 +29,7 @@ COMMANDS: dict[str, CommandInfo] = {
     "probe": CommandInfo(
         "mlx_medic.probe_cli", "probe a model's server once from this node", "node"),
     "node": CommandInfo(
-        "mlx_medic.node.cli", "run a node helper (ledger) with JSON output", "node"),
+        "mlx_medic.node.cli", "run a node helper (docs/node-helpers.md) on this node", "node"),
     "check-config": CommandInfo(
         "mlx_medic.check_config", "validate an inventory file", "node"),
     # deployment
@@ -42,6 +42,8 @@ COMMANDS: dict[str, CommandInfo] = {
         "mlx_medic.remediator.service", "run the Alertmanager webhook service", "remediator",
         json_log_lines=True),
     # on-call
+    "backend": CommandInfo(
+        "mlx_medic.backend_cli", "show, pin or unpin a model's backend (on its head)", "on-call"),
     "log": CommandInfo(
         "mlx_medic.remediator.cli_log", "show the remediation journal", "on-call"),
     "remediate": CommandInfo(
