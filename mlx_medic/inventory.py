@@ -269,7 +269,7 @@ class ServeSettings(_Strict):
     )
     lease: Duration = Field(
         default=10.0,
-        description="the run's lease on each node, renewed by the wrapper every third of it;"
+        description="the run's lease on each node, renewed by the wrapper every quarter of it;"
         " a guard beside each rank ends it once the lease runs out, so after a SIGKILLed"
         " wrapper no rank lives much longer than this",
     )

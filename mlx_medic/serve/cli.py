@@ -62,6 +62,7 @@ async def serve(inventory: Inventory, model: Model) -> int:
     from mlx_medic.state_files import StateFileError
     from mlx_medic.transport import LocalTransport, RoutedTransport, SshTransport
 
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per channel otherwise
     state_dir = inventory.state_dir
     try:
         previous = read_serve_record(state_dir, model.name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ class SweepOutcome:
     complete: bool
     problems: list[str] = field(default_factory=list)  # one sentence per node that failed
     replies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    said: dict[str, str] = field(default_factory=dict)  # each node's stderr (its warnings)
 
 
 def _describe_unkillable(node: str, document: dict[str, Any]) -> list[str]:
@@ -47,6 +49,8 @@ def judge_sweep(replies: dict[str, HelperReply | HelperCallError]) -> SweepOutco
             outcome.problems.append(f"{node}: {why}: {reply}")
             continue
         outcome.replies[node] = reply.document
+        if reply.stderr.strip():
+            outcome.said[node] = reply.stderr.strip()
         if not reply.ok or not reply.document.get("complete", False):
             outcome.complete = False
             named = _describe_unkillable(node, reply.document)
@@ -101,7 +105,7 @@ class ModelNodes:
     async def renew_run(self, run_id: str, lease: float, holder: str) -> list[str]:
         replies = await self.on_all("run", self.model.name, "renew", run_id,
                                     "--lease", f"{lease:g}", "--holder", holder,
-                                    timeout=max(1.0, lease / 3))  # fmt: skip
+                                    timeout=lease / 2)  # fmt: skip
         return [_failed(node, reply) for node, reply in replies.items()
                 if isinstance(reply, HelperCallError) or not reply.ok]  # fmt: skip
 
@@ -122,7 +126,9 @@ def _failed(node: str, reply: HelperReply | HelperCallError) -> str:
 
 
 class LeaseKeeper:
-    """Renews the run's lease on every node every third of its length, until stopped."""
+    """Renews the run's lease on every node, a round every quarter of its length (each call
+    may take half of it: a helper starts slowly on a busy node), until stopped. A node
+    renewed at least every three quarters of the lease never sees it run out."""
 
     def __init__(self, nodes: ModelNodes, run_id: str, lease: float, holder: str):
         self.nodes, self.run_id, self.lease, self.holder = nodes, run_id, lease, holder
@@ -133,9 +139,10 @@ class LeaseKeeper:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.lease / 3)
+            started = time.monotonic()
             for problem in await self.nodes.renew_run(self.run_id, self.lease, self.holder):
                 log.warning("lease renewal failed: %s", problem)
+            await asyncio.sleep(max(0.0, self.lease / 4 - (time.monotonic() - started)))
 
     async def stop(self) -> None:
         if self._task is not None:

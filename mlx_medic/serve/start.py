@@ -53,6 +53,8 @@ async def prepare_nodes(nodes: ModelNodes, run_id: str, lease: float, holder: st
         raise StartRefused("the start sweep is incomplete, so nothing is started on top of"
                            " possible orphans: " + "; ".join(sweep.problems))  # fmt: skip
     for node, document in sweep.replies.items():
+        for line in sweep.said.get(node, "").splitlines():
+            log.warning("start sweep on %s: %s", node, line)
         if document.get("signalled"):
             log.warning("start sweep on %s ended %d process(es) of the model (the listener on"
                         " its port too, if any: no run of it may exist before this start)",
