@@ -40,6 +40,14 @@ def server_command(model: Model, backend: Backend) -> list[str]:
             *model.serve_flags()]  # fmt: skip
 
 
+def serve_args_warnings(model: Model) -> list[str]:
+    """What the inventory's serve arguments leave to chance."""
+    if "prefill-step-size" in model.serve_args:
+        return []
+    return [f"model {model.name} has no prefill-step-size in serve_args: mlx_lm.server then"
+            " prefills with its own default step, whatever the model's memory allows"]
+
+
 def smoke_command(model: Model, backend_name: str, inventory: Inventory) -> list[str]:
     return ["-m", "mlx_medic.serve.smoke", "--backend", backend_name,
             "--state-dir", str(inventory.state_dir), "--model", model.name]  # fmt: skip

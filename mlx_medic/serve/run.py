@@ -21,7 +21,12 @@ from mlx_medic.serve.backend import (
     ledger_refusal,
     smoke_can_be_skipped,
 )
-from mlx_medic.serve.launch import launch_argv, server_command, smoke_command
+from mlx_medic.serve.launch import (
+    launch_argv,
+    serve_args_warnings,
+    server_command,
+    smoke_command,
+)
 from mlx_medic.serve.nodes import LeaseKeeper, ModelNodes, StartRefused
 from mlx_medic.serve.record import Failure, JacclSuccess, RecordKeeper, ServeRecord, ServeState
 from mlx_medic.serve.smoke import Verdict, judge
@@ -108,9 +113,8 @@ class ServeRun:
         self.leases = LeaseKeeper(self.w.nodes, self.w.run_id, lease, self.w.holder)
         self.leases.start()
         self._check_stop()
-        if "prefill-step-size" not in model.serve_args:
-            log.warning("model %s has no prefill-step-size in serve_args: mlx_lm.server's"
-                        " default prefill can exhaust memory on long prompts", model.name)
+        for warning in serve_args_warnings(model):
+            log.warning("%s", warning)
         choice = read_backend_choice(self.w.inventory.state_dir, model.name)
         tried, failures = candidates(model, choice)
         log.info("backend choice %s%s", choice.choice,
@@ -230,7 +234,7 @@ class ServeRun:
             rank = int(match.group(1)) if match else 0
             nodes = self.model.nodes
             return Verdict(False, nodes[rank] if rank < len(nodes) else f"rank {rank}",
-                           f"a rank ended while the model started: {launch.rank_ended}",
+                           f"a rank ended: {launch.rank_ended}",
                            launch.rank_ended)  # fmt: skip
         if not launch.running:
             tail = next((x for x in reversed(launch.lines) if x.strip()), "")

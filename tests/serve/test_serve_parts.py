@@ -17,7 +17,12 @@ from mlx_medic.inventory import parse_inventory
 from mlx_medic.model_lock import process_start_time
 from mlx_medic.node.client import HelperCallError, HelperReply
 from mlx_medic.serve.backend import candidates, ledger_refusal, smoke_can_be_skipped
-from mlx_medic.serve.launch import launch_argv, server_command, smoke_command
+from mlx_medic.serve.launch import (
+    launch_argv,
+    serve_args_warnings,
+    server_command,
+    smoke_command,
+)
 from mlx_medic.serve.nodes import judge_sweep
 from mlx_medic.serve.record import (
     Failure,
@@ -230,3 +235,12 @@ def test_the_smoke_test_runs_the_smoke_rank_with_the_backend_and_the_state_dir(t
     assert smoke_command(inv.model("tiny"), "jaccl", inv) == [
         "-m", "mlx_medic.serve.smoke", "--backend", "jaccl", "--state-dir",
         str(tmp_path / "state"), "--model", "tiny"]  # fmt: skip
+
+
+def test_a_model_without_prefill_step_size_is_warned_about(tmp_path: Path):
+    bare = inventory(tmp_path, BOTH).model("tiny")
+    assert serve_args_warnings(bare) == [
+        "model tiny has no prefill-step-size in serve_args: mlx_lm.server then prefills with"
+        " its own default step, whatever the model's memory allows"]
+    set_ = inventory(tmp_path, BOTH, serve_args="{prefill-step-size: 2048}").model("tiny")
+    assert serve_args_warnings(set_) == []

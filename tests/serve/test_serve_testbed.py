@@ -5,6 +5,7 @@ jaccl` fails), so every start shows the fallback to ring with `--pipeline`."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlx_medic.node.ledger import read_ledger, record_spend
 from mlx_medic.node_identity import read_node_id
+from mlx_medic.runs import read_current_run, read_lease
 from testbed import Cluster, processes
 from testbed.freezer import frozen
 from testbed.launch import rank_pids, start_launch
@@ -123,9 +125,21 @@ def test_a_sigkilled_wrapper_leaves_no_rank_anywhere_while_a_sigkilled_mlx_launc
     wait_until(lambda: (r := served.record()) is not None and r.backend == "ring"
                and served.ranks("ai002"), 300, "the first wrapper launching its ranks")  # fmt: skip
     loading = served.ranks("ai001") + served.ranks("ai002")
+    starting = served.record()
+    assert starting is not None and starting.state == "starting"
+    # The lock is held until the ranks are up; the run is current, with a lease, everywhere.
+    lock = json.loads((served.head.state_dir / "locks" / "tiny.lock").read_text())
+    assert (lock["holder"], lock["run_id"]) == ("serve", starting.run_id)
+    for node in ("ai001", "ai002"):
+        state_dir = cluster.node(node).state_dir
+        assert read_current_run(state_dir, "tiny") == starting.run_id
+        lease = read_lease(state_dir, "tiny")
+        assert lease is not None and lease.run_id == starting.run_id
     second_serve_is_refused(served)
     assert all(processes.is_alive(pid) for pid in loading)
     record = served.wait_serving()
+    assert record.run_id == starting.run_id
+    assert not (served.head.state_dir / "locks" / "tiny.lock").exists()  # released once up
     ranks = served.ranks("ai001", record.run_id) + served.ranks("ai002", record.run_id)
     assert sorted(ranks) == sorted(loading)
     assert served.launchers()
@@ -176,7 +190,7 @@ def test_an_earlier_runs_ranks_on_the_port_are_swept_and_a_node_at_its_reserve_g
         assert all(processes.is_alive(pid) for pid in left)
         assert listening(served.port)
 
-        popen, wrapper = served.start_direct()
+        popen, _ = served.start_direct()
         record = served.wait_serving()
         assert [pid for pid in left if processes.is_alive(pid)] == []
         assert record.backend == "ring"
@@ -186,9 +200,17 @@ def test_an_earlier_runs_ranks_on_the_port_are_swept_and_a_node_at_its_reserve_g
         assert "smoke test: jaccl" not in output
         assert "start sweep on ai001: mlx-medic node sweep --start-sweep: pid" in output
         assert f"listens on model tiny's port {served.port}" in output
-        os.kill(wrapper, signal.SIGTERM)
-        assert popen.wait(timeout=60) == 0
-        assert served.ranks("ai001") == served.ranks("ai002") == []
+
+        # A rank fails while serving (mlx.launch itself would exit 0): the wrapper ends
+        # every rank of its run, says which node failed and exits non-zero.
+        (peer_rank,) = served.ranks("ai002", record.run_id)
+        os.kill(peer_rank, signal.SIGKILL)
+        assert popen.wait(timeout=120) == 1
+        assert served.ranks("ai001") == served.ranks("ai002") == [] and not served.launchers()
+        failed = served.record()
+        assert failed is not None and failed.state == "failed"
+        assert [(f.backend, f.host) for f in failed.failures] == [("ring", "ai002")]
+        assert "ring failed on ai002: a rank ended" in served.output()
     finally:
         earlier.close()
 
@@ -241,6 +263,10 @@ def test_with_the_ring_hostfile_broken_too_the_wrapper_exits_naming_each_failure
         record = served.record()
         assert record is not None and record.state == "failed"
         assert [f.backend for f in record.failures] == ["jaccl", "ring"]
+        # Each JACCL rank that failed to start recorded the spend on its own node.
+        spent = [e for node in ("ai001", "ai002")
+                 for e in read_ledger(clean_cluster.node(node).state_dir, node).entries]
+        assert spent and {(e.kind, e.model) for e in spent} == {("failed_start", "tiny")}
         assert served.ranks("ai001") == served.ranks("ai002") == []
     finally:
         served.close()
