@@ -35,8 +35,9 @@ def candidates(model: Model, choice: BackendChoice) -> tuple[list[Candidate], li
         if name in configured:
             found.append(Candidate(name, configured[name]))
         else:
-            refused.append(Failure(name, model.head, f"pinned to {name} ({choice.by or 'by'}"
-                                   f" {choice.reason}) but the model has no {name} backend")
+            refused.append(Failure(name, model.head, f"pinned to {name} by"
+                                   f" {choice.by or 'someone'} ({choice.reason}) but the"
+                                   f" model has no {name} backend")
                            if choice.pinned else
                            Failure(name, model.head, f"the model has no {name} backend"))
     return found, refused

@@ -69,6 +69,7 @@ class ServeRun:
         self.lock_held = True
         self.launch: Launch | None = None
         self.leases: LeaseKeeper | None = None
+        self.recorded = False
         self.env = {**os.environ, "MLX_MEDIC_RUN_ID": context.run_id,
                     "MLX_MEDIC_MODEL": self.model.name}  # fmt: skip
 
@@ -106,10 +107,12 @@ class ServeRun:
 
     async def _start(self) -> Candidate | None:
         from mlx_medic.backend_choice import read_backend_choice
-        from mlx_medic.serve.start import prepare_nodes
+        from mlx_medic.serve.start import record_run, sweep_and_clean
 
         model, lease = self.model, self.model.serve.lease
-        await prepare_nodes(self.w.nodes, self.w.run_id, lease, self.w.holder)
+        await sweep_and_clean(self.w.nodes)
+        self.recorded = True  # from here on, nodes may hold the run: the teardown ends it
+        await record_run(self.w.nodes, self.w.run_id, lease, self.w.holder)
         self.leases = LeaseKeeper(self.w.nodes, self.w.run_id, lease, self.w.holder)
         self.leases.start()
         self._check_stop()
@@ -283,6 +286,8 @@ class ServeRun:
         deadline = teardown_deadline(self.model)
         if self.leases is not None:
             await self.leases.stop()
+        if not self.recorded:
+            return  # refused before any node held the run: nothing of it runs anywhere
         problems = await end_run(self.w.nodes, self.w.run_id, self.launch, deadline)
         if problems:
             print(f"mlx-medic serve {self.model.name}: the teardown left: "

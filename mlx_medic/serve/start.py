@@ -1,6 +1,6 @@
 """The start phase: refuse when the model is already being started or served, take the
-model lock, and prepare every node: start sweep, clean, the new run recorded as current
-with its lease. Nothing starts on top of possible orphans: an unreachable node or an
+model lock, and prepare every node: start sweep, clean, then the new run recorded as
+current with its lease. Nothing starts on top of possible orphans: an unreachable node or an
 unkillable survivor stops the start, named."""
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ async def take_lock(locks: ModelLocks, model: Model, run_id: str) -> LockHandle:
     return handle
 
 
-async def prepare_nodes(nodes: ModelNodes, run_id: str, lease: float, holder: str) -> None:
-    """Start sweep and clean on every node at once, then the run recorded on each."""
+async def sweep_and_clean(nodes: ModelNodes) -> None:
+    """Start sweep, then clean, on every node at once; StartRefused naming what stopped it."""
     sweep = await nodes.start_sweep()
     if not sweep.complete:
         raise StartRefused("the start sweep is incomplete, so nothing is started on top of"
@@ -61,6 +61,11 @@ async def prepare_nodes(nodes: ModelNodes, run_id: str, lease: float, holder: st
                         node, len(document["signalled"]))  # fmt: skip
     for problem in await nodes.clean():
         log.warning("clean failed (the start goes on): %s", problem)
+
+
+async def record_run(nodes: ModelNodes, run_id: str, lease: float, holder: str) -> None:
+    """The new run current, with its lease, on every node; StartRefused naming a node that
+    did not record it."""
     problems = await nodes.record_run(run_id, lease, holder)
     if problems:
         raise StartRefused("the new run could not be recorded on every node: "

@@ -196,7 +196,8 @@ def supervised(served: Served) -> Iterator[subprocess.Popen[bytes]]:
     served.conf.write_text(SUPERVISORD_CONF.format(
         token=served.token, medic=MEDIC, inventory=served.inventory, path=env["PATH"],
         workdir=served.cluster.workdir, stopwaitsecs=60, log=served.log))  # fmt: skip
-    daemon = served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env)
+    daemon = served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield daemon
     finally:
