@@ -30,7 +30,7 @@ INVENTORY = make_inventory()
 
 def context(health: Health, tmp_path: Path) -> RunContext:
     model = INVENTORY.model(MODEL)
-    return RunContext(model=model, inventory=INVENTORY, transport=LocalTransport(tmp_path),
+    return RunContext(model=model, inventory=INVENTORY, transport=LocalTransport(),
                       run_id=1, health=health, log=logging.getLogger("test"))
 
 
