@@ -226,6 +226,14 @@ def cluster_overview() -> dict[str, Any]:
                                " and red mark where one device may be near or at it.",
                    steps=(("green", None), ("orange", PD_HIGH), ("red", PD_BUDGET)),
                    stepped=True, width=8),
+        timeseries("Protection domains spent since boot, and the reserve",
+                   [target(f"mlx_pd_debt{{{NODE}}}", "{{node}} spent"),
+                    target(f"min by (node) (mlx_pd_reserve{{{NODE_MODEL}}})",
+                           "{{node}} reserve (lowest of its models)")],
+                   description="The node's ledger: each SIGKILLed JACCL rank and each failed"
+                               " JACCL start spends a domain until reboot. At a model's reserve"
+                               " no JACCL start is tried on the node.",
+                   stepped=True, width=24),
         row("Exporter health"),
         stat("Exporters up",
              [target('up{job="mlx-medic-exporter"}', "{{instance}}")],
@@ -258,10 +266,14 @@ def remediator() -> dict[str, Any]:
                      "{{model}}")],
              steps=(("green", None), ("orange", 1)), width=6),
         stat("Last verified backend",
-             [target(f"mlx_medic_last_verified_backend{{{model}}} == 1",
+             [target(f"max by (model, backend) (mlx_medic_last_verified_backend{{{model}}})",
                      "{{model}}: {{backend}}")],
-             description="The backend each model was last verified on by the remediator.",
-             text_mode="name", steps=(("blue", None),), width=6),
+             description="Per model and backend: verified (the backend the remediator last"
+             " saw the model answer on) or not; none verified yet shows every backend not.",
+             mappings=[{"type": "value", "options": {
+                 "0": {"text": "not", "color": "transparent", "index": 0},
+                 "1": {"text": "verified", "color": "blue", "index": 1}}}],
+             steps=(("transparent", None),), width=6),
         stat("Escalations in range",
              [target(f"sum by (model, reason) "
                      f"(increase(mlx_medic_escalations_total{{{model}}}[$__range]))",
