@@ -153,7 +153,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--no-sigkill", dest="sigkill", action="store_false")
-    parser.add_argument("--backend", default="ring")
+    parser.add_argument("--backend", default="none",
+                        help="the rank's backend: a SIGKILLed jaccl rank is a ledger spend;"
+                        " none for mlx.launch itself")  # fmt: skip
     parser.add_argument("--python-args", action="store_true",
                         help="COMMAND is this interpreter's arguments (`-m mlx_lm server`)")
     parser.add_argument("--watch", type=int, default=None, help=argparse.SUPPRESS)

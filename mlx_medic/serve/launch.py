@@ -67,7 +67,9 @@ def launch_argv(
     ports = ([] if model.serve.starting_port is None
              else ["--starting-port", str(model.serve.starting_port)])  # fmt: skip
     return [
-        *guard_argv(sys.executable, python_args=False, **guard),  # type: ignore[arg-type]
+        # mlx.launch is no rank: its SIGKILL spends no protection domain
+        *guard_argv(sys.executable, python_args=False,
+                    **{**guard, "backend": "none"}),  # type: ignore[arg-type]
         mlx_launch_program(model), "--hostfile", str(backend.hostfile),
         "--backend", backend_name, "--python", rank_python(model), *env, *ports,
         "--", *guard_argv("", python_args=True, **guard),  # type: ignore[arg-type]

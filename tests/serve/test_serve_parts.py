@@ -216,6 +216,7 @@ def test_the_launch_guards_mlx_launch_and_every_rank_and_tags_the_run(tmp_path: 
     argv = launch_argv(inv, model, "ring", ring, "run-1", server_command(model, ring))
     cut = argv.index("--")
     assert argv[1:3] == ["-m", "mlx_medic.serve.guard"]  # mlx.launch itself is guarded
+    assert argv[argv.index("--backend") + 1] == "none"  # and no rank: no ledger spend
     launcher = argv[cut + 1 :]
     assert launcher[0].endswith("mlx.launch")
     inner = launcher.index("--")
@@ -226,6 +227,7 @@ def test_the_launch_guards_mlx_launch_and_every_rank_and_tags_the_run(tmp_path: 
     assert "MLX_MEDIC_RUN_ID=run-1" in options and "MLX_MEDIC_MODEL=tiny" in options
     rank = launcher[inner + 1 :]
     assert rank[:2] == ["-m", "mlx_medic.serve.guard"] and "--python-args" in rank
+    assert rank[rank.index("--backend") + 1] == "ring"
     assert rank[rank.index("--") + 1 :] == [
         "-m", "mlx_lm", "server", "--model", "/models/tiny", "--host", "127.0.0.1",
         "--port", "8123", "--pipeline", "--prefill-step-size", "2048"]  # fmt: skip
