@@ -179,6 +179,45 @@ def cluster_overview() -> dict[str, Any]:
              [target(f"max by (model) (mlx_orphan_oldest_age_seconds{{{NODE_MODEL}}})",
                      "{{model}}")],
              unit="s", steps=(("green", None), ("orange", 300)), width=8),
+        stat("Backend serving",
+             [target(f"max by (model, backend) (mlx_medic_backend{{{NODE_MODEL}}})",
+                     "{{model}}: {{backend}}")],
+             description="The backend the current run serves on, from the serve wrapper's"
+                         " record on the head (ring after a JACCL fallback).",
+             mappings=[{"type": "value", "options": {
+                 "0": {"text": "no", "color": "transparent", "index": 0},
+                 "1": {"text": "serving", "color": "green", "index": 1}}}],
+             steps=(("transparent", None),), width=6),
+        stat("Backend pinned",
+             [target(f"max by (model, backend) (mlx_medic_backend_pinned{{{NODE_MODEL}}})",
+                     "{{model}}: {{backend}}")],
+             description="A durable pin on the head (by the remediator's fallback or"
+                         " `mlx-medic backend MODEL ring|jaccl`); `auto` pins none. Unpin with"
+                         " `mlx-medic backend MODEL auto`.",
+             mappings=[{"type": "value", "options": {
+                 "0": {"text": "no", "color": "transparent", "index": 0},
+                 "1": {"text": "pinned", "color": "orange", "index": 1}}}],
+             steps=(("transparent", None),), width=6),
+        stat("Serve wrapper state",
+             [target(f"max by (model, state) (mlx_serve_state{{{NODE_MODEL}}})",
+                     "{{model}}: {{state}}")],
+             description="What `mlx-medic serve` last recorded (starting, serving, failed,"
+                         " stopped); every state no when the wrapper has recorded nothing.",
+             mappings=[{"type": "value", "options": {
+                 "0": {"text": "no", "color": "transparent", "index": 0},
+                 "1": {"text": "yes", "color": "blue", "index": 1}}}],
+             steps=(("transparent", None),), width=4),
+        stat("Failed starts in range",
+             [target("sum by (model) "
+                     f"(increase(mlx_serve_failed_starts_total{{{NODE_MODEL}}}[$__range]))",
+                     "{{model}}")],
+             steps=(("green", None), ("red", 1)), width=4),
+        stat("Service left stopped for",
+             [target(f"max by (model) (mlx_medic_service_stopped_since_seconds{{{NODE_MODEL}}})",
+                     "{{model}}")],
+             description="How long a remediation run's stop has kept the service stopped"
+                         " (0: running, or no stop recorded).", unit="s",
+             steps=(("green", None), ("orange", 300), ("red", 900)), width=4),
         timeseries("Processes by model and state",
                    [target(f"sum by (model, state) (mlx_processes{{{NODE_MODEL}}})",
                            "{{model}} {{state}}")], width=24),

@@ -3,7 +3,8 @@
 A real Prometheus scrapes two exporters, each running inside its testbed node, and a real
 remediator. What the panels show is made for real first: the seed's orphans (mlx.launch
 SIGKILLed while its ranks run on two nodes), stale tmp dirs on both nodes, error lines in
-the service logs, a remediation run journaled after Alertmanager's kind of delivery. RDMA
+the service logs, a remediation run journaled after Alertmanager's kind of delivery, the
+backend pinned to ring on the head. RDMA
 exists only on macOS: one exporter reads the macOS fixtures through stand-ins for
 `ibv_devinfo` and `ioclasscount` on its PATH (each prints a fixture's verbatim output).
 Then each panel's query, with the dashboard variables set to "all", must return series.
@@ -194,6 +195,16 @@ def live(cluster: Cluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
         )  # fmt: skip
         wait_ready(launch, 2)
         launch.kill()
+
+        # The backend pinned to ring on the head, as the remediator's fallback pins it.
+        pin = cluster.head.spawn(
+            [cluster.python, "-m", "mlx_medic.cli", "node", "backend", "dash", "set", "ring",
+             "--by", "live-dashboards test", "--reason", "JACCL failed",
+             "--config.file", str(inventory), "--node", "ai001", "--json"],
+            env=cluster.env(PYTHONPATH=str(REPO)), cwd=str(REPO), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE)  # fmt: skip
+        _, err = pin.communicate(timeout=60)
+        assert pin.returncode == 0, err.decode()
 
         # Stale tmp dirs on both nodes (an interrupted mlx_lm.share: a partial shard).
         for name in NODES:
