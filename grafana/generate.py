@@ -118,6 +118,14 @@ def row(title: str) -> Panel:
     return {"type": "row", "title": title, "collapsed": False, "panels": [], "_size": (24, 1)}
 
 
+def flag_mappings(on: str, color: str, off: str = "no") -> list[dict[str, Any]]:
+    """A 0/1 series shown as words: `off` blends in, `on` stands out in `color`."""
+    return [{"type": "value", "options": {
+        "0": {"text": off, "color": "transparent", "index": 0},
+        "1": {"text": on, "color": color, "index": 1},
+    }}]
+
+
 def up_down_mappings(up: str, down: str) -> list[dict[str, Any]]:
     return [{"type": "value", "options": {
         "0": {"text": down, "color": "red", "index": 0},
@@ -184,9 +192,7 @@ def cluster_overview() -> dict[str, Any]:
                      "{{model}}: {{backend}}")],
              description="The backend the current run serves on, from the serve wrapper's"
                          " record on the head (ring after a JACCL fallback).",
-             mappings=[{"type": "value", "options": {
-                 "0": {"text": "no", "color": "transparent", "index": 0},
-                 "1": {"text": "serving", "color": "green", "index": 1}}}],
+             mappings=flag_mappings("serving", "green", off="no"),
              steps=(("transparent", None),), width=6),
         stat("Backend pinned",
              [target(f"max by (model, backend) (mlx_medic_backend_pinned{{{NODE_MODEL}}})",
@@ -194,18 +200,14 @@ def cluster_overview() -> dict[str, Any]:
              description="A durable pin on the head (by the remediator's fallback or"
                          " `mlx-medic backend MODEL ring|jaccl`); `auto` pins none. Unpin with"
                          " `mlx-medic backend MODEL auto`.",
-             mappings=[{"type": "value", "options": {
-                 "0": {"text": "no", "color": "transparent", "index": 0},
-                 "1": {"text": "pinned", "color": "orange", "index": 1}}}],
+             mappings=flag_mappings("pinned", "orange", off="no"),
              steps=(("transparent", None),), width=6),
         stat("Serve wrapper state",
              [target(f"max by (model, state) (mlx_serve_state{{{NODE_MODEL}}})",
                      "{{model}}: {{state}}")],
              description="What `mlx-medic serve` last recorded (starting, serving, failed,"
                          " stopped); every state no when the wrapper has recorded nothing.",
-             mappings=[{"type": "value", "options": {
-                 "0": {"text": "no", "color": "transparent", "index": 0},
-                 "1": {"text": "yes", "color": "blue", "index": 1}}}],
+             mappings=flag_mappings("yes", "blue", off="no"),
              steps=(("transparent", None),), width=4),
         stat("Failed starts in range",
              [target("sum by (model) "
@@ -309,9 +311,7 @@ def remediator() -> dict[str, Any]:
                      "{{model}}: {{backend}}")],
              description="Per model and backend: verified (the backend the remediator last"
              " saw the model answer on) or not; none verified yet shows every backend not.",
-             mappings=[{"type": "value", "options": {
-                 "0": {"text": "not", "color": "transparent", "index": 0},
-                 "1": {"text": "verified", "color": "blue", "index": 1}}}],
+             mappings=flag_mappings("verified", "blue", off="not"),
              steps=(("transparent", None),), width=6),
         stat("Escalations in range",
              [target(f"sum by (model, reason) "
