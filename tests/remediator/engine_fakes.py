@@ -170,6 +170,14 @@ class FindsUnkillableRanks(Touch):
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class NotYet(Touch):
+    """A step whose body a later release brings."""
+
+    async def run(self, context: RunContext) -> StepResult:
+        return self.not_implemented()
+
+
 # --- playbooks -----------------------------------------------------------------------
 
 class SucceedingPlaybook(Playbook):
@@ -199,6 +207,15 @@ class UnrecoverablePlaybook(SucceedingPlaybook):
         return [FindsUnkillableRanks(model=model), PassingVerify(model=model)]
 
 
+class NotYetPlaybook(SucceedingPlaybook):
+    """Recover's opening with a step that has no body yet, then steps it never reaches."""
+
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        return [NotYet(model=model, name="stop-service"),
+                *(NotYet(model=model, name="sweep") for _ in range(2)),
+                PassingVerify(model=model)]
+
+
 class StartAndVerifyPlaybook(SucceedingPlaybook):
     """Recover's shape with harmless starts: start and the real verify per backend, the
     later backends as fallbacks, then escalate."""
@@ -207,7 +224,7 @@ class StartAndVerifyPlaybook(SucceedingPlaybook):
         steps: list[Step] = []
         for index, (backend, _spec) in enumerate(model.backends.in_order()):
             steps += [Touch(model=model, name=f"start-{backend}", fallback=index > 0),
-                      Verify(model=model, backend=backend, fallback=index > 0)]
+                      Verify(model=model, backend=backend, fallback=index > 0, within=0)]
         return [*steps, Escalate(model=model, fallback=True)]
 
 
@@ -219,7 +236,7 @@ class ActsWhileUpPlaybook(Playbook):
 
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         return [Touch(model=model, name="remove-orphans"),
-                Verify(model=model, backend=self.backend)]
+                Verify(model=model, backend=self.backend, within=0)]
 
     async def recheck(self, context: RunContext) -> RecheckVerdict:
         verdict = await context.health(context.model)
@@ -236,6 +253,7 @@ def fake_playbooks() -> dict[str, Playbook]:
         "gated": GatedPlaybook(),
         "unrecoverable": UnrecoverablePlaybook(),
         "start-and-verify": StartAndVerifyPlaybook(),
+        "not-yet": NotYetPlaybook(),
         "acts-while-up": ActsWhileUpPlaybook(),
     }
 

@@ -60,7 +60,7 @@ class SlowPlaybook(Playbook):
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         backend = model.backends.in_order()[0][0]
         return [Hold(model=model, seconds=self.hold_seconds),
-                Verify(model=model, backend=backend)]
+                Verify(model=model, backend=backend, within=0)]
 
     async def recheck(self, context: RunContext) -> RecheckVerdict:
         return await recheck_model_down(context)
