@@ -258,10 +258,14 @@ def remediator() -> dict[str, Any]:
                      "{{model}}")],
              steps=(("green", None), ("orange", 1)), width=6),
         stat("Last verified backend",
-             [target(f"mlx_medic_last_verified_backend{{{model}}} == 1",
+             [target(f"max by (model, backend) (mlx_medic_last_verified_backend{{{model}}})",
                      "{{model}}: {{backend}}")],
-             description="The backend each model was last verified on by the remediator.",
-             text_mode="name", steps=(("blue", None),), width=6),
+             description="Per model and backend: verified (the backend the remediator last"
+             " saw the model answer on) or not; none verified yet shows every backend not.",
+             mappings=[{"type": "value", "options": {
+                 "0": {"text": "not", "color": "transparent", "index": 0},
+                 "1": {"text": "verified", "color": "blue", "index": 1}}}],
+             steps=(("transparent", None),), width=6),
         stat("Escalations in range",
              [target(f"sum by (model, reason) "
                      f"(increase(mlx_medic_escalations_total{{{model}}}[$__range]))",
