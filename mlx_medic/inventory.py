@@ -595,10 +595,22 @@ def _unknown_field(loc: tuple[Any, ...]) -> str:
     return "unknown field (check the spelling)"
 
 
+# libyaml's loader where PyYAML has it: every node helper loads the inventory at start.
+_FAST_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _line_numbers(text: str) -> dict[tuple[Any, ...], int]:
+    """Each key path's line, for error messages (composed only when there is an error)."""
+    lines: dict[tuple[Any, ...], int] = {}
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        _line_index(root, (), lines)
+    return lines
+
+
 def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_FAST_SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -609,13 +621,11 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
         raise InventoryError(
             source, ["the top level must be a mapping with `nodes:` and `models:`"]
         )
-    lines: dict[tuple[Any, ...], int] = {}
-    if root is not None:
-        _line_index(root, (), lines)
     data, back = _normalise(raw)
     try:
         return Inventory.model_validate(data)
     except ValidationError as exc:
+        lines = _line_numbers(text)
         problems = []
         for error in exc.errors():
             loc = _error_location(tuple(error["loc"]), back)

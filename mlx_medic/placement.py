@@ -126,3 +126,29 @@ def placement_of_ssh_client(cmdline: tuple[str, ...]) -> Placement | None:
         coordinator=script.exports.get(ENV_JACCL_COORDINATOR),
         jaccl_ring=script.exports.get(ENV_JACCL_RING),
     )
+
+
+def rank_devices(env: Mapping[str, str], read: Reader) -> tuple[str, ...]:
+    """The RDMA devices a JACCL rank uses: its own row of the `MLX_IBV_DEVICES` matrix
+    (`[[null, "rdma_en5"], ["rdma_en5", null]]`), in order, each once; () when unknown
+    (not a JACCL rank, the file gone or not a matrix): the ledger then counts the node."""
+    path, rank = env.get(ENV_IBV_DEVICES), env.get(ENV_RANK)
+    if path is None or rank is None or not rank.isdigit():
+        return ()
+    content = read(path)
+    if content is None:
+        return ()
+    try:
+        matrix = json.loads(content)
+    except ValueError:
+        return ()
+    if not isinstance(matrix, list) or int(rank) >= len(matrix):
+        return ()
+    row = matrix[int(rank)]
+    cells = row if isinstance(row, list) else []
+    found: list[str] = []
+    for cell in cells:
+        for device in cell if isinstance(cell, list) else [cell]:
+            if isinstance(device, str) and device not in found:
+                found.append(device)
+    return tuple(found)

@@ -428,7 +428,8 @@ def scope_argv(proc_cmdline: Sequence[str]) -> tuple[str, ...]:
     return launched_command(proc_cmdline) or tuple(proc_cmdline)
 
 
-def _under(path: str, roots: Iterable[os.PathLike[str] | str]) -> bool:
+def under_any(path: str, roots: Iterable[os.PathLike[str] | str]) -> bool:
+    """An absolute path at or below one of `roots` (lexically: no link is resolved)."""
     if not path.startswith("/"):
         return False
     candidate = PurePosixPath(os.path.normpath(path))
@@ -476,7 +477,7 @@ class ModelScoper:
                 by_port = [m for m in by_port if m.model == model_arg] or by_port
             return by_port[0].name if by_port else None
         for model in self.models:
-            if model.tmp_dirs and any(_under(arg, model.tmp_dirs) for arg in argv):
+            if model.tmp_dirs and any(under_any(arg, model.tmp_dirs) for arg in argv):
                 return model.name
         by_path = [m for m in self.models if model_arg is not None and m.model == model_arg]
         return by_path[0].name if len(by_path) == 1 else None

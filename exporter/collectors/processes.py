@@ -5,8 +5,11 @@ Orphans are judged by rules a node can apply alone (mlx_medic.orphans), never
 by `ppid == 1`: on a peer an orphaned rank keeps its stuck sshd as parent.
 Suspects (ranks of which at most some can be current, with nothing to tell
 which) are a series of their own, so nothing that counts or sweeps orphans
-counts them. Every state is always present (0 when empty) for every inventory
-model and role, so alert expressions never see a missing series.
+counts them. The judging is the shared scan's (`mlx_medic.orphan_scan`, which the
+node helpers `orphans` and `sweep --orphans-only` use too); this collector keeps one
+scan between scrapes, for its caches, and turns its report into series. Every state
+is always present (0 when empty) for every inventory model and role, so alert
+expressions never see a missing series.
 
     mlx_processes{model="glm-4_6-5b",role="rank",state="uninterruptible"} 3.0
     mlx_orphan_processes{model="glm-4_6-5b",role="rank",rule="excess_ranks",state="sleeping"} 2.0
@@ -26,33 +29,20 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import GaugeMetricFamily
 
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
+from mlx_medic.orphan_scan import OrphanScan, ProcessReader, read_as_process
 from mlx_medic.orphans import (
     Established,
-    Listening,
     Orphan,
     OrphanReport,
     Rule,
     Scoped,
     Suspect,
     SuspectRule,
-    find_orphans,
     psutil_established,
 )
-from mlx_medic.placement import Placement, Reader, placement_of_env
 from mlx_medic.platform.listening import Probe, listening_probe
-from mlx_medic.platform.process_files import read_process_file
 from mlx_medic.platform.process_table import system_process_table
-from mlx_medic.process_model import (
-    ModelScoper,
-    PatternSet,
-    ProcessInfo,
-    ProcessTable,
-    Role,
-    State,
-    by_pid,
-    classifier,
-)
-from mlx_medic.runs import read_current_run
+from mlx_medic.process_model import PatternSet, ProcessTable, Role, State, classifier
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
@@ -63,11 +53,6 @@ ROLES = tuple(Role)
 STATES = tuple(State)
 RULES = tuple(Rule)
 SUSPECT_RULES = tuple(SuspectRule)
-ProcessReader = Callable[[ProcessInfo, str], str | None]  # a file as the process sees it
-
-
-def read_as_process(proc: ProcessInfo, path: str) -> str | None:
-    return read_process_file(proc.pid, path)
 
 
 class ProcessesCollector(Collector):
@@ -87,45 +72,14 @@ class ProcessesCollector(Collector):
     ):
         self.node = node
         self.inventory = inventory
-        self.state_dir = Path(state_dir)
         self.table = table
         self.clock = clock
-        self.established = established
-        self.listening = listening
-        self.read_file = read_file
-        self.scoper = ModelScoper(inventory)
-        # A process's scope cannot change while its argv does not: cache it.
-        self._scopes: dict[tuple[int, float, tuple[str, ...]], str | None] = {}
-        # Nor its placement, read once when the rank is first seen: its temporary hostfile
-        # may be cleaned away later.
-        self._placements: dict[tuple[int, float], Placement | None] = {}
+        # The shared scan (also the node helpers'), kept between scrapes for its caches.
+        self.orphan_scan = OrphanScan(
+            node=node, inventory=inventory, state_dir=state_dir, established=established,
+            listening=listening, read_file=read_file,
+        )  # fmt: skip
         self._announced: set[str] = set(self._known_models())
-
-    def _scope(self, snapshot: list[ProcessInfo]) -> list[Scoped]:
-        scopes: dict[tuple[int, float, tuple[str, ...]], str | None] = {}
-        found = []
-        for proc in snapshot:
-            if proc.role is None:
-                continue
-            key = (proc.pid, proc.create_time, proc.cmdline)
-            model = self._scopes[key] if key in self._scopes else self.scoper.model_of(proc)
-            scopes[key] = model
-            if model is not None:
-                found.append(Scoped(proc, model))
-        self._scopes = scopes
-        return found
-
-    def _placement_of(self, proc: ProcessInfo) -> Placement | None:
-        key = (proc.pid, proc.create_time)
-        if key not in self._placements:
-            read: Reader = lambda path: self.read_file(proc, path)  # noqa: E731
-            self._placements[key] = placement_of_env(proc.env, read)
-        return self._placements[key]
-
-    def _forget_placements(self, snapshot: list[ProcessInfo]) -> None:
-        live = {(p.pid, p.create_time) for p in snapshot}
-        for key in [k for k in self._placements if k not in live]:
-            del self._placements[key]
 
     def _known_models(self) -> list[str]:
         return [m.name for m in self.inventory.models] if self.inventory else []
@@ -145,30 +99,8 @@ class ProcessesCollector(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         snapshot = self.table.snapshot()
         now = self.clock()
-        scoped = self._scope(snapshot)
-        runs: dict[str, str | None] = {}
-
-        def current_run(model: str) -> str | None:
-            if model not in runs:
-                runs[model] = read_current_run(self.state_dir, model)
-            return runs[model]
-
-        probe = self.listening()
-        listening: Listening = lambda proc, port: probe(proc.pid, port)  # noqa: E731
-        report = find_orphans(
-            scoped,
-            by_pid(snapshot),
-            node=self.node or "",  # only read with an inventory, which always names the node
-            inventory=self.inventory,
-            current_run=current_run,
-            established=self.established,
-            listening=listening,
-            placement_of=self._placement_of,
-        )
-        self._forget_placements(snapshot)
-        for item in scoped:  # read while the temporary hostfile is surely there
-            if item.role in (Role.RANK, Role.SHARE) and item.proc.state is not State.ZOMBIE:
-                self._placement_of(item.proc)
+        result = self.orphan_scan.scan(snapshot)
+        scoped, report = result.scoped, result.report
         models = list(dict.fromkeys([*self._known_models(), *(s.model for s in scoped)]))
         self._announce(scoped)
         yield self._processes(models, Counter((s.model, s.role, s.proc.state) for s in scoped))

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory import Inventory, Model
 
 SCHEMA = 1
 EXIT_OK = 0
@@ -29,6 +30,12 @@ DEFAULT_STATE_DIR = Path("/var/lib/mlx-medic")
 # helper name -> (module with add_arguments(parser) and run(args) -> int, help)
 HELPERS: dict[str, tuple[str, str]] = {
     "ledger": ("mlx_medic.node.ledger_cli", "this node's protection-domain ledger and reserves"),
+    "sweep": ("mlx_medic.node.sweep_cli", "end the model's processes on this node, safely"),
+    "clean": (
+        "mlx_medic.node.clean_cli",
+        "remove the model's stale tmp entries and mlx.launch leftovers",
+    ),
+    "orphans": ("mlx_medic.node.orphans_cli", "this node's orphan report (suspects apart)"),
     "forced-command": (
         "mlx_medic.node.forced_command",
         "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if it is a helper or the probe",
@@ -38,6 +45,10 @@ HELPERS: dict[str, tuple[str, str]] = {
 
 class HelperError(Exception):
     """The helper cannot do its job; the message says why (printed on stderr, exit 1)."""
+
+
+class BadArguments(HelperError):
+    """The command line names what the helper may not act on (stderr, exit 2)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +95,9 @@ def node_context(args: argparse.Namespace) -> NodeContext:
 
     inventory = None
     if args.config_file is not None:
+        # No pydantic plugins in a helper: looking for them reads every installed package's
+        # metadata, which costs more than loading the inventory.
+        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
         from mlx_medic.inventory import InventoryError, load_inventory
 
         try:
@@ -101,6 +115,22 @@ def node_context(args: argparse.Namespace) -> NodeContext:
             " or write the name to <state_dir>/node-id"
         )
     return NodeContext(inventory, state_dir, node)
+
+
+def model_here(context: NodeContext, name: str) -> tuple[Inventory, Model]:
+    """The inventory and the model `name`, which it must place on this node (else
+    BadArguments saying what is wrong)."""
+    if context.inventory is None:
+        raise BadArguments("this helper acts only on inventory models: pass --config.file")
+    try:
+        model = context.inventory.model(name)
+    except KeyError:
+        known = ", ".join(m.name for m in context.inventory.models) or "none"
+        raise BadArguments(f"model {name!r} is not in the inventory (models: {known})") from None
+    if context.node not in model.nodes:
+        raise BadArguments(f"model {name!r} is not placed on node {context.node!r}"
+                           f" (its nodes: {', '.join(model.nodes)})")  # fmt: skip
+    return context.inventory, model
 
 
 def emit(command: str, document: dict[str, Any], as_json: bool, text: str) -> None:
@@ -121,4 +151,4 @@ def run(args: argparse.Namespace) -> int:
         return int(module.run(helper_args))
     except HelperError as exc:
         print(f"mlx-medic node {args.helper}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_BAD_ARGUMENTS if isinstance(exc, BadArguments) else EXIT_FAILED
