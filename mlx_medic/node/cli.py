@@ -36,6 +36,10 @@ HELPERS: dict[str, tuple[str, str]] = {
         "remove the model's stale tmp entries and mlx.launch leftovers",
     ),
     "orphans": ("mlx_medic.node.orphans_cli", "this node's orphan report (suspects apart)"),
+    "service": ("mlx_medic.node.service_cli",
+                "stop, start, restart the model's service on its head; the stop record"),
+    "run": ("mlx_medic.node.run_cli", "the model's current run on this node and its lease"),
+    "backend": ("mlx_medic.node.backend_cli", "the model's backend choice on its head"),
     "forced-command": (
         "mlx_medic.node.forced_command",
         "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if it is a helper or the probe",

@@ -1,0 +1,46 @@
+"""One writer at a time for a node record that is read, judged and then rewritten.
+
+A record is always written whole (state_files); what this adds is that a compare-then-
+write (renew a lease only if the run is current, take the model lock only if it is free,
+remove it only if it is still the one judged stale) is not interleaved with another
+helper's. An flock ends with its process, so a helper that dies never leaves it taken.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from mlx_medic.state_files import StateFileError
+
+WAIT = 10.0  # helpers hold it for milliseconds; longer means a stuck writer
+
+
+@contextmanager
+def exclusive(guard: Path, wait: float = WAIT) -> Iterator[None]:
+    """Hold an flock on `guard` (created, never followed through a symlink)."""
+    guard.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(guard, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise StateFileError(f"cannot open {guard}: {exc.strerror or exc}") from None
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise StateFileError(f"cannot lock {guard}: {exc.strerror}") from None
+                if time.monotonic() >= deadline:
+                    raise StateFileError(f"{guard} stayed locked for {wait:g}s") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,137 @@
+"""`mlx-medic node service MODEL stop|start|restart|status`: the model's service on its head,
+through the service manager's own command, and the record of who stopped it.
+
+`stop --by RUN` writes "stopped by RUN" BEFORE it runs the manager's stop, so a service
+left stopped (the caller crashed, gave up, or the stop half-worked) is always explained on
+the head; `start` and `restart` clear the record only after the manager's command
+succeeded. Only the manager's command goes through `sudo -n` (`service_argv`); this helper
+runs as the service user.
+
+A stop of a job that is already gone counts as stopped (decided here, from the managers'
+verbatim answers, not guessed):
+- launchd: `launchctl bootout system/LABEL` of a job that is not loaded exits 3 with
+  `Boot-out failed: 3: No such process` (seen verbatim in DeterminateSystems/nix-installer
+  issue #1148 and TOSS-Soft/toss-agent-runtime issue #42);
+- supervisord (4.2.5) and systemd already exit 0 for a stop of a stopped job
+  (`PROGRAM: ERROR (not running)`, exit 0: shown by this helper's test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from mlx_medic.node.cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    HelperError,
+    add_node_arguments,
+    emit,
+    node_context,
+)
+from mlx_medic.node.model_arg import placed_model
+from mlx_medic.service_manager import ServiceAction, service_argv
+from mlx_medic.service_stop import (
+    ServiceStop,
+    clear_service_stop,
+    read_service_stop,
+    record_service_stop,
+)
+from mlx_medic.state_files import StateFileError
+
+DEFAULT_TIMEOUT = 120.0
+LAUNCHD_NOT_LOADED = (3, "Boot-out failed: 3: No such process")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="an inventory model whose head is this node")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    stop = actions.add_parser("stop", help="record who stops it, then stop it")
+    stop.add_argument("--by", required=True, help="the run (or person) that stops it")
+    stop.add_argument("--reason", default="", help="why, for the record")
+    start = actions.add_parser("start", help="start it; clear the stop record after success")
+    start.add_argument("--by", default="", help="who starts it (shown in the document)")
+    restart = actions.add_parser("restart", help="restart it; clear the record after success")
+    for sub in (stop, start, restart):
+        sub.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                         help=f"the manager command's limit ({DEFAULT_TIMEOUT:g}s)")  # fmt: skip
+    status = actions.add_parser("status", help="the stop record, or null")
+    for sub in (stop, start, restart, status):
+        add_node_arguments(sub)
+
+
+def _record(stop: ServiceStop | None) -> dict[str, Any] | None:
+    return asdict(stop) if stop is not None else None
+
+
+def already_stopped(manager: str, exit_status: int, stderr: str) -> bool:
+    """The manager's failed stop says the job was not there to stop (launchd only)."""
+    status, message = LAUNCHD_NOT_LOADED
+    return manager == "launchd" and exit_status == status and message in stderr
+
+
+def run_manager(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
+    """(exit status or None when it did not finish, stdout, stderr)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    except FileNotFoundError:
+        return None, "", f"{argv[0]}: not found"
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return None, out, f"{argv[0]} did not finish within {timeout:g}s"
+    return done.returncode, done.stdout, done.stderr
+
+
+def run(args: argparse.Namespace) -> int:
+    context = node_context(args)
+    model = placed_model(context, args.model, on_head=True)
+    state_dir = context.state_dir
+    action: str = args.action
+    try:
+        if action == "status":
+            stop = read_service_stop(state_dir, model.name)
+            document: dict[str, Any] = {"model": model.name, "action": action, "argv": None,
+                        "exit_status": None, "stdout": "", "stderr": "",
+                        "stopped_by": _record(stop)}  # fmt: skip
+            where = f"stopped by {stop.run} ({stop.reason})" if stop else "no stop recorded"
+            emit("service", document, args.json, f"{model.name}: {where}")
+            return EXIT_OK
+        if action == "stop":
+            record_service_stop(state_dir, model.name, args.by, args.reason)
+        argv = service_argv(model, _action(action))
+        exit_status, stdout, stderr = run_manager(argv, args.timeout)
+        done = exit_status == 0 or (
+            action == "stop" and exit_status is not None
+            and already_stopped(model.service.manager, exit_status, stderr)
+        )  # fmt: skip
+        cleared = None
+        if done and action != "stop":
+            cleared = read_service_stop(state_dir, model.name)
+            clear_service_stop(state_dir, model.name)
+        stop = read_service_stop(state_dir, model.name)
+    except (StateFileError, ValueError) as exc:
+        raise HelperError(str(exc)) from None
+    document = {"model": model.name, "action": action, "argv": argv,
+                "exit_status": exit_status, "stdout": stdout, "stderr": stderr,
+                "stopped_by": _record(stop), "done": done}  # fmt: skip
+    if action == "start":
+        document["started_by"] = args.by
+    if action != "stop":
+        document["cleared"] = _record(cleared)
+    verdict = "done" if done else f"failed (exit {exit_status}): {stderr.strip()[-300:]}"
+    emit("service", document, args.json, f"{model.name}: {action} {verdict}")
+    if not done:
+        print(f"mlx-medic node service: {' '.join(argv)}: exit {exit_status}: {stderr.strip()}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _action(action: str) -> ServiceAction:
+    if action not in ("stop", "start", "restart"):
+        raise ValueError(f"unknown service action {action!r}")
+    return action  # type: ignore[return-value]
