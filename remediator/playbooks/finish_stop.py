@@ -18,7 +18,6 @@ from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict
 from mlx_medic.remediator.steps import (
     CleanTmp,
     Escalate,
-    Preflight,
     RunContext,
     StartService,
     Step,
@@ -56,10 +55,11 @@ async def read_stop_record(helpers: NodeHelpers, model: Model) -> StopRecord | N
 
 
 class FinishStopPlaybook(Playbook):
-    """Preflight, sweep every node, clean, start, verify; escalate after a failed verify."""
+    """Sweep every node (a node that does not answer escalates: nothing is started), clean,
+    start, verify; escalate after a failed verify."""
 
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
-        steps: list[Step] = [Preflight(model=model), Sweep(model=model)]
+        steps: list[Step] = [Sweep(model=model)]
         if model.scope_dirs():
             steps.append(CleanTmp(model=model))
         return [*steps, StartService(model=model), Verify(model=model),
