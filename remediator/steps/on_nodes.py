@@ -77,12 +77,18 @@ def not_answered(replies: NodeReplies, what: str, next_action: str) -> StepResul
         return None
     nodes = list(replies.errors)
     unreachable = replies.unreachable
-    outcome = StepOutcome.UNREACHABLE if unreachable else StepOutcome.FAILED
     reasons = "; ".join(replies.why_not(node) for node in nodes)
+    if unreachable:
+        outcome, said = StepOutcome.UNREACHABLE, "did not answer"
+        action = next_action.format(nodes=", ".join(nodes))
+    else:  # it answered, but not as the helper: a missing helper, a bad inventory path
+        outcome, said = StepOutcome.FAILED, "gave no helper document for"
+        action = (f"run `mlx-medic node {replies.helper}` on {', '.join(nodes)} by hand and"
+                  " fix what it says (the step's output has its stderr)")
     return StepResult(
-        outcome, detail=f"{', '.join(nodes)} did not answer {what}: {reasons}",
+        outcome, detail=f"{', '.join(nodes)} {said} {what}: {reasons}",
         output=replies.output(), unrecoverable=True, unreachable=tuple(unreachable),
-        next_action=next_action.format(nodes=", ".join(nodes)),
+        next_action=action,
     )
 
 

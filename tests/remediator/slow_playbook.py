@@ -16,6 +16,7 @@ from mlx_medic.remediator.steps import (
     StepDescription,
     StepKind,
     StepResult,
+    StopService,
     Verify,
 )
 
@@ -66,6 +67,17 @@ class SlowPlaybook(Playbook):
         return await recheck_model_down(context)
 
 
+class StopThenHoldPlaybook(SlowPlaybook):
+    """Stops the service for real (`node service MODEL stop`), then holds: the remediator can
+    be killed right after its stop. Acts whatever the model's health."""
+
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        return [StopService(model=model), *super().plan(model, inventory)]
+
+    async def recheck(self, context: RunContext) -> RecheckVerdict:
+        return RecheckVerdict.act("a test stops the service")
+
+
 class QuickRecoveringPlaybook(SlowPlaybook):
     """Acts briefly and reports the model healthy, though it falls over again: the
     restart loop the budget exists for. Each run succeeds and spends budget."""
@@ -78,4 +90,5 @@ class QuickRecoveringPlaybook(SlowPlaybook):
 
 
 def slow_playbooks() -> dict[str, Playbook]:
-    return {"slow": SlowPlaybook(), "quick-recovering": QuickRecoveringPlaybook()}
+    return {"slow": SlowPlaybook(), "quick-recovering": QuickRecoveringPlaybook(),
+            "stop-then-hold": StopThenHoldPlaybook()}

@@ -294,3 +294,18 @@ async def test_recover_acts_only_on_a_model_that_is_still_down(
 ) -> None:
     playbook = RecoverPlaybook()
     assert await playbook.recheck(context(Health(verdicts=[verdict]), tmp_path)) == expected
+
+
+async def test_a_node_that_answers_without_a_helper_document_is_told_apart_from_a_silent_one(
+    tmp_path: Path,
+) -> None:
+    from mlx_medic.node.client import HelperCallError
+
+    missing = HelperCallError("ai002", "facts", "exit 2, no helper document: invalid choice")
+    helpers = FakeHelpers(INVENTORY, {("ai002", "facts"): missing})
+    result = await Preflight(model=model()).run(context(Health(), tmp_path, helpers))
+    assert result.outcome is StepOutcome.FAILED and result.unrecoverable
+    assert result.unreachable == ()
+    assert result.detail.startswith("ai002 gave no helper document for the preflight")
+    assert result.next_action is not None
+    assert result.next_action.startswith("run `mlx-medic node facts` on ai002 by hand")
