@@ -17,6 +17,7 @@ import yaml
 
 from mlx_medic.service_stop import read_service_stop
 from testbed import free_port
+from tests.node.test_service_helper import SUPERVISORD_CONF as SUPERVISORD_BASE
 from tests.node.test_sweep_clean_testbed import HEALTHY_SERVER
 from tests.remediator.conftest import (
     Stack,
@@ -31,16 +32,8 @@ from tests.tools import require_tool
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
-SUPERVISORD_CONF = """\
-[unix_http_server]
-file=/tmp/supervisor-{token}.sock
-[supervisord]
-pidfile=/tmp/supervisord-{token}.pid
-logfile=/tmp/supervisord-{token}.log
-[rpcinterface:supervisor]
-supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
-[supervisorctl]
-serverurl=unix:///tmp/supervisor-{token}.sock
+# supervisord as the service helper's test runs it, with a program that answers the probe.
+SUPERVISORD_CONF = SUPERVISORD_BASE.split("[program:")[0] + """\
 [program:m1-{token}]
 command={python} {server} --port {port}
 startsecs=0
