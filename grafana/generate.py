@@ -226,6 +226,14 @@ def cluster_overview() -> dict[str, Any]:
                                " and red mark where one device may be near or at it.",
                    steps=(("green", None), ("orange", PD_HIGH), ("red", PD_BUDGET)),
                    stepped=True, width=8),
+        timeseries("Protection domains spent since boot, and the reserve",
+                   [target(f"mlx_pd_debt{{{NODE}}}", "{{node}} spent"),
+                    target(f"min by (node) (mlx_pd_reserve{{{NODE_MODEL}}})",
+                           "{{node}} reserve (lowest of its models)")],
+                   description="The node's ledger: each SIGKILLed JACCL rank and each failed"
+                               " JACCL start spends a domain until reboot. At a model's reserve"
+                               " no JACCL start is tried on the node.",
+                   stepped=True, width=24),
         row("Exporter health"),
         stat("Exporters up",
              [target('up{job="mlx-medic-exporter"}', "{{instance}}")],

@@ -32,6 +32,11 @@ COMMANDS: dict[str, CommandInfo] = {
         "mlx_medic.node.cli", "run a node helper (ledger) with JSON output", "node"),
     "check-config": CommandInfo(
         "mlx_medic.check_config", "validate an inventory file", "node"),
+    # deployment
+    "render": CommandInfo(
+        "mlx_medic.render.cli",
+        "render deployment files (launchd, systemd, sudoers, ...) from the inventory",
+        "deployment"),
     # remediator
     "remediator": CommandInfo(
         "mlx_medic.remediator.service", "run the Alertmanager webhook service", "remediator",

@@ -74,7 +74,7 @@ class Node(_Strict):
     medic_command: str = Field(
         default="mlx-medic",
         description="the mlx-medic command on this node as the remediator runs it over SSH;"
-        " use an absolute path (sshd's PATH is minimal)",
+        " use an absolute path (sshd's PATH is minimal; `mlx-medic render` requires one)",
     )
 
     medic_config: Path = Field(
@@ -332,7 +332,9 @@ class Model(_Strict):
     )
     log_files: list[Path] = Field(
         default_factory=list,
-        description="the service's logs on the head node, read for error signatures",
+        description="the service's logs on the head node, read for error signatures;"
+        " `mlx-medic render` sends the service's stderr to the first and stdout to the"
+        " second (both to the only one)",
     )
     ranks_per_node: int = Field(
         default=1, ge=1, le=64,

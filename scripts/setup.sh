@@ -2,7 +2,9 @@
 # Install what mlx-medic needs on a fresh Debian 12 machine (root, Python 3.11).
 #   scripts/setup.sh          the exporter/remediator only (a Python venv in .venv)
 #   scripts/setup.sh --test   also MLX, the test tools and Debian's sshd, Prometheus,
-#                             Alertmanager, process-exporter, supervisord and Chromium
+#                             Alertmanager, process-exporter, supervisord, Chromium and
+#                             sudo and systemd (visudo, `sudo -l`, systemd-analyze check the
+#                             rendered files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +15,7 @@ if [ "${1:-}" = "--test" ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       openssh-server openssh-client prometheus prometheus-alertmanager \
-      prometheus-process-exporter supervisor chromium procps lsof iproute2 util-linux wrk \
+      prometheus-process-exporter supervisor chromium procps lsof iproute2 util-linux wrk sudo systemd \
       python3-venv >/dev/null
   else
     echo "setup: not root, skipping apt-get (the testbed needs root anyway)" >&2

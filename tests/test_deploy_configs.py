@@ -1,5 +1,6 @@
-"""The example Prometheus and Alertmanager configs: accepted by promtool and amtool, load the
-project's rules, scrape both deployables, and route LLMModelDown to the remediator."""
+"""The example Prometheus and Alertmanager configs (rendered from examples/inventory.yaml):
+accepted by promtool and amtool, load the project's rules, scrape both deployables, and
+route LLMModelDown and the orphan alert to the remediator."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 PROMETHEUS = DEPLOY / "prometheus.yml"
 ALERTMANAGER = DEPLOY / "alertmanager.yml"
 TOKEN_FILE = "/etc/prometheus/mlx-medic.token"
-RULES_GLOB = "../alerting-rules/*.yaml"
+RULES_GLOB = "rules/*.yaml"
+SHIPPED_RULES = DEPLOY.parent / "alerting-rules" / "mlx-medic.rules.yaml"
 IP_ADDRESS = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b")
 
 
@@ -33,12 +35,12 @@ def _load(path: Path) -> dict[str, Any]:
 def test_promtool_accepts_the_prometheus_config_and_its_rule_files(tmp_path: Path) -> None:
     """promtool insists that credentials files exist: check a copy, in a tmp dir, whose token
     path points at a real file. Relative rule paths resolve against the config's own dir, so
-    the copy names the repo's rules by absolute path (from deploy/ they are ../alerting-rules)."""
+    the copy names deploy/'s rules by absolute path."""
     text = PROMETHEUS.read_text(encoding="utf-8")
     assert text.count(TOKEN_FILE) == 1 and text.count(RULES_GLOB) == 1
     token = tmp_path / "mlx-medic.token"
     token.write_text("not-a-secret\n")
-    rules = (DEPLOY / RULES_GLOB).resolve().parent
+    rules = DEPLOY / "rules"
     copy = tmp_path / "prometheus.yml"
     copy.write_text(text.replace(TOKEN_FILE, str(token)).replace(RULES_GLOB, f"{rules}/*.yaml"))
     result = _run(require_tool("promtool"), "check", "config", str(copy))
@@ -47,9 +49,10 @@ def test_promtool_accepts_the_prometheus_config_and_its_rule_files(tmp_path: Pat
     assert "1 rule files found" in output and "mlx-medic.rules.yaml" in output, output
 
 
-def test_the_rule_path_in_the_prometheus_config_is_the_repos_rules_seen_from_deploy() -> None:
+def test_the_rule_path_in_the_prometheus_config_is_the_shipped_rules_rendered_beside_it() -> None:
     assert _load(PROMETHEUS)["rule_files"] == [RULES_GLOB]
     assert [p.name for p in DEPLOY.glob(RULES_GLOB)] == ["mlx-medic.rules.yaml"]
+    assert (DEPLOY / "rules" / "mlx-medic.rules.yaml").read_text() == SHIPPED_RULES.read_text()
 
 
 def test_amtool_accepts_the_alertmanager_config() -> None:
@@ -61,11 +64,14 @@ def test_amtool_accepts_the_alertmanager_config() -> None:
     ("labels", "receivers"),
     [
         (["alertname=LLMModelDown", "model=glm-4_6-5b", "severity=critical"], "mlx-medic,oncall"),
-        (["alertname=MLXOrphanProcesses", "model=glm-4_6-5b", "severity=warning"], "oncall"),
+        (["alertname=MLXOrphanProcesses", "model=glm-4_6-5b", "node=ai002", "severity=warning"],
+         "mlx-medic,oncall"),
+        (["alertname=MLXOrphanProcessesUninterruptible", "model=glm-4_6-5b", "node=ai002",
+          "severity=critical"], "oncall"),
         (["alertname=MLXMedicRemediationEscalated", "severity=critical"], "oncall"),
     ],
 )
-def test_llm_model_down_reaches_the_remediator_and_on_call_and_other_alerts_only_on_call(
+def test_model_down_and_orphans_reach_the_remediator_and_on_call_and_other_alerts_only_on_call(
     labels: list[str], receivers: str,
 ) -> None:
     result = _run(
@@ -75,13 +81,27 @@ def test_llm_model_down_reaches_the_remediator_and_on_call_and_other_alerts_only
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_remediator_route_matches_the_alert_the_remediator_acts_on() -> None:
-    route = next(r for r in _load(ALERTMANAGER)["route"]["routes"] if r["receiver"] == "mlx-medic")
-    (matcher,) = route["matchers"]
-    routed = re.fullmatch(r'alertname="(\w+)"', matcher)
-    assert routed is not None, matcher
-    assert set(RoutingConfig().playbooks) == {routed[1]}
-    assert RoutingConfig().model_label in route["group_by"]
+def test_the_remediator_routes_carry_every_alert_it_has_a_playbook_for_by_model() -> None:
+    routes = [r for r in _load(ALERTMANAGER)["route"]["routes"] if r["receiver"] == "mlx-medic"]
+    routed = {}
+    for route in routes:
+        (matcher,) = route["matchers"]
+        name = re.fullmatch(r'alertname="(\w+)"', matcher)
+        assert name is not None, matcher
+        routed[name[1]] = route
+        assert RoutingConfig().model_label in route["group_by"]
+    assert set(RoutingConfig().playbooks) <= set(routed)
+    assert set(routed) == {"LLMModelDown", "MLXOrphanProcesses"}
+    assert "node" in routed["MLXOrphanProcesses"]["group_by"]  # a sweep is per node
+
+
+def test_no_inhibition_mutes_an_alert_the_remediator_acts_on() -> None:
+    """Alertmanager mutes an inhibited alert for every receiver, the webhook too: a stuck
+    orphan on a node must not hide the fresh orphans there that a sweep can remove."""
+    config = _load(ALERTMANAGER)
+    routed = {r["matchers"][0] for r in config["route"]["routes"] if r["receiver"] == "mlx-medic"}
+    for rule in config.get("inhibit_rules", []):
+        assert not routed & set(rule["target_matchers"]), rule
 
 
 def test_the_webhook_sends_resolved_alerts_with_a_credentials_file() -> None:
@@ -103,9 +123,17 @@ def test_prometheus_scrapes_exporters_on_10900_and_the_remediator_on_10901() -> 
     assert jobs["mlx-medic-remediator"]["authorization"]["credentials_file"] == TOKEN_FILE
 
 
-@pytest.mark.parametrize("path", [PROMETHEUS, ALERTMANAGER], ids=lambda p: p.name)
-def test_the_examples_name_hosts_never_ip_addresses(path: Path) -> None:
-    assert not IP_ADDRESS.search(path.read_text(encoding="utf-8"))
+def test_the_alertmanager_example_names_hosts_never_ip_addresses() -> None:
+    assert not IP_ADDRESS.search(ALERTMANAGER.read_text(encoding="utf-8"))
+
+
+def test_prometheus_scrapes_each_exporter_at_its_inventory_address() -> None:
+    from mlx_medic.inventory import load_inventory
+
+    inventory = load_inventory(DEPLOY.parent / "examples" / "inventory.yaml")
+    (job,) = [j for j in _load(PROMETHEUS)["scrape_configs"]
+              if j["job_name"] == "mlx-medic-exporter"]
+    assert job["static_configs"][0]["targets"] == [f"{n.ssh}:10900" for n in inventory.nodes]
 
 
 def test_the_example_remediator_config_loads_with_the_documented_values() -> None:
@@ -121,15 +149,17 @@ def test_the_launchd_plist_runs_a_command_the_cli_accepts() -> None:
 
     from mlx_medic.cli import parse_args
 
-    with (DEPLOY / "launchd" / "com.mlx-medic.exporter.plist").open("rb") as handle:
+    with (DEPLOY / "launchd" / "ai001" / "com.mlx-medic.exporter.plist").open("rb") as handle:
         plist = plistlib.load(handle)
     assert plist["Label"] == "com.mlx-medic.exporter"
     assert plist["KeepAlive"] is True and plist["RunAtLoad"] is True
     args = parse_args(plist["ProgramArguments"][1:])
     assert args.command == "exporter" and args.listen == "0.0.0.0:10900"
+    assert args.node == "ai001"
 
 
-@pytest.mark.parametrize("unit", ["mlx-medic-remediator.service", "mlx-medic-exporter.service"])
+@pytest.mark.parametrize(
+    "unit", ["mlx-medic-remediator.service", "ai001/mlx-medic-exporter.service"])
 def test_the_systemd_units_run_commands_the_cli_accepts(unit: str) -> None:
     import configparser
     import shlex

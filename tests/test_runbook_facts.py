@@ -22,7 +22,8 @@ ON_CALL_TEXTS = sorted(
     [*RUNBOOKS.glob("*.md"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md",
      *(ROOT / "deploy").rglob("*"), RULES, ROOT / "examples" / "inventory.yaml"]
 )
-ON_CALL_TEXTS = [p for p in ON_CALL_TEXTS if p.is_file()]
+# A sudoers file's lines are the rules sudo applies to `sudo -n ...`, not commands shown.
+ON_CALL_TEXTS = [p for p in ON_CALL_TEXTS if p.is_file() and "sudoers" not in p.parts]
 
 # launchctl(1): "Anyone may read or query the system domain, but root privileges are required
 # to make modifications" (macos-facts.md §1): these subcommands change a job.

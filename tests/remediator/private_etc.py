@@ -41,9 +41,13 @@ UNIT = REPO / "deploy" / "systemd" / "mlx-medic-remediator.service"
 
 # --- host side ------------------------------------------------------------------------
 
-def in_private_etc(tmp_path: Path, scenario: str, timeout: float = 240) -> dict[str, Any]:
-    """Run `scenario` in a new mount and PID namespace (everything it starts ends with
-    it); its JSON result."""
+def in_private_etc(
+    tmp_path: Path, scenario: str, timeout: float = 240,
+    module: str = "tests.remediator.private_etc", *args: str,
+) -> dict[str, Any]:
+    """Run `scenario` of `module` (whose `main(scenario, scratch, *args)` mounts the private
+    dirs first) in a new mount and PID namespace (everything it starts ends with it); its
+    JSON result."""
     from tests.tools import require_root, require_tool
 
     require_root()
@@ -56,8 +60,7 @@ def in_private_etc(tmp_path: Path, scenario: str, timeout: float = 240) -> dict[
         env.pop(name, None)
     result = subprocess.run(
         [unshare, "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
-         "--mount-proc", sys.executable, "-m", "tests.remediator.private_etc", scenario,
-         str(scratch)],
+         "--mount-proc", sys.executable, "-m", module, scenario, str(scratch), *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr

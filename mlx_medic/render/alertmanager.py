@@ -1,0 +1,64 @@
+"""The Alertmanager config: the alerts the remediator acts on reach its webhook (with
+`send_resolved` and a `credentials_file`), and every alert reaches on-call.
+
+No inhibition mutes an alert the remediator acts on: an inhibited alert is muted for every
+receiver, webhook included. The orphan alert counts only orphans a sweep can remove (not
+those in uninterruptible wait, which have their own page), so a stuck rank on a node
+never hides the fresh orphans beside it that need sweeping.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from mlx_medic.render.files import Rendered, Site
+from mlx_medic.render.yaml_files import dump
+
+TARGET = "alertmanager"
+FILE = PurePosixPath("alertmanager.yml")
+# What the remediator's webhook receives, and the labels that name what to act on.
+REMEDIATOR_ALERTS = {
+    "LLMModelDown": ["alertname", "model"],
+    "MLXOrphanProcesses": ["alertname", "model", "node"],
+}
+
+
+def render(site: Site) -> list[Rendered]:
+    url = site.need(site.remediator_url, "--remediator.url", TARGET).rstrip("/")
+    routes: list[dict[str, object]] = [
+        {"receiver": "mlx-medic", "matchers": [f'alertname="{name}"'], "group_by": group_by,
+         "group_wait": "10s", "group_interval": "1m", "repeat_interval": "30m",
+         "continue": True}
+        for name, group_by in REMEDIATOR_ALERTS.items()
+    ]
+    routes.append({"receiver": "oncall"})
+    data = {
+        "route": {"receiver": "oncall", "group_by": ["alertname", "node", "model"],
+                  "group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h",
+                  "routes": routes},
+        "receivers": [
+            {"name": "mlx-medic", "webhook_configs": [{
+                "url": f"{url}/alerts", "send_resolved": True, "max_alerts": 0,
+                "http_config": {"authorization": {
+                    "type": "Bearer",
+                    "credentials_file": site.alertmanager_credentials_file}}}]},
+            {"name": "oncall", "webhook_configs": [
+                {"url": "https://oncall.example/alertmanager", "send_resolved": True}]},
+        ],
+        "inhibit_rules": [
+            {"source_matchers": ['alertname="MLXRDMAProtectionDomainsExhausted"'],
+             "target_matchers": ['alertname="MLXRDMAProtectionDomainsHigh"'],
+             "equal": ["node"]},
+        ],
+    }
+    comment = (
+        "Check with: amtool check-config alertmanager.yml\n"
+        f"{', '.join(REMEDIATOR_ALERTS)} reach the remediator (it answers at once and\n"
+        "ignores repeats of a firing while its run is queued or running, or after it\n"
+        "succeeded; it acts on the alerts its routing.playbooks names and journals the\n"
+        "others) and, through `continue`, on-call. The token is the one the remediator reads\n"
+        "from auth.bearer_token_file. The oncall receiver is a placeholder: your pager.\n"
+        "Inhibition: an exhausted protection-domain pool mutes the 'high' warning for its\n"
+        "node. Nothing mutes an alert the remediator acts on (muting is for every receiver)."
+    )
+    return [Rendered(FILE, dump(data, comment))]

@@ -1,0 +1,97 @@
+"""What every service file says the same way, whichever manager runs it: the commands,
+the user, TMPDIR, the log files and how long a stop may take.
+
+launchd, systemd and supervisord files for one model are rendered from these, so they
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import PurePosixPath
+
+from mlx_medic.inventory import Inventory, Model, Node, ServiceManager
+from mlx_medic.render.files import RenderError
+
+EXPORTER_PORT = 10900  # the exporter's default --web.listen-address port
+EXPORTER_LABEL = "com.mlx-medic.exporter"
+REMEDIATOR_LABEL = "com.mlx-medic.remediator"
+# A service manager's SIGKILL comes this long after the wrapper's own teardown bound
+# (policy.stop_timeout), so the wrapper always gets to end its ranks itself first.
+STOP_MARGIN_SECONDS = 30
+THROTTLE_SECONDS = 10  # launchd's default respawn throttle, said explicitly
+
+
+def medic_command(node: Node) -> str:
+    """The node's mlx-medic as a service runs it: an absolute path, since launchd and
+    systemd search no PATH the way a shell does."""
+    if not node.medic_command.startswith("/"):
+        raise RenderError(
+            f"nodes.{node.name}.medic_command: {node.medic_command!r} is not an absolute"
+            " path; a service file needs the full path of mlx-medic on the node"
+        )
+    return node.medic_command
+
+
+def exporter_argv(node: Node) -> list[str]:
+    return [medic_command(node), "exporter", "--config.file", str(node.medic_config),
+            "--node", node.name, "--web.listen-address", f"0.0.0.0:{EXPORTER_PORT}"]
+
+
+def serve_argv(inventory: Inventory, model: Model) -> list[str]:
+    """The serve wrapper on the model's head, reading the inventory at the head's path."""
+    head = inventory.node(model.head)
+    return [medic_command(head), "serve", model.name, "--config.file", str(head.medic_config)]
+
+
+def remediator_argv(command: str, config: str) -> list[str]:
+    return [command, "remediator", "--config.file", config]
+
+
+def wrapper_models(inventory: Inventory, manager: ServiceManager) -> list[Model]:
+    """Models whose service this manager runs and which run the serve wrapper (a `script`
+    service is the site's own file)."""
+    return [m for m in inventory.models
+            if m.service.manager == manager and m.service.kind == "wrapper"]
+
+
+def stop_bound(model: Model) -> int:
+    """Seconds a service manager waits after SIGTERM before SIGKILL: longer than the
+    wrapper's own teardown (policy.stop_timeout)."""
+    return math.ceil(model.policy.stop_timeout) + STOP_MARGIN_SECONDS
+
+
+def log_paths(model: Model) -> tuple[str, str]:
+    """(stdout, stderr): the first of `log_files` takes stderr (where Python's tracebacks
+    and the JACCL errors go), the second stdout; with one, both go to it."""
+    logs = [str(p) for p in model.log_files]
+    if not logs:
+        raise RenderError(
+            f"models.{model.name}.log_files: empty; the service's output must go to the files"
+            " the logs collector reads"
+        )
+    return (logs[1] if len(logs) > 1 else logs[0]), logs[0]
+
+
+def tmpdir(model: Model) -> str:
+    """The service's TMPDIR: the model's first `tmp_dirs` entry, where the staleness rule
+    counts and the playbook cleans what Python's tempfile leaves; a launchd daemon may
+    otherwise get none (macos-facts.md §5) and leave it in /tmp, where nothing looks."""
+    if not model.tmp_dirs:
+        raise RenderError(
+            f"models.{model.name}.tmp_dirs: empty; the service's TMPDIR is the first of them"
+        )
+    return str(model.tmp_dirs[0])
+
+
+def environment(model: Model) -> dict[str, str]:
+    return {"PYTHONUNBUFFERED": "1", "TMPDIR": tmpdir(model)}
+
+
+def unit_name(label: str) -> str:
+    """A systemd label as a unit file name (systemctl adds `.service` to a bare name too)."""
+    return label if label.endswith(".service") else f"{label}.service"
+
+
+def head_dir(target: str, model: Model) -> PurePosixPath:
+    return PurePosixPath(target) / model.head

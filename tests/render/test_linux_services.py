@@ -1,0 +1,143 @@
+"""systemd units and supervisord programs for Linux heads, checked by the real tools:
+`systemd-analyze verify` (with every ExecStart binary present) and supervisord's own
+config parser; both stop the wrapper with a bound longer than its own teardown."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import pwd
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.render.helpers import model, render, render_example, render_ok, run, write_inventory
+from tests.tools import require_tool
+
+SUPERVISOR_PYTHON = "/usr/bin/python3"  # Debian's supervisor lives in the system Python
+
+
+@pytest.fixture
+def linux(tmp_path: Path) -> tuple[Path, Path]:
+    """An inventory with a systemd and a supervisord model on one head whose mlx-medic
+    is a real executable (systemd-analyze checks that ExecStart exists)."""
+    medic = tmp_path / "bin" / "mlx-medic"
+    medic.parent.mkdir()
+    medic.write_text("#!/bin/sh\nexit 0\n")
+    medic.chmod(0o755)
+    me = pwd.getpwuid(os.getuid()).pw_name  # supervisord checks that the user exists
+    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {
+        "ssh": "127.0.0.2", "medic_command": str(medic), "medic_config": str(tmp_path / "inv.yaml"),
+    }}, {
+        "sysd": model("systemd", "mlx-sysd", policy={"stop_timeout": "2m"},
+                      log_files=[str(tmp_path / "sysd.err.log"), str(tmp_path / "sysd%.out.log")]),
+        "sup": model("supervisord", "mlx-sup", port=8081,
+                     service={"manager": "supervisord", "label": "mlx-sup", "user": me,
+                              "config": str(tmp_path / "supervisord.conf")},
+                     log_files=[str(tmp_path / "sup.log")]),
+    })
+    out = render_ok("systemd", inventory, tmp_path / "out", "--remediator.command", str(medic))
+    render_ok("supervisord", inventory, out)
+    return out, medic
+
+
+def unit(path: Path) -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read(path)
+    return parser["Service"]
+
+
+def test_systemd_analyze_verifies_every_rendered_unit(linux: tuple[Path, Path]):
+    out, _ = linux
+    units = sorted((out / "systemd").rglob("*.service"))
+    assert sorted(u.name for u in units) == [
+        "mlx-medic-exporter.service", "mlx-medic-remediator.service", "mlx-sysd.service"]
+    for path in units:  # one at a time: verify names the unit by its file name
+        result = run(require_tool("systemd-analyze"), "verify", "--man=no", path.name,
+                     cwd=path.parent)
+        assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+
+
+def test_the_systemd_wrapper_unit_stops_after_the_wrappers_own_teardown(linux):
+    out, medic = linux
+    service = unit(out / "systemd" / "n1" / "mlx-sysd.service")
+    assert int(service["TimeoutStopSec"]) > 120
+    assert service["KillMode"] == "mixed"  # SIGTERM to the wrapper alone, SIGKILL to all
+    assert shlex.split(service["ExecStart"]) == [
+        str(medic), "serve", "sysd", "--config.file", str(out.parent / "inv.yaml")]
+    assert service["User"] == "mlxsvc"
+    assert service["StandardError"] == f"append:{out.parent / 'sysd.err.log'}"
+    assert service["StandardOutput"] == f"append:{out.parent / 'sysd%%.out.log'}"  # %: specifier
+    assert "TMPDIR=/var/tmp/mlx-share/m" in service["Environment"]
+
+
+def test_supervisord_parses_the_program_with_its_stop_bound(linux, tmp_path: Path):
+    out, medic = linux
+    conf = tmp_path / "supervisord.conf"
+    conf.write_text(
+        f"[supervisord]\nlogfile={tmp_path}/supervisord.log\npidfile={tmp_path}/sd.pid\n"
+        f"[include]\nfiles = {out}/supervisord/n1/*.conf\n")
+    require_tool("supervisord")
+    code = (
+        "import json, sys\n"
+        "from supervisor.options import ServerOptions\n"
+        "o = ServerOptions(); o.realize(args=['-c', sys.argv[1]])\n"
+        "print(json.dumps([dict(name=p.name, command=p.command, stopwaitsecs=p.stopwaitsecs,"
+        " environment=p.environment, stdout=p.stdout_logfile, redirect=p.redirect_stderr,"
+        " killasgroup=p.killasgroup, stopasgroup=p.stopasgroup)"
+        " for g in o.process_group_configs for p in g.process_configs]))\n"
+    )
+    python = SUPERVISOR_PYTHON if Path(SUPERVISOR_PYTHON).exists() else sys.executable
+    result = run(python, "-c", code, str(conf))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (program,) = json.loads(result.stdout)
+    assert program["name"] == "mlx-sup"
+    assert shlex.split(program["command"]) == [
+        str(medic), "serve", "sup", "--config.file", str(out.parent / "inv.yaml")]
+    assert program["stopwaitsecs"] > 60  # the default policy.stop_timeout
+    assert program["environment"] == {"PYTHONUNBUFFERED": "1", "TMPDIR": "/var/tmp/mlx-share/m"}
+    assert program["stdout"] == str(out.parent / "sup.log") and program["redirect"]
+    assert program["killasgroup"] and not program["stopasgroup"]
+
+
+def test_a_log_path_with_a_space_is_refused_for_systemd(tmp_path: Path):
+    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {
+        "ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}}, {
+        "m1": model("systemd", "m1", log_files=["/var/log/my logs/m1.log"])})
+    code, _, err = render("systemd", inventory, tmp_path / "out")
+    assert code == 1 and "models.m1.log_files" in err and "no spaces" in err
+
+
+def test_the_example_inventorys_units_verify_in_a_root_that_has_their_binaries(tmp_path: Path):
+    """The example's units name /opt/mlx-medic/...: verified inside a temp root that holds
+    that binary and the system's own units (sysinit.target and the like), never this
+    machine's /etc or /opt."""
+    systemd_analyze = require_tool("systemd-analyze")
+    out = render_example("systemd", tmp_path / "out") / "systemd"
+    root = tmp_path / "root"
+    units = root / "etc" / "systemd" / "system"
+    units.mkdir(parents=True)
+    shutil.copytree("/usr/lib/systemd/system", root / "usr" / "lib" / "systemd" / "system",
+                    symlinks=True)
+    medic = root / "opt" / "mlx-medic" / ".venv" / "bin" / "mlx-medic"
+    medic.parent.mkdir(parents=True)
+    medic.write_text("#!/bin/sh\nexit 0\n")
+    medic.chmod(0o755)
+    for node in sorted(p.name for p in out.iterdir() if p.is_dir()):
+        shutil.copy(out / node / "mlx-medic-exporter.service", units)
+        result = run(systemd_analyze, "verify", "--man=no", f"--root={root}",
+                     "mlx-medic-exporter.service")
+        assert result.returncode == 0 and not result.stderr.strip(), (node, result.stderr)
+    shutil.copy(out / "mlx-medic-remediator.service", units)
+    result = run(systemd_analyze, "verify", "--man=no", f"--root={root}",
+                 "mlx-medic-remediator.service")
+    assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+    medic.unlink()  # the check is real: without the binary the unit is refused
+    result = run(systemd_analyze, "verify", "--man=no", f"--root={root}",
+                 "mlx-medic-remediator.service")
+    assert result.returncode != 0 and "mlx-medic" in result.stderr
