@@ -14,9 +14,9 @@ from mlx_medic.node.cli import (
     EXIT_OK,
     add_node_arguments,
     emit,
-    model_here,
     node_context,
 )
+from mlx_medic.node.model_arg import placed_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +31,10 @@ def run(args: argparse.Namespace) -> int:
     from mlx_medic.platform.temp_dirs import user_temp_dirs
     from mlx_medic.tmp_rules import scope_dirs
 
-    inventory, model = model_here(context := node_context(args), args.model)
+    context = node_context(args)
+    model = placed_model(context, args.model)
+    inventory = context.inventory
+    assert inventory is not None  # placed_model requires one
     launch_dirs = list(inventory.launch_temp_dirs) or user_temp_dirs([model.service.user])
     report = Cleaner(model=model, node=context.node,
                      dirs=scope_dirs(inventory.models_on(context.node)),

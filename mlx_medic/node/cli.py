@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory, Model
+    from mlx_medic.inventory import Inventory
 
 SCHEMA = 1
 EXIT_OK = 0
@@ -52,7 +52,7 @@ class HelperError(Exception):
 
 
 class BadArguments(HelperError):
-    """The command line names what the helper may not act on (stderr, exit 2)."""
+    """The command line names something the helper may not act on (exit 2)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,22 +121,6 @@ def node_context(args: argparse.Namespace) -> NodeContext:
     return NodeContext(inventory, state_dir, node)
 
 
-def model_here(context: NodeContext, name: str) -> tuple[Inventory, Model]:
-    """The inventory and the model `name`, which it must place on this node (else
-    BadArguments saying what is wrong)."""
-    if context.inventory is None:
-        raise BadArguments("this helper acts only on inventory models: pass --config.file")
-    try:
-        model = context.inventory.model(name)
-    except KeyError:
-        known = ", ".join(m.name for m in context.inventory.models) or "none"
-        raise BadArguments(f"model {name!r} is not in the inventory (models: {known})") from None
-    if context.node not in model.nodes:
-        raise BadArguments(f"model {name!r} is not placed on node {context.node!r}"
-                           f" (its nodes: {', '.join(model.nodes)})")  # fmt: skip
-    return context.inventory, model
-
-
 def emit(command: str, document: dict[str, Any], as_json: bool, text: str) -> None:
     if as_json:
         json.dump({"schema": SCHEMA, "command": command, **document}, sys.stdout)
@@ -153,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
     helper_args = parser.parse_args(args.helper_args)
     try:
         return int(module.run(helper_args))
+    except BadArguments as exc:
+        print(f"mlx-medic node {args.helper}: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
     except HelperError as exc:
         print(f"mlx-medic node {args.helper}: {exc}", file=sys.stderr)
-        return EXIT_BAD_ARGUMENTS if isinstance(exc, BadArguments) else EXIT_FAILED
+        return EXIT_FAILED

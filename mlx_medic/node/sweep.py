@@ -191,13 +191,27 @@ class SweepReport:
 # --- the sweep -------------------------------------------------------------------------------
 
 
-def answers_health_probe(model: Model) -> tuple[bool, str]:
-    """Whether the model's port answers the health probe (a real one-token completion)."""
+def answers_health_probe(model: Model, state_dir: Path) -> tuple[bool, str]:
+    """Whether the model's port answers the health probe (a real one-token completion),
+    never overlapping the exporter's probe of it (the same lock files: two requests at
+    once can crash JACCL ranks, mlx-lm#1737)."""
     from mlx_medic.health import probe_model
 
     host = "127.0.0.1" if model.host in ("0.0.0.0", "::", "") else model.host
-    result = probe_model(host, model.port, timeout=HEALTH_TIMEOUT)
+    result = probe_model(host, model.port, timeout=HEALTH_TIMEOUT,
+                         lock_dir=_probe_lock_dir(state_dir))  # fmt: skip
     return result.up, result.reason
+
+
+def _probe_lock_dir(state_dir: Path) -> Path | None:
+    """`<state_dir>/locks`, as the exporter's probe uses; None (this process only) if it
+    cannot be made."""
+    path = state_dir / "locks"
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return None
+    return path
 
 
 Spender = Callable[..., bool]
@@ -220,7 +234,7 @@ class Seams:
     kill: Callable[[int, int], None] = os.kill
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
-    health: Callable[[Model], tuple[bool, str]] = answers_health_probe
+    health: Callable[[Model, Path], tuple[bool, str]] = answers_health_probe
     read_file: ProcessReader = read_as_process
     lineage: Callable[[], set[int]] = own_lineage
     # called after the listing, before each signal: a test can end the process and give
@@ -326,7 +340,7 @@ class Sweep:
         if result.probe(proc.pid, self.model.port) is not True:
             return False
         if self._health is None:
-            self._health = self.seams.health(self.model)
+            self._health = self.seams.health(self.model, self.state_dir)
         answers, why = self._health
         health = ("answers the health probe" if answers
                   else f"does not answer the health probe ({why})")  # fmt: skip

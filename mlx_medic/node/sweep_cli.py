@@ -14,9 +14,9 @@ from mlx_medic.node.cli import (
     BadArguments,
     add_node_arguments,
     emit,
-    model_here,
     node_context,
 )
+from mlx_medic.node.model_arg import placed_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +41,10 @@ def run(args: argparse.Namespace) -> int:
     from mlx_medic.process_model import PatternSet, classifier
     from mlx_medic.runs import check_run_id
 
-    inventory, model = model_here(context := node_context(args), args.model)
+    context = node_context(args)
+    model = placed_model(context, args.model)
+    inventory = context.inventory
+    assert inventory is not None  # placed_model requires one
     if args.run is not None:
         try:
             check_run_id(args.run)

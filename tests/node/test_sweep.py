@@ -153,8 +153,9 @@ class World:
         self.now += seconds
 
     def seams(self, **extra) -> Seams:
-        defaults = {"health": lambda model: (True, "answered"), "lineage": lambda: {99999},
-                    "read_file": lambda p, path: None, "warn": lambda text: None}
+        defaults = {"health": lambda model, state_dir: (True, "answered"),
+                    "lineage": lambda: {99999}, "read_file": lambda p, path: None,
+                    "warn": lambda text: None}
         return Seams(identity=self.identity, kill=self.kill, sleep=self.sleep,
                      clock=lambda: self.now, **{**defaults, **extra})  # fmt: skip
 

@@ -1,0 +1,193 @@
+"""Sweeping one model on four testbed nodes: ours against the seed's loop.
+
+Ours: the four nodes in parallel over asyncssh (`mlx_medic.transport.ssh.SshTransport`,
+one connection per node, kept from repetition to repetition as the remediator keeps
+them), each running `mlx-medic node sweep MODEL --json --config.file INVENTORY`.
+
+The seed's (the incident write-up's pre-start sweep, /work/shared/seeds/000_*): node
+after node, a fresh `ssh -o BatchMode=yes -o ConnectTimeout=5 NODE '...'` whose script
+is the seed's own, the port guard (lsof) and then `pgrep -f` + `kill -9`:
+
+    if [ -n "$port" ] && ! lsof -iTCP:"$port" -sTCP:LISTEN >/dev/null 2>&1; then
+        for pid in $(pgrep -f "serve\\.py .*--port $port" 2>/dev/null); do
+            echo "[preseed] cleanup: killing orphaned serve.py pid=$pid"
+            kill -9 "$pid" 2>/dev/null
+        done
+    fi
+
+Each repetition first makes the same orphans on every node (`--orphans` per node: the
+seed's `serve.py --model M --port P` ranks with MLX_RANK set, whose starting shell has
+exited so the node's pid 1 adopted them: launcher gone), then times one sweep of all
+four nodes, then checks that none of the orphans is left. The two ways alternate which
+goes first. Run as root on Linux (the testbed needs namespaces):
+
+    .venv/bin/python bench/node_sweep/run.py --repetitions 7 --orphans 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from mlx_medic.inventory import load_inventory  # noqa: E402
+from mlx_medic.transport.ssh import SshTransport  # noqa: E402
+from testbed import Cluster, free_port, processes, start_cluster  # noqa: E402
+
+NODES = ["ai001", "ai002", "ai003", "ai004"]
+RANK = "import time\ntime.sleep(3600)\n"
+
+
+def seed_script(port: int) -> str:
+    return (
+        f'port={port}; if [ -n "$port" ] && ! lsof -iTCP:"$port" -sTCP:LISTEN >/dev/null 2>&1;'
+        ' then for pid in $(pgrep -f "serve\\.py .*--port $port" 2>/dev/null); do'
+        ' echo "[preseed] cleanup: killing orphaned serve.py pid=$pid";'
+        ' kill -9 "$pid" 2>/dev/null; done; fi'
+    )
+
+
+def make_orphans(cluster: Cluster, script: Path, model: str, port: int, count: int) -> list[int]:
+    """`count` orphaned ranks on every node (host pids): started by a shell that exits."""
+    rank = shlex.join([cluster.python, str(script), "--model", model, "--port", str(port)])
+    started = []
+    for name in NODES:
+        node = cluster.node(name)
+        before = set(node.host_pids())
+        line = " ".join(f"MLX_RANK={i} setsid {rank} </dev/null >/dev/null 2>&1 &"
+                         for i in range(count))  # fmt: skip
+        node.spawn(["sh", "-c", line], env=cluster.env()).wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while True:
+            found = [p for p in set(node.host_pids()) - before
+                     if str(script) in " ".join(processes.cmdline(p))]  # fmt: skip
+            if len(found) == count:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: {len(found)} of {count} orphans started")
+            time.sleep(0.02)
+        started += found
+    return started
+
+
+def left(pids: list[int]) -> list[int]:
+    return [p for p in pids if processes.is_alive(p)]
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """Killed processes are reaped by the node's pid 1 a moment later."""
+    deadline = time.monotonic() + timeout
+    while left(pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left(pids)
+
+
+def seed_sweep(cluster: Cluster, port: int) -> None:
+    for name in NODES:
+        subprocess.run(cluster.node(name).ssh_argv(
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", seed_script(port)),
+            check=True, capture_output=True, timeout=60)  # fmt: skip
+
+
+async def our_sweep(transport: SshTransport, inventory, argv: list[str],
+                    names: list[str] = NODES) -> None:  # fmt: skip
+    nodes = [inventory.node(name) for name in names]
+    results = await asyncio.gather(*(transport.run(n, argv, timeout=60) for n in nodes))
+    for node, result in zip(nodes, results, strict=True):
+        if result.exit_status != 0:
+            raise RuntimeError(f"{node.name}: sweep exited {result.exit_status}: {result.stderr}")
+
+
+def one_node_at_a_time(loop, transport, inventory, argv, cluster, script, model, port,
+                       count) -> float:  # fmt: skip
+    """The slowest of the four nodes swept alone: what four machines with their own CPUs
+    would see of our parallel sweep (here the four helpers share this machine's cores)."""
+    orphans = make_orphans(cluster, script, model, port, count)
+    slowest = 0.0
+    for name in NODES:
+        started = time.perf_counter()
+        loop.run_until_complete(our_sweep(transport, inventory, argv, [name]))
+        slowest = max(slowest, time.perf_counter() - started)
+    if wait_gone(orphans):
+        raise RuntimeError("ours, node by node: orphans survive")
+    return slowest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repetitions", type=int, default=7)
+    parser.add_argument("--orphans", type=int, default=3, help="orphans per node")
+    args = parser.parse_args()
+
+    token = uuid.uuid4().hex[:8]
+    workdir = Path("/var/tmp") / f"mlx-medic-bench-sweep-{token}"
+    with start_cluster(len(NODES), workdir) as cluster:
+        port = free_port()
+        script = workdir / f"seed-{token}" / "serve.py"
+        script.parent.mkdir()
+        script.write_text(RANK)
+        model = f"/models/bench-{token}"
+        hostfile = cluster.hostfile(workdir / "ring.json", NODES)
+        config = workdir / "inventory.yaml"
+        config.write_text(cluster.inventory_yaml([{
+            "name": "bench", "model": model, "nodes": NODES, "port": port,
+            "service": {"manager": "supervisord", "label": f"bench-{token}"},
+            "backends": {"ring": {"hostfile": str(hostfile)}},
+            "process_patterns": {"rank": [rf"serve\.py --model \S+ --port {port}"]},
+        }]))  # fmt: skip
+        inventory = load_inventory(config)
+        argv = [str(Path(sys.executable).parent / "mlx-medic"), "node", "sweep", "bench",
+                "--json", "--config.file", str(config)]  # fmt: skip
+        transport = SshTransport(inventory)
+        loop = asyncio.new_event_loop()
+        times: dict[str, list[float]] = {"seed": [], "ours": [], "alone": []}
+        try:
+            for repetition in range(args.repetitions):
+                order = ["seed", "ours"] if repetition % 2 == 0 else ["ours", "seed"]
+                for way in order:
+                    orphans = make_orphans(cluster, script, model, port, args.orphans)
+                    started = time.perf_counter()
+                    if way == "seed":
+                        seed_sweep(cluster, port)
+                    else:
+                        loop.run_until_complete(our_sweep(transport, inventory, argv))
+                    times[way].append(time.perf_counter() - started)
+                    survivors = wait_gone(orphans)
+                    if survivors:
+                        raise RuntimeError(f"{way}: orphans survive: {survivors}")
+                times["alone"].append(one_node_at_a_time(
+                    loop, transport, inventory, argv, cluster, script, model, port, args.orphans))
+                print(f"repetition {repetition + 1}: seed {times['seed'][-1]:.3f} s,"
+                      f" ours {times['ours'][-1]:.3f} s,"
+                      f" slowest node alone {times['alone'][-1]:.3f} s", flush=True)
+        finally:
+            loop.run_until_complete(transport.close())
+            loop.close()
+
+    cold_seed, cold_ours = times["seed"][0], times["ours"][0]
+    warm_seed = statistics.median(times["seed"][1:])
+    warm_ours = statistics.median(times["ours"][1:])
+    print(f"\n{len(NODES)} nodes, {args.orphans} orphans each, {args.repetitions} repetitions")
+    print(f"first repetition (ours opens its connections): seed {cold_seed:.3f} s,"
+          f" ours {cold_ours:.3f} s, ratio {cold_ours / cold_seed:.2f}")
+    print(f"median of the others (connections reused):     seed {warm_seed:.3f} s,"
+          f" ours {warm_ours:.3f} s, ratio {warm_ours / warm_seed:.2f}")
+    alone = statistics.median(times["alone"][1:])
+    print(f"median slowest node swept alone (own CPUs):   seed {warm_seed:.3f} s,"
+          f" ours {alone:.3f} s, ratio {alone / warm_seed:.2f}")
+    print("all seed:", " ".join(f"{t:.3f}" for t in times["seed"]))
+    print("all ours:", " ".join(f"{t:.3f}" for t in times["ours"]))
+    print("all alone:", " ".join(f"{t:.3f}" for t in times["alone"]))
+
+
+if __name__ == "__main__":
+    main()
