@@ -42,6 +42,8 @@ COMMANDS: dict[str, CommandInfo] = {
         "mlx_medic.remediator.service", "run the Alertmanager webhook service", "remediator",
         json_log_lines=True),
     # on-call
+    "backend": CommandInfo(
+        "mlx_medic.backend_cli", "show, pin or unpin a model's backend (on its head)", "on-call"),
     "log": CommandInfo(
         "mlx_medic.remediator.cli_log", "show the remediation journal", "on-call"),
     "remediate": CommandInfo(

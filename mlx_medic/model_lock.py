@@ -1,5 +1,11 @@
 """The per-model lock: one file on the model's HEAD node, created atomically.
 
+Every touch of it is a node helper on the head (`mlx-medic node lock MODEL
+take|show|replace|release|break`, each one compare-then-write under an flock there), and
+every liveness question a helper on the holder's node (`mlx-medic node pid-alive`), so
+over SSH the lock needs nothing but `mlx-medic node ...` (a forced command can pin the
+key to that).
+
 Why there: the lock must exclude everyone who acts on the model (two remediator
 replicas, an on-call `mlx-medic remediate`, the serve wrapper's pre-start sweep)
 and must outlive any one process. The head node is the one place they all reach.
@@ -8,7 +14,7 @@ The file holds JSON {node, pid, pid_start, host, time, holder, run_id, expires, 
 It is stale when its holder is dead, and who may say so depends on who the holder is:
 - a holder that names its inventory node (`node`: the serve wrapper, a node helper,
   anyone given its node identity): its pid is looked up ON THAT NODE through the
-  transport (`mlx_medic.pid_liveness`); gone, a zombie, or a pid now owned by a
+  transport (`pid-alive` there); gone, a zombie, or a pid now owned by a
   process started at another time (reused) is stale at once, alive is held whatever
   its lease. Never judged from a host name and a pid seen here: the testbed's nodes
   share one host name, and a pid means something only in its own PID namespace.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -38,18 +45,24 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from mlx_medic.inventory import Inventory, Node
-from mlx_medic.pid_liveness import Liveness, pid_liveness
+from mlx_medic.node.client import HelperCallError, NodeHelpers
+from mlx_medic.pid_liveness import Liveness
 from mlx_medic.transport.interface import NodeTransport, TransportError
 
 log = logging.getLogger(__name__)
 
 Holder = Literal["remediator", "manual", "serve"]
 HOLDERS = ("remediator", "manual", "serve")
-BREAK_GUARD_TIMEOUT = 60.0  # a breaker that held the guard longer than this crashed
+HELPER_TIMEOUT = 30.0  # one lock or pid-alive helper on a node
 WAIT_POLL = 2.0  # seconds between attempts while waiting for a held lock
+
+
+def text_digest(text: str) -> str:
+    """What `lock break` compares: the lock's text exactly as it was judged."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,7 @@ class ModelLocks:
         self.pid_start = pid_start if pid_start is not None else process_start_time(self.pid)
         self.lease = lease
         self.clock = clock
+        self.helpers = NodeHelpers(transport, inventory, timeout=HELPER_TIMEOUT)
         self.refusals: dict[str, str] = {}  # model -> why the last acquire failed
         self.unreachable: dict[str, str] = {}  # model -> the node that did not answer then
 
@@ -186,6 +200,16 @@ class ModelLocks:
             await asyncio.sleep(min(WAIT_POLL, wait - waited))
             waited = time.monotonic() - started
 
+    async def _lock(self, head: Node, model: str, action: str, *args: str) -> dict[str, Any]:
+        """The head's `lock` helper document (its action done or not); TransportError when
+        the head gave no helper answer (unreachable, timed out, no document)."""
+        try:
+            reply = await self.helpers.call(head.name, "lock", model, action, *args)
+        except HelperCallError as exc:
+            cause = exc.__cause__ if exc.unreachable else None  # the transport's own words
+            raise TransportError(str(cause or exc)) from exc
+        return reply.document
+
     async def _try_acquire(
         self, model: str, holder: str, run_id: str, *, renew: bool
     ) -> LockHandle | None:
@@ -194,13 +218,14 @@ class ModelLocks:
         for _attempt in range(2):
             info = self._info(holder, run_id)
             try:
-                if await self.transport.create_exclusive(head, path, info.to_json()):
+                taken = await self._lock(head, model, "take", "--info", info.to_json())
+                if taken["done"]:
                     handle = LockHandle(model, head, path, info)
                     if renew and self.lease > 0:
                         handle.renewer = asyncio.create_task(self._renew_loop(handle))
                     self.refusals.pop(model, None)
                     return handle
-                text = await self.transport.read_text(head, path)
+                text = taken["text"]
             except TransportError as exc:
                 self.refusals[model] = f"cannot reach the lock on {head.name}: {exc}"
                 self.unreachable[model] = head.name
@@ -215,7 +240,7 @@ class ModelLocks:
                         self.unreachable[model] = silent
                     return None
                 log.warning("breaking stale lock: %s", why, extra={"model": model})
-                broken = await self._break(head, path, text)
+                broken = await self._break(head, model, text)
             except TransportError as exc:
                 self.refusals[model] = f"cannot judge the lock on {head.name}: {exc}"
                 self.unreachable[model] = head.name
@@ -226,8 +251,12 @@ class ModelLocks:
         self.refusals[model] = "the lock changed hands while we tried to take it"
         return None
 
+    async def _text(self, model: str) -> str | None:
+        text = (await self._lock(self._head(model), model, "show"))["text"]
+        return None if text is None else str(text)
+
     async def current(self, model: str) -> LockInfo | None:
-        text = await self.transport.read_text(self._head(model), self.path_for(model))
+        text = await self._text(model)
         if text is None:
             return None
         try:
@@ -241,22 +270,23 @@ class ModelLocks:
             handle.renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await handle.renewer
-        text = await self.transport.read_text(handle.node, handle.path)
-        if text is None:
+        if not handle.info.token:
             return
-        if self._is_ours(text, handle.info):
-            await self.transport.remove(handle.node, handle.path)
-        else:
+        released = await self._lock(handle.node, handle.model, "release",
+                                    "--token", handle.info.token)  # fmt: skip
+        if not released["done"]:
             log.warning("lock no longer ours; left in place", extra={"model": handle.model})
 
     async def renew(self, handle: LockHandle) -> bool:
         """Extend the lease; False if the lock is no longer ours."""
-        text = await self.transport.read_text(handle.node, handle.path)
-        if text is None or not self._is_ours(text, handle.info):
+        if not handle.info.token:
             return False
-        now = self.clock()
-        info = LockInfo(**{**asdict(handle.info), "expires": now + self.lease})
-        await self.transport.replace_text(handle.node, handle.path, info.to_json())
+        info = LockInfo(**{**asdict(handle.info), "expires": self.clock() + self.lease})
+        replaced = await self._lock(handle.node, handle.model, "replace",
+                                    "--expected-token", handle.info.token,
+                                    "--info", info.to_json())  # fmt: skip
+        if not replaced["done"]:
+            return False
         handle.info = info
         return True
 
@@ -277,8 +307,7 @@ class ModelLocks:
         (the remediator's journal found it in flight, its process gone). Only the lock
         exactly that run wrote (run id, host and pid as written), never another's.
         Returns it, or None when the lock is not that run's."""
-        head, path = self._head(model), self.path_for(model)
-        text = await self.transport.read_text(head, path)
+        text = await self._text(model)
         if text is None:
             return None
         try:
@@ -287,17 +316,9 @@ class ModelLocks:
             return None
         if (info.run_id, info.host, info.pid) != (run_id, host, pid):
             return None
-        if await self._break(head, path, text):
+        if await self._break(self._head(model), model, text):
             return info
         return None
-
-    @staticmethod
-    def _is_ours(text: str, mine: LockInfo) -> bool:
-        try:
-            info = LockInfo.parse(text)
-        except (ValueError, KeyError, TypeError):
-            return False
-        return bool(mine.token) and info.token == mine.token
 
     async def _judge(self, head: Node, text: str) -> tuple[bool, str, str | None]:
         """(stale?, a sentence saying who holds it or why it is stale, the holder's node
@@ -320,9 +341,13 @@ class ModelLocks:
                 return (True, f"holder's node {info.node} is not in the inventory;"
                         " its lease ran out", None)
             return False, held + f"; its node {info.node} is not in the inventory", None
+        if info.pid <= 0:
+            return False, held + f"; pid {info.pid} is no process to ask about", None
+        start = [] if info.pid_start is None else ["--start-time", repr(info.pid_start)]
         try:
-            liveness, why = await pid_liveness(self.transport, node, info.pid, info.pid_start)
-        except TransportError as exc:
+            reply = await self.helpers.call(node.name, "pid-alive", str(info.pid), *start)
+            liveness, why = Liveness(reply.document["liveness"]), str(reply.document["why"])
+        except (HelperCallError, KeyError, ValueError) as exc:
             return False, held + f"; cannot check its pid on {node.name}: {exc}", node.name
         if liveness in (Liveness.DEAD, Liveness.REUSED):
             return True, f"holder pid {info.pid} on {node.name} is gone: {why}", None
@@ -331,24 +356,9 @@ class ModelLocks:
                     None)
         return False, held, None
 
-    async def _break(self, head: Node, path: Path, stale_text: str) -> bool:
-        """Remove a stale lock, but only the one judged stale: breakers take a guard
-        file first, so two of them cannot remove each other's fresh lock."""
-        guard = path.with_name(path.name + ".break")
-        mine = json.dumps({"host": self.hostname, "pid": self.pid, "time": self.clock()})
-        if not await self.transport.create_exclusive(head, guard, mine):
-            text = await self.transport.read_text(head, guard)
-            try:
-                since = float(json.loads(text or "{}").get("time", 0.0))
-            except (ValueError, AttributeError):
-                since = 0.0
-            if self.clock() - since > BREAK_GUARD_TIMEOUT:
-                await self.transport.remove(head, guard)  # its breaker died
-            return False
-        try:
-            if await self.transport.read_text(head, path) != stale_text:
-                return False
-            await self.transport.remove(head, path)
-            return True
-        finally:
-            await self.transport.remove(head, guard)
+    async def _break(self, head: Node, model: str, stale_text: str) -> bool:
+        """Remove a stale lock, but only the one judged stale: the head removes it only
+        while its text is still exactly that (compared under its flock)."""
+        digest = text_digest(stale_text)
+        broken = await self._lock(head, model, "break", "--expected-sha256", digest)
+        return bool(broken["done"])

@@ -1,9 +1,10 @@
-"""Is process PID, started at T, still alive on node N? Asked on N, nowhere else.
+"""Is process PID, started at T, still alive on this node? Asked on the holder's node,
+nowhere else (the node helper `pid-alive` runs this there).
 
 A pid means something only in its own PID namespace and on its own machine: the
 testbed's nodes share one host name, and a real cluster's nodes each have their own
-pid 4711. So the question runs on the node through its transport (locally for this
-node, over SSH for a peer) as one fixed argv, the pid an argument of its own:
+pid 4711. So the question runs on the node as one fixed argv, the pid an argument of
+its own:
 
     env LC_ALL=C TZ=UTC0 ps -p PID -o stat= -o lstart=
 
@@ -16,11 +17,11 @@ recorded is a reused pid: another process, and the holder is gone. A zombie is g
 from __future__ import annotations
 
 import calendar
+import subprocess
 import time
 from enum import StrEnum
 
-from mlx_medic.inventory import Node
-from mlx_medic.transport.interface import CommandResult, NodeTransport
+from mlx_medic.transport.interface import CommandResult
 
 CHECK_TIMEOUT = 10.0
 # `lstart` has whole seconds and a start time recorded in Python has a fraction:
@@ -74,17 +75,16 @@ def judge_ps(result: CommandResult, pid_start: float | None) -> tuple[Liveness, 
     return Liveness.ALIVE, "alive"
 
 
-async def pid_liveness(
-    transport: NodeTransport,
-    node: Node,
-    pid: int,
-    pid_start: float | None,
-    timeout: float = CHECK_TIMEOUT,
+def local_liveness(
+    pid: int, pid_start: float | None, timeout: float = CHECK_TIMEOUT
 ) -> tuple[Liveness, str]:
-    """Ask `node` whether `pid` (started at `pid_start`, if known) still lives.
-
-    A node that cannot be reached raises TransportError: the caller decides
-    what not knowing means (the model lock: held).
-    """
-    result = await transport.run(node, liveness_argv(pid), timeout=timeout)
-    return judge_ps(result, pid_start)
+    """Whether `pid` (started at `pid_start`, if known) still lives on this machine."""
+    argv = liveness_argv(pid)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return judge_ps(CommandResult(None, "", "", timed_out=True), pid_start)
+    except OSError as exc:
+        return Liveness.UNKNOWN, f"cannot run ps: {exc}"
+    return judge_ps(CommandResult(done.returncode, done.stdout, done.stderr), pid_start)

@@ -88,7 +88,7 @@ def remediator_names(tmp_path: Path) -> set[str]:
     journal = Journal(tmp_path / "journal.sqlite")
     Engine(
         RemediatorConfig(journal=tmp_path / "journal.sqlite", dry_run=True),
-        inventory, journal, LocalTransport(tmp_path / "nodes"), registry=registry,
+        inventory, journal, LocalTransport(), registry=registry,
     )  # fmt: skip
     names = exported_names(generate_latest(registry).decode())
     return {n for n in names if not n.endswith("_created")}

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
+import subprocess
 
 import psutil
 import pytest
 
-from mlx_medic.inventory import Node
 from mlx_medic.pid_liveness import (
     Liveness,
     judge_ps,
     liveness_argv,
+    local_liveness,
     parse_lstart,
-    pid_liveness,
 )
-from mlx_medic.transport import CommandResult, LocalTransport
+from mlx_medic.transport import CommandResult
 
-HERE = Node(name="ai001", ssh="127.0.0.1")
 START = parse_lstart("Tue Dec  1 00:26:32 2026")
 
 
@@ -54,12 +52,11 @@ def test_what_ps_says_about_the_holder(result: CommandResult, pid_start: float |
     assert judge_ps(result, pid_start)[0] is expected
 
 
-async def test_this_machines_ps_agrees_with_psutil_on_start_times() -> None:
+def test_this_machines_ps_agrees_with_psutil_on_start_times() -> None:
     me = os.getpid()
     started = psutil.Process(me).create_time()
-    transport = LocalTransport()
-    assert (await pid_liveness(transport, HERE, me, started))[0] is Liveness.ALIVE
-    assert (await pid_liveness(transport, HERE, me, started - 60))[0] is Liveness.REUSED
-    gone = await asyncio.create_subprocess_exec("true")
-    await gone.wait()
-    assert (await pid_liveness(transport, HERE, gone.pid, None))[0] is Liveness.DEAD
+    assert local_liveness(me, started)[0] is Liveness.ALIVE
+    assert local_liveness(me, started - 60)[0] is Liveness.REUSED
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert local_liveness(gone.pid, None)[0] is Liveness.DEAD

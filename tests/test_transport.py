@@ -40,17 +40,16 @@ def node(name: str) -> Node:
 async def test_this_node_is_served_locally_and_every_peer_by_the_remote_transport(
     tmp_path: Path,
 ) -> None:
-    local, remote = LocalTransport(tmp_path / "local"), LocalTransport(tmp_path / "remote")
+    local, remote = LocalTransport(), LocalTransport()
     routed = RoutedTransport("ai001", local, remote)
     for name in ("ai001", "ai002"):
-        assert await routed.create_exclusive(node(name), Path("/state/x"), name)
-        await routed.run(node(name), ["true"], timeout=10)
+        result = await routed.run(node(name), ["echo", name], timeout=10)
+        assert result.ok and result.stdout == f"{name}\n"
     assert [n for n, _ in local.commands] == ["ai001"]
     assert [n for n, _ in remote.commands] == ["ai002"]
-    assert (tmp_path / "local" / "ai001" / "state" / "x").read_text() == "ai001"
-    assert (tmp_path / "remote" / "ai002" / "state" / "x").read_text() == "ai002"
-    await routed.replace_text(node("ai002"), Path("/state/x"), "again")
-    assert await routed.read_text(node("ai002"), Path("/state/x")) == "again"
-    await routed.remove(node("ai001"), Path("/state/x"))
-    assert await routed.read_text(node("ai001"), Path("/state/x")) is None
     await routed.close()
+
+
+async def test_a_command_that_cannot_start_answers_as_a_shell_would_not_as_a_crash() -> None:
+    result = await LocalTransport().run(node("ai001"), ["/nonexistent/mlx-medic"], timeout=10)
+    assert result.exit_status == 127 and "/nonexistent/mlx-medic" in result.stderr

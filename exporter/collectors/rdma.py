@@ -24,19 +24,14 @@ from collections.abc import Iterable
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
-from mlx_medic.platform.commands import (
-    CommandError,
-    CommandNotFound,
-    Runner,
-    run_command,
-)
+from mlx_medic.platform.commands import Runner, run_command
 from mlx_medic.platform.macos_rdma import (
     IBV_DEVINFO_ARGV,
     IOCLASSCOUNT_ARGV,
     RdmaPort,
-    no_devices,
     parse_ibv_devinfo,
     rdma_object_counts,
+    rdma_tool_output,
 )
 
 log = logging.getLogger("mlx_medic.exporter.rdma")
@@ -54,20 +49,11 @@ class RdmaCollector(Collector):
 
     def _run(self, argv: tuple[str, ...]) -> str | None:
         """stdout, or None when the tool is not installed; failures raise CommandError."""
-        try:
-            result = self._runner(argv, self._timeout)
-        except CommandNotFound:
-            if argv[0] not in self._missing_logged:
-                log.info("%s is not installed: its RDMA series are left out", argv[0])
-                self._missing_logged.add(argv[0])
-            return None
-        if result.returncode == 0:
-            return result.stdout
-        said = result.stdout + result.stderr
-        if argv == IBV_DEVINFO_ARGV and no_devices(said):
-            return said  # rdma-core's "No IB devices found" exits non-zero: no ports
-        first = said.strip().splitlines()[0][:200] if said.strip() else "no output"
-        raise CommandError(f"`{' '.join(argv)}` exited with status {result.returncode}: {first}")
+        text = rdma_tool_output(self._runner, argv, self._timeout)
+        if text is None and argv[0] not in self._missing_logged:
+            log.info("%s is not installed: its RDMA series are left out", argv[0])
+            self._missing_logged.add(argv[0])
+        return text
 
     def ports(self) -> list[RdmaPort] | None:
         text = self._run(IBV_DEVINFO_ARGV)

@@ -1,21 +1,29 @@
-"""`mlx-medic node forced-command --config.file INVENTORY`: the `command=` of the
-remediator's key in a node's `authorized_keys`, so that key can run only the node helpers
-and the probe.
+"""`mlx-medic node forced-command --config.file INVENTORY [--node NAME]`: the `command=` of
+the remediator's key in a node's `authorized_keys`, so that key can run only the node
+helpers and the probe.
 
 sshd runs it for every login with that key and puts what the client asked for in
-`SSH_ORIGINAL_COMMAND`. That line is split with shlex (no shell ever sees it), checked
-word by word (a known program, a known subcommand, known options with values the
-inventory allows: its nodes, its models' host and port, its own paths) and then executed
-directly with this interpreter's mlx-medic. Anything else is refused on stderr, exit 2.
-The `authorized_keys` line, one line (`restrict` also forbids a pty and forwarding):
+`SSH_ORIGINAL_COMMAND`. That line is split with shlex (no shell ever sees it) and must be
+`mlx-medic node HELPER ...` (any helper in HELPERS but this one) or `mlx-medic probe ...`
+(the inventory's `medic_command` counts as `mlx-medic`). A helper's words are parsed by
+that helper's own argparse parser (no abbreviations, no --help) and then checked
+generically: MODEL must be an inventory model placed on this node, `--config.file` this
+inventory, `--state-dir` its state dir, `--node` this node, and no other path; some flags
+are never allowed through this key (REFUSED_FLAGS: sweep's `--start-sweep`, which only the
+serve wrapper may use, locally). Then the words are executed directly with this
+interpreter's mlx-medic. Anything else is refused on stderr, exit 2. The
+`authorized_keys` line, one line (`restrict` also forbids a pty and forwarding):
 
     command="/opt/mlx-medic/bin/mlx-medic node forced-command
     --config.file /etc/mlx-medic/inventory.yaml",restrict ssh-ed25519 AAAA... remediator
+
+This node is `--node NAME`, else `<state_dir>/node-id` (as every helper finds it).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
 import shlex
@@ -23,9 +31,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from mlx_medic.node.cli import HelperError
+from mlx_medic.node.cli import HELPERS, HelperError, add_node_arguments
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
@@ -33,24 +41,82 @@ if TYPE_CHECKING:
 EXIT_REFUSED = 2
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1"}  # listening everywhere: probe loopback
 MAX_PROBE_TIMEOUT = 600.0
+THIS_HELPER = "forced-command"
+
+# helper -> flag -> why this key may never pass it
+REFUSED_FLAGS: dict[str, dict[str, str]] = {
+    "sweep": {"--start-sweep": "only the serve wrapper's own start sweep, run locally, may"
+                               " touch a process serving the model's port"},
+}
+
+
+def _sweep_shape(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model")
+    parser.add_argument("--orphans-only", action="store_true")
+    parser.add_argument("--run")
+    parser.add_argument("--start-sweep", action="store_true")
+    parser.add_argument("--dry-run", action="store_true")
+    add_node_arguments(parser)
+
+
+def _clean_shape(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model")
+    parser.add_argument("--dry-run", action="store_true")
+    add_node_arguments(parser)
+
+
+def _orphans_shape(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?")
+    add_node_arguments(parser)
+
+
+# The command lines of helpers whose modules are not in HELPERS yet (checked by shape);
+# once a helper is in HELPERS its own parser decides and its shape here is unused.
+SHAPES: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "sweep": _sweep_shape, "clean": _clean_shape, "orphans": _orphans_shape,
+}  # fmt: skip
 
 
 class Refused(ValueError):
     """The requested command is not one this key may run; the message says why."""
 
 
+class _Checking(argparse.ArgumentParser):
+    """A helper's parser that refuses instead of exiting: no abbreviations, no --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(add_help=False, allow_abbrev=False, exit_on_error=False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise Refused(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise Refused(message or f"{self.prog} would exit")
+
+
+def helper_names() -> list[str]:
+    """Every helper this key may run: HELPERS (but this one) and the shapes not there yet."""
+    return sorted((set(HELPERS) | set(SHAPES)) - {THIS_HELPER})
+
+
+def helper_parser(helper: str) -> argparse.ArgumentParser:
+    parser = _Checking(prog=f"mlx-medic node {helper}")
+    if helper in HELPERS:
+        importlib.import_module(HELPERS[helper][0]).add_arguments(parser)
+    else:
+        SHAPES[helper](parser)
+    return parser
+
+
 @dataclass(frozen=True)
 class Allowed:
-    """What the request may mean: for each subcommand, its options and their checks."""
+    """What the request may mean: this inventory, this node, the probe's targets."""
 
     inventory: Inventory
     config_file: Path
-
-    def node_name(self, value: str) -> str:
-        known = [node.name for node in self.inventory.nodes]
-        if value not in known:
-            raise Refused(f"node {value!r} is not in the inventory (nodes: {', '.join(known)})")
-        return value
+    this_node: str | None  # None: unknown, and `unknown_node` says why (helpers refused)
+    unknown_node: str = ""
 
     def _same_path(self, option: str, expected: Path) -> Callable[[str], str]:
         def check(value: str) -> str:
@@ -60,27 +126,10 @@ class Allowed:
 
         return check
 
-    def options(self, command: str) -> dict[str, Callable[[str], str] | None]:
-        """Allowed options of `command` ("node HELPER" or "probe"); None: takes no value."""
+    def probe_options(self) -> dict[str, Callable[[str], str]]:
         state_dir = self.inventory.state_dir
-        node_options: dict[str, Callable[[str], str] | None] = {
-            "--json": None,
-            "--node": self.node_name,
-            "--config.file": self._same_path("--config.file", self.config_file),
-            "--state-dir": self._same_path("--state-dir", state_dir),
-        }
-        allowed: dict[str, dict[str, Callable[[str], str] | None]] = {
-            "node ledger": node_options,
-            "probe": {
-                "--host": _host,
-                "--port": _port,
-                "--timeout": _timeout,
-                "--lock-dir": self._same_path("--lock-dir", state_dir / "locks"),
-            },
-        }
-        if command not in allowed:
-            raise Refused(f"{command!r} is not allowed (allowed: {', '.join(sorted(allowed))})")
-        return allowed[command]
+        return {"--host": _host, "--port": _port, "--timeout": _timeout,
+                "--lock-dir": self._same_path("--lock-dir", state_dir / "locks")}  # fmt: skip
 
     def programs(self) -> set[str]:
         return {"mlx-medic"} | {node.medic_command for node in self.inventory.nodes}
@@ -95,6 +144,30 @@ class Allowed:
             if model.port == port and host in hosts:
                 return
         raise Refused(f"no model in the inventory listens on {host} port {port}")
+
+    def check_helper(self, helper: str, parsed: argparse.Namespace) -> None:
+        """The generic checks on a helper's parsed arguments."""
+        if self.this_node is None:
+            raise Refused(f"this node's name is unknown ({self.unknown_node})")
+        values = dict(vars(parsed))
+        config = values.pop("config_file", None)
+        if config is not None:
+            self._same_path("--config.file", self.config_file)(str(config))
+        state_dir = values.pop("state_dir", None)
+        if state_dir is not None:
+            self._same_path("--state-dir", self.inventory.state_dir)(str(state_dir))
+        node = values.pop("node", None)
+        if node is not None and node != self.this_node:
+            raise Refused(f"--node {node!r} is not this node ({self.this_node})")
+        model = values.pop("model", None)
+        if model is not None:
+            placed = [m.name for m in self.inventory.models_on(self.this_node)]
+            if model not in placed:
+                raise Refused(f"model {model!r} is not an inventory model placed on"
+                              f" {self.this_node} (models here: {', '.join(placed)})")  # fmt: skip
+        for name, value in values.items():
+            if isinstance(value, Path):
+                raise Refused(f"{helper}: a path ({name} {str(value)!r}) is not allowed here")
 
 
 def _host(value: str) -> str:
@@ -117,33 +190,54 @@ def _timeout(value: str) -> str:
     return value
 
 
-def _parse_options(
-    words: list[str], allowed: dict[str, Callable[[str], str] | None], command: str
-) -> dict[str, str]:
-    """`--name value`, `--name=value` and flags, each at most once; nothing positional."""
+def _once_each(words: list[str], command: str) -> None:
+    seen: set[str] = set()
+    for word in words:
+        if word.startswith("--"):
+            name = word.partition("=")[0]
+            if name in seen:
+                raise Refused(f"option {name!r} given twice to {command!r}")
+            seen.add(name)
+
+
+def _parse_probe(words: list[str], allowed: dict[str, Callable[[str], str]]) -> dict[str, str]:
+    """`--name value` or `--name=value`, each at most once; nothing positional."""
     found: dict[str, str] = {}
     rest = list(words)
     while rest:
         word = rest.pop(0)
         if not word.startswith("--"):
-            raise Refused(f"unexpected argument {word!r} to {command!r}")
+            raise Refused(f"unexpected argument {word!r} to 'probe'")
         name, has_value, value = word.partition("=")
         if name not in allowed:
-            raise Refused(f"option {name!r} is not allowed for {command!r}")
-        if name in found:
-            raise Refused(f"option {name!r} given twice")
-        check = allowed[name]
-        if check is None:
-            if has_value:
-                raise Refused(f"option {name!r} takes no value")
-            found[name] = ""
-            continue
+            raise Refused(f"option {name!r} is not allowed for 'probe'")
         if not has_value:
             if not rest:
                 raise Refused(f"option {name!r} needs a value")
             value = rest.pop(0)
-        found[name] = check(value)
+        found[name] = allowed[name](value)
     return found
+
+
+def _validate_helper(helper: str, words: list[str], allowed: Allowed) -> list[str]:
+    command = f"node {helper}"
+    if helper not in helper_names():
+        raise Refused(f"{command!r} is not allowed (helpers: {', '.join(helper_names())})")
+    for flag, why in REFUSED_FLAGS.get(helper, {}).items():
+        if any(word == flag or word.startswith(flag + "=") for word in words):
+            raise Refused(f"{flag} is never allowed through this key: {why}")
+    _once_each(words, command)
+    try:
+        parsed = helper_parser(helper).parse_args(words)
+    except argparse.ArgumentError as exc:
+        raise Refused(f"{command}: {exc}") from None
+    except Refused as exc:
+        raise Refused(f"{command}: {exc}") from None
+    allowed.check_helper(helper, parsed)
+    argv = ["node", helper, *words]
+    if getattr(parsed, "config_file", None) is None:
+        argv += ["--config.file", str(allowed.config_file)]  # the inventory this key runs with
+    return argv
 
 
 def validate(original: str | None, allowed: Allowed) -> list[str]:
@@ -162,36 +256,39 @@ def validate(original: str | None, allowed: Allowed) -> list[str]:
     if args[0] == "node":
         if len(args) < 2 or args[1].startswith("-"):
             raise Refused("no node helper given")
-        command, words_after = f"node {args[1]}", args[2:]
-    else:
-        command, words_after = args[0], args[1:]
-    options = _parse_options(words_after, allowed.options(command), command)
-    if command == "probe":
-        allowed.check_probe_target(options)
-    elif "--config.file" not in options:
-        options["--config.file"] = str(allowed.config_file)  # the inventory this key runs with
-    argv = command.split()
-    for name, value in options.items():
-        argv += [name] if allowed.options(command)[name] is None else [name, value]
-    return argv
+        return _validate_helper(args[1], args[2:], allowed)
+    if args[0] != "probe":
+        raise Refused(f"{args[0]!r} is not allowed (allowed: node HELPER, probe)")
+    _once_each(args[1:], "probe")
+    options = _parse_probe(args[1:], allowed.probe_options())
+    allowed.check_probe_target(options)
+    return ["probe", *(word for name, value in options.items() for word in (name, value))]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config.file", dest="config_file", type=Path, required=True,
                         help="the inventory the allowed commands are checked against")  # fmt: skip
+    parser.add_argument("--node", default=None,
+                        help="this node's name (default: <state_dir>/node-id)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     from mlx_medic.inventory import InventoryError, load_inventory
+    from mlx_medic.node_identity import NodeIdentityError, resolve_node
 
     config_file = Path(os.path.abspath(args.config_file))
     try:
         inventory = load_inventory(config_file)
     except InventoryError as exc:
         raise HelperError(exc.report()) from None
+    this_node, unknown = None, ""
+    try:
+        this_node = resolve_node(inventory, args.node, inventory.state_dir)
+    except NodeIdentityError as exc:
+        unknown = str(exc)
     original = os.environ.get("SSH_ORIGINAL_COMMAND")
     try:
-        argv = validate(original, Allowed(inventory, config_file))
+        argv = validate(original, Allowed(inventory, config_file, this_node, unknown))
     except Refused as exc:
         print(f"mlx-medic forced command: refused {original!r}: {exc}", file=sys.stderr)
         return EXIT_REFUSED

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mlx_medic.platform.commands import ParseError, excerpt
+from mlx_medic.platform.commands import CommandError, CommandNotFound, ParseError, Runner, excerpt
 
 IBV_DEVINFO_ARGV = ("ibv_devinfo",)
 PROTECTION_DOMAIN_CLASS = "AppleThunderboltRDMAProtectionDomain"
@@ -45,6 +45,22 @@ class RdmaPort:
 def no_devices(text: str) -> bool:
     """True when ibv_devinfo says there are no RDMA devices (RDMA off or absent)."""
     return bool(_NO_DEVICES.search(text))
+
+
+def rdma_tool_output(runner: Runner, argv: tuple[str, ...], timeout: float) -> str | None:
+    """The tool's output; None when it is not installed (no RDMA here: absent, never zero).
+    A tool that is there but fails raises CommandError: a broken probe is not "no RDMA"."""
+    try:
+        result = runner(argv, timeout)
+    except CommandNotFound:
+        return None
+    if result.returncode == 0:
+        return result.stdout
+    said = result.stdout + result.stderr
+    if argv == IBV_DEVINFO_ARGV and no_devices(said):
+        return said  # rdma-core's "No IB devices found" exits non-zero: no ports
+    first = said.strip().splitlines()[0][:200] if said.strip() else "no output"
+    raise CommandError(f"`{' '.join(argv)}` exited with status {result.returncode}: {first}")
 
 
 def parse_ibv_devinfo(text: str) -> list[RdmaPort]:

@@ -1,14 +1,14 @@
-"""What every node transport offers: argv commands and a few atomic file operations.
+"""What every node transport offers: argv commands, nothing else.
 
-The callers (the model lock, later the node helpers and the serve wrapper) act on a
-node without knowing whether it is this machine or one reached over SSH. Commands
-are argv lists, never shell text, on every implementation.
+The callers (the node helpers' client, the model lock through it, the remote probe) act
+on a node without knowing whether it is this machine or one reached over SSH. Commands
+are argv lists, never shell text, on every implementation. Over SSH they are only
+`mlx-medic node ...` and `mlx-medic probe`, so the key can be pinned to those.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from mlx_medic.inventory import Node
@@ -32,21 +32,6 @@ class TransportError(RuntimeError):
 
 class NodeTransport(Protocol):
     async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult: ...
-
-    async def create_exclusive(self, node: Node, path: Path, content: str) -> bool:
-        """Create `path` with `content` only if it does not exist; atomic, and the file
-        is never seen half-written. True if created, False if it already existed."""
-        ...
-
-    async def replace_text(self, node: Node, path: Path, content: str) -> None:
-        """Overwrite `path` atomically (write a temporary file, rename it over)."""
-        ...
-
-    async def read_text(self, node: Node, path: Path) -> str | None:
-        """The file's text, or None if it does not exist."""
-        ...
-
-    async def remove(self, node: Node, path: Path) -> None: ...
 
     async def close(self) -> None: ...
 

@@ -8,8 +8,6 @@ answered from this machine's process table.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from mlx_medic.inventory import Node
 from mlx_medic.transport.interface import CommandResult, NodeTransport
 
@@ -25,18 +23,6 @@ class RoutedTransport:
 
     async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
         return await self._for(node).run(node, argv, timeout=timeout)
-
-    async def create_exclusive(self, node: Node, path: Path, content: str) -> bool:
-        return await self._for(node).create_exclusive(node, path, content)
-
-    async def replace_text(self, node: Node, path: Path, content: str) -> None:
-        await self._for(node).replace_text(node, path, content)
-
-    async def read_text(self, node: Node, path: Path) -> str | None:
-        return await self._for(node).read_text(node, path)
-
-    async def remove(self, node: Node, path: Path) -> None:
-        await self._for(node).remove(node, path)
 
     async def close(self) -> None:
         await self.local.close()

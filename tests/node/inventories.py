@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MEDIC = str(Path(sys.executable).with_name("mlx-medic"))  # this venv's console script
+
 
 def two_models(
     state_dir: str = "/var/lib/mlx-medic", *, n1: str = "", m1: str = "", m2: str = ""
@@ -26,3 +35,15 @@ models:
     service: {{manager: supervisord, label: m2}}
     backends: {{ring: {{hostfile: /etc/ring.json}}}}{m2}
 """
+
+
+def helper_inventory(cluster: Any, models: list[dict[str, Any]], name: str) -> Path:
+    """The testbed's inventory for `models`, written under its workdir (every node sees it),
+    with every node running this venv's mlx-medic with it: the node helpers the lock, the
+    remediator and the serve wrapper call over SSH run there for real."""
+    path = cluster.workdir / f"{name}-{uuid.uuid4().hex[:8]}.yaml"
+    data = yaml.safe_load(cluster.inventory_yaml(models))
+    for node in data["nodes"].values():
+        node |= {"medic_command": MEDIC, "medic_config": str(path)}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -5,6 +5,7 @@ an unknown subcommand are refused; the key is accepted only where it was install
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import uuid
@@ -13,12 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
+from mlx_medic.inventory import parse_inventory
 from mlx_medic.node.boot_id import current_boot_id
+from mlx_medic.node.client import NodeHelpers
 from mlx_medic.node.forced_command import EXIT_REFUSED
 from mlx_medic.node.ledger import record_spend
+from mlx_medic.transport import SshTransport
 from testbed import Cluster, SimNode
 from testbed.cluster import SSH
+from tests.node.inventories import helper_inventory
 
 NODE = "ai002"
 
@@ -38,12 +44,15 @@ class ForcedKey:
 @pytest.fixture
 def forced_key(cluster: Cluster) -> Iterator[ForcedKey]:
     token = uuid.uuid4().hex[:8]
-    inventory = cluster.workdir / f"forced-{token}.yaml"
-    inventory.write_text(cluster.inventory_yaml([{
+    inventory = helper_inventory(cluster, [{
         "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", NODE], "port": 8080,
         "service": {"manager": "supervisord", "label": f"tiny-{token}"},
         "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
-    }]))  # fmt: skip
+    }, {
+        "name": "elsewhere", "model": "/models/e", "nodes": ["ai003"], "port": 8081,
+        "service": {"manager": "supervisord", "label": f"e-{token}"},
+        "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
+    }], "forced")  # fmt: skip
     node = cluster.node(NODE)
     command = f"{sys.executable} -m mlx_medic.cli node forced-command --config.file {inventory}"
     key = node.install_forced_key(command)
@@ -52,6 +61,7 @@ def forced_key(cluster: Cluster) -> Iterator[ForcedKey]:
     finally:
         node.remove_forced_key()
         (node.state_dir / "pd-ledger.json").unlink(missing_ok=True)
+        shutil.rmtree(node.state_dir / "runs", ignore_errors=True)
 
 
 def test_an_allowed_helper_runs_on_the_node_it_logged_into(forced_key: ForcedKey) -> None:
@@ -69,11 +79,15 @@ def test_an_allowed_helper_runs_on_the_node_it_logged_into(forced_key: ForcedKey
     ("command", "reason"),
     [
         ("sh -c id", "'sh' is not mlx-medic"),
-        ("mlx-medic node ledger --json; id", "is not allowed"),
-        ("mlx-medic node ledger --json ; id", "unexpected argument ';'"),
+        ("mlx-medic node ledger --json; id", "unrecognized arguments: --json; id"),
+        ("mlx-medic node ledger --json ; id", "unrecognized arguments: ; id"),
         ("mlx-medic node ledger --config.file /etc/passwd", "not the inventory's"),
         ("mlx-medic node reboot", "'node reboot' is not allowed"),
         ("id", "'id' is not mlx-medic"),
+        ("mlx-medic node sweep tiny --start-sweep", "--start-sweep is never allowed"),
+        ("mlx-medic node run elsewhere show", "'elsewhere' is not an inventory model placed"),
+        ("mlx-medic node run tiny show --node ai001", "--node 'ai001' is not this node (ai002)"),
+        ("mlx-medic node run tiny set 'r-1; id'; id", "unrecognized arguments: id"),
     ],
 )
 def test_anything_else_is_refused_and_nothing_runs(
@@ -83,6 +97,40 @@ def test_anything_else_is_refused_and_nothing_runs(
     assert result.returncode == EXIT_REFUSED
     assert "mlx-medic forced command: refused" in result.stderr and reason in result.stderr
     assert result.stdout == ""  # no `id` output: nothing ran
+
+
+def test_the_state_helpers_run_through_the_key_on_its_node(forced_key: ForcedKey) -> None:
+    def document(command: str) -> dict:
+        result = forced_key.ssh(command)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    assert document("mlx-medic node run tiny set r-7 --json")["current"] == "r-7"
+    assert (forced_key.node.state_dir / "runs" / "tiny.current").read_text() == "r-7\n"
+    assert document("mlx-medic node run tiny show --json")["current"] == "r-7"
+    alive = document("mlx-medic node pid-alive 1 --json")  # the node's own pid 1: its sshd
+    assert alive["liveness"] == "alive"
+    facts = document("mlx-medic node facts tiny --json")
+    assert facts["node"] == NODE and facts["memory"]["available_bytes"] > 0
+
+
+async def test_the_remediators_helper_calls_pass_the_forced_command(
+    forced_key: ForcedKey,
+) -> None:
+    """NodeHelpers' own argv (medic_command, medic_config, --node, --json) through the key."""
+    data = yaml.safe_load(forced_key.inventory.read_text())
+    data["ssh"]["identity_file"] = str(forced_key.key)
+    inventory = parse_inventory(yaml.safe_dump(data))
+    transport = SshTransport(inventory)
+    try:
+        helpers = NodeHelpers(transport, inventory, timeout=60)
+        reply = await helpers.call(NODE, "pid-alive", "1")
+        assert reply.ok and reply.document["liveness"] == "alive", reply.stderr
+        assert reply.argv[0] == inventory.node(NODE).medic_command
+        refused = await transport.run(inventory.node(NODE), ["sh", "-c", "id"], timeout=60)
+        assert refused.exit_status == EXIT_REFUSED and "is not mlx-medic" in refused.stderr
+    finally:
+        await transport.close()
 
 
 def test_a_login_without_a_command_gets_no_shell(forced_key: ForcedKey) -> None:

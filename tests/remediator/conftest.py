@@ -30,6 +30,7 @@ from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.webapp import make_app
 from mlx_medic.transport import SshTransport
+from tests.node.inventories import helper_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token-for-tests"
@@ -503,11 +504,9 @@ def stack(clean_cluster: Any, tmp_path: Path, services: list[Service]) -> Stack:
          "policy": policy}
         for name in ("m1", "m2")
     ]
-    data = yaml.safe_load(clean_cluster.inventory_yaml(models))
-    # sshd's PATH is minimal: the head runs this venv's mlx-medic for the re-check's probe
-    data["nodes"]["ai001"]["medic_command"] = str(Path(sys.executable).parent / "mlx-medic")
-    inventory = workdir / "inventory.yaml"
-    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    # sshd's PATH is minimal: every node runs this venv's mlx-medic (the re-check's probe,
+    # the lock's helpers) with this inventory, written where every node can read it
+    inventory = helper_inventory(clean_cluster, models, "stack")
     return Stack(clean_cluster, workdir, workdir / "token", inventory,
                  workdir / "journal.sqlite", services)
 

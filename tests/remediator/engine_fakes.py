@@ -5,7 +5,11 @@ to be released, or act while the model is up."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import shutil
 import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,7 +18,7 @@ from typing import Any, ClassVar
 import yaml
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import BackendName, Inventory, Model, parse_inventory
+from mlx_medic.inventory import BackendName, Inventory, Model, load_inventory
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
@@ -40,12 +44,16 @@ from mlx_medic.transport import LocalTransport, NodeTransport
 
 MODEL = "glm-4_6-5b"
 OTHER = "qwq-32b-8bit"
+MEDIC = str(Path(sys.executable).with_name("mlx-medic"))  # this venv's console script
 
 
-def inventory_text(state_dir: Path, **policy: Any) -> str:
+def inventory_text(state_dir: Path, *, medic_config: Path | None = None, **policy: Any) -> str:
+    """With `medic_config` (where this text is written), every node runs this venv's
+    mlx-medic with it: node helpers called through a LocalTransport then work here."""
+    helpers = {"medic_command": MEDIC, "medic_config": str(medic_config)} if medic_config else {}
     data = {
         "state_dir": str(state_dir),
-        "nodes": {f"ai00{i}": {"ssh": f"127.0.0.{i + 1}"} for i in range(1, 6)},
+        "nodes": {f"ai00{i}": {"ssh": f"127.0.0.{i + 1}", **helpers} for i in range(1, 6)},
         "models": {
             MODEL: {
                 "model": "mlx-community/GLM-4.6-5bit",
@@ -72,7 +80,13 @@ def inventory_text(state_dir: Path, **policy: Any) -> str:
 
 
 def make_inventory(**policy: Any) -> Inventory:
-    return parse_inventory(inventory_text(Path("/var/lib/mlx-medic"), **policy))
+    """The two-model inventory, written to a temp dir of its own (removed at exit) with its
+    state dir there: the model lock's node helpers, run here, read it and keep state there."""
+    directory = Path(tempfile.mkdtemp(prefix="mlx-medic-inventory-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    path = directory / "inventory.yaml"
+    path.write_text(inventory_text(directory / "state", medic_config=path, **policy))
+    return load_inventory(path)
 
 
 def alert(
@@ -282,7 +296,7 @@ def make_engine(
     """An engine with `fake_playbooks()`, and `playbooks` over them (e.g. a test's gate)."""
     if transport is None:
         assert tmp_path is not None
-        transport = LocalTransport(tmp_path / "nodes")
+        transport = LocalTransport()
     return Engine(
         config,
         inventory,

@@ -23,6 +23,7 @@ from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.outcomes import RunOutcome
 from mlx_medic.transport import LocalTransport
+from tests.node.inventories import helper_inventory
 from tests.remediator.engine_fakes import (
     MODEL,
     OTHER,
@@ -40,7 +41,8 @@ def cli(args: list[str]) -> int:
 def write_config(tmp_path: Path, inventory: str | None = None, **extra) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     inventory_file = tmp_path / "inventory.yaml"
-    inventory_file.write_text(inventory or inventory_text(Path("/var/lib/mlx-medic")))
+    inventory_file.write_text(  # its nodes' helpers (the lock's) run here with it
+        inventory or inventory_text(tmp_path / "node-state", medic_config=inventory_file))
     config = {"journal": str(tmp_path / "state" / "journal.sqlite"),
               "inventory": str(inventory_file), **extra}
     path = tmp_path / "remediator.yaml"
@@ -236,8 +238,9 @@ def test_remediate_dry_run_plans_under_the_real_lock_and_exit_3_when_it_is_held(
         "service": {"manager": "supervisord", "label": "tiny"},
         "backends": {"ring": {"hostfile": "/etc/ring.json", "pipeline": True}},
     }
-    config_file = write_config(tmp_path, cluster.inventory_yaml([model]))
-    inventory = parse_inventory(cluster.inventory_yaml([model]))
+    inventory_text = helper_inventory(cluster, [model], "remediate").read_text()
+    config_file = write_config(tmp_path, inventory_text)
+    inventory = parse_inventory(inventory_text)
     assert cli(["remediate", "--config.file", str(config_file), "tiny", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "manual" in out and "planned (dry run)" in out and "supervisorctl stop tiny" in out
@@ -403,7 +406,7 @@ def test_remediate_force_of_a_paused_model_runs_and_journals_the_override(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cli_remediate, "SshTransport",
-                        lambda inventory: LocalTransport(tmp_path / "nodes"))
+                        lambda inventory: LocalTransport())
     monkeypatch.setenv("SUDO_USER", "alice")
     config_file = write_config(tmp_path)
     flag = ["--config.file", str(config_file)]

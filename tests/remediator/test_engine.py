@@ -14,13 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Inventory, parse_inventory
+from mlx_medic.inventory import Inventory, load_inventory
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
 from mlx_medic.remediator.config import ConfigError
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal, RunView, owner_tag
 from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.transport import LocalTransport, SshTransport
+from tests.node.inventories import helper_inventory
 from tests.remediator.engine_fakes import (
     MODEL,
     OTHER,
@@ -188,7 +189,7 @@ async def test_an_unknown_model_or_unrouted_alert_is_journaled_and_ignored(
     assert "label model=missing" in events[0].detail
     (unrouted,) = engine.journal.list_events(kind="unrouted")
     assert "no playbook for alert 'DiskFull'" in unrouted.detail
-    assert not list((tmp_path / "nodes").rglob("*"))  # nothing created on any node
+    assert not list(inventory.state_dir.rglob("*"))  # nothing created on any node
 
 
 async def test_pause_stops_new_runs_until_resume_and_reaches_a_running_engine(
@@ -288,7 +289,7 @@ async def test_a_state_a_restart_cannot_fix_escalates_with_the_next_action_in_wo
 async def test_steps_without_an_implementation_escalate_and_never_pretend_success(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    transport = LocalTransport(tmp_path / "nodes")
+    transport = LocalTransport()
     engine = make_engine(make_config(tmp_path, "not-yet"), inventory, transport=transport)
     engines.append(engine)
     await engine.submit(alert("r1"))
@@ -298,7 +299,8 @@ async def test_steps_without_an_implementation_escalate_and_never_pretend_succes
     assert [(s.name, s.outcome) for s in run.steps] == [("stop-service", "not_implemented")]
     assert run.next_action is not None and "by hand" in run.next_action
     assert "stop-service on ai001, sweep on ai001, ai001" in run.next_action
-    assert [c for c in transport.commands if c[1][0] != "sh"] == []  # nothing ran on a node
+    # nothing ran on a node but the model lock's helper on the head
+    assert [c for c in transport.commands if c[1][1:3] != ["node", "lock"]] == []
     assert engine.m_escalations.labels(model=MODEL, reason="not_implemented")._value.get() == 1
 
 
@@ -391,13 +393,13 @@ def test_a_routed_playbook_the_engine_does_not_have_is_a_config_error_naming_it(
     assert "recover" in message  # the names it could have used
     with pytest.raises(ConfigError, match="unknown playbook 'succeeding'"):
         Engine(make_config(tmp_path, "succeeding"), inventory, Journal(config.journal),
-               LocalTransport(tmp_path / "nodes"), registry=CollectorRegistry())
+               LocalTransport(), registry=CollectorRegistry())
 
 
 async def test_a_dry_run_journals_every_planned_step_and_executes_nothing(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    transport = LocalTransport(tmp_path / "nodes")
+    transport = LocalTransport()
     engine = make_engine(make_config(tmp_path, dry_run=True), inventory, transport=transport)
     engines.append(engine)
     assert await engine.submit(alert("d1")) == Disposition.STARTED
@@ -416,7 +418,7 @@ async def test_a_dry_run_journals_every_planned_step_and_executes_nothing(
                                     f"system/com.example.{MODEL}"]
     assert run.steps[3].targets == [f"/Users/ai/.cache/mlx-share/{MODEL}/tmp*"]
     assert "--pipeline" in run.steps[6].description
-    assert [c for c in transport.commands if c[1][0] != "sh"] == []
+    assert [c for c in transport.commands if c[1][1:3] != ["node", "lock"]] == []
     assert engine.journal.blocking_control(MODEL) is None  # a dry run never escalates
 
 
@@ -431,7 +433,7 @@ async def test_start_up_marks_a_crashed_run_interrupted_and_releases_its_lock(
     journal.start_run(run_id, 2.0)
     journal.begin_step(run_id, seq=1, name="sweep", node="ai002", command=None,
                        description="kill ranks", targets=[], now=3.0)
-    lock = tmp_path / "nodes" / "ai001" / "var/lib/mlx-medic/locks" / f"{MODEL}.lock"
+    lock = inventory.state_dir / "locks" / f"{MODEL}.lock"  # where the head's helper keeps it
     lock.parent.mkdir(parents=True)
     lock.write_text(json.dumps({"host": "replica-a", "pid": crashed_pid, "time": 2.0,
                                 "holder": "remediator", "run_id": str(run_id),
@@ -460,7 +462,7 @@ async def test_closing_the_engine_interrupts_a_run_and_releases_its_lock(
     (run,) = engine.journal.list_runs()
     assert run.outcome == "interrupted"
     assert [s.outcome for s in run.steps] == ["interrupted"]
-    assert not list((tmp_path / "nodes").rglob("*.lock"))
+    assert not list(inventory.state_dir.rglob("*.lock"))
 
 
 async def test_a_manual_run_ignores_pause_but_not_the_lock(
@@ -522,7 +524,7 @@ async def test_two_replicas_never_act_on_one_model_at_once_over_real_ssh(
         "backends": {"ring": {"hostfile": "/etc/ring.json", "pipeline": True}},
         "policy": {"backoff": 0},
     }
-    inventory = parse_inventory(cluster.inventory_yaml([model]))
+    inventory = load_inventory(helper_inventory(cluster, [model], "replicas"))
     transports = [SshTransport(inventory), SshTransport(inventory)]
     replicas = []
     for name, transport in zip(("replica-a", "replica-b"), transports, strict=True):

@@ -40,7 +40,7 @@ def engine_with(tmp_path: Path, engines: list[Engine], answers: dict[tuple[str, 
         run_id = journal.create_run(model=model, playbook="recover", trigger_kind="alert",
                                     owner=owner_tag("replica-a", dead_pid()), now=1.0)
         journal.start_run(run_id, 2.0)
-    engine = make_engine(config, inventory, transport=LocalTransport(tmp_path), journal=journal,
+    engine = make_engine(config, inventory, transport=LocalTransport(), journal=journal,
                          playbooks={FINISH_STOP: FinishStopPlaybook()},
                          health=Health(verdicts=[HealthVerdict.up("answered")]))
     engines.append(engine)

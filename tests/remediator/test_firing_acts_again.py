@@ -35,9 +35,8 @@ def inventory() -> Inventory:
 
 
 def lock_path(tmp_path: Path, inventory: Inventory) -> Path:
-    """MODEL's lock on its head (ai001), as LocalTransport lays nodes out under tmp_path."""
-    path = inventory.state_dir / "locks" / f"{MODEL}.lock"
-    return tmp_path / "nodes" / "ai001" / path.relative_to("/")
+    """MODEL's lock on its head (ai001), where the head's `lock` helper (run here) keeps it."""
+    return inventory.state_dir / "locks" / f"{MODEL}.lock"
 
 
 def hold_lock(tmp_path: Path, inventory: Inventory) -> Path:

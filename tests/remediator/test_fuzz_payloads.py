@@ -173,7 +173,7 @@ class Harness:
         config = config.model_copy(update={"dry_run": True})
         self.journal = Journal(config.journal)
         inventory = parse_inventory(fuzz_inventory(tmp_path))
-        transport = LocalTransport(tmp_path / "nodes")
+        transport = LocalTransport()
 
         async def start() -> tuple[RecordingEngine, TestClient]:
             engine = Engine(config, inventory, self.journal, transport,

@@ -15,9 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlx_medic.inventory import Inventory, Node, parse_inventory
+from mlx_medic.inventory import Inventory, Node, load_inventory, parse_inventory
 from mlx_medic.model_lock import LockInfo, ModelLocks
 from mlx_medic.transport import CommandResult, LocalTransport, SshTransport, TransportError
+from tests.node.inventories import helper_inventory
 from tests.remediator.engine_fakes import MODEL, dead_pid, make_inventory
 
 
@@ -36,7 +37,7 @@ def inventory() -> Inventory:
 
 @pytest.fixture
 def transport(tmp_path: Path) -> LocalTransport:
-    return LocalTransport(tmp_path / "nodes")
+    return LocalTransport()
 
 
 def locks(inventory: Inventory, transport: LocalTransport, host: str, clock: Clock | None = None,
@@ -46,9 +47,9 @@ def locks(inventory: Inventory, transport: LocalTransport, host: str, clock: Clo
 
 
 def lock_file(tmp_path: Path, inventory: Inventory) -> Path:
-    """Where the lock of MODEL lands on its head node (ai001) in the LocalTransport layout."""
-    path = inventory.state_dir / "locks" / f"{MODEL}.lock"
-    return tmp_path / "nodes" / "ai001" / path.relative_to("/")
+    """Where the lock of MODEL lands on its head node (ai001): the `lock` helper, run here
+    through the LocalTransport, keeps it in the inventory's state dir."""
+    return inventory.state_dir / "locks" / f"{MODEL}.lock"
 
 
 def plant(tmp_path: Path, inventory: Inventory, **fields) -> None:
@@ -146,33 +147,35 @@ async def test_a_host_name_and_a_pid_decide_nothing_for_a_holder_without_a_node(
 
 
 class Unreachable(LocalTransport):
-    """Files on the head work; no command reaches any node."""
+    """The head answers; nothing reaches ai003."""
 
     async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
-        raise TransportError(f"cannot reach {node.name}")
+        if node.name == "ai003":
+            raise TransportError(f"cannot reach {node.name}")
+        return await super().run(node, argv, timeout=timeout)
 
 
 async def test_a_holder_on_a_node_we_cannot_reach_counts_as_held(
     tmp_path: Path, inventory: Inventory
 ) -> None:
     plant(tmp_path, inventory, node="ai003", pid=dead_pid(), expires=0.0)
-    a = locks(inventory, Unreachable(tmp_path / "nodes"), "replica-a")
+    a = locks(inventory, Unreachable(), "replica-a")
     assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
     assert "cannot check its pid on ai003" in a.refusals[MODEL]
     assert a.unreachable[MODEL] == "ai003"  # not "someone holds it": we cannot tell
 
 
 class HeadUnreachable(LocalTransport):
-    """Nothing reaches the head: every file operation fails as SSH would."""
+    """Nothing reaches the head: every helper call fails as SSH would."""
 
-    async def create_exclusive(self, node: Node, path: Path, content: str) -> bool:
+    async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
         raise TransportError(f"cannot reach {node.name} (root@127.0.0.2:22): refused")
 
 
 async def test_a_head_we_cannot_reach_is_named_as_unreachable_and_never_waited_for(
     tmp_path: Path, inventory: Inventory
 ) -> None:
-    a = locks(inventory, HeadUnreachable(tmp_path / "nodes"), "replica-a")
+    a = locks(inventory, HeadUnreachable(), "replica-a")
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await a.acquire(MODEL, "remediator", "5", renew=False, wait=30.0) is None
@@ -207,7 +210,7 @@ async def test_acquire_waits_a_bounded_time_for_a_holder_that_lets_go(
     handle = await remediator.acquire(MODEL, "remediator", "7", renew=False, wait=20.0)
     await releasing
     assert handle is not None and handle.info.run_id == "7"
-    assert 1.0 <= handle.waited < 5.0
+    assert 1.0 <= handle.waited < 15.0  # well within its 20 s: it took the lock once free
 
 
 async def test_acquire_gives_up_after_its_wait_while_the_holder_keeps_the_lock(
@@ -334,7 +337,10 @@ async def test_the_lease_is_renewed_in_the_background_while_the_lock_is_held(
     handle = await a.acquire(MODEL, "remediator", "1")
     assert handle is not None and handle.renewer is not None
     first = LockInfo.parse(lock_file(tmp_path, inventory).read_text()).expires
-    await asyncio.sleep(1.5)
+    for _ in range(200):  # renewed every second; each renewal is a helper run on the head
+        await asyncio.sleep(0.1)
+        if LockInfo.parse(lock_file(tmp_path, inventory).read_text()).expires > first:
+            break
     assert LockInfo.parse(lock_file(tmp_path, inventory).read_text()).expires > first
     await a.release(handle)
     assert handle.renewer.done() and not lock_file(tmp_path, inventory).exists()
@@ -384,7 +390,7 @@ async def test_over_ssh_a_holder_is_judged_on_its_own_node_by_pid_and_start_time
     clean_cluster,
 ) -> None:
     cluster = clean_cluster
-    inventory = parse_inventory(cluster.inventory_yaml([TINY]))
+    inventory = load_inventory(helper_inventory(cluster, [TINY], "lock"))
     head, peer = cluster.node("ai001"), cluster.node("ai002")
     ssh = SshTransport(inventory)
     # The judge runs here, with the same host name as the holder: that decides nothing.
@@ -422,8 +428,9 @@ async def test_over_ssh_a_holder_is_judged_on_its_own_node_by_pid_and_start_time
 @pytest.mark.testbed
 async def test_over_ssh_a_holder_on_an_unreachable_node_counts_as_held(clean_cluster) -> None:
     cluster = clean_cluster
-    text = cluster.inventory_yaml([TINY]).replace(cluster.node("ai003").address, "127.0.0.254")
-    inventory = parse_inventory(text)
+    path = helper_inventory(cluster, [TINY], "lock")
+    inventory = parse_inventory(
+        path.read_text().replace(cluster.node("ai003").address, "127.0.0.254"))
     ssh = SshTransport(inventory)
     lock = cluster.head.host_path(inventory.state_dir / "locks" / "tiny.lock")
     write_lock(lock, node="ai003", pid=dead_pid())
@@ -441,7 +448,7 @@ async def test_over_ssh_a_serve_wrapper_holder_on_the_head_is_judged_by_its_pid_
     clean_cluster,
 ) -> None:
     cluster = clean_cluster
-    inventory = parse_inventory(cluster.inventory_yaml([TINY]))
+    inventory = load_inventory(helper_inventory(cluster, [TINY], "lock"))
     ssh = SshTransport(inventory)
     head = cluster.node("ai001")
     sleeper = head.spawn(["sleep", "300"])

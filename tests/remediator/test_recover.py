@@ -36,10 +36,10 @@ async def recover(tmp_path: Path, engines: list[Engine], health: Health,
                   answers: dict[tuple[str, str], Any] | None = None,
                   ) -> tuple[Engine, FakeHelpers, RunView]:
     inv = inventory()
-    transport = LocalTransport(tmp_path / "nodes")
+    transport = LocalTransport()
     engine = make_engine(make_config(tmp_path), inv, transport=transport, health=health)
     engines.append(engine)
-    lock = transport.root / "ai001" / str(inv.state_dir).lstrip("/") / "locks" / f"{MODEL}.lock"
+    lock = inv.state_dir / "locks" / f"{MODEL}.lock"
     held_at_start: list[bool] = []
     held_at_stop: list[bool] = []
 

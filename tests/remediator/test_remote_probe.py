@@ -270,6 +270,10 @@ def remote(clean_cluster: Any, testbed_workdir: Path) -> dict[str, Any]:
              "backends": {"ring": {"hostfile": f"/etc/mlx-medic/{token}.ring.json"}}}
     data = yaml.safe_load(clean_cluster.inventory_yaml([model]))
     data["nodes"]["ai001"]["medic_command"] = str(command)
+    config = testbed_workdir / f"inventory-{token}.yaml"  # what the head's helpers read
+    for node in data["nodes"].values():
+        node["medic_config"] = str(config)
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
     return {"token": token, "command": command, "model": model["name"], "data": data,
             "marker": clean_cluster.node("ai001").tmp / f"medic-probe-{token}.log",
             "cluster": clean_cluster}

@@ -53,7 +53,7 @@ def model(inventory: Inventory = INVENTORY) -> Model:
 def context(health: Health, tmp_path: Path, helpers: FakeHelpers | None = None,
             inventory: Inventory = INVENTORY, **extra: Any) -> RunContext:
     return RunContext(model=model(inventory), inventory=inventory,
-                      transport=LocalTransport(tmp_path), run_id=7, health=health,
+                      transport=LocalTransport(), run_id=7, health=health,
                       log=logging.getLogger("test"), helpers=helpers, **extra)
 
 

@@ -38,7 +38,7 @@ def engine_with(tmp_path: Path, engines: list[Engine], answers: dict[tuple[str, 
                 health: Health | None = None, **policy: Any) -> tuple[Engine, FakeHelpers]:
     inventory = make_inventory(start_timeout="1s", **policy)
     config = make_config(tmp_path, routing={"playbooks": ROUTING})
-    engine = make_engine(config, inventory, transport=LocalTransport(tmp_path),
+    engine = make_engine(config, inventory, transport=LocalTransport(),
                          playbooks={"recover": RecoverPlaybook(),
                                     SWEEP_ORPHANS: SweepOrphansPlaybook()},
                          health=health or Health(up=True))

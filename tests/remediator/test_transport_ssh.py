@@ -70,26 +70,6 @@ async def test_a_command_past_its_timeout_is_reported_as_timed_out(
     assert result.timed_out and result.exit_status is None
 
 
-async def test_exclusive_create_lets_exactly_one_of_many_concurrent_creators_win(
-    transport: SshTransport, inventory: Inventory, cluster
-) -> None:
-    node = inventory.node("ai001")
-    path = Path(f"/tmp/locks-{uuid.uuid4().hex}/m.lock")
-    results = await asyncio.gather(
-        *(transport.create_exclusive(node, path, f"writer {i}\n") for i in range(10))
-    )
-    assert results.count(True) == 1
-    winner = results.index(True)
-    assert await transport.read_text(node, path) == f"writer {winner}\n"
-    # no temporary files are left beside the lock
-    assert [p.name for p in cluster.node("ai001").host_path(path.parent).iterdir()] == ["m.lock"]
-    await transport.replace_text(node, path, "renewed\n")
-    assert await transport.read_text(node, path) == "renewed\n"
-    await transport.remove(node, path)
-    assert await transport.read_text(node, path) is None
-    await transport.remove(node, path)  # removing a missing file is fine
-
-
 async def test_an_unknown_host_key_is_refused(tmp_path: Path, cluster) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")

@@ -1,0 +1,157 @@
+"""What a playbook reads about a node before it acts and when it escalates: memory, RDMA
+ports and objects, recent error signatures in a model's service logs, the MLX and mlx-lm
+versions, and the OS build. Each reading is the exporter's (the platform parsers its
+`memory` and `rdma` collectors use, the signatures its `logs` collector counts), so the
+playbook and the dashboards say the same thing.
+
+Every reading stands alone: a tool that fails leaves its part null with the reason beside
+it, never a fake zero, and no RDMA on a node (no `ibv_devinfo`) is `"rdma": null`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as host_platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mlx_medic.platform.commands import CommandError, ParseError, Runner, output_of
+from mlx_medic.signatures import LogSignature
+
+TIMEOUT = 5.0
+SW_VERS_ARGV = ("sw_vers", "-buildVersion")
+OS_RELEASE = Path("/etc/os-release")
+TAIL_BYTES = 1 << 20  # of each log file: recent errors are at its end
+VERSIONED = ("mlx", "mlx-lm")
+
+
+def memory_facts(runner: Runner, platform: str) -> dict[str, Any]:
+    """Available bytes (psutil, as `mlx_memory_available_bytes`); on macOS the pressure
+    level and vm_stat's wired and compressor bytes, as the memory collector reads them."""
+    import psutil
+
+    from mlx_medic.platform.macos_memory import (
+        PRESSURE_ARGV,
+        VM_STAT_ARGV,
+        parse_pressure_level,
+        parse_vm_stat,
+    )
+
+    facts: dict[str, Any] = {"available_bytes": int(psutil.virtual_memory().available)}
+    if platform != "darwin":
+        return facts
+    try:
+        facts["pressure_level"] = parse_pressure_level(output_of(runner, PRESSURE_ARGV, TIMEOUT))
+    except (CommandError, ParseError) as exc:
+        facts["pressure_level"], facts["pressure_level_error"] = None, str(exc)
+    try:
+        stats = parse_vm_stat(output_of(runner, VM_STAT_ARGV, TIMEOUT))
+        facts["wired_bytes"], facts["compressor_bytes"] = stats.wired_bytes, stats.compressor_bytes
+    except (CommandError, ParseError) as exc:
+        facts["wired_bytes"] = facts["compressor_bytes"] = None
+        facts["vm_stat_error"] = str(exc)
+    return facts
+
+
+def rdma_facts(runner: Runner) -> dict[str, Any] | None:
+    """Port states (ibv_devinfo) and live PD/QP counts (ioclasscount); None without RDMA."""
+    from mlx_medic.platform.macos_rdma import (
+        IBV_DEVINFO_ARGV,
+        IOCLASSCOUNT_ARGV,
+        parse_ibv_devinfo,
+        rdma_object_counts,
+        rdma_tool_output,
+    )
+
+    try:
+        ports_text = rdma_tool_output(runner, IBV_DEVINFO_ARGV, TIMEOUT)
+    except (CommandError, ParseError) as exc:
+        return {"ports": None, "objects": None, "error": str(exc)}
+    if ports_text is None:
+        return None
+    facts: dict[str, Any] = {"objects": None}
+    try:
+        ports = parse_ibv_devinfo(ports_text)
+        facts["ports"] = [{"device": p.device, "port": p.port, "state": p.state,
+                           "active": p.active} for p in ports]  # fmt: skip
+        counts_text = rdma_tool_output(runner, IOCLASSCOUNT_ARGV, TIMEOUT)
+        if counts_text is not None:
+            facts["objects"] = rdma_object_counts(counts_text)
+    except (CommandError, ParseError) as exc:
+        facts.setdefault("ports", None)
+        facts["error"] = str(exc)
+    return facts
+
+
+def _tail_lines(path: Path, limit: int) -> list[str]:
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        handle.seek(max(0, size - limit))
+        data = handle.read(limit)
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[1:] if size > limit else lines  # the first may be cut
+
+
+def recent_errors(
+    files: Sequence[Path], signatures: Sequence[LogSignature], count: int,
+    tail_bytes: int = TAIL_BYTES,
+) -> tuple[list[dict[str, str]], dict[str, str]]:  # fmt: skip
+    """The last `count` lines that match a signature (oldest first, each with the file and
+    every signature it matches), and the files that could not be read, with why."""
+    found: list[dict[str, str]] = []
+    unreadable: dict[str, str] = {}
+    for path in files:
+        try:
+            lines = _tail_lines(path, tail_bytes)
+        except OSError as exc:
+            unreadable[str(path)] = exc.strerror or str(exc)
+            continue
+        for line in lines:
+            for signature in signatures:
+                anchors = signature.anchors
+                if anchors and not any(a.decode() in line for a in anchors):
+                    continue
+                if signature.matches(line):
+                    found.append({"file": str(path), "signature": signature.name, "line": line})
+    return found[-count:] if count else [], unreadable
+
+
+def versions() -> dict[str, Any]:
+    """MLX and mlx-lm as this interpreter sees them (the one the helper runs with; on a node
+    where the ranks run another Python, ask that one)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, Any] = {"python": sys.executable,
+                             "python_version": host_platform.python_version()}  # fmt: skip
+    for name in VERSIONED:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def os_build(runner: Runner, platform: str, os_release: Path = OS_RELEASE) -> dict[str, Any]:
+    """macOS: `sw_vers -buildVersion`; Linux: /etc/os-release's PRETTY_NAME and the kernel."""
+    facts: dict[str, Any] = {"system": host_platform.system(), "release": host_platform.release()}
+    if platform == "darwin":
+        try:
+            build = output_of(runner, SW_VERS_ARGV, TIMEOUT).strip()
+            facts["build"] = build or None
+        except CommandError as exc:
+            facts["build"], facts["build_error"] = None, str(exc)
+        facts["source"] = " ".join(SW_VERS_ARGV)
+        return facts
+    pretty = None
+    try:
+        for line in os_release.read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition("=")
+            if key == "PRETTY_NAME":
+                pretty = value.strip().strip('"')
+    except OSError:
+        pass
+    facts["build"] = f"{pretty} (kernel {facts['release']})" if pretty else facts["release"]
+    facts["source"] = f"{os_release} and uname" if pretty else "uname"
+    return facts

@@ -1,0 +1,139 @@
+"""`mlx-medic node lock MODEL show|take|replace|release|break`: the model lock's file on
+the model's head, `<state_dir>/locks/<model>.lock`, as ModelLocks uses it from anywhere.
+
+Each action is one compare-then-write on the head under an flock (record_lock), so two
+takers, a renewer and a breaker never interleave: `take` creates the lock only when there
+is none; `replace` rewrites it only while it holds the caller's token; `release` removes
+it only while it holds the caller's token; `break` removes it only while its text is
+exactly the one the caller judged stale (its SHA-256). Every document carries the lock's
+text as it is after the action (or null), so the caller judges what is really there.
+Exit 0 when the action happened (or `show`), 1 when the lock was not as required.
+Who holds it, and whether that holder lives, is judged by the caller (ModelLocks), which
+asks the holder's own node (`pid-alive`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mlx_medic.model_lock import LockInfo, text_digest
+from mlx_medic.node.cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    BadArguments,
+    HelperError,
+    add_node_arguments,
+    emit,
+    node_context,
+)
+from mlx_medic.node.model_arg import placed_model
+from mlx_medic.node.record_lock import exclusive
+from mlx_medic.state_files import (
+    StateFileError,
+    read_text_nofollow,
+    remove_record,
+    write_text_atomic,
+)
+
+ACTIONS = ("show", "take", "replace", "release", "break")
+
+
+def lock_path(state_dir: Path, model: str) -> Path:
+    return Path(state_dir) / "locks" / f"{model}.lock"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="an inventory model whose head is this node")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = actions.add_parser("show", help="the lock's text, or null")
+    take = actions.add_parser("take", help="create the lock with --info if there is none")
+    replace = actions.add_parser("replace", help="rewrite it while it holds --expected-token")
+    release = actions.add_parser("release", help="remove it while it holds --token")
+    break_ = actions.add_parser("break", help="remove it while its text has --expected-sha256")
+    for sub in (take, replace):
+        sub.add_argument("--info", required=True, metavar="JSON", help="the lock's JSON object")
+    replace.add_argument("--expected-token", required=True, metavar="TOKEN")
+    release.add_argument("--token", required=True)
+    break_.add_argument("--expected-sha256", required=True, metavar="HEX")
+    for sub in (show, take, replace, release, break_):
+        add_node_arguments(sub)
+
+
+def _info(text: str) -> str:
+    """The caller's lock JSON, checked to be a lock with a token, as one line."""
+    try:
+        info = LockInfo.parse(text)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadArguments(f"--info is not a lock ({exc})") from None
+    if not info.token:
+        raise BadArguments("--info must carry the taker's token")
+    return info.to_json()
+
+
+def _token(text: str) -> str | None:
+    """The token in a lock's text; None when there is none (an unreadable lock is nobody's)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    token = data.get("token") if isinstance(data, dict) else None
+    return str(token) if token else None
+
+
+def _create_exclusive(path: Path, text: str) -> bool:
+    """Create `path` whole or not at all; False when it exists (a link too)."""
+    tmp = write_text_atomic(path.with_name(f".{path.name}.{os.getpid()}.new"), text)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise StateFileError(f"cannot create {path}: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def act(path: Path, args: argparse.Namespace) -> bool:
+    """Do the action under the lock's flock; whether it happened."""
+    action: str = args.action
+    if action == "show":
+        return True
+    with exclusive(path.with_name(f"{path.name}.guard")):
+        current = read_text_nofollow(path)
+        if action == "take":
+            return _create_exclusive(path, _info(args.info))
+        if action == "replace":
+            if current is None or _token(current) != args.expected_token:
+                return False
+            write_text_atomic(path, _info(args.info))
+            return True
+        if current is None:
+            return action == "release"  # nothing to release: done
+        if (action == "release" and _token(current) == args.token) or (
+            action == "break" and text_digest(current) == args.expected_sha256
+        ):
+            remove_record(path)
+            return True
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    context = node_context(args)
+    model = placed_model(context, args.model, on_head=True).name
+    path = lock_path(context.state_dir, model)
+    if args.action in ("take", "replace"):
+        _info(args.info)  # a bad --info is a bad command line, before anything is touched
+    try:
+        done = act(path, args)
+        text = read_text_nofollow(path)
+    except StateFileError as exc:
+        raise HelperError(str(exc)) from None
+    document: dict[str, Any] = {"model": model, "action": args.action, "path": str(path),
+                                "done": done, "text": text}  # fmt: skip
+    emit("lock", document, args.json, text if text is not None else f"{model}: not locked")
+    return EXIT_OK if done else EXIT_FAILED

@@ -1,0 +1,112 @@
+"""`mlx-medic node facts`: the node's memory, RDMA (absent is null, never a fake zero), the
+MLX and mlx-lm versions, the OS build and a model's recent error lines with the signature
+each matches. macOS readings come from verbatim outputs in tests/fixtures/macos/."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+from pathlib import Path
+
+from mlx_medic.node.facts import SW_VERS_ARGV, memory_facts, os_build, rdma_facts, recent_errors
+from mlx_medic.platform.commands import CommandError, CommandNotFound, CommandResult
+from mlx_medic.platform.macos_memory import PRESSURE_ARGV, VM_STAT_ARGV
+from mlx_medic.platform.macos_rdma import IBV_DEVINFO_ARGV, IOCLASSCOUNT_ARGV
+from mlx_medic.signatures import BUILTIN
+from tests.exporter.macos_commands import FakeRunner, macos_output, ok
+from tests.node.helper_runner import two_model_helpers
+
+PD_ERROR = "RuntimeError: [jaccl] Couldn't allocate protection domain"
+
+
+def test_on_macos_memory_reads_pressure_wired_and_compressor_as_the_exporter_does() -> None:
+    runner = FakeRunner({
+        PRESSURE_ARGV: ok(PRESSURE_ARGV, macos_output("sysctl_pressure_level_critical.txt")),
+        VM_STAT_ARGV: ok(VM_STAT_ARGV, macos_output("vm_stat_akka_2.txt")),
+    })  # fmt: skip
+    facts = memory_facts(runner, "darwin")
+    assert facts["available_bytes"] > 0 and facts["pressure_level"] == 4
+    assert (facts["wired_bytes"], facts["compressor_bytes"]) == (852647 * 4096, 372004 * 4096)
+
+
+def test_a_failing_macos_memory_tool_leaves_its_part_null_with_the_reason() -> None:
+    failed = CommandResult(VM_STAT_ARGV, 1, "", "vm_stat: boom\n")
+    runner = FakeRunner({PRESSURE_ARGV: CommandError("sysctl did not finish within 5s"),
+                         VM_STAT_ARGV: failed})  # fmt: skip
+    facts = memory_facts(runner, "darwin")
+    assert facts["pressure_level"] is None and "did not finish" in facts["pressure_level_error"]
+    assert facts["wired_bytes"] is None and "vm_stat: boom" in facts["vm_stat_error"]
+
+
+def test_on_linux_memory_runs_no_macos_tool() -> None:
+    facts = memory_facts(FakeRunner({}), "linux")
+    assert set(facts) == {"available_bytes"}
+
+
+def test_rdma_ports_and_objects_from_verbatim_tool_outputs() -> None:
+    runner = FakeRunner({
+        IBV_DEVINFO_ARGV: ok(IBV_DEVINFO_ARGV, macos_output("ibv_devinfo_m5max_tabs.txt")),
+        IOCLASSCOUNT_ARGV: ok(IOCLASSCOUNT_ARGV,
+                              macos_output("ioclasscount_rdma_reconstructed.txt")),
+    })  # fmt: skip
+    facts = rdma_facts(runner)
+    assert facts is not None
+    assert [(p["device"], p["state"], p["active"]) for p in facts["ports"]] == [
+        ("rdma_en1", "PORT_DOWN", False), ("rdma_en6", "PORT_DOWN", False),
+        ("rdma_en2", "PORT_DOWN", False)]  # fmt: skip
+    assert facts["objects"] == {"protection_domain": 3, "queue_pair": 6}
+
+
+def test_no_rdma_tool_means_no_rdma_not_an_error() -> None:
+    runner = FakeRunner({IBV_DEVINFO_ARGV: CommandNotFound("ibv_devinfo is not installed")})
+    assert rdma_facts(runner) is None
+
+
+def test_a_broken_rdma_tool_is_an_error_not_no_rdma() -> None:
+    broken = CommandResult(IBV_DEVINFO_ARGV, 1, "", "ibv_devinfo: segfault\n")
+    facts = rdma_facts(FakeRunner({IBV_DEVINFO_ARGV: broken}))
+    assert facts is not None and facts["ports"] is None and "exited with status 1" in facts["error"]
+
+
+def test_the_macos_build_is_asked_of_sw_vers_and_a_failure_says_why() -> None:
+    # No verbatim `sw_vers -buildVersion` output is in the shared reference, so this test
+    # shows the command asked and the failure path; it invents no output.
+    runner = FakeRunner({SW_VERS_ARGV: CommandNotFound("sw_vers is not installed on this host")})
+    facts = os_build(runner, "darwin")
+    assert runner.calls[0][0] == ("sw_vers", "-buildVersion")
+    assert facts["build"] is None and "sw_vers is not installed" in facts["build_error"]
+
+
+def test_the_linux_build_is_os_release_and_the_kernel(tmp_path: Path) -> None:
+    release = tmp_path / "os-release"
+    release.write_text('NAME="Debian GNU/Linux"\nPRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n')
+    facts = os_build(FakeRunner({}), "linux", release)
+    assert facts["build"].startswith("Debian GNU/Linux 12 (bookworm) (kernel ")
+    assert os_build(FakeRunner({}), "linux", tmp_path / "missing")["source"] == "uname"
+
+
+def test_recent_errors_are_the_last_matching_lines_with_their_signature(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    lines = ["INFO started", *(f"{PD_ERROR} #{i}" for i in range(5)), "INFO fine"]
+    log.write_text("\n".join(lines) + "\n")
+    errors, unreadable = recent_errors([log, tmp_path / "gone.log"], BUILTIN, 3)
+    assert [e["line"] for e in errors] == [f"{PD_ERROR} #{i}" for i in (2, 3, 4)]
+    assert {e["signature"] for e in errors} == {"jaccl_protection_domain"}
+    assert errors[0]["file"] == str(log)
+    assert list(unreadable) == [str(tmp_path / "gone.log")]
+
+
+def test_the_helper_reports_versions_os_and_the_models_log_errors(tmp_path: Path) -> None:
+    log = tmp_path / "m1.log"
+    log.write_text(f"{PD_ERROR}\n")
+    helpers = two_model_helpers(tmp_path, m1=f"\n    log_files: [{log}]")
+    document = helpers.document("facts", "m1", "--lines", "5")
+    assert document["node"] == "n1" and document["model"] == "m1"
+    assert document["memory"]["available_bytes"] > 0
+    assert document["rdma"] is None  # this Linux host has no ibv_devinfo
+    assert document["versions"]["mlx"] == version("mlx")
+    assert document["versions"]["mlx-lm"] == version("mlx-lm")
+    assert document["os"]["build"]
+    assert document["log_errors"] == [{"file": str(log), "signature": "jaccl_protection_domain",
+                                       "line": PD_ERROR}]  # fmt: skip
+    assert "log_errors" not in helpers.document("facts")  # no model: no logs
+    assert helpers.run("facts", "m2").returncode == 2  # m2 is not placed on n1
