@@ -30,6 +30,9 @@ COMMANDS: dict[str, CommandInfo] = {
         "mlx_medic.probe_cli", "probe a model's server once from this node", "node"),
     "node": CommandInfo(
         "mlx_medic.node.cli", "run a node helper (ledger) with JSON output", "node"),
+    "serve": CommandInfo(
+        "mlx_medic.serve.cli", "run a model's ranks on its head (what its service runs)",
+        "node"),
     "check-config": CommandInfo(
         "mlx_medic.check_config", "validate an inventory file", "node"),
     # deployment

@@ -246,6 +246,49 @@ class Policy(_Strict):
     )
 
 
+class ServeSettings(_Strict):
+    """How `mlx-medic serve` starts the model's ranks and keeps them tied to itself."""
+
+    python: Path | None = Field(
+        default=None,
+        description="the interpreter the ranks start with on every node (`mlx.launch"
+        " --python`: one path for all hosts, so keep MLX and mlx-medic in a venv at the same"
+        " path on each node; the rank guard runs in it too); null: the interpreter that runs"
+        " `mlx-medic serve`",
+    )
+    starting_port: int | None = Field(
+        default=None, ge=1024, le=65000,
+        description="`mlx.launch --starting-port` for this model's ring (and its smoke test):"
+        " two models on one node need ranges of their own; null: mlx.launch's default,"
+        " which only one model per node may use",
+    )  # fmt: skip
+    smoke_timeout: Duration = Field(
+        default=60.0,
+        description="the time limit of the smoke test (a short all-reduce over every rank"
+        " through mlx.launch); past it the test has failed and its ranks are ended",
+    )
+    lease: Duration = Field(
+        default=10.0,
+        description="the run's lease on each node, renewed by the wrapper every quarter of it;"
+        " a guard beside each rank ends it once the lease runs out, so after a SIGKILLed"
+        " wrapper no rank lives much longer than this",
+    )
+
+    @field_validator("python")
+    @classmethod
+    def _python_absolute(cls, value: Path | None) -> Path | None:
+        if value is not None and (not value.is_absolute() or ".." in value.parts):
+            raise ValueError(f"{str(value)!r} must be an absolute path without '..'")
+        return value
+
+    @field_validator("lease")
+    @classmethod
+    def _lease_positive(cls, value: float) -> float:
+        if value < 3:
+            raise ValueError("a lease shorter than 3s cannot be renewed in time over SSH")
+        return value
+
+
 # Command texts (as `process_model.command_text` gives them) of processes that are never a
 # model's: a pattern that matches one of them would put shells, sshd or grep in the model's
 # scope, and the sweep acts on what is in scope.
@@ -317,6 +360,11 @@ class Model(_Strict):
         default_factory=dict,
         description="extra mlx_lm.server flags, without dashes (`prefill-step-size: 2048`);"
         " `true` is a bare flag, `false` leaves it out",
+    )
+    serve: ServeSettings = Field(
+        default_factory=ServeSettings,
+        description="how `mlx-medic serve` launches the ranks: interpreter, ring ports, smoke"
+        " test limit, lease",
     )
     tmp_dirs: list[Path] = Field(
         default_factory=list,

@@ -53,6 +53,21 @@ def contract_metrics() -> frozenset[str]:
     return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
 
+def contract_sections() -> dict[str, list[str]]:
+    """The names under each owner heading of metrics.txt (`# exporter ...`, `# remediator`):
+    who serves each name."""
+    sections: dict[str, list[str]] = {}
+    owner = None
+    for line in CONTRACT_FILE.read_text(encoding="utf-8").splitlines():
+        if line.startswith(("# exporter", "# remediator")):
+            owner = line[2:].split()[0]
+        elif line.strip() and not line.startswith("#"):
+            if owner is None:
+                raise ValueError(f"{line!r} stands before any owner heading in {CONTRACT_FILE}")
+            sections.setdefault(owner, []).append(line.strip())
+    return sections
+
+
 def unknown_metrics(names: set[str]) -> set[str]:
     """Names that are neither in the contract, nor a histogram series of one, nor built in."""
     allowed = contract_metrics() | BUILTIN_METRICS

@@ -12,7 +12,11 @@ import pytest
 import yaml
 
 from mlx_medic.remediator.config import RoutingConfig
-from tests.promql_names import contract_metrics, metric_names, unknown_metrics
+from tests.promql_names import (
+    contract_sections,
+    metric_names,
+    unknown_metrics,
+)
 from tests.tools import require_tool
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "alerting-rules"
@@ -144,10 +148,8 @@ def test_the_alert_the_remediator_routes_on_exists_and_keeps_its_model_label() -
 
 
 def _reads_exporter_series(alert: dict[str, Any]) -> bool:
-    """Exporter names: the contract's, but the remediator's mlx_medic_* (collector ones are
-    the exporter's)."""
-    exporter = {n for n in contract_metrics()
-                if not n.startswith("mlx_medic_") or "collector" in n}
+    """Exporter names: those under the contract's exporter heading."""
+    exporter = set(contract_sections()["exporter"])
     return bool(metric_names(alert["expr"]) & exporter)
 
 

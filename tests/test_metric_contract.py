@@ -16,15 +16,12 @@ from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.transport import LocalTransport
+from tests.promql_names import contract_sections
 
 REPO = Path(__file__).resolve().parents[1]
-CONTRACT = [
-    line.strip()
-    for line in (REPO / "alerting-rules" / "metrics.txt").read_text().splitlines()
-    if line.strip() and not line.startswith("#")
-]
-REMEDIATOR_NAMES = [n for n in CONTRACT if n.startswith("mlx_medic_") and "collector" not in n]
-EXPORTER_NAMES = [n for n in CONTRACT if n not in REMEDIATOR_NAMES]
+CONTRACT = [name for names in contract_sections().values() for name in names]
+REMEDIATOR_NAMES = contract_sections()["remediator"]
+EXPORTER_NAMES = contract_sections()["exporter"]
 RDMA_NAMES = {"mlx_rdma_port_active", "mlx_rdma_objects"}  # macOS only: absent here
 
 

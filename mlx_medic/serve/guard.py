@@ -1,0 +1,185 @@
+"""The rank guard: ends a rank (or the head's mlx.launch) once its run is over, even when
+the wrapper that started it was SIGKILLed and could not say so.
+
+`python -m mlx_medic.serve.guard --model M --run R --state-dir D -- COMMAND...` forks a
+watcher and then becomes COMMAND (exec: same pid, so mlx.launch's pid file, the sshd
+session and the sweep all see the rank itself). The watcher starts afresh with the run
+and rank variables removed from its environment, in a session of its own and with its
+output in `<state_dir>/runs/<model>.guard.log`, so it is never mistaken for a rank and
+never holds the rank's terminal open. It polls (macOS has no parent-death signal) this
+node's records: once the run's lease has run out or the node's current run is another
+one, it ends the process it watches (checked by pid and start time before each signal):
+SIGTERM, a grace period, SIGKILL where the policy allows. It exits when that process is
+gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from mlx_medic.process_model import WATCHED_ENV
+from mlx_medic.runs import read_current_run, read_lease
+from mlx_medic.state_files import StateFileError
+
+POLL = 1.0  # seconds between looks at the lease
+START_TOLERANCE = 0.5  # seconds: psutil's start times of one process agree closely
+
+
+def guard_argv(python: str, *, model: str, run_id: str, state_dir: Path, grace: float,
+               sigkill: bool, backend: str, python_args: bool) -> list[str]:  # fmt: skip
+    """The guard's own words, to put before `-- COMMAND` (for `mlx.launch --python P`,
+    leave out `python`: mlx.launch puts the interpreter first itself)."""
+    argv = [*([python] if python else []), "-m", "mlx_medic.serve.guard",
+            "--model", model, "--run", run_id, "--state-dir", str(state_dir),
+            "--grace", f"{grace:g}", "--backend", backend]  # fmt: skip
+    if not sigkill:
+        argv.append("--no-sigkill")
+    if python_args:
+        argv.append("--python-args")
+    return [*argv, "--"]
+
+
+def run_is_over(state_dir: Path, model: str, run_id: str, now: float) -> str | None:
+    """Why the run's processes must end on this node, or None while its lease holds."""
+    current = read_current_run(state_dir, model)
+    if current != run_id:
+        return f"the node's current run is {current or 'none'}, not {run_id}"
+    try:
+        lease = read_lease(state_dir, model)
+    except StateFileError as exc:
+        return f"the lease cannot be read ({exc})"
+    if lease is None:
+        return "no lease is recorded"
+    if lease.run_id != run_id:
+        return f"the lease is run {lease.run_id}'s"
+    if lease.expired(now):
+        return f"the lease ran out {now - lease.expires_at:.1f}s ago (holder: {lease.holder})"
+    return None
+
+
+def start_time(pid: int) -> float | None:
+    """The process's start (seconds since the epoch); None when it is gone or a zombie."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return float(process.create_time())
+    except psutil.Error:
+        return None
+
+
+def same_process(pid: int, started: float) -> bool:
+    now = start_time(pid)
+    return now is not None and abs(now - started) <= START_TOLERANCE
+
+
+def end_process(pid: int, started: float, grace: float, sigkill: bool) -> bool:
+    """SIGTERM, up to `grace` seconds, then SIGKILL if allowed, each only while the pid
+    is still that process. True when SIGKILL was sent."""
+    if not same_process(pid, started):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not same_process(pid, started):
+            return False
+        time.sleep(0.1)
+    if sigkill and same_process(pid, started):
+        os.kill(pid, signal.SIGKILL)
+        return True
+    return False
+
+
+def record_sigkill(state_dir: Path, model: str, pid: int, started: float) -> None:
+    """A SIGKILLed JACCL rank spends a protection domain until reboot: into the ledger."""
+    from mlx_medic.node.ledger import record_spend
+    from mlx_medic.node_identity import read_node_id
+
+    node = read_node_id(state_dir)
+    if node is not None:
+        record_spend(state_dir, node, "sigkill", pid=pid, start_time=started, model=model)
+
+
+def watch(args: argparse.Namespace) -> int:
+    while same_process(args.pid, args.start):
+        why = run_is_over(args.state_dir, args.model, args.run, time.time())
+        if why is not None:
+            print(f"guard: ending pid {args.pid} of run {args.run}: {why}", flush=True)
+            killed = end_process(args.pid, args.start, args.grace, args.sigkill)
+            if killed and args.backend == "jaccl":
+                record_sigkill(args.state_dir, args.model, args.pid, args.start)
+            return 0
+        time.sleep(POLL)
+    return 0
+
+
+def _watcher(args: argparse.Namespace, pid: int, started: float) -> None:
+    """In the forked child: detach and exec the watcher with a clean environment."""
+    try:
+        os.setsid()
+        log_path = Path(args.state_dir) / "runs" / f"{args.model}.guard.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        env = {k: v for k, v in os.environ.items() if k not in WATCHED_ENV}
+        argv = [sys.executable, "-m", "mlx_medic.serve.guard", "--watch", str(pid),
+                "--start", repr(started), "--model", args.model, "--run", args.run,
+                "--state-dir", str(args.state_dir), "--grace", f"{args.grace:g}",
+                "--backend", args.backend, *([] if args.sigkill else ["--no-sigkill"])]  # fmt: skip
+        os.execve(sys.executable, argv, env)
+    finally:
+        os._exit(70)  # only reached when exec failed
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(prog="python -m mlx_medic.serve.guard",
+                                     description=__doc__.splitlines()[0])  # fmt: skip
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--grace", type=float, default=10.0)
+    parser.add_argument("--no-sigkill", dest="sigkill", action="store_false")
+    parser.add_argument("--backend", default="ring")
+    parser.add_argument("--python-args", action="store_true",
+                        help="COMMAND is this interpreter's arguments (`-m mlx_lm server`)")
+    parser.add_argument("--watch", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=float, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.watch is None and not command:
+        parser.error("give the command to guard after `--`")
+    return args, command
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, command = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.watch is not None:
+        args.pid = args.watch
+        return watch(args)
+    pid = os.getpid()
+    started = start_time(pid)
+    if started is None:
+        print("guard: cannot read this process's start time", file=sys.stderr)
+        return 70
+    if os.fork() == 0:
+        _watcher(args, pid, started)
+    target = [sys.executable, *command] if args.python_args else command
+    os.execvp(target[0], target)
+    return 70  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

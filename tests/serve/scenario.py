@@ -1,0 +1,214 @@
+"""One served model on the testbed for the serve wrapper's tests: the tiny model on ai001
+(head) and ai002, JACCL (which fails on Linux for real) and ring with `--pipeline`, a
+unique token, HTTP port and ring ports; the wrapper run directly inside the head or by a
+supervisord inside the head's namespaces (KeepAlive)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mlx_medic.serve.record import ServeRecord, read_serve_record
+from testbed import Cluster, SimNode, free_port, processes
+
+MEDIC = str(Path(sys.executable).parent / "mlx-medic")
+NODES = ("ai001", "ai002")
+
+SUPERVISORD_CONF = """\
+[unix_http_server]
+file=/tmp/supervisor-{token}.sock
+[supervisord]
+pidfile=/tmp/supervisord-{token}.pid
+logfile=/tmp/supervisord-{token}.log
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+[supervisorctl]
+serverurl=unix:///tmp/supervisor-{token}.sock
+[program:tiny-{token}]
+command={medic} serve tiny --config.file {inventory}
+environment=PATH="{path}",HF_HUB_OFFLINE="1"
+directory={workdir}
+autorestart=true
+startsecs=0
+stopsignal=TERM
+stopwaitsecs={stopwaitsecs}
+redirect_stderr=true
+stdout_logfile={log}
+"""
+
+
+@dataclass
+class Served:
+    cluster: Cluster
+    token: str
+    port: int
+    inventory: Path
+    ring_hostfile: Path
+    jaccl_hostfile: Path
+    log: Path  # the service log (supervisord's stdout_logfile, or a direct run's output)
+    spawned: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    conf: Path | None = None
+
+    @property
+    def head(self) -> SimNode:
+        return self.cluster.node("ai001")
+
+    def record(self) -> ServeRecord | None:
+        return read_serve_record(self.head.state_dir, "tiny")
+
+    def serve_argv(self) -> list[str]:
+        return [MEDIC, "serve", "tiny", "--config.file", str(self.inventory)]
+
+    def start_direct(self, log: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+        """`mlx-medic serve tiny` inside the head, output to `log`; (nsenter, wrapper pid)."""
+        with (log or self.log).open("ab") as out:
+            popen = self.head.spawn(self.serve_argv(), env=self.cluster.env(HF_HUB_OFFLINE="1"),
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=str(self.cluster.workdir))  # fmt: skip
+        self.spawned.append(popen)
+        return popen, self.head.spawned_pid(popen)
+
+    def run_direct(self, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """A wrapper run to its end inside the head (for starts that must fail)."""
+        popen = self.head.spawn(self.serve_argv(), env=self.cluster.env(HF_HUB_OFFLINE="1"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                cwd=str(self.cluster.workdir))  # fmt: skip
+        self.spawned.append(popen)
+        out, err = popen.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(popen.args, popen.returncode, out.decode(),
+                                           err.decode())  # fmt: skip
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_serving(self, timeout: float = 300.0, run_id: str | None = None) -> ServeRecord:
+        """Until the record says serving (a run other than `run_id`'s when given) and the
+        model answers."""
+        deadline = time.monotonic() + timeout
+        while True:
+            record = self.record()
+            if (record is not None and record.state == "serving" and record.run_id != run_id
+                    and answers(self.port)):  # fmt: skip
+                return record
+            assert time.monotonic() < deadline, f"not serving:\n{self.output()[-4000:]}"
+            time.sleep(0.5)
+
+    def ranks(self, node: str, run_id: str | None = None) -> list[int]:
+        """Host pids of the model's mlx_lm.server ranks on `node` (of run `run_id`)."""
+        found = []
+        for pid in self.cluster.node(node).find_pids(f"--port {self.port}"):
+            cmd = processes.cmdline(pid)
+            if "mlx_lm" not in cmd or "server" not in cmd or "mlx_medic.serve.guard" in cmd:
+                continue
+            if run_id is None or environ(pid).get("MLX_MEDIC_RUN_ID") == run_id:
+                found.append(pid)
+        return found
+
+    def launchers(self) -> list[int]:
+        return [pid for pid in self.head.host_pids()
+                if any(part.endswith("mlx.launch") for part in processes.cmdline(pid)[:2])]
+
+    def supervisorctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        assert self.conf is not None
+        return self.head.run(f"supervisorctl -c {self.conf} {' '.join(args)}", timeout=120,
+                             check=False)  # fmt: skip
+
+    def close(self) -> None:
+        for popen in self.spawned:
+            if popen.poll() is None:
+                popen.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(timeout=10)
+
+
+def environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(e.decode(errors="replace").partition("=")[::2] for e in raw.split(b"\0")
+                if b"=" in e)  # fmt: skip
+
+
+def answers(port: int) -> bool:
+    """A real chat completion from the model (what the health probe asks)."""
+    from mlx_medic.health import probe_model
+
+    return probe_model("127.0.0.1", port, timeout=20).up
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> float:
+    """Seconds it took; AssertionError naming `what` after `timeout`."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, f"{what} not within {timeout:g}s"
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
+def prepare(cluster: Cluster, tiny_model: Path, *, ring_hostfile: Path | None = None,
+            extra_model: dict[str, Any] | None = None) -> Served:  # fmt: skip
+    token = uuid.uuid4().hex[:8]
+    work = cluster.workdir / f"serve-{token}"
+    work.mkdir()
+    port = free_port()
+    ring = ring_hostfile or cluster.hostfile(work / "ring.json", list(NODES))
+    jaccl = cluster.hostfile(work / "jaccl.json", list(NODES), backend="jaccl")
+    inventory = work / "inventory.yaml"
+    conf = work / "supervisord.conf"
+    model = {
+        "name": "tiny", "model": str(tiny_model), "nodes": list(NODES), "port": port,
+        "service": {"manager": "supervisord", "label": f"tiny-{token}", "config": str(conf)},
+        "backends": {"jaccl": {"hostfile": str(jaccl)},
+                     "ring": {"hostfile": str(ring), "pipeline": True}},
+        "serve_args": {"prefill-step-size": 256},
+        "serve": {"python": cluster.python, "starting_port": random.randrange(42000, 52000, 20),
+                  "smoke_timeout": "90s", "lease": "10s"},
+        "policy": {"kill_grace": "3s", "stop_timeout": "40s", "start_timeout": "5m"},
+        **(extra_model or {}),
+    }  # fmt: skip
+    data = yaml.safe_load(cluster.inventory_yaml([model]))
+    for node in data["nodes"].values():
+        node.update({"medic_command": MEDIC, "medic_config": str(inventory)})
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    return Served(cluster, token, port, inventory, ring, jaccl, work / "service.log", conf=conf)
+
+
+@contextlib.contextmanager
+def supervised(served: Served) -> Iterator[subprocess.Popen[bytes]]:
+    """supervisord inside the head's namespaces running the wrapper as KeepAlive."""
+    assert served.conf is not None
+    env = served.cluster.env(HF_HUB_OFFLINE="1")
+    served.conf.write_text(SUPERVISORD_CONF.format(
+        token=served.token, medic=MEDIC, inventory=served.inventory, path=env["PATH"],
+        workdir=served.cluster.workdir, stopwaitsecs=60, log=served.log))  # fmt: skip
+    daemon = served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield daemon
+    finally:
+        served.supervisorctl("stop", f"tiny-{served.token}")
+        daemon.kill()  # the host-side nsenter; clean_cluster ends what ran in the node
+        daemon.wait(timeout=10)
+
+
+def jaccl_failure_logged(output: str) -> bool:
+    return "jaccl did not start: jaccl failed on" in output
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]

@@ -1,0 +1,246 @@
+"""The wrapper's decisions, each on its own: the smoke test's verdict, the backends to
+try, the ledger's veto, when the smoke test may be skipped, the sweep's verdict, the
+refusal of a second wrapper, and the mlx.launch command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlx_medic.backend_choice import AUTO, BackendChoice
+from mlx_medic.inventory import parse_inventory
+from mlx_medic.model_lock import process_start_time
+from mlx_medic.node.client import HelperCallError, HelperReply
+from mlx_medic.serve.backend import candidates, ledger_refusal, smoke_can_be_skipped
+from mlx_medic.serve.launch import (
+    launch_argv,
+    serve_args_warnings,
+    server_command,
+    smoke_command,
+)
+from mlx_medic.serve.nodes import judge_sweep
+from mlx_medic.serve.record import (
+    Failure,
+    JacclSuccess,
+    ServeRecord,
+    read_serve_record,
+    wrapper_alive,
+    write_serve_record,
+)
+from mlx_medic.serve.smoke import judge
+from mlx_medic.serve.start import AlreadyServed, busy_message, refuse_if_live
+
+NODES = ["ai001", "ai002"]
+
+
+def inventory(tmp_path: Path, backends: str, serve: str = "{}", serve_args: str = "{}"):
+    return parse_inventory(f"""\
+state_dir: {tmp_path / "state"}
+nodes:
+  ai001: {{ssh: 127.0.0.2}}
+  ai002: {{ssh: 127.0.0.3}}
+models:
+  tiny:
+    model: /models/tiny
+    nodes: [ai001, ai002]
+    port: 8123
+    service: {{manager: supervisord, label: tiny-svc, config: /etc/supervisord.conf}}
+    backends: {backends}
+    serve: {serve}
+    serve_args: {serve_args}
+""")
+
+
+BOTH = "{jaccl: {hostfile: /etc/jaccl.json}, ring: {hostfile: /etc/ring.json, pipeline: true}}"
+
+
+# --- the smoke test's verdict -------------------------------------------------------
+
+
+def test_every_rank_with_the_full_sum_is_a_passed_smoke_test():
+    out = "mlx-medic smoke: rank 1 of 2 ok sum=2\nmlx-medic smoke: rank 0 of 2 ok sum=2\n"
+    assert judge(out, NODES, timed_out=False, limit=60).ok
+
+
+def test_a_rank_that_says_why_it_failed_names_its_node_and_the_reason():
+    out = ("mlx-medic smoke: rank 1 failed: RuntimeError: Cannot initialize jaccl distributed"
+           " backend.\n\x1b[33m[WARN] Node with rank 1 exited with code 1 \x1b[0m\n"
+           "[WARN] Node with rank 0 exited with code -15\n")  # fmt: skip
+    verdict = judge(out, NODES, timed_out=False, limit=60)
+    assert (verdict.ok, verdict.host) == (False, "ai002")
+    assert verdict.reason == "RuntimeError: Cannot initialize jaccl distributed backend."
+
+
+def test_mlx_launch_exiting_0_without_the_sums_is_a_failure_whatever_its_status():
+    out = "[WARN] Node with rank 0 exited with code 1\n"
+    verdict = judge(out, NODES, timed_out=False, limit=60)
+    assert (verdict.ok, verdict.host) == (False, "ai001")
+
+
+def test_mlx_launch_refusing_a_broken_hostfile_is_a_failure_on_the_head():
+    out = "usage: mlx.launch [-h] ...\nmlx.launch: error: The hostfile is malformed\n"
+    verdict = judge(out, NODES, timed_out=False, limit=60)
+    assert verdict.host == "ai001" and "The hostfile is malformed" in verdict.reason
+
+
+def test_a_timed_out_smoke_test_names_the_ranks_that_said_nothing():
+    out = "mlx-medic smoke: rank 0 of 2 ok sum=2\n"
+    verdict = judge(out, NODES, timed_out=True, limit=30)
+    assert (verdict.ok, verdict.host) == (False, "ai002")
+    assert "no all-reduce within 30s" in verdict.reason
+
+
+# --- which backends, and the ledger's veto --------------------------------------------
+
+
+def test_auto_tries_jaccl_then_ring_and_a_pin_tries_only_the_pinned_one(tmp_path: Path):
+    model = inventory(tmp_path, BOTH).model("tiny")
+    assert [c.name for c in candidates(model, AUTO)[0]] == ["jaccl", "ring"]
+    ring = BackendChoice("ring", "remediator run 3", 1.0, "JACCL failed twice")
+    assert [c.name for c in candidates(model, ring)[0]] == ["ring"]
+
+
+def test_a_pin_to_a_backend_the_model_lacks_is_a_failure_that_says_so(tmp_path: Path):
+    model = inventory(tmp_path, "{ring: {hostfile: /etc/ring.json}}").model("tiny")
+    found, refused = candidates(model, BackendChoice("jaccl", "root", 1.0, "testing"))
+    assert found == [] and "pinned to jaccl" in refused[0].reason
+
+
+def reply(node: str, document: dict, status: int = 0) -> HelperReply:
+    return HelperReply(node, "ledger", [], status, {"schema": 1, "command": "ledger", **document})
+
+
+def test_a_node_at_its_reserve_vetoes_jaccl_and_is_named(tmp_path: Path):
+    model = inventory(tmp_path, BOTH).model("tiny")
+    room = {"reserves": {"tiny": {"reserve": 5, "jaccl_allowed": True}}, "debt": 1}
+    full = {"reserves": {"tiny": {"reserve": 5, "jaccl_allowed": False}}, "debt": 5}
+    assert ledger_refusal(model, {"ai001": reply("ai001", room),
+                                  "ai002": reply("ai002", room)}) is None  # fmt: skip
+    refusal = ledger_refusal(model, {"ai001": reply("ai001", room), "ai002": reply("ai002", full)})
+    assert refusal is not None and refusal.host == "ai002" and "at the reserve" in refusal.reason
+
+
+def test_a_ledger_that_cannot_be_read_vetoes_jaccl(tmp_path: Path):
+    model = inventory(tmp_path, BOTH).model("tiny")
+    room = {"reserves": {"tiny": {"reserve": 5, "jaccl_allowed": True}}, "debt": 0}
+    lost = HelperCallError("ai002", "ledger", "no answer", unreachable=True)
+    refusal = ledger_refusal(model, {"ai001": reply("ai001", room), "ai002": lost})
+    assert refusal is not None and refusal.host == "ai002"
+
+
+def test_the_jaccl_smoke_test_is_skipped_only_after_a_success_this_boot_and_no_error_since():
+    boots = {"ai001": "b1", "ai002": "b1"}
+    record = ServeRecord("r1", 1, None, "starting",
+                         last_jaccl_success=JacclSuccess(dict(boots), at=100.0))  # fmt: skip
+    assert smoke_can_be_skipped(record, boots, NODES)
+    assert not smoke_can_be_skipped(record, {**boots, "ai002": "b2"}, NODES)  # it rebooted
+    errored = record.with_state("starting", jaccl_error_at=150.0)
+    assert not smoke_can_be_skipped(errored, boots, NODES)
+    assert not smoke_can_be_skipped(ServeRecord("r1", 1, None, "starting"), boots, NODES)
+
+
+# --- the sweep's verdict ----------------------------------------------------------------
+
+
+def sweep_reply(node: str, document: dict, status: int = 0) -> HelperReply:
+    base = {"signalled": [], "exited": [], "survivors": [], "unkillable": [], "spared": [],
+            "pd_spent": 0, "complete": status == 0}  # fmt: skip
+    return HelperReply(node, "sweep", [], status, {"schema": 1, "command": "sweep",
+                                                   **base, **document})  # fmt: skip
+
+
+def test_an_unreachable_node_makes_the_sweep_incomplete_and_is_named():
+    outcome = judge_sweep({"ai001": sweep_reply("ai001", {}),
+                           "ai002": HelperCallError("ai002", "sweep", "connection refused",
+                                                    unreachable=True)})  # fmt: skip
+    assert not outcome.complete
+    assert outcome.problems[0].startswith("ai002: unreachable")
+
+
+def test_an_unkillable_survivor_is_named_with_its_node_and_what_to_do():
+    frozen = {"pid": 4242, "start_time": 1.0, "cmdline": ["python", "-m", "mlx_lm", "server"],
+              "role": "rank", "state": "uninterruptible"}  # fmt: skip
+    outcome = judge_sweep({"ai002": sweep_reply("ai002", {"survivors": [frozen],
+                                                          "unkillable": [frozen]}, status=1)})
+    assert not outcome.complete
+    assert outcome.problems == [
+        "ai002: pid 4242 (rank, state uninterruptible) is unkillable: python -m mlx_lm server;"
+        " reboot ai002"]
+
+
+# --- the head's serve record and a second wrapper ----------------------------------
+
+
+def test_the_serve_record_round_trips(tmp_path: Path):
+    record = ServeRecord("r1", 42, 1000.5, "failed", backend="ring",
+                         failures=(Failure("jaccl", "ai002", "no RDMA", "line"),),
+                         failed_starts=3, last_jaccl_success=JacclSuccess({"ai001": "b"}, 9.0),
+                         jaccl_error_at=10.0)  # fmt: skip
+    write_serve_record(tmp_path, "tiny", record)
+    assert read_serve_record(tmp_path, "tiny") == record
+
+
+def test_a_live_wrapper_is_this_pid_started_then_and_a_reused_pid_is_not():
+    me = ServeRecord("r1", os.getpid(), process_start_time(os.getpid()), "serving")
+    assert wrapper_alive(me)
+    assert not wrapper_alive(ServeRecord("r1", os.getpid(), 1.0, "serving"))  # reused pid
+    assert not wrapper_alive(me.with_state("stopped"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert not wrapper_alive(ServeRecord("r1", dead.pid, time.time(), "starting"))
+
+
+def test_a_second_wrapper_is_refused_with_how_to_restart_the_service(tmp_path: Path):
+    model = inventory(tmp_path, BOTH).model("tiny")
+    live = ServeRecord("r1", os.getpid(), process_start_time(os.getpid()), "serving")
+    with pytest.raises(AlreadyServed) as refused:
+        refuse_if_live(model, live)
+    assert f"wrapper pid {os.getpid()} (serving, run r1) lives" in str(refused.value)
+    assert "supervisorctl -c /etc/supervisord.conf restart tiny-svc" in busy_message(model, "x")
+
+
+# --- the mlx.launch command line -----------------------------------------------------
+
+
+def test_the_launch_guards_mlx_launch_and_every_rank_and_tags_the_run(tmp_path: Path):
+    inv = inventory(tmp_path, BOTH, serve="{python: /opt/mlx/bin/python, starting_port: 41000}",
+                    serve_args="{prefill-step-size: 2048}")  # fmt: skip
+    model = inv.model("tiny")
+    ring = dict(model.backends.in_order())["ring"]
+    argv = launch_argv(inv, model, "ring", ring, "run-1", server_command(model, ring))
+    cut = argv.index("--")
+    assert argv[1:3] == ["-m", "mlx_medic.serve.guard"]  # mlx.launch itself is guarded
+    launcher = argv[cut + 1 :]
+    assert launcher[0].endswith("mlx.launch")
+    inner = launcher.index("--")
+    options = launcher[1:inner]
+    assert options[options.index("--python") + 1] == "/opt/mlx/bin/python"
+    assert options[options.index("--starting-port") + 1] == "41000"
+    assert options[options.index("--backend") + 1] == "ring"
+    assert "MLX_MEDIC_RUN_ID=run-1" in options and "MLX_MEDIC_MODEL=tiny" in options
+    rank = launcher[inner + 1 :]
+    assert rank[:2] == ["-m", "mlx_medic.serve.guard"] and "--python-args" in rank
+    assert rank[rank.index("--") + 1 :] == [
+        "-m", "mlx_lm", "server", "--model", "/models/tiny", "--host", "127.0.0.1",
+        "--port", "8123", "--pipeline", "--prefill-step-size", "2048"]  # fmt: skip
+
+
+def test_the_smoke_test_runs_the_smoke_rank_with_the_backend_and_the_state_dir(tmp_path: Path):
+    inv = inventory(tmp_path, BOTH)
+    assert smoke_command(inv.model("tiny"), "jaccl", inv) == [
+        "-m", "mlx_medic.serve.smoke", "--backend", "jaccl", "--state-dir",
+        str(tmp_path / "state"), "--model", "tiny"]  # fmt: skip
+
+
+def test_a_model_without_prefill_step_size_is_warned_about(tmp_path: Path):
+    bare = inventory(tmp_path, BOTH).model("tiny")
+    assert serve_args_warnings(bare) == [
+        "model tiny has no prefill-step-size in serve_args: mlx_lm.server then prefills with"
+        " its own default step, whatever the model's memory allows"]
+    set_ = inventory(tmp_path, BOTH, serve_args="{prefill-step-size: 2048}").model("tiny")
+    assert serve_args_warnings(set_) == []
