@@ -5,12 +5,12 @@ service log or the serve wrapper's record shows a JACCL failure, and every escal
 carries what maintainers ask for in upstream issues (OS build, MLX and mlx-lm versions,
 the exact error line, which host). One reading of the document serves them all.
 
-The keys read (anything missing reads as unknown, never as a failure):
-`os_build`; `versions: {mlx, mlx_lm}`; `memory: {available_bytes, total_bytes}`;
-`rdma: [{device, port, state}]` (absent or empty: no RDMA on the node);
-`errors: [{signature, line}]` (recent error signatures of the model's service log, with
-the exact line); on the head `serve: {state, backend, failure: {backend, host, reason,
-line}}` (the serve wrapper's record).
+The keys read (`docs/node-helpers.md`; anything missing reads as unknown, never as a
+failure): `os.build`; `versions.mlx`, `versions.mlx-lm`; `memory.available_bytes`;
+`rdma.ports: [{device, port, state, active}]` (`rdma` null: no RDMA on the node);
+`log_errors: [{file, signature, line}]` (recent error signatures of the model's log files,
+with the exact line); and, where a document carries it, `serve: {state, backend,
+failure: {backend, host, reason, line}}` (the serve wrapper's record).
 """
 
 from __future__ import annotations
@@ -61,10 +61,11 @@ class NodeFacts:
     @classmethod
     def read(cls, node: str, document: dict[str, Any]) -> NodeFacts:
         versions, memory = _mapping(document, "versions"), _mapping(document, "memory")
-        ports = [(f"{p.get('device', '?')}:{p.get('port', '?')}", str(p.get("state", "?")))
-                 for p in document_list(document, "rdma")]  # fmt: skip
+        ports = [(f"{p.get('device', '?')}:{p.get('port', '?')}",
+                  "active" if p.get("active") is True else str(p.get("state", "?")))
+                 for p in document_list(_mapping(document, "rdma"), "ports")]  # fmt: skip
         errors = [ErrorLine(str(e.get("signature", "")), str(e.get("line", "")), node)
-                  for e in document_list(document, "errors") if e.get("line")]  # fmt: skip
+                  for e in document_list(document, "log_errors") if e.get("line")]  # fmt: skip
         serve = _mapping(document, "serve")
         failure = _mapping(serve, "failure")
         serve_failure = None
@@ -75,8 +76,8 @@ class NodeFacts:
                 str(failure.get("host") or node),
             )
         return cls(
-            node, _text(document.get("os_build")), _text(versions.get("mlx")),
-            _text(versions.get("mlx_lm")), _number(memory.get("available_bytes")),
+            node, _text(_mapping(document, "os").get("build")), _text(versions.get("mlx")),
+            _text(versions.get("mlx-lm")), _number(memory.get("available_bytes")),
             _number(memory.get("total_bytes")), ports, errors, serve_failure,
             _text(serve.get("backend")),
         )

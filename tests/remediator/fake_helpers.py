@@ -26,10 +26,12 @@ Unreachable = HelperCallError  # an answer that is this: the node could not be a
 
 # What each helper answers when the test does not say: success with nothing found.
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "facts": {"os_build": "24G84", "versions": {"mlx": "0.29.1", "mlx_lm": "0.28.0"},
-              "memory": {"available_bytes": 64 * 2**30, "total_bytes": 512 * 2**30},
-              "rdma": [{"device": "rdma_en2", "port": 1, "state": "PORT_ACTIVE"}],
-              "errors": []},
+    "facts": {"os": {"system": "Darwin", "build": "24G84"},
+              "versions": {"mlx": "0.29.1", "mlx-lm": "0.28.0"},
+              "memory": {"available_bytes": 64 * 2**30},
+              "rdma": {"ports": [{"device": "rdma_en2", "port": 1, "state": "PORT_ACTIVE",
+                                  "active": True}], "objects": None},
+              "log_errors": []},
     "service": {"exit_status": 0, "stdout": "", "stderr": ""},
     "sweep": {"signalled": [], "exited": [], "survivors": [], "unkillable": [], "spared": [],
               "pd_spent": 0, "complete": True},

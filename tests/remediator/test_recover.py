@@ -82,7 +82,7 @@ async def test_recover_acts_through_the_helpers_in_order_and_journals_every_answ
 async def test_a_jaccl_failure_after_the_start_pins_ring_restarts_and_verifies_ring(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    facts = Answer({**DEFAULTS["facts"], "errors": [
+    facts = Answer({**DEFAULTS["facts"], "log_errors": [
         {"signature": "jaccl_protection_domain", "line": JACCL_LINE}]})
     engine, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, DOWN, UP]),
                                          {("ai001", "facts"): facts})

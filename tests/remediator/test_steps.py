@@ -102,7 +102,8 @@ async def test_preflight_asks_every_node_for_its_facts_and_reads_memory_and_rdma
     tmp_path: Path,
 ) -> None:
     helpers = FakeHelpers(INVENTORY, {("ai003", "facts"): facts(
-        rdma=[{"device": "rdma_en3", "port": 1, "state": "PORT_DOWN"}])})
+        rdma={"ports": [{"device": "rdma_en3", "port": 1, "state": "PORT_DOWN",
+                         "active": False}]})})
     result = await Preflight(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.OK
     assert sorted(helpers.of("facts")) == [(n, (MODEL,)) for n in NODES]
@@ -159,7 +160,7 @@ async def test_unkillable_survivors_escalate_naming_the_node_to_reboot_with_its_
         ("ai003", "sweep"): Answer({**DEFAULTS["sweep"], "survivors": [RANK_IN_D],
                                     "unkillable": [RANK_IN_D], "complete": False},
                                    exit_status=1),
-        ("ai003", "facts"): facts(errors=[{"signature": "jaccl_qp_rtr_errno_16",
+        ("ai003", "facts"): facts(log_errors=[{"signature": "jaccl_qp_rtr_errno_16",
                                            "line": JACCL_LINE}]),
     })
     result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
@@ -237,7 +238,7 @@ async def test_verify_reads_the_full_verdict_and_could_not_tell_is_not_down(
 
 
 @pytest.mark.parametrize("evidence", [
-    {"errors": [{"signature": "jaccl_qp_rtr_errno_16", "line": JACCL_LINE}]},
+    {"log_errors": [{"signature": "jaccl_qp_rtr_errno_16", "line": JACCL_LINE}]},
     {"serve": {"state": "failed", "backend": "jaccl", "failure": {
         "backend": "jaccl", "host": "ai002", "reason": "smoke test failed",
         "line": JACCL_LINE}}},
@@ -257,7 +258,7 @@ async def test_a_jaccl_failure_pins_ring_on_the_head_with_the_line_as_the_reason
 async def test_without_a_jaccl_failure_no_pin_is_made_and_the_run_escalates(
     tmp_path: Path,
 ) -> None:
-    helpers = FakeHelpers(INVENTORY, {("ai001", "facts"): facts(errors=[
+    helpers = FakeHelpers(INVENTORY, {("ai001", "facts"): facts(log_errors=[
         {"signature": "metal_out_of_memory", "line": "kIOGPUCommandBufferCallbackError"}])})
     result = await PinRing(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.FAILED and result.unrecoverable

@@ -1,0 +1,112 @@
+"""`recover` for real: the serve wrapper under supervisord in the testbed head's namespaces
+serves the tiny model on two nodes; the service is stopped, the seed's orphans are made
+(a plain `mlx.launch` of the model's rank script SIGKILLed while its ranks run on both
+nodes, the peer's under an sshd session) beside stale tmp entries on each node; one run
+of the remediator's engine, over real SSH and the real node helpers, leaves no orphan,
+removes the stale entries, starts the service and gets an answer from the model."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from mlx_medic.inventory import load_inventory
+from mlx_medic.remediator.alerts import Disposition
+from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import Journal
+from mlx_medic.transport import SshTransport
+from testbed import Cluster, processes
+from testbed.launch import rank_pids, start_launch
+from tests.exporter.test_seed_orphan import RANK_SCRIPT, wait_ready
+from tests.node.test_sweep_clean_testbed import aged, wait_until
+from tests.remediator.conftest import mlx_medic
+from tests.remediator.engine_fakes import alert
+from tests.serve.scenario import NODES, answers, prepare, supervised
+from tests.tools import require_tool
+
+pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+
+
+async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
+    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
+    ssh_transports: list[SshTransport], engines: list[Engine],
+) -> None:
+    require_tool("supervisord")
+    cluster = clean_cluster
+    served = prepare(cluster, tiny_model)
+    token, port = served.token, served.port
+    share = cluster.head.cache_mount / f"share-{token}"  # each node's own, same path
+    script = cluster.workdir / f"seed-{token}" / "serve.py"
+    script.parent.mkdir()
+    script.write_text(RANK_SCRIPT)
+    data = yaml.safe_load(served.inventory.read_text())
+    data["models"]["tiny"].update(
+        tmp_dirs=[str(share)], log_files=[str(served.log)],
+        process_patterns={"rank": [rf"serve\.py --model \S+ --port {port}"]})
+    data["models"]["tiny"]["policy"].update(restart_budget=3, backoff=0)
+    served.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    nodes = [cluster.node(name) for name in NODES]
+    seed = None
+    try:
+        with supervised(served):
+            served.wait_serving()
+            assert served.supervisorctl("stop", f"tiny-{token}").returncode == 0
+            assert not answers(port)  # the model is down
+
+            # The seed's orphans: a plain mlx.launch of the rank script, SIGKILLed.
+            seed = start_launch(cluster, served.ring_hostfile,
+                                [cluster.python, str(script), "--model", str(tiny_model),
+                                 "--port", str(port)],
+                                launch_args=["--starting-port",
+                                             str(random.randrange(42000, 52000, 20))])
+            wait_ready(seed, 2)
+            orphans = {n.name: rank_pids(n, str(script)) for n in nodes}
+            seed.kill()
+            (peer_orphan,) = orphans["ai002"]
+            assert processes.cmdline(processes.ppid(peer_orphan))[0].startswith("sshd:")
+            stale = {}
+            for node in nodes:
+                here = node.host_path(share)
+                here.mkdir(parents=True)
+                (here / "tmpstale").mkdir()
+                (here / "tmpstale" / "part").write_bytes(b"w" * 20000)
+                stale[node.name] = aged(here / "tmpstale")
+
+            inventory = load_inventory(served.inventory)
+            transport = SshTransport(inventory)
+            ssh_transports.append(transport)
+            config_file = tmp_path / "remediator.yml"
+            config_file.write_text(yaml.safe_dump({
+                "inventory": str(served.inventory), "journal": str(tmp_path / "journal.sqlite")}))
+            config = RemediatorConfig.model_validate(yaml.safe_load(config_file.read_text()))
+            engine = Engine(config, inventory, Journal(config.journal), transport,
+                            registry=CollectorRegistry())
+            engines.append(engine)
+            await engine.start()
+            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
+                Disposition.STARTED
+            await engine.wait_idle(600)
+            (run,) = engine.journal.list_runs()
+            assert run.outcome == "succeeded", (run.detail, [(s.name, s.outcome, s.detail)
+                                                             for s in run.steps])
+            assert [s.name for s in run.steps] == ["preflight", "stop-service", "sweep",
+                                                   "clean-tmp", "start-service", "verify"]
+            assert run.steps[2].targets == ["tiny on ai001", "tiny on ai002"]
+            for node in nodes:
+                for pid in orphans[node.name]:
+                    wait_until(lambda: not processes.is_alive(pid), "an orphan to go")  # noqa: B023
+                assert not stale[node.name].exists()
+            assert answers(port)
+            log = mlx_medic("log", "--config.file", str(config_file), "--model", "tiny").stdout
+            for name in ("preflight", "stop-service", "sweep", "clean-tmp", "start-service"):
+                assert name in log
+    finally:
+        if seed is not None:
+            seed.close()
+        served.close()
