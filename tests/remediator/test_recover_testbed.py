@@ -1,13 +1,17 @@
-"""`recover` for real: the serve wrapper under supervisord in the testbed head's namespaces
-serves the tiny model on two nodes; the service is stopped, the seed's orphans are made
-(a plain `mlx.launch` of the model's rank script SIGKILLed while its ranks run on both
-nodes, the peer's under an sshd session) beside stale tmp entries on each node; one run
-of the remediator's engine, over real SSH and the real node helpers, leaves no orphan,
-removes the stale entries, starts the service and gets an answer from the model."""
+"""`recover` and `sweep-orphans` for real: the serve wrapper under supervisord in the
+testbed head's namespaces serves the tiny model on two nodes; the service is stopped, the
+seed's orphans are made (a plain `mlx.launch` of the model's rank script SIGKILLed while
+its ranks run on both nodes, the peer's under an sshd session) beside stale tmp entries on
+each node. A dry run touches nothing; one run of the remediator's engine, over real SSH and
+the real node helpers, leaves no orphan, removes the stale entries, starts the service and
+gets an answer from the model. Then, while the model serves, orphans made again are
+removed by `sweep-orphans` from the orphan alert, the model answering throughout, with no
+restart."""
 
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 from pathlib import Path
 
@@ -31,6 +35,8 @@ from tests.serve.scenario import NODES, answers, prepare, supervised
 from tests.tools import require_tool
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+
+ROUTING = {"LLMModelDown": "recover", "MLXOrphanProcesses": "sweep-orphans"}
 
 
 async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
@@ -83,16 +89,22 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
             ssh_transports.append(transport)
             config_file = tmp_path / "remediator.yml"
             config_file.write_text(yaml.safe_dump({
-                "inventory": str(served.inventory), "journal": str(tmp_path / "journal.sqlite")}))
+                "inventory": str(served.inventory), "journal": str(tmp_path / "journal.sqlite"),
+                "routing": {"playbooks": ROUTING}}))
             config = RemediatorConfig.model_validate(yaml.safe_load(config_file.read_text()))
             engine = Engine(config, inventory, Journal(config.journal), transport,
                             registry=CollectorRegistry())
             engines.append(engine)
             await engine.start()
+            dry = engine.journal.get_run(await engine.run_manual("tiny", dry_run=True))
+            assert dry is not None and dry.outcome == "planned"
+            assert all(processes.is_alive(p) for pids in orphans.values() for p in pids)
+            assert all(path.exists() for path in stale.values())  # the dry run touched nothing
+
             assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
                 Disposition.STARTED
             await engine.wait_idle(600)
-            (run,) = engine.journal.list_runs()
+            run = engine.journal.list_runs()[0]
             assert run.outcome == "succeeded", (run.detail, [(s.name, s.outcome, s.detail)
                                                              for s in run.steps])
             assert [s.name for s in run.steps] == ["preflight", "stop-service", "sweep",
@@ -106,6 +118,51 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
             log = mlx_medic("log", "--config.file", str(config_file), "--model", "tiny").stdout
             for name in ("preflight", "stop-service", "sweep", "clean-tmp", "start-service"):
                 assert name in log
+
+            # While it serves: orphans of an older run again, removed with no restart.
+            serving = served.record()
+            assert serving is not None
+            again = start_launch(cluster, served.ring_hostfile,
+                                 [cluster.python, str(script), "--model", str(tiny_model),
+                                  "--port", str(port)],
+                                 env=cluster.env(MLX_MEDIC_RUN_ID=f"old-{token}",
+                                                 MLX_MEDIC_MODEL="tiny"),
+                                 launch_args=["--starting-port",
+                                              str(random.randrange(42000, 52000, 20))])
+            wait_ready(again, 2)
+            orphans = {n.name: rank_pids(n, str(script)) for n in nodes}
+            again.kill()
+            answered: list[bool] = []
+            probing = threading.Event()
+
+            def probe() -> None:
+                while not probing.is_set():
+                    answered.append(answers(port))
+                    probing.wait(0.5)
+
+            prober = threading.Thread(target=probe, daemon=True)
+            prober.start()
+            try:
+                for node in NODES:
+                    assert await engine.submit(alert(
+                        uuid.uuid4().hex[:16], "tiny", alertname="MLXOrphanProcesses",
+                        labels={"node": node})) in (Disposition.STARTED, Disposition.ABSORBED)
+                await engine.wait_idle(300)
+            finally:
+                probing.set()
+                prober.join(30)
+            sweep = engine.journal.list_runs()[0]
+            assert (sweep.playbook, sweep.outcome) == ("sweep-orphans", "succeeded"), (
+                sweep.detail, [(s.name, s.outcome, s.output) for s in sweep.steps])
+            assert [(s.name, s.node) for s in sweep.steps] == [
+                ("sweep-orphans", "ai001, ai002"), ("verify", "ai001")]
+            for node in nodes:
+                for pid in orphans[node.name]:
+                    wait_until(lambda: not processes.is_alive(pid), "an orphan to go")  # noqa: B023
+            assert answered and all(answered)  # the model never stopped answering
+            after = served.record()
+            assert after is not None and after.run_id == serving.run_id  # no restart
+            again.close()
     finally:
         if seed is not None:
             seed.close()
