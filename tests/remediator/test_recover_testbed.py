@@ -10,7 +10,9 @@ restart."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import uuid
 from pathlib import Path
@@ -26,12 +28,12 @@ from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.transport import SshTransport
 from testbed import Cluster, processes
-from testbed.launch import rank_pids, start_launch
+from testbed.launch import mlx_launch_path, rank_pids, start_launch
 from tests.exporter.test_seed_orphan import RANK_SCRIPT, wait_ready
 from tests.node.test_sweep_clean_testbed import aged, wait_until
 from tests.remediator.conftest import mlx_medic
 from tests.remediator.engine_fakes import alert
-from tests.serve.scenario import NODES, answers, prepare, supervised
+from tests.serve.scenario import NODES, SUPERVISORD_CONF, answers, prepare, supervised
 from tests.tools import require_tool
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
@@ -166,4 +168,76 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
     finally:
         if seed is not None:
             seed.close()
+        served.close()
+
+
+START_SCRIPT = """\
+#!/bin/sh
+# The seed's start script: plain mlx.launch of mlx_lm.server over ring, no wrapper.
+exec {launch} --hostfile {hostfile} --backend ring --starting-port {ring_port} -- \\
+    {python} -m mlx_lm server --model {model} --host 127.0.0.1 --port {port} --pipeline
+"""
+
+
+async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
+    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
+    ssh_transports: list[SshTransport], engines: list[Engine],
+) -> None:
+    """The seed's own failure: supervisord's stop SIGTERMs mlx.launch, which has no handler
+    and dies leaving its ranks; the head's rank is killed too (the model is down), the
+    peer's stays under its sshd session. recover stops, sweeps, cleans, starts the script
+    again and verifies a real answer."""
+    require_tool("supervisord")
+    cluster = clean_cluster
+    served = prepare(cluster, tiny_model)
+    token, port = served.token, served.port
+    script = cluster.workdir / f"start-{token}.sh"
+    script.write_text(START_SCRIPT.format(
+        launch=mlx_launch_path(), hostfile=served.ring_hostfile, python=cluster.python,
+        model=tiny_model, port=port, ring_port=random.randrange(42000, 52000, 20)))
+    data = yaml.safe_load(served.inventory.read_text())
+    data["models"]["tiny"]["service"]["kind"] = "script"
+    data["models"]["tiny"]["policy"].update(restart_budget=3, backoff=0)
+    served.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert served.conf is not None
+    env = cluster.env(HF_HUB_OFFLINE="1")
+    served.conf.write_text(SUPERVISORD_CONF.replace(
+        "command={medic} serve tiny --config.file {inventory}", f"command=/bin/sh {script}",
+    ).format(token=token, path=env["PATH"], workdir=cluster.workdir, stopwaitsecs=20,
+             log=served.log))
+    daemon = served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env)
+    try:
+        wait_until(lambda: answers(port), "the script's model to answer", timeout=300)
+        peer = cluster.node("ai002")
+        (peer_rank,) = [p for p in peer.find_pids(f"--port {port}")
+                        if "mlx_lm" in " ".join(processes.cmdline(p))]
+        assert served.supervisorctl("stop", f"tiny-{token}").returncode == 0
+        for pid in served.head.find_pids(f"--port {port}"):  # the head's rank: down
+            if "mlx_lm" in " ".join(processes.cmdline(pid)):
+                os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not answers(port), "the model to be down")
+        assert processes.is_alive(peer_rank)  # the seed's orphan
+        assert processes.cmdline(processes.ppid(peer_rank))[0].startswith("sshd:")
+
+        inventory = load_inventory(served.inventory)
+        transport = SshTransport(inventory)
+        ssh_transports.append(transport)
+        config = RemediatorConfig.model_validate({"journal": str(tmp_path / "j.sqlite")})
+        engine = Engine(config, inventory, Journal(config.journal), transport,
+                        registry=CollectorRegistry())
+        engines.append(engine)
+        await engine.start()
+        assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == Disposition.STARTED
+        await engine.wait_idle(600)
+        (run,) = engine.journal.list_runs()
+        assert run.outcome == "succeeded", (run.detail, [(s.name, s.outcome, s.detail)
+                                                         for s in run.steps])
+        assert [s.name for s in run.steps] == ["preflight", "stop-service", "sweep",
+                                               "start-service", "verify"]
+        wait_until(lambda: not processes.is_alive(peer_rank), "the peer's orphan to go")
+        assert answers(port)
+    finally:
+        served.supervisorctl("stop", f"tiny-{token}")
+        daemon.kill()
+        daemon.wait(timeout=10)
         served.close()
