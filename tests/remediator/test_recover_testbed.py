@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -25,9 +26,10 @@ from mlx_medic.inventory import load_inventory
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
-from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.journal import Journal, RunView
 from mlx_medic.transport import SshTransport
 from testbed import Cluster, processes
+from testbed.freezer import frozen
 from testbed.launch import mlx_launch_path, rank_pids, start_launch
 from tests.exporter.test_seed_orphan import RANK_SCRIPT, wait_ready
 from tests.node.test_sweep_clean_testbed import aged, wait_until
@@ -185,8 +187,10 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
 ) -> None:
     """The seed's own failure: supervisord's stop SIGTERMs mlx.launch, which has no handler
     and dies leaving its ranks; the head's rank is killed too (the model is down), the
-    peer's stays under its sshd session. recover stops, sweeps, cleans, starts the script
-    again and verifies a real answer."""
+    peer's stays under its sshd session. With every sshd of the peer frozen, the run ends
+    within its timeouts, escalated, nothing started; with the peer's rank frozen (state D),
+    it escalates naming the peer to reboot, nothing started; thawed and resumed, the next
+    notification's run stops, sweeps, starts the script again and gets a real answer."""
     require_tool("supervisord")
     cluster = clean_cluster
     served = prepare(cluster, tiny_model)
@@ -195,8 +199,13 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
     script.write_text(START_SCRIPT.format(
         launch=mlx_launch_path(), hostfile=served.ring_hostfile, python=cluster.python,
         model=tiny_model, port=port, ring_port=random.randrange(42000, 52000, 20)))
+    rank_script = cluster.workdir / f"seed-{token}" / "serve.py"
+    rank_script.parent.mkdir()
+    rank_script.write_text(RANK_SCRIPT)
     data = yaml.safe_load(served.inventory.read_text())
     data["models"]["tiny"]["service"]["kind"] = "script"
+    data["models"]["tiny"]["policy"]["start_timeout"] = "120s"
+    data["models"]["tiny"]["process_patterns"] = {"rank": [rf"serve\.py --model \S+ --port {port}"]}
     data["models"]["tiny"]["policy"].update(restart_budget=3, backoff=0)
     served.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
     assert served.conf is not None
@@ -206,37 +215,84 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
     ).format(token=token, path=env["PATH"], workdir=cluster.workdir, stopwaitsecs=20,
              log=served.log))
     daemon = served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env)
+    seed = None
     try:
         wait_until(lambda: answers(port), "the script's model to answer", timeout=300)
         peer = cluster.node("ai002")
-        (peer_rank,) = [p for p in peer.find_pids(f"--port {port}")
-                        if "mlx_lm" in " ".join(processes.cmdline(p))]
+        # supervisord's stop: SIGTERM to mlx.launch, which has no handler for it. Its head
+        # rank may stay listening on the port without answering: a sweep spares every
+        # listener on the model's port (only the serve wrapper's start sweep ends one), so
+        # here it crashes (SIGKILL): the model is down.
         assert served.supervisorctl("stop", f"tiny-{token}").returncode == 0
-        for pid in served.head.find_pids(f"--port {port}"):  # the head's rank: down
+        for pid in served.head.find_pids(f"--port {port}"):
             if "mlx_lm" in " ".join(processes.cmdline(pid)):
                 os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not answers(port), "the model to be down")
-        assert processes.is_alive(peer_rank)  # the seed's orphan
+        # The seed's orphans: an earlier launch of the rank script, SIGKILLed.
+        seed = start_launch(cluster, served.ring_hostfile,
+                            [cluster.python, str(rank_script), "--model", str(tiny_model),
+                             "--port", str(port)],
+                            launch_args=["--starting-port",
+                                         str(random.randrange(42000, 52000, 20))])
+        wait_ready(seed, 2)
+        (peer_rank,) = rank_pids(peer, str(rank_script))
+        seed.kill()
         assert processes.cmdline(processes.ppid(peer_rank))[0].startswith("sshd:")
 
         inventory = load_inventory(served.inventory)
         transport = SshTransport(inventory)
         ssh_transports.append(transport)
-        config = RemediatorConfig.model_validate({"journal": str(tmp_path / "j.sqlite")})
+        config_file = tmp_path / "remediator.yml"
+        config_file.write_text(yaml.safe_dump({"inventory": str(served.inventory),
+                                               "journal": str(tmp_path / "j.sqlite")}))
+        config = RemediatorConfig.model_validate(yaml.safe_load(config_file.read_text()))
         engine = Engine(config, inventory, Journal(config.journal), transport,
                         registry=CollectorRegistry())
         engines.append(engine)
         await engine.start()
-        assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == Disposition.STARTED
-        await engine.wait_idle(600)
-        (run,) = engine.journal.list_runs()
+
+        async def one_run() -> RunView:
+            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
+                Disposition.STARTED
+            await engine.wait_idle(600)
+            return engine.journal.list_runs()[0]
+
+        def program_stopped() -> bool:
+            return "STOPPED" in served.supervisorctl("status", f"tiny-{token}").stdout
+
+        # The peer unreachable: every sshd process of it frozen (open connections too).
+        with frozen(peer.find_pids("sshd"), f"sshd-{token}"):
+            started = time.monotonic()
+            run = await one_run()
+            took = time.monotonic() - started
+        assert run.outcome == "escalated" and [s.name for s in run.steps] == ["preflight"]
+        assert run.steps[0].outcome == "unreachable" and "ai002" in run.detail
+        assert took < inventory.ssh.command_timeout + 60  # within its timeouts
+        assert engine.m_unreachable.labels(model="tiny", node="ai002")._value.get() >= 1
+        assert program_stopped()  # nothing was started
+        mlx_medic("resume", "tiny", "--config.file", str(config_file))
+
+        # The peer's rank frozen: uninterruptible, it survives SIGKILL.
+        with frozen([peer_rank], f"rank-{token}"):
+            run = await one_run()
+            assert run.outcome == "escalated" and run.steps[-1].name == "sweep"
+            assert run.next_action is not None and run.next_action.startswith("reboot ai002 ")
+            assert engine.m_unkillable.labels(model="tiny", node="ai002")._value.get() == 1
+            assert program_stopped()  # nothing started on top of it
+        mlx_medic("resume", "tiny", "--config.file", str(config_file))
+
+        # Thawed and resumed: the next notification recovers the model.
+        run = await one_run()
         assert run.outcome == "succeeded", (run.detail, [(s.name, s.outcome, s.detail)
-                                                         for s in run.steps])
+                                                         for s in run.steps],
+                                            served.output()[-3000:])
         assert [s.name for s in run.steps] == ["preflight", "stop-service", "sweep",
                                                "start-service", "verify"]
         wait_until(lambda: not processes.is_alive(peer_rank), "the peer's orphan to go")
         assert answers(port)
     finally:
+        if seed is not None:
+            seed.close()
         served.supervisorctl("stop", f"tiny-{token}")
         daemon.kill()
         daemon.wait(timeout=10)
