@@ -184,9 +184,9 @@ def live(cluster: Cluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
         }  # fmt: skip
         data = yaml.safe_load(cluster.inventory_yaml([model]))
         medic = str(Path(cluster.python).parent / "mlx-medic")
-        for name in NODES:
-            data["nodes"][name]["medic_command"] = medic
         inventory = workdir / "inventory.yaml"
+        for name in NODES:  # the helpers (the model lock's too) read this inventory there
+            data["nodes"][name].update(medic_command=medic, medic_config=str(inventory))
         inventory.write_text(yaml.safe_dump(data, sort_keys=False))
 
         # The seed's orphans, for real: ranks on both nodes, then mlx.launch SIGKILLed.

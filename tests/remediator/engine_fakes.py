@@ -29,6 +29,7 @@ from mlx_medic.remediator.playbooks import (
     Playbook,
     RecheckVerdict,
     RecoverPlaybook,
+    SweepOrphansPlaybook,
     recheck_model_down,
 )
 from mlx_medic.remediator.steps import (
@@ -263,6 +264,7 @@ def fake_playbooks() -> dict[str, Playbook]:
     """Fresh instances by name, beside the built-in `recover`."""
     return {
         "recover": RecoverPlaybook(),
+        "sweep-orphans": SweepOrphansPlaybook(),
         "succeeding": SucceedingPlaybook(),
         "gated": GatedPlaybook(),
         "unrecoverable": UnrecoverablePlaybook(),
