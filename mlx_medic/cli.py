@@ -29,7 +29,7 @@ COMMANDS: dict[str, CommandInfo] = {
     "probe": CommandInfo(
         "mlx_medic.probe_cli", "probe a model's server once from this node", "node"),
     "node": CommandInfo(
-        "mlx_medic.node.cli", "run a node helper (ledger) with JSON output", "node"),
+        "mlx_medic.node.cli", "run a node helper (docs/node-helpers.md) on this node", "node"),
     "serve": CommandInfo(
         "mlx_medic.serve.cli", "run a model's ranks on its head (what its service runs)",
         "node"),

@@ -32,6 +32,7 @@ from testbed.launch import start_launch
 from testbed.net import wait_listening
 from tests.exporter.macos_commands import macos_output
 from tests.exporter.test_seed_orphan import RANK_SCRIPT, wait_ready
+from tests.node.inventories import helper_inventory
 from tests.remediator.conftest import (
     TOKEN,
     Service,
@@ -182,12 +183,7 @@ def live(cluster: Cluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
             "process_patterns": {"rank": [rf"serve\.py --model \S+ --port {port}"]},
             "policy": {"restart_budget": 3, "backoff": 0},
         }  # fmt: skip
-        data = yaml.safe_load(cluster.inventory_yaml([model]))
-        medic = str(Path(cluster.python).parent / "mlx-medic")
-        inventory = workdir / "inventory.yaml"
-        for name in NODES:  # the helpers (the model lock's too) read this inventory there
-            data["nodes"][name].update(medic_command=medic, medic_config=str(inventory))
-        inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+        inventory = helper_inventory(cluster, [model], "dashboards")
 
         # The seed's orphans, for real: ranks on both nodes, then mlx.launch SIGKILLed.
         launch = start_launch(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -130,6 +131,14 @@ def main() -> None:
 
     token = uuid.uuid4().hex[:8]
     workdir = Path("/var/tmp") / f"mlx-medic-bench-sweep-{token}"
+    try:
+        times = measure(workdir, token, args.repetitions, args.orphans)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report(times, args.repetitions, args.orphans)
+
+
+def measure(workdir: Path, token: str, repetitions: int, count: int) -> dict[str, list[float]]:
     with start_cluster(len(NODES), workdir) as cluster:
         port = free_port()
         script = workdir / f"seed-{token}" / "serve.py"
@@ -151,10 +160,10 @@ def main() -> None:
         loop = asyncio.new_event_loop()
         times: dict[str, list[float]] = {"seed": [], "ours": [], "alone": []}
         try:
-            for repetition in range(args.repetitions):
+            for repetition in range(repetitions):
                 order = ["seed", "ours"] if repetition % 2 == 0 else ["ours", "seed"]
                 for way in order:
-                    orphans = make_orphans(cluster, script, model, port, args.orphans)
+                    orphans = make_orphans(cluster, script, model, port, count)
                     started = time.perf_counter()
                     if way == "seed":
                         seed_sweep(cluster, port)
@@ -165,18 +174,21 @@ def main() -> None:
                     if survivors:
                         raise RuntimeError(f"{way}: orphans survive: {survivors}")
                 times["alone"].append(one_node_at_a_time(
-                    loop, transport, inventory, argv, cluster, script, model, port, args.orphans))
+                    loop, transport, inventory, argv, cluster, script, model, port, count))
                 print(f"repetition {repetition + 1}: seed {times['seed'][-1]:.3f} s,"
                       f" ours {times['ours'][-1]:.3f} s,"
                       f" slowest node alone {times['alone'][-1]:.3f} s", flush=True)
         finally:
             loop.run_until_complete(transport.close())
             loop.close()
+    return times
 
+
+def report(times: dict[str, list[float]], repetitions: int, count: int) -> None:
     cold_seed, cold_ours = times["seed"][0], times["ours"][0]
     warm_seed = statistics.median(times["seed"][1:])
     warm_ours = statistics.median(times["ours"][1:])
-    print(f"\n{len(NODES)} nodes, {args.orphans} orphans each, {args.repetitions} repetitions")
+    print(f"\n{len(NODES)} nodes, {count} orphans each, {repetitions} repetitions")
     print(f"first repetition (ours opens its connections): seed {cold_seed:.3f} s,"
           f" ours {cold_ours:.3f} s, ratio {cold_ours / cold_seed:.2f}")
     print(f"median of the others (connections reused):     seed {warm_seed:.3f} s,"

@@ -61,7 +61,7 @@ class BadArguments(HelperError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
-    parser.epilog = "helpers:\n" + "\n".join(f"  {n:<14}{h}" for n, (_, h) in HELPERS.items())
+    parser.epilog = "helpers:\n" + "\n".join(f"  {n:<16}{h}" for n, (_, h) in HELPERS.items())
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("helper", choices=sorted(HELPERS), metavar="HELPER")
     parser.add_argument("helper_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from mlx_medic.node.cli import HELPERS, HelperError, add_node_arguments
+from mlx_medic.node.cli import HELPERS, HelperError
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
@@ -48,33 +48,6 @@ REFUSED_FLAGS: dict[str, dict[str, str]] = {
     "sweep": {"--start-sweep": "only the serve wrapper's own start sweep, run locally, may"
                                " touch a process serving the model's port"},
 }
-
-
-def _sweep_shape(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model")
-    parser.add_argument("--orphans-only", action="store_true")
-    parser.add_argument("--run")
-    parser.add_argument("--start-sweep", action="store_true")
-    parser.add_argument("--dry-run", action="store_true")
-    add_node_arguments(parser)
-
-
-def _clean_shape(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model")
-    parser.add_argument("--dry-run", action="store_true")
-    add_node_arguments(parser)
-
-
-def _orphans_shape(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?")
-    add_node_arguments(parser)
-
-
-# The command lines of helpers whose modules are not in HELPERS yet (checked by shape);
-# once a helper is in HELPERS its own parser decides and its shape here is unused.
-SHAPES: dict[str, Callable[[argparse.ArgumentParser], None]] = {
-    "sweep": _sweep_shape, "clean": _clean_shape, "orphans": _orphans_shape,
-}  # fmt: skip
 
 
 class Refused(ValueError):
@@ -96,16 +69,13 @@ class _Checking(argparse.ArgumentParser):
 
 
 def helper_names() -> list[str]:
-    """Every helper this key may run: HELPERS (but this one) and the shapes not there yet."""
-    return sorted((set(HELPERS) | set(SHAPES)) - {THIS_HELPER})
+    """Every helper this key may run: HELPERS, but this one."""
+    return sorted(set(HELPERS) - {THIS_HELPER})
 
 
 def helper_parser(helper: str) -> argparse.ArgumentParser:
     parser = _Checking(prog=f"mlx-medic node {helper}")
-    if helper in HELPERS:
-        importlib.import_module(HELPERS[helper][0]).add_arguments(parser)
-    else:
-        SHAPES[helper](parser)
+    importlib.import_module(HELPERS[helper][0]).add_arguments(parser)
     return parser
 
 

@@ -244,6 +244,9 @@ class Seams:
 
 
 class Sweep:
+    """One sweep of one model on this node: `plan` (scope, mode, guards), then `run`
+    (signals, bounded waits, ledger spends); the report says what happened."""
+
     def __init__(
         self,
         *,
@@ -284,7 +287,7 @@ class Sweep:
     def plan(self) -> list[Target]:
         """The targets of this mode; what is spared and why goes in the report."""
         result: ScanResult = self.scan.scan(self.table.snapshot())
-        current = result.current_runs.get(self.model.name) or self.scan_current_run()
+        current = result.current_runs.get(self.model.name) or self._current_run()
         run_ids = {r for r in (current, self.run_id) if r}
         lineage = self.seams.lineage()
         scoper = self.scan.scoper
@@ -305,7 +308,7 @@ class Sweep:
             targets.append(Target(proc, rule if isinstance(rule, str) else None))
         return targets
 
-    def scan_current_run(self) -> str | None:
+    def _current_run(self) -> str | None:
         from mlx_medic.runs import read_current_run
 
         return read_current_run(self.state_dir, self.model.name)

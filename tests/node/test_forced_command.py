@@ -102,7 +102,7 @@ EXAMPLES = {
     "pid-alive": "4242 --start-time 1796084792.5",
     "run": "m1 renew r-1 --lease 30 --holder 'serve pid 7 on n1'",
     "service": "m1 stop --by 'remediator run 12' --reason 'model down'",
-    "sweep": "m1 --orphans-only --run r-1",
+    "sweep": "m1 --orphans-only --dry-run",
 }
 
 

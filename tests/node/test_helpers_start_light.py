@@ -1,0 +1,37 @@
+"""Each node helper imports only what it needs: the remediator runs one over SSH on every
+step of every run, so none loads the web stack, SSH, the engine or the exporter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.node.helper_runner import two_model_helpers
+
+HEAVY = ("aiohttp", "asyncssh", "mlx_medic.remediator", "mlx_medic.exporter",
+         "prometheus_client")  # fmt: skip
+
+
+@pytest.mark.parametrize("args", [
+    ("service", "m1", "status"), ("run", "m1", "show"), ("backend", "m1", "show"),
+    ("lock", "m1", "show"), ("pid-alive", "1"), ("facts", "m1"),
+])  # fmt: skip
+def test_a_helper_loads_no_service_stack_ssh_or_exporter(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    helpers = two_model_helpers(tmp_path)
+    argv = ["node", *args, "--config.file", str(helpers.config), "--node", "n1", "--json"]
+    code = (
+        "import sys\nfrom mlx_medic.cli import main\n"
+        f"status = main({argv!r})\n"
+        f"print('LOADED', *sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n"
+        "sys.exit(status)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    loaded = next(line for line in result.stderr.splitlines() if line.startswith("LOADED"))
+    assert loaded.split()[1:] == []
