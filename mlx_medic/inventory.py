@@ -274,7 +274,16 @@ class ServeSettings(_Strict):
         " wrapper no rank lives much longer than this",
     )
 
-    @field_validator("python")
+    identity_file: Path | None = Field(
+        default=None,
+        description="the private key the wrapper logs in to the model's other nodes with, to"
+        " run the node helpers there (the remediator's key, `ssh.identity_file`, may be"
+        " pinned to a forced command that refuses the wrapper's start sweep); host keys are"
+        " checked against `ssh.known_hosts`; null: the service user's own default keys, as"
+        " mlx.launch's ssh uses",
+    )
+
+    @field_validator("python", "identity_file")
     @classmethod
     def _python_absolute(cls, value: Path | None) -> Path | None:
         if value is not None and (not value.is_absolute() or ".." in value.parts):

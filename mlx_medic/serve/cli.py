@@ -51,6 +51,13 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(serve(inventory, model))
 
 
+def wrapper_ssh(inventory: Inventory, model: Model) -> Inventory:
+    """The inventory as the wrapper reaches the peers: with its own key (`serve.identity_file`,
+    else the service user's default keys), never the remediator's `ssh.identity_file`."""
+    ssh = inventory.ssh.model_copy(update={"identity_file": model.serve.identity_file})
+    return inventory.model_copy(update={"ssh": ssh})
+
+
 async def serve(inventory: Inventory, model: Model) -> int:
     from mlx_medic.model_lock import ModelLocks, process_start_time
     from mlx_medic.node.client import NodeHelpers
@@ -85,7 +92,8 @@ async def serve(inventory: Inventory, model: Model) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    transport = RoutedTransport(model.head, LocalTransport(), SshTransport(inventory))
+    peers = SshTransport(wrapper_ssh(inventory, model))
+    transport = RoutedTransport(model.head, LocalTransport(), peers)
     limit = model.policy.kill_grace + inventory.ssh.connect_timeout + 30.0
     nodes = ModelNodes(NodeHelpers(transport, inventory, limit), model, limit)
     locks = ModelLocks(inventory, transport, this_node=model.head)

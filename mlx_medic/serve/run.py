@@ -32,6 +32,7 @@ from mlx_medic.serve.record import Failure, JacclSuccess, RecordKeeper, ServeRec
 from mlx_medic.serve.smoke import Verdict, judge
 from mlx_medic.serve.supervise import RANK_ENDED, Launch, remaining
 from mlx_medic.serve.teardown import end_run, teardown_deadline
+from mlx_medic.state_files import StateFileError
 
 log = logging.getLogger("mlx_medic.serve")
 
@@ -80,8 +81,8 @@ class ServeRun:
     async def run(self) -> int:
         served = False
         try:
-            candidates_ok = await self._start()
-            if candidates_ok is None:
+            started = await self._start()
+            if started is None:
                 return EXIT_FAILED
             served = True
             return EXIT_STOPPED if await self._supervise() else EXIT_FAILED
@@ -118,7 +119,10 @@ class ServeRun:
         self._check_stop()
         for warning in serve_args_warnings(model):
             log.warning("%s", warning)
-        choice = read_backend_choice(self.w.inventory.state_dir, model.name)
+        try:
+            choice = read_backend_choice(self.w.inventory.state_dir, model.name)
+        except StateFileError as exc:  # a pin that cannot be read is no licence for JACCL
+            raise StartRefused(f"the model's backend choice cannot be read: {exc}") from None
         tried, failures = candidates(model, choice)
         log.info("backend choice %s%s", choice.choice,
                  f" (by {choice.by}: {choice.reason})" if choice.pinned else "")  # fmt: skip

@@ -177,7 +177,8 @@ def prepare(cluster: Cluster, tiny_model: Path, *, ring_hostfile: Path | None = 
                      "ring": {"hostfile": str(ring), "pipeline": True}},
         "serve_args": {"prefill-step-size": 256},
         "serve": {"python": cluster.python, "starting_port": random.randrange(42000, 52000, 20),
-                  "smoke_timeout": "90s", "lease": "10s"},
+                  "smoke_timeout": "90s", "lease": "10s",
+                  "identity_file": str(cluster.identity)},
         "policy": {"kill_grace": "3s", "stop_timeout": "40s", "start_timeout": "5m"},
         **(extra_model or {}),
     }  # fmt: skip

@@ -17,6 +17,7 @@ from mlx_medic.inventory import parse_inventory
 from mlx_medic.model_lock import process_start_time
 from mlx_medic.node.client import HelperCallError, HelperReply
 from mlx_medic.serve.backend import candidates, ledger_refusal, smoke_can_be_skipped
+from mlx_medic.serve.cli import wrapper_ssh
 from mlx_medic.serve.launch import (
     launch_argv,
     serve_args_warnings,
@@ -244,3 +245,14 @@ def test_a_model_without_prefill_step_size_is_warned_about(tmp_path: Path):
         " its own default step, whatever the model's memory allows"]
     set_ = inventory(tmp_path, BOTH, serve_args="{prefill-step-size: 2048}").model("tiny")
     assert serve_args_warnings(set_) == []
+
+
+def test_the_wrapper_reaches_peers_with_its_own_key_never_the_remediators(tmp_path: Path):
+    text = inventory(tmp_path, BOTH, serve="{identity_file: /home/mlx/.ssh/id_serve}")
+    remediators = text.model_copy(update={"ssh": text.ssh.model_copy(
+        update={"identity_file": Path("/etc/mlx-medic/remediator_key")})})  # fmt: skip
+    model = remediators.model("tiny")
+    assert wrapper_ssh(remediators, model).ssh.identity_file == Path("/home/mlx/.ssh/id_serve")
+    default = inventory(tmp_path, BOTH).model("tiny")
+    assert wrapper_ssh(remediators, default).ssh.identity_file is None  # the user's own keys
+    assert wrapper_ssh(remediators, model).ssh.known_hosts == remediators.ssh.known_hosts
