@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,19 +60,24 @@ class Budget:
         self.journal = journal
         self.clock = clock
 
-    def check(self, model: Model) -> BudgetDecision:
+    def check(self, model: Model, *, playbook: str | None = None,
+              exclude: Sequence[str] = ()) -> BudgetDecision:
+        """`playbook`: count only its runs (a playbook with a budget of its own); `exclude`:
+        leave out the runs of playbooks that have their own."""
         policy, now = model.policy, self.clock()
         since = now - policy.window
         reset = self.journal.budget_reset_time(model.name)
         if reset is not None:
             since = max(since, reset)
-        times = self.journal.counted_run_times(model.name, since)
+        times = self.journal.counted_run_times(model.name, since, playbook=playbook,
+                                               exclude=exclude)
         runs = len(times)
         window = human_duration(policy.window)
+        of = f"{playbook} " if playbook is not None else ""
         if runs >= policy.restart_budget:
             return BudgetDecision(
                 False, True, 0.0, runs,
-                f"restart budget spent: {runs} run(s) of {model.name} in the last {window}"
+                f"restart budget spent: {runs} {of}run(s) of {model.name} in the last {window}"
                 f" (budget {policy.restart_budget})",
             )
         if runs:
@@ -118,14 +123,16 @@ class Escalator:
         next_action: str,
         *,
         run_id: int | None = None,
+        open_circuit: bool = True,
     ) -> bool:
-        """Open the circuit; True if it opened now (False: it already was open)."""
+        """Open the circuit and tell on-call; True if it opened now (False: it already was
+        open, or `open_circuit` is false: a playbook with its own budget only tells)."""
         if reason not in set(EscalationReason):  # a closed set: the metric's `reason` label
             known = ", ".join(EscalationReason)
             raise ValueError(f"escalation reason must be one of {known}, not {reason!r}")
         reason = EscalationReason(reason)
         now = self.clock()
-        opened = self.journal.open_circuit(
+        opened = open_circuit and self.journal.open_circuit(
             model, reason=f"{reason}: {detail}", next_action=next_action,
             by_whom=f"remediator@{self.hostname}", now=now,
         )
@@ -133,7 +140,8 @@ class Escalator:
             "escalation", now=now, model=model, run_id=run_id,
             detail=f"{reason}: {detail}. Next: {next_action}",
         )
-        self.escalations.labels(model=model, reason=reason).inc()
+        if open_circuit:
+            self.escalations.labels(model=model, reason=reason).inc()
         log.error(
             "escalation: %s", detail,
             extra={"model": model, "reason": reason, "next_action": next_action, "run_id": run_id},

@@ -90,7 +90,9 @@ class RoutingConfig(_Strict):
     """Which alert names start which playbook (by name: the remediator's built-in
     playbooks), and which label names the model."""
 
-    playbooks: dict[str, str] = Field(default_factory=lambda: {"LLMModelDown": "recover"})
+    playbooks: dict[str, str] = Field(
+        default_factory=lambda: {"LLMModelDown": "recover", "MLXOrphanProcesses": "sweep-orphans"}
+    )
     model_label: str = Field(default="model", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 import time
@@ -59,6 +60,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mlx_medic.inventory import Inventory, Model
 from mlx_medic.model_lock import LockHandle, ModelLocks
+from mlx_medic.node.client import HelperCallError, NodeHelpers
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition, InvalidAlert
 from mlx_medic.remediator.budget import Budget, Escalator, resume_hint
 from mlx_medic.remediator.config import RemediatorConfig, check_routing
@@ -70,7 +72,8 @@ from mlx_medic.remediator.outcomes import (
     RunOutcome,
     StepOutcome,
 )
-from mlx_medic.remediator.playbooks import Playbook, builtin_playbooks
+from mlx_medic.remediator.playbooks import FINISH_STOP, Playbook, builtin_playbooks
+from mlx_medic.remediator.playbooks.finish_stop import REMEDIATOR_RUN, read_stop_record
 from mlx_medic.remediator.steps import (
     HealthCheck,
     RunContext,
@@ -82,6 +85,9 @@ from mlx_medic.remediator.steps import (
 from mlx_medic.transport import NodeTransport, TransportError
 
 log = logging.getLogger("mlx_medic.remediator.engine")
+
+UNKILLABLE_DATA = "processes: "  # in an `unkillable` event, before its JSON
+SWEEP_WHILE_UP = "a model-down alert waits for the sweep of a serving model, then acts"
 
 SEEN_CACHE = 100_000
 FLUSH_DELAY = 0.05
@@ -106,6 +112,8 @@ class _Run:
     ended: bool = False
     task: asyncio.Task[None] | None = None
     firings: set[tuple[str, str]] = field(default_factory=set)  # dedupe keys it holds
+    nodes: set[str] = field(default_factory=set)  # the nodes its alerts named (`node` label)
+    after: asyncio.Task[None] | None = None  # the run of the model it waits for, if any
 
 
 class _End(NamedTuple):
@@ -144,6 +152,7 @@ class Engine:
         self.hostname = hostname or socket.gethostname()
         self.owner = owner_tag(self.hostname)
         self._health_check = health_check
+        self.helpers = NodeHelpers(transport, inventory, timeout=inventory.ssh.command_timeout)
         self.locks = ModelLocks(
             inventory, transport, this_node=self.this_node, hostname=self.hostname, clock=clock,
             lease=lock_lease,
@@ -176,18 +185,30 @@ class Engine:
             ["model", "backend"], registry=registry,
         )
         self.m_escalations = Counter(
-            "mlx_medic_escalations_total", "Escalations to a person, by reason.",
+            "mlx_medic_escalations_total",
+            "Escalations to a person that opened the model's circuit, by reason (a playbook"
+            " with its own budget, such as sweep-orphans, pages through its own alert).",
             ["model", "reason"], registry=registry,
         )
         self.m_unreachable = Counter(
             "mlx_medic_node_unreachable_total",
-            "Times a node the remediator needed for a model did not answer over SSH (taking"
+            "Times a node the remediator needed for a model did not answer over SSH: taking"
             " or checking the model lock, the re-check on the head, the start-up check of a"
-            " crashed run's lock); nothing was done then.",
+            " crashed run's lock (nothing was done then), or a playbook step's node helper"
+            " (the run then escalated).",
+            ["model", "node"], registry=registry,
+        )
+        self.m_unkillable = Gauge(
+            "mlx_medic_unkillable_processes",
+            "Processes of the model that the remediator's last sweep of the node found"
+            " unkillable (uninterruptible sleep survives SIGKILL; only a reboot of the node"
+            " clears them and the protection domains they hold).",
             ["model", "node"], registry=registry,
         )
         for model in inventory.models:
             self.m_in_progress.labels(model=model.name).set(0)
+            for node_name in model.nodes:
+                self.m_unkillable.labels(model=model.name, node=node_name).set(0)
             for backend, _spec in model.backends.in_order():
                 self.m_last_verified_backend.labels(model=model.name, backend=backend).set(0)
         self.escalator = Escalator(
@@ -238,6 +259,60 @@ class Engine:
                 )
 
         await asyncio.gather(*(release(run) for run in ended))
+        await self._finish_left_stopped(ended)
+
+    async def _finish_left_stopped(self, interrupted: list[RunView]) -> None:
+        """A service an interrupted run stopped and never started again (this process died
+        between its stop and its start): queue `finish-stop` for it, which sweeps before it
+        starts. A stop by anyone else (a person, another run), or on a paused model or one
+        whose circuit is open, is journaled and left to a person."""
+        playbook = self.playbooks.get(FINISH_STOP)
+        if playbook is None:
+            return
+        ours = {run.model: f"{REMEDIATOR_RUN}{run.id}" for run in interrupted}
+
+        async def check(model: Model) -> None:
+            try:
+                record = await read_stop_record(self.helpers, model)
+            except HelperCallError as exc:
+                if exc.unreachable:
+                    self.m_unreachable.labels(model=model.name, node=model.head).inc()
+                self.journal.add_event(
+                    "service_check_failed", now=self.clock(), model=model.name,
+                    detail=f"could not read whether a run left {model.service.label} stopped"
+                    f" on {model.head} at start-up: {exc}",
+                )
+                return
+            if record is None:
+                return
+            said = f"{model.service.label} on {model.head} was left stopped by {record.by}"
+            control = self.journal.blocking_control(model.name)
+            if record.by != ours[model.name] or control is not None:
+                why = (f"not by {ours[model.name]}, which was interrupted" if control is None
+                       else "the model is paused" if control.kind == "pause"
+                       else "the model's circuit is open")
+                self.journal.add_event(
+                    "service_left_stopped", now=self.clock(), model=model.name,
+                    detail=f"{said} ({record.reason}); {why}: left stopped for a person to"
+                    f" start (`mlx-medic remediate {model.name}` sweeps first)",
+                )
+                log.warning("%s; left stopped (%s)", said, why, extra={"model": model.name})
+                return
+            run_id = self.journal.create_run(
+                model=model.name, playbook=FINISH_STOP, trigger_kind="startup",
+                owner=self.owner, now=self.clock(),
+            )
+            self.journal.add_event(
+                "service_left_stopped", now=self.clock(), model=model.name, run_id=run_id,
+                detail=f"{said} ({record.reason}); run {run_id} sweeps every node, then starts it",
+            )
+            log.warning("%s; run %s finishes its work", said, run_id, extra={"model": model.name})
+            if model.name not in self._runs:
+                run = _Run(run_id, model.name, playbook, False, "startup")
+                self._runs[model.name] = run
+                self._spawn(run)
+
+        await asyncio.gather(*(check(self.inventory.model(name)) for name in ours))
 
     async def close(self) -> None:
         """Cancel runs in flight (journaled as interrupted, locks released)."""
@@ -397,8 +472,18 @@ class Engine:
             )
             return Disposition.STALE
 
+        playbook = self.playbooks[playbook_name]
+        node_label = event.labels.get("node")
+        named = {node_label} if node_label in model.nodes else set()
         current = self._runs.get(model.name)
+        # A model that is down is not absorbed by a run that acts on it while it serves:
+        # its run is queued after that one.
+        waits_for = None
+        if current is not None and not current.ended and current.playbook.while_up \
+                and not playbook.while_up:  # fmt: skip
+            waits_for, current = current, None
         if current is not None and not current.ended:
+            current.nodes |= named
             self.journal.record_firing(*key, model.name, current.run_id, self.clock(), defer=True)
             self._remember(key)
             current.fingerprints.add(event.fingerprint)
@@ -420,7 +505,13 @@ class Engine:
 
         dry_run = self.config.dry_run
         if not dry_run:
-            decision = self.budget.check(model)
+            own = [name for name, p in self.playbooks.items() if p.own_budget]
+            decision = (self.budget.check(model, playbook=playbook_name) if playbook.own_budget
+                        else self.budget.check(model, exclude=own))
+            if decision.spent and playbook.own_budget:  # never opens recover's circuit
+                self._event(Disposition.BACKOFF, event, model=model.name,
+                            detail=f"{playbook_name}: {decision.reason}")
+                return Disposition.BACKOFF
             if decision.spent:
                 self.escalator.escalate(
                     model.name, EscalationReason.BUDGET_SPENT, decision.reason,
@@ -444,12 +535,14 @@ class Engine:
             self._event(Disposition.DUPLICATE, event, model=model.name,
                         detail="firing recorded by another process")
             return Disposition.DUPLICATE
-        run = _Run(run_id, model.name, self.playbooks[playbook_name], dry_run, "alert",
-                   {event.fingerprint}, firings={key})
+        run = _Run(run_id, model.name, playbook, dry_run, "alert", {event.fingerprint},
+                   firings={key}, nodes=named,
+                   after=waits_for.task if waits_for is not None else None)
         self._runs[model.name] = run
         self._spawn(run)
         self._event(Disposition.STARTED, event, model=model.name, run_id=run_id,
-                    detail=f"run {run_id} queued ({playbook_name}{', dry run' if dry_run else ''})")
+                    detail=f"run {run_id} queued ({playbook_name}{', dry run' if dry_run else ''})"
+                    + (f" after run {waits_for.run_id} ({SWEEP_WHILE_UP})" if waits_for else ""))
         return Disposition.STARTED
 
     def _known_model(self, name: str | None) -> Model | None:
@@ -547,6 +640,8 @@ class Engine:
         holding: list[LockHandle] = []
         end: _End | None = None
         try:
+            if run.after is not None:  # a run that acts while the model serves goes first
+                await asyncio.wait({run.after})
             end = await self._attempt(run, model, holding)
         except asyncio.CancelledError:
             if not run.ended:
@@ -567,11 +662,18 @@ class Engine:
 
     async def _attempt(self, run: _Run, model: Model, holding: list[LockHandle]) -> _End:
         """Re-check (the playbook's), lock, walk the plan."""
+        async def release_lock() -> None:
+            """The start step lets go of the lock, so the wrapper it starts can take it."""
+            while holding:
+                await asyncio.shield(self.locks.release(holding.pop()))
+
         context = RunContext(
             model=model, inventory=self.inventory, transport=self.transport,
-            run_id=run.run_id, health=self._health, log=log,
+            run_id=run.run_id, health=self._health, log=log, helpers=self.helpers,
+            release_lock=release_lock, nodes=tuple(n for n in model.nodes if n in run.nodes),
+            known_unkillable=self._known_unkillable(model.name),
         )
-        alert = run.trigger == "alert"
+        alert = run.trigger in ("alert", "startup")  # both re-check before they act
         if alert:
             control = self.journal.blocking_control(model.name)
             if control is not None:
@@ -637,7 +739,7 @@ class Engine:
     async def _walk(self, run: _Run, model: Model, context: RunContext) -> _End:
         """Walk the plan: each step journaled before it starts, its result deciding what
         comes next."""
-        plan = run.playbook.plan(model, self.inventory)
+        plan = run.playbook.plan_for(model, self.inventory, context.nodes)
         if not plan:
             return _End(RunOutcome.FAILED, "the playbook planned no steps")
         described = [step.describe() for step in plan]
@@ -661,6 +763,10 @@ class Engine:
                 output=result.output, detail=result.detail,
             )
             where = f"{about.name} on {about.node}"
+            for node_name in result.unreachable:
+                self.m_unreachable.labels(model=model.name, node=node_name).inc()
+            if result.unkillable is not None:
+                self._record_unkillable(run, model, result.unkillable, context)
             if result.outcome == StepOutcome.NOT_IMPLEMENTED:
                 remaining = _summarise(
                     [d for s, d in zip(plan[seq - 1 :], described[seq - 1 :], strict=True)
@@ -729,8 +835,39 @@ class Engine:
     def _escalate(
         self, run: _Run, reason: EscalationReason, detail: str, next_action: str
     ) -> _End:
-        self.escalator.escalate(run.model, reason, detail, next_action, run_id=run.run_id)
+        """Tell on-call; open the model's circuit unless the playbook has its own budget."""
+        own = run.playbook.own_budget
+        self.escalator.escalate(run.model, reason, detail, next_action, run_id=run.run_id,
+                                open_circuit=not own)  # fmt: skip
         return _End(RunOutcome.ESCALATED, detail, next_action)
+
+    def _known_unkillable(self, model: str) -> frozenset[tuple[str, int, float]]:
+        """(node, pid, start time) of every process a run of the model found unkillable
+        and escalated (journal events `unkillable`), so later runs do not escalate again."""
+        found: set[tuple[str, int, float]] = set()
+        for event in self.journal.list_events(model=model, kind="unkillable", limit=10_000):
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                data = json.loads(event.detail.partition(UNKILLABLE_DATA)[2])
+                found |= {(data["node"], int(pid), float(start))
+                          for pid, start in data["processes"]}  # fmt: skip
+        return frozenset(found)
+
+    def _record_unkillable(self, run: _Run, model: Model,
+                           found: dict[str, list[tuple[int, float]]],
+                           context: RunContext) -> None:  # fmt: skip
+        """A sweep's unkillable processes: the gauge per node swept, and a journal event for
+        those no earlier run found (the once they are escalated)."""
+        for node_name, processes in found.items():
+            self.m_unkillable.labels(model=model.name, node=node_name).set(len(processes))
+            new = [p for p in processes if (node_name, *p) not in context.known_unkillable]
+            if new:
+                data = json.dumps({"node": node_name, "processes": new})
+                pids = ", ".join(str(pid) for pid, _ in new)
+                self.journal.add_event(
+                    "unkillable", now=self.clock(), model=model.name, run_id=run.run_id,
+                    detail=f"{len(new)} process(es) on {node_name} survive SIGKILL (pids"
+                    f" {pids}); reboot {node_name}. {UNKILLABLE_DATA}{data}",
+                )
 
     def _begin_step(
         self, run: _Run, seq: int, about: StepDescription,

@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS runs (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
     model         TEXT NOT NULL,
     playbook      TEXT NOT NULL,
-    trigger_kind  TEXT NOT NULL,           -- 'alert' | 'manual'
+    trigger_kind  TEXT NOT NULL,           -- 'alert' | 'manual' | 'startup'
     alertname     TEXT,
     fingerprint   TEXT,
     starts_at     TEXT,
@@ -169,7 +169,10 @@ class RunView:
 
     @property
     def trigger(self) -> str:
-        """`manual`, or the alert's fingerprint (what on-call greps Alertmanager for)."""
+        """`manual`, `start-up` (a service a run left stopped), or the alert's fingerprint
+        (what on-call greps Alertmanager for)."""
+        if self.trigger_kind == "startup":
+            return "start-up"
         return "manual" if self.trigger_kind == "manual" else f"alert {self.fingerprint or '?'}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -518,12 +521,23 @@ class Journal:
             )
         return runs
 
-    def counted_run_times(self, model: str, since: float) -> list[float]:
-        """Start times of runs that acted on the model's nodes since `since`, oldest first."""
+    def counted_run_times(
+        self, model: str, since: float, *, playbook: str | None = None,
+        exclude: Sequence[str] = (),
+    ) -> list[float]:
+        """Start times of runs that acted on the model's nodes since `since`, oldest first:
+        only those of `playbook` when given, never those of the playbooks in `exclude`."""
+        where, params = "", [model, since]
+        if playbook is not None:
+            where += " AND playbook=?"
+            params.append(playbook)
+        if exclude:
+            where += f" AND playbook NOT IN ({','.join('?' * len(exclude))})"
+            params += list(exclude)
         rows = self._query(
-            "SELECT COALESCE(started_at, queued_at) AS t FROM runs"
-            " WHERE model=? AND counted=1 AND COALESCE(started_at, queued_at)>=? ORDER BY t",
-            (model, since),
+            "SELECT COALESCE(started_at, queued_at) AS t FROM runs WHERE model=? AND counted=1"
+            f" AND COALESCE(started_at, queued_at)>=?{where} ORDER BY t",
+            tuple(params),
         )
         return [float(r["t"]) for r in rows]
 

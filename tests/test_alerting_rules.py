@@ -137,7 +137,10 @@ def test_the_alert_the_remediator_routes_on_exists_and_keeps_its_model_label() -
     by_name = {alert["alert"]: alert for alert in ALERTS}
     for alertname in routing.playbooks:
         assert alertname in by_name, f"the remediator routes on {alertname}, no rule fires it"
-        assert by_name[alertname]["labels"]["severity"] == "critical"
+    assert by_name["LLMModelDown"]["labels"]["severity"] == "critical"
+    # The orphan alert carries the node whose orphans sweep-orphans removes.
+    assert routing.playbooks["MLXOrphanProcesses"] == "sweep-orphans"
+    assert "node" in by_name["MLXOrphanProcesses"]["expr"]
     model_down_tests = [
         expected["exp_labels"]
         for case in _rule_tests() if case["alertname"] in routing.playbooks

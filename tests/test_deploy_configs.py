@@ -139,7 +139,8 @@ def test_prometheus_scrapes_each_exporter_at_its_inventory_address() -> None:
 def test_the_example_remediator_config_loads_with_the_documented_values() -> None:
     config = load_config(DEPLOY / "remediator.yml")
     assert config.auth.configured and config.auth.basic_username == "oncall"
-    assert config.routing.playbooks == {"LLMModelDown": "recover"}
+    assert config.routing.playbooks == {"LLMModelDown": "recover",
+                                        "MLXOrphanProcesses": "sweep-orphans"}
     assert config.max_alert_age == 6 * 3600
     assert not config.dry_run and config.tls is None
 

@@ -2,13 +2,16 @@
 config routes alert names to these names."""
 
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict, recheck_model_down
+from mlx_medic.remediator.playbooks.finish_stop import FINISH_STOP, FinishStopPlaybook
 from mlx_medic.remediator.playbooks.recover import RecoverPlaybook
+from mlx_medic.remediator.playbooks.sweep_orphans import SWEEP_ORPHANS, SweepOrphansPlaybook
 
 
 def builtin_playbooks() -> dict[str, Playbook]:
     """The playbooks a config may route to, by name."""
-    return {"recover": RecoverPlaybook()}
+    return {"recover": RecoverPlaybook(), FINISH_STOP: FinishStopPlaybook(),
+            SWEEP_ORPHANS: SweepOrphansPlaybook()}
 
 
-__all__ = ["Playbook", "RecheckVerdict", "RecoverPlaybook", "builtin_playbooks",
-           "recheck_model_down"]
+__all__ = ["FINISH_STOP", "SWEEP_ORPHANS", "FinishStopPlaybook", "Playbook", "RecheckVerdict",
+           "RecoverPlaybook", "SweepOrphansPlaybook", "builtin_playbooks", "recheck_model_down"]

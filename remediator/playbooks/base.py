@@ -10,7 +10,9 @@ that is down, while a playbook that removes orphans acts on a model that is up.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from mlx_medic.inventory import Inventory, Model
 from mlx_medic.remediator.model_health import ModelState
@@ -40,9 +42,22 @@ class RecheckVerdict:
 
 
 class Playbook(ABC):
+    # Acts on a model that serves (removes orphans): an alert routed to a playbook that is
+    # not `while_up` (the model is down) is queued after its run, never absorbed by it.
+    while_up: ClassVar[bool] = False
+    # Counts only its own runs against the model's restart budget and never opens the
+    # model's circuit (its escalations page without it), so routine runs of it cannot
+    # stop `recover` from acting.
+    own_budget: ClassVar[bool] = False
+
     @abstractmethod
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         """Every step the run may take, in order, including fallback steps."""
+
+    def plan_for(self, model: Model, inventory: Inventory, nodes: Sequence[str]) -> list[Step]:
+        """The plan for a run whose alerts named `nodes` (their `node` label; empty: none
+        did). Most playbooks act on every node of the model whatever the alert said."""
+        return self.plan(model, inventory)
 
     @abstractmethod
     async def recheck(self, context: RunContext) -> RecheckVerdict:

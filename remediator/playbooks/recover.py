@@ -7,6 +7,8 @@ from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict, rechec
 from mlx_medic.remediator.steps import (
     CleanTmp,
     Escalate,
+    PinRing,
+    Preflight,
     RunContext,
     StartService,
     Step,
@@ -17,20 +19,23 @@ from mlx_medic.remediator.steps import (
 
 
 class RecoverPlaybook(Playbook):
-    """Stop the service, sweep every node, clean tmp dirs, start on JACCL, verify, fall
-    back to ring with --pipeline, escalate."""
+    """Preflight every node, stop the service, sweep every node, clean, start (the serve
+    wrapper chooses the backend), verify; after a failed verify that shows a JACCL failure,
+    pin ring, restart, verify; escalate.
+
+    A model whose service is its own start script (`service.kind: script`) has no pin to
+    fall back with: a failed verify escalates, saying so."""
 
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
-        steps: list[Step] = [StopService(model=model)]
-        steps += [Sweep(model=model, node=node) for node in model.nodes]
+        steps: list[Step] = [Preflight(model=model), StopService(model=model), Sweep(model=model)]
         if model.scope_dirs():  # tmp_dirs and cache_dirs alike, as the exporter weighs them
-            steps += [CleanTmp(model=model, node=node) for node in model.nodes]
-        for index, (backend, _spec) in enumerate(model.backends.in_order()):
-            fallback = index > 0
-            if fallback:
-                steps.append(StopService(model=model, before_backend=backend, fallback=True))
-            steps.append(StartService(model=model, backend=backend, fallback=fallback))
-            steps.append(Verify(model=model, backend=backend, fallback=fallback))
+            steps.append(CleanTmp(model=model))
+        steps += [StartService(model=model), Verify(model=model)]
+        wrapper = model.service.kind == "wrapper"
+        if wrapper and model.backends.jaccl is not None and model.backends.ring is not None:
+            steps += [PinRing(model=model, fallback=True),
+                      StartService(model=model, action="restart", fallback=True),
+                      Verify(model=model, backend="ring", fallback=True)]  # fmt: skip
         steps.append(Escalate(model=model, fallback=True))
         return steps
 

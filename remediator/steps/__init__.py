@@ -1,5 +1,6 @@
 """A playbook's steps, one module each: each describes itself and runs itself."""
 
+from mlx_medic.remediator.steps.backend import PinRing
 from mlx_medic.remediator.steps.base import (
     HealthCheck,
     RunContext,
@@ -10,6 +11,7 @@ from mlx_medic.remediator.steps.base import (
 )
 from mlx_medic.remediator.steps.clean import CleanTmp
 from mlx_medic.remediator.steps.escalate import Escalate
+from mlx_medic.remediator.steps.preflight import Preflight
 from mlx_medic.remediator.steps.service import StartService, StopService
 from mlx_medic.remediator.steps.sweep import Sweep
 from mlx_medic.remediator.steps.verify import Verify
@@ -18,6 +20,8 @@ __all__ = [
     "CleanTmp",
     "Escalate",
     "HealthCheck",
+    "PinRing",
+    "Preflight",
     "RunContext",
     "StartService",
     "Step",

@@ -15,11 +15,16 @@ from enum import StrEnum
 from typing import ClassVar
 
 from mlx_medic.inventory import Inventory, Model
+from mlx_medic.node.client import NodeHelpers
 from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.transport import NodeTransport
 
 HealthCheck = Callable[[Model], Awaitable[HealthVerdict]]
+
+
+async def _no_lock() -> None:
+    """A context without a lock to let go of (a dry run, a test)."""
 
 
 class StepKind(StrEnum):
@@ -47,6 +52,9 @@ class StepResult:
     unrecoverable: bool = False  # a restart cannot fix this: escalate, open the circuit
     next_action: str | None = None  # in words, for on-call
     backend: str | None = None  # a verify that passed: the backend found serving
+    unreachable: tuple[str, ...] = ()  # nodes that did not answer (counted by the engine)
+    # A sweep: node -> (pid, start time) of what it found unkillable, for every node swept
+    unkillable: dict[str, list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -59,6 +67,27 @@ class RunContext:
     run_id: int
     health: HealthCheck  # the full verdict: up, down, or could not tell
     log: logging.Logger
+    helpers: NodeHelpers | None = None  # None: built on `transport` (ssh.command_timeout)
+    # Lets go of the run's model lock (the start step: the serve wrapper must take it).
+    release_lock: Callable[[], Awaitable[None]] = _no_lock
+    nodes: tuple[str, ...] = ()  # the nodes the run's alerts named (`node` label)
+    # (node, pid, start time) of processes an earlier run found unkillable and escalated
+    known_unkillable: frozenset[tuple[str, int, float]] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.helpers is None:
+            self.helpers = NodeHelpers(self.transport, self.inventory,
+                                       timeout=self.inventory.ssh.command_timeout)
+
+    @property
+    def node_helpers(self) -> NodeHelpers:
+        assert self.helpers is not None
+        return self.helpers
+
+    @property
+    def by(self) -> str:
+        """Who acts, as the head's records say it: `remediator run N`."""
+        return f"remediator run {self.run_id}"
 
 
 @dataclass(frozen=True, kw_only=True)

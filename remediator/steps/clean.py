@@ -1,24 +1,39 @@
-"""Remove a model's stale tmp dirs from one node, after the sweep."""
+"""Remove a model's stale tmp entries on every node at once, after the sweep, through
+`mlx-medic node clean` (the exporter's staleness rule: no symlink followed, nothing in
+use, nothing outside the configured dirs)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from mlx_medic.inventory import Model
+from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
+from mlx_medic.remediator.steps.on_nodes import ask, document_list, not_done
 
 
 @dataclass(frozen=True, kw_only=True)
 class CleanTmp(Step):
     model: Model
-    node: str
 
     def describe(self) -> StepDescription:
+        nodes = ", ".join(self.model.nodes)
         return StepDescription(
-            "clean-tmp", self.node,
-            f"remove stale tmp* dirs of {self.model.name} on {self.node}, after the sweep",
+            "clean-tmp", nodes,
+            f"remove stale tmp* entries of {self.model.name} on {nodes}, after the sweep",
             targets=[f"{d}/tmp*" for d in self.model.scope_dirs()],
         )
 
     async def run(self, context: RunContext) -> StepResult:
-        return self.not_implemented()
+        model = self.model
+        replies = await ask(context, model.nodes, "clean", model.name)
+        problem = not_done(replies, "the clean",
+                           "check that {nodes} is up and answers SSH; nothing was started")
+        if problem is not None:
+            return problem
+        freed = []
+        for node, reply in replies.replies.items():
+            removed = document_list(reply.document, "removed")
+            freed.append(f"{node}: {len(removed)} removed,"
+                         f" {reply.document.get('bytes_freed', 0)} bytes freed")  # fmt: skip
+        return StepResult(StepOutcome.OK, detail="; ".join(freed), output=replies.output())

@@ -1,4 +1,6 @@
-"""The last step of a recovery: every backend failed, so a person must look."""
+"""The last step of a recovery: nothing the remediator may do made the model answer, so
+a person must look. It names the nodes and carries what upstream maintainers ask for:
+OS build, MLX and mlx-lm versions, the exact error line and its host (`node facts`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from dataclasses import dataclass
 from mlx_medic.inventory import Model
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
+from mlx_medic.remediator.steps.facts import maintainers_report
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -14,18 +17,27 @@ class Escalate(Step):
     model: Model
 
     def describe(self) -> StepDescription:
-        return StepDescription(
-            "escalate", self.model.head, "every backend failed verification: page on-call"
-        )
+        if self.model.service.kind == "script":
+            text = ("the start failed verification and the model runs its own start script"
+                    " (a backend pin changes nothing there): page on-call")
+        else:
+            text = "every backend failed verification: page on-call"
+        return StepDescription("escalate", self.model.head, text, targets=list(self.model.nodes))
 
     async def run(self, context: RunContext) -> StepResult:
-        nodes = ", ".join(self.model.nodes)
+        model = self.model
+        nodes = ", ".join(model.nodes)
+        report = await maintainers_report(context, list(model.nodes))
+        if model.service.kind == "script":
+            detail = (f"{model.name} did not answer after its start script ran; it starts its"
+                      " ranks itself, so a backend pin changes nothing: change its script (to"
+                      f" ring with --pipeline, if JACCL failed) by hand. {report}")
+        else:
+            detail = f"every backend of {model.name} failed verification. {report}"
         return StepResult(
-            StepOutcome.OK,
-            detail="every backend failed verification",
-            unrecoverable=True,
+            StepOutcome.OK, detail=detail, unrecoverable=True,
             next_action=(
-                f"stop every rank of {self.model.name}, check the Thunderbolt links"
+                f"stop every rank of {model.name}, check the Thunderbolt links"
                 f" (`ibv_devinfo`: PORT_ACTIVE), reboot all its nodes ({nodes})"
             ),
         )

@@ -1,12 +1,46 @@
-"""Stop and start the model's service with its service manager's own commands."""
+"""Stop, start and restart the model's service on its head, through `mlx-medic node
+service`, which runs the service manager's own command (service_manager.service_argv).
+
+Why through the helper: it writes the head's "stopped by run X" record before it stops
+the service, so a service left stopped (this remediator crashed, or gave up) is seen by
+any remediator after a restart, by a replica and by `mlx-medic log`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlx_medic.inventory import BackendName, Model
+from mlx_medic.inventory import Model
+from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
-from mlx_medic.service_manager import service_argv
+from mlx_medic.remediator.steps.on_nodes import ask, not_answered, one_reply
+from mlx_medic.service_manager import ServiceAction, service_argv
+
+HEAD_UNREACHABLE = ("check that {nodes} (the head) is up and answers SSH; the service's"
+                    " state there is unknown")  # fmt: skip
+
+
+async def service_helper(context: RunContext, action: ServiceAction, *extra: str
+                         ) -> StepResult:  # fmt: skip
+    """`node service MODEL ACTION` on the head; the step's result from its reply."""
+    model = context.model
+    replies = await ask(context, [model.head], "service", model.name, action, *extra)
+    unanswered = not_answered(replies, f"`service {action}`", HEAD_UNREACHABLE)
+    if unanswered is not None:
+        return unanswered
+    reply = one_reply(replies)
+    document = reply.document
+    said = str(document.get("stderr") or document.get("stdout") or "").strip()[-500:]
+    status = document.get("exit_status", reply.exit_status)
+    exit_status = status if isinstance(status, int) else reply.exit_status
+    label = model.service.label
+    if not reply.ok:
+        why = said or replies.why_not(model.head)
+        return StepResult(StepOutcome.FAILED, detail=f"{action} {label} failed: {why}",
+                          output=replies.output(), exit_status=exit_status)  # fmt: skip
+    detail = f"{action} {label}: done" + (f" ({said})" if said else "")
+    return StepResult(StepOutcome.OK, detail=detail, output=replies.output(),
+                      exit_status=exit_status)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -14,46 +48,41 @@ class StopService(Step):
     """Stop the service on the head, so it cannot respawn ranks while nodes are swept."""
 
     model: Model
-    before_backend: BackendName | None = None  # set when stopping again for a fallback
 
     def describe(self) -> StepDescription:
         service = self.model.service
-        if self.before_backend is None:
-            text = (
-                f"stop {service.manager} service {service.label} so it cannot respawn"
-                " ranks during the sweep"
-            )
-        else:
-            text = f"stop the service again before falling back to {self.before_backend}"
         return StepDescription(
-            "stop-service",
-            self.model.head,
-            text,
-            targets=[service.label],
-            argv=service_argv(self.model, "stop"),
+            "stop-service", self.model.head,
+            f"record on {self.model.head} that this run stops {service.label}, then stop the"
+            f" {service.manager} service so it cannot respawn ranks during the sweep",
+            targets=[service.label], argv=service_argv(self.model, "stop"),
         )
 
     async def run(self, context: RunContext) -> StepResult:
-        return self.not_implemented()
+        return await service_helper(
+            context, "stop", "--by", context.by,
+            "--reason", f"{self.model.name} is down: stop, sweep, clean, start",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class StartService(Step):
-    """Start the service on one backend (JACCL, or ring with --pipeline)."""
+    """Let go of the model lock, then start (or restart) the service on the head."""
 
     model: Model
-    backend: BackendName
+    action: ServiceAction = "start"
 
     def describe(self) -> StepDescription:
-        spec = dict(self.model.backends.in_order())[self.backend]
-        split = " with --pipeline" if spec.pipeline else ""
+        service = self.model.service
+        who = ("the serve wrapper takes the model lock and chooses the backend"
+               if service.kind == "wrapper" else "the site's start script starts the ranks")
+        verb = "restart (the job stays loaded)" if self.action == "restart" else "start"
         return StepDescription(
-            f"start-{self.backend}",
-            self.model.head,
-            f"start {self.model.name} on {self.backend} (hostfile {spec.hostfile}){split}",
-            targets=[self.model.service.label, str(spec.hostfile)],
-            argv=service_argv(self.model, "start"),
+            f"{self.action}-service", self.model.head,
+            f"release the model lock, {verb} {service.manager} service {service.label}: {who}",
+            targets=[service.label], argv=service_argv(self.model, self.action),
         )
 
     async def run(self, context: RunContext) -> StepResult:
-        return self.not_implemented()
+        await context.release_lock()
+        return await service_helper(context, self.action)

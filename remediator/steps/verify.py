@@ -1,11 +1,15 @@
-"""Is the model serving after a start? Up, down, or could not tell, with the reason.
+"""Is the model serving after a start? A real request, asked again until it answers or
+the model's `start_timeout` has passed.
 
 "Could not tell" is its own outcome (inconclusive), never "down": a probe that did not
-run says nothing about the backend, so it must not trigger a fallback.
+run says nothing about the backend, so it must not trigger a fallback. Down at the end
+of the wait (the last verdicts said down) is a failed verify.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,24 +27,35 @@ from mlx_medic.remediator.steps.base import (
 
 @dataclass(frozen=True, kw_only=True)
 class Verify(Step):
+    """`backend`: the one expected to serve (after a pin); None: whichever the service
+    chose (the serve wrapper, or a site's start script)."""
+
     kind: ClassVar[StepKind] = StepKind.VERIFY
     model: Model
-    backend: BackendName
+    backend: BackendName | None = None
+    poll_interval: float = 5.0
+    within: float | None = None  # how long to ask; None: the model's start_timeout
 
     def describe(self) -> StepDescription:
         where = f"{self.model.host}:{self.model.port}"
         return StepDescription(
-            f"verify-{self.backend}", self.model.head,
-            f"health probe {where}: a real 1-token request", targets=[where],
+            "verify" if self.backend is None else f"verify-{self.backend}", self.model.head,
+            f"health probe {where}: a real 1-token request, asked again for up to"
+            f" {self.model.policy.start_timeout:g}s", targets=[where],
         )
 
     async def run(self, context: RunContext) -> StepResult:
-        verdict = await context.health(self.model)
-        match verdict.state:
-            case ModelState.UP:
+        within = self.model.policy.start_timeout if self.within is None else self.within
+        deadline = time.monotonic() + within
+        while True:
+            verdict = await context.health(self.model)
+            if verdict.state is ModelState.UP:
                 return StepResult(StepOutcome.OK, detail=verdict.reason, backend=self.backend)
-            case ModelState.DOWN:
-                return StepResult(StepOutcome.FAILED, detail=verdict.reason)
+            if time.monotonic() + self.poll_interval > deadline:
+                break
+            await asyncio.sleep(self.poll_interval)
+        if verdict.state is ModelState.DOWN:
+            return StepResult(StepOutcome.FAILED, detail=verdict.reason)
         return StepResult(
             StepOutcome.INCONCLUSIVE,
             detail=f"could not tell whether {self.model.name} is up: {verdict.reason}",

@@ -29,6 +29,7 @@ from mlx_medic.remediator.playbooks import (
     Playbook,
     RecheckVerdict,
     RecoverPlaybook,
+    SweepOrphansPlaybook,
     recheck_model_down,
 )
 from mlx_medic.remediator.steps import (
@@ -184,6 +185,14 @@ class FindsUnkillableRanks(Touch):
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class NotYet(Touch):
+    """A step whose body a later release brings."""
+
+    async def run(self, context: RunContext) -> StepResult:
+        return self.not_implemented()
+
+
 # --- playbooks -----------------------------------------------------------------------
 
 class SucceedingPlaybook(Playbook):
@@ -213,6 +222,15 @@ class UnrecoverablePlaybook(SucceedingPlaybook):
         return [FindsUnkillableRanks(model=model), PassingVerify(model=model)]
 
 
+class NotYetPlaybook(SucceedingPlaybook):
+    """Recover's opening with a step that has no body yet, then steps it never reaches."""
+
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        return [NotYet(model=model, name="stop-service"),
+                *(NotYet(model=model, name="sweep") for _ in range(2)),
+                PassingVerify(model=model)]
+
+
 class StartAndVerifyPlaybook(SucceedingPlaybook):
     """Recover's shape with harmless starts: start and the real verify per backend, the
     later backends as fallbacks, then escalate."""
@@ -221,7 +239,7 @@ class StartAndVerifyPlaybook(SucceedingPlaybook):
         steps: list[Step] = []
         for index, (backend, _spec) in enumerate(model.backends.in_order()):
             steps += [Touch(model=model, name=f"start-{backend}", fallback=index > 0),
-                      Verify(model=model, backend=backend, fallback=index > 0)]
+                      Verify(model=model, backend=backend, fallback=index > 0, within=0)]
         return [*steps, Escalate(model=model, fallback=True)]
 
 
@@ -233,7 +251,7 @@ class ActsWhileUpPlaybook(Playbook):
 
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         return [Touch(model=model, name="remove-orphans"),
-                Verify(model=model, backend=self.backend)]
+                Verify(model=model, backend=self.backend, within=0)]
 
     async def recheck(self, context: RunContext) -> RecheckVerdict:
         verdict = await context.health(context.model)
@@ -246,10 +264,12 @@ def fake_playbooks() -> dict[str, Playbook]:
     """Fresh instances by name, beside the built-in `recover`."""
     return {
         "recover": RecoverPlaybook(),
+        "sweep-orphans": SweepOrphansPlaybook(),
         "succeeding": SucceedingPlaybook(),
         "gated": GatedPlaybook(),
         "unrecoverable": UnrecoverablePlaybook(),
         "start-and-verify": StartAndVerifyPlaybook(),
+        "not-yet": NotYetPlaybook(),
         "acts-while-up": ActsWhileUpPlaybook(),
     }
 

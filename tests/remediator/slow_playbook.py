@@ -16,6 +16,7 @@ from mlx_medic.remediator.steps import (
     StepDescription,
     StepKind,
     StepResult,
+    StopService,
     Verify,
 )
 
@@ -60,10 +61,21 @@ class SlowPlaybook(Playbook):
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         backend = model.backends.in_order()[0][0]
         return [Hold(model=model, seconds=self.hold_seconds),
-                Verify(model=model, backend=backend)]
+                Verify(model=model, backend=backend, within=0)]
 
     async def recheck(self, context: RunContext) -> RecheckVerdict:
         return await recheck_model_down(context)
+
+
+class StopThenHoldPlaybook(SlowPlaybook):
+    """Stops the service for real (`node service MODEL stop`), then holds: the remediator can
+    be killed right after its stop. Acts whatever the model's health."""
+
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        return [StopService(model=model), *super().plan(model, inventory)]
+
+    async def recheck(self, context: RunContext) -> RecheckVerdict:
+        return RecheckVerdict.act("a test stops the service")
 
 
 class QuickRecoveringPlaybook(SlowPlaybook):
@@ -78,4 +90,5 @@ class QuickRecoveringPlaybook(SlowPlaybook):
 
 
 def slow_playbooks() -> dict[str, Playbook]:
-    return {"slow": SlowPlaybook(), "quick-recovering": QuickRecoveringPlaybook()}
+    return {"slow": SlowPlaybook(), "quick-recovering": QuickRecoveringPlaybook(),
+            "stop-then-hold": StopThenHoldPlaybook()}

@@ -91,7 +91,7 @@ def test_after_an_escalation_and_resume_alertmanagers_next_notification_of_the_s
     """Dedupe stops only repeats of a firing whose run is in flight or succeeded: an
     escalated run did not fix the model, so once on-call resumes, Alertmanager's next
     re-notification of the very same firing (fingerprint and startsAt) starts a run."""
-    service = stack.start()  # not a dry run: recover's unimplemented steps escalate
+    service = stack.start()  # not a dry run: without the node helpers, recover escalates
     config = alertmanager_config(service.url + "/alerts", stack.token_file)
     config["route"]["repeat_interval"] = "4s"  # re-notify an unchanged group this often
     manager = start_alertmanager(tmp_path / "am", config)

@@ -94,7 +94,7 @@ def test_log_prints_runs_steps_outcomes_and_the_next_action_within_100_columns(
     assert "NEXT: reboot ai002: 3 ranks in uninterruptible state survive SIGKILL; then" in out
     assert f"`mlx-medic resume {OTHER}`" in out  # the engine's NEXT, on the default path
     assert "sudo -n /bin/launchctl bootout system/" in out  # the dry run's first command
-    assert out.count("planned  ") >= 15
+    assert out.count("planned  ") >= 10  # every step of recover's plan
 
 
 def test_log_json_holds_the_controls_and_every_run_with_its_steps(
@@ -106,7 +106,7 @@ def test_log_json_holds_the_controls_and_every_run_with_its_steps(
     data = json.loads(capsys.readouterr().out)
     (run,) = data["runs"]
     assert run["model"] == MODEL and run["outcome"] == "planned" and run["dry_run"] is True
-    assert run["steps"][0]["command"][:3] == ["sudo", "-n", "/bin/launchctl"]
+    assert run["steps"][1]["command"][:3] == ["sudo", "-n", "/bin/launchctl"]  # the stop
     assert {s["outcome"] for s in run["steps"]} == {"planned"}
     assert data["controls"] == []  # OTHER's circuit is not shown for MODEL
 

@@ -290,7 +290,7 @@ async def test_steps_without_an_implementation_escalate_and_never_pretend_succes
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
     transport = LocalTransport()
-    engine = make_engine(make_config(tmp_path), inventory, transport=transport)
+    engine = make_engine(make_config(tmp_path, "not-yet"), inventory, transport=transport)
     engines.append(engine)
     await engine.submit(alert("r1"))
     await engine.wait_idle()
@@ -298,7 +298,7 @@ async def test_steps_without_an_implementation_escalate_and_never_pretend_succes
     assert run.outcome == "escalated" and "has no implementation yet" in run.detail
     assert [(s.name, s.outcome) for s in run.steps] == [("stop-service", "not_implemented")]
     assert run.next_action is not None and "by hand" in run.next_action
-    assert "sweep on ai001, ai002, ai003, ai004" in run.next_action
+    assert "stop-service on ai001, sweep on ai001, ai001" in run.next_action
     # nothing ran on a node but the model lock's helper on the head
     assert [c for c in transport.commands if c[1][1:3] != ["node", "lock"]] == []
     assert engine.m_escalations.labels(model=MODEL, reason="not_implemented")._value.get() == 1
@@ -407,19 +407,17 @@ async def test_a_dry_run_journals_every_planned_step_and_executes_nothing(
     (run,) = engine.journal.list_runs()
     assert run.outcome == "planned" and run.dry_run and not run.counted
     assert {s.outcome for s in run.steps} == {"planned"}
+    every = "ai001, ai002, ai003, ai004"
     assert [(s.name, s.node) for s in run.steps] == [
-        ("stop-service", "ai001"),
-        ("sweep", "ai001"), ("sweep", "ai002"), ("sweep", "ai003"), ("sweep", "ai004"),
-        ("clean-tmp", "ai001"), ("clean-tmp", "ai002"), ("clean-tmp", "ai003"),
-        ("clean-tmp", "ai004"),
-        ("start-jaccl", "ai001"), ("verify-jaccl", "ai001"),
-        ("stop-service", "ai001"), ("start-ring", "ai001"), ("verify-ring", "ai001"),
+        ("preflight", every), ("stop-service", "ai001"), ("sweep", every),
+        ("clean-tmp", every), ("start-service", "ai001"), ("verify", "ai001"),
+        ("pin-ring", "ai001"), ("restart-service", "ai001"), ("verify-ring", "ai001"),
         ("escalate", "ai001"),
     ]
-    assert run.steps[0].command == ["sudo", "-n", "/bin/launchctl", "bootout",
+    assert run.steps[1].command == ["sudo", "-n", "/bin/launchctl", "bootout",
                                     f"system/com.example.{MODEL}"]
-    assert run.steps[5].targets == [f"/Users/ai/.cache/mlx-share/{MODEL}/tmp*"]
-    assert "--pipeline" in run.steps[12].description
+    assert run.steps[3].targets == [f"/Users/ai/.cache/mlx-share/{MODEL}/tmp*"]
+    assert "--pipeline" in run.steps[6].description
     assert [c for c in transport.commands if c[1][1:3] != ["node", "lock"]] == []
     assert engine.journal.blocking_control(MODEL) is None  # a dry run never escalates
 

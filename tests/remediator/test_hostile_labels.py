@@ -87,13 +87,15 @@ def test_hostile_label_values_never_run_never_create_files_and_stay_exact_data(
     for place in places:
         assert not list(place.glob(f"CANARY-{token}*")), f"a canary appeared in {place}"
     assert not list(tmp_path.rglob("escape")) and not Path(f"{canary_dir}/escape").exists()
-    # Only the model lock, and the lock of the re-check's probe of m1 on its head.
+    # Only the model lock, the lock of the re-check's probe of m1 on its head, and the
+    # record that m1's run stopped its service (written before the stop): all named by the
+    # inventory's model, none by a label.
     port = yaml.safe_load(stack.inventory.read_text())["models"]["m1"]["port"]
     for node in stack.cluster.nodes:
         created = sorted(p.name for p in node.state_dir.rglob("*")
                          if p.is_file() and p.name != NODE_ID_FILE)  # node-id: there before
         assert all(name.startswith("m1.lock") or name == f"probe-127.0.0.1-{port}.lock"
-                   for name in created), created
+                   or name == "m1.stopped" for name in created), created
 
     # And the on-call page shows them escaped.
     status, page = http("GET", service.url + "/?limit=50", headers=basic())

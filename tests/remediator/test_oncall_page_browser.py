@@ -41,7 +41,7 @@ def test_the_page_in_headless_chromium_shows_runs_steps_outcomes_and_the_next_ac
     stack: Stack, tmp_path: Path,
 ) -> None:
     service = stack.start()
-    # m1: the built-in playbook escalates (its node steps come in a later issue).
+    # m1: recover escalates (the head has no supervisord program for m1 to start).
     post_alerts(service, make_payload(make_alert("m1", fingerprint="a1b2c3d4e5f60718")))
     # m2: a long run, still holding the model.
     post_alerts(service, make_payload(make_alert("m2", alertname="SlowDown",
@@ -57,8 +57,8 @@ def test_the_page_in_headless_chromium_shows_runs_steps_outcomes_and_the_next_ac
     url = f"http://{BASIC_USER}:{BASIC_PASSWORD}@127.0.0.1:{service.port}/"
     dom = chromium(url, tmp_path, "--dump-dom").stdout
     text = unescape(re.sub(r"<[^>]+>", " ", dom))
-    for expected in ("mlx-medic: remediations", "m1", "escalated", "stop-service",
-                     "not_implemented", "Next action for on-call", "m2", "running", "hold",
+    for expected in ("mlx-medic: remediations", "m1", "escalated", "preflight",
+                     "Next action for on-call", "m2", "running", "hold",
                      "a1b2c3d4e5f60718", "unknown_model"):
         assert expected in text, f"{expected!r} is not on the page"
     assert "<b>evil</b>" not in dom and "&lt;b&gt;evil&lt;/b&gt;" in dom

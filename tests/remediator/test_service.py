@@ -262,7 +262,7 @@ def test_with_a_client_ca_only_clients_holding_a_certificate_it_signed_get_in(
 @pytest.mark.parametrize(("settings", "problem"), [
     ({"routing": {"playbooks": {"LLMModelDown": "recover", "SlowDown": "mypkg.mod:Slow"}}},
      "config: routing.playbooks: SlowDown: unknown playbook 'mypkg.mod:Slow' (playbooks:"
-     " recover)"),
+     " finish-stop, recover, sweep-orphans)"),
     ({"node": "ai042"}, "config: node: 'ai042' is not a node of the inventory"),
 ])
 def test_a_config_naming_what_the_remediator_does_not_have_stops_it_with_exit_2(

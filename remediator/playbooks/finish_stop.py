@@ -1,0 +1,83 @@
+"""`finish-stop`: a service a remediation run stopped and never started again.
+
+Why: the remediator may die (or a replica give up) between its stop and its start; the
+head then keeps the record "stopped by remediator run N" (`mlx-medic node service MODEL
+stop` writes it before it stops). At start-up the remediator finishes that run's work:
+sweep every node first (the dead run may have left ranks half-swept), clean, start,
+verify; processes the sweep cannot kill escalate and nothing is started on top of them.
+Undoing the stop without a sweep would start on top of possible orphans, so it never does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlx_medic.inventory import Inventory, Model
+from mlx_medic.node.client import HelperCallError, NodeHelpers
+from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict
+from mlx_medic.remediator.steps import (
+    CleanTmp,
+    Escalate,
+    RunContext,
+    StartService,
+    Step,
+    Sweep,
+    Verify,
+)
+
+FINISH_STOP = "finish-stop"
+REMEDIATOR_RUN = "remediator run "
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    by: str  # e.g. "remediator run 12"
+    reason: str
+
+    @property
+    def by_a_remediator(self) -> bool:
+        return self.by.startswith(REMEDIATOR_RUN)
+
+
+async def read_stop_record(helpers: NodeHelpers, model: Model) -> StopRecord | None:
+    """The head's "stopped by" record, from `node service MODEL status` (`stopped_by`:
+    {run, reason} or null); HelperCallError when the head cannot be asked or says no."""
+    reply = await helpers.call(model.head, "service", model.name, "status")
+    if not reply.ok:
+        raise HelperCallError(model.head, "service",
+                              f"exit {reply.exit_status}: {reply.stderr.strip()[-300:]}")
+    record = reply.document.get("stopped_by")
+    if isinstance(record, dict) and record.get("run"):
+        return StopRecord(str(record["run"]), str(record.get("reason", "")))
+    if isinstance(record, str) and record:
+        return StopRecord(record, "")
+    return None
+
+
+class FinishStopPlaybook(Playbook):
+    """Sweep every node (a node that does not answer escalates: nothing is started), clean,
+    start, verify; escalate after a failed verify."""
+
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        steps: list[Step] = [Sweep(model=model)]
+        if model.scope_dirs():
+            steps.append(CleanTmp(model=model))
+        return [*steps, StartService(model=model), Verify(model=model),
+                Escalate(model=model, fallback=True)]  # fmt: skip
+
+    async def recheck(self, context: RunContext) -> RecheckVerdict:
+        """Act only while the head still says a remediation run stopped the service."""
+        model = context.model
+        try:
+            record = await read_stop_record(context.node_helpers, model)
+        except HelperCallError as exc:
+            return RecheckVerdict.skip(
+                f"could not read {model.head}'s service record: {exc}",
+                undecided=True, unreachable_node=model.head if exc.unreachable else None,
+            )
+        if record is None or not record.by_a_remediator:
+            return RecheckVerdict.skip(f"{model.service.label} is no longer left stopped by a run")
+        return RecheckVerdict.act(
+            f"{model.service.label} was left stopped by {record.by} ({record.reason});"
+            " finishing its work: sweep, clean, start"
+        )

@@ -1,0 +1,60 @@
+"""`sweep-orphans`: remove the orphans a node reports while the model still serves.
+
+Routed from the orphan alert, which names the node (the exporter's `node` label): the
+cascade is stopped while the model still answers, before the protection domains run out.
+Only the reporting nodes are swept, and only what the exporter's rules call orphans
+(`node sweep MODEL --orphans-only`): the service is not stopped, the current run and
+suspects are not touched. Orphans an earlier run found unkillable were escalated then;
+they are not a reason to act again (the re-check leaves them out). It has its own budget
+and never opens the model's circuit, so routine sweeps cannot stop `recover`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mlx_medic.inventory import Inventory, Model
+from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict
+from mlx_medic.remediator.steps import RunContext, Step, Sweep, Verify
+from mlx_medic.remediator.steps.on_nodes import ask, document_list
+from mlx_medic.remediator.steps.sweep import identity
+
+SWEEP_ORPHANS = "sweep-orphans"
+
+
+class SweepOrphansPlaybook(Playbook):
+    while_up = True
+    own_budget = True
+
+    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
+        return self.plan_for(model, inventory, ())
+
+    def plan_for(self, model: Model, inventory: Inventory, nodes: Sequence[str]) -> list[Step]:
+        """Sweep the orphans of the reporting nodes (every node of the model when no alert
+        named one), then check the model still answers: one probe, no restart."""
+        return [Sweep(model=model, nodes=tuple(nodes), orphans_only=True),
+                Verify(model=model, within=0)]  # fmt: skip
+
+    async def recheck(self, context: RunContext) -> RecheckVerdict:
+        """Act while the reporting nodes still report orphans other than ones an earlier
+        run found unkillable."""
+        model = context.model
+        nodes = list(context.nodes or model.nodes)
+        replies = await ask(context, nodes, "orphans", model.name)
+        if replies.errors:
+            node, error = next(iter(replies.errors.items()))
+            return RecheckVerdict.skip(
+                f"could not ask {node} for its orphans: {error}", undecided=True,
+                unreachable_node=node if error.unreachable else None,
+            )
+        fresh, known = [], 0
+        for node, reply in replies.replies.items():
+            for entry in document_list(reply.document, "orphans"):
+                if (node, *identity(entry)) in context.known_unkillable:
+                    known += 1
+                else:
+                    fresh.append(f"{node} pid {entry.get('pid')} ({entry.get('rule', '?')})")
+        if fresh:
+            return RecheckVerdict.act(f"orphans of {model.name} still reported: {', '.join(fresh)}")
+        also = f" (only {known} an earlier run found unkillable and escalated)" if known else ""
+        return RecheckVerdict.skip(f"no orphans of {model.name} left on {', '.join(nodes)}{also}")

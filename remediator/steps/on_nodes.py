@@ -1,0 +1,117 @@
+"""What every acting step shares: one helper call per node (nodes at once, each with the
+helpers' timeout), its replies as the journal's output, and the nodes that did not answer.
+
+Why one place: every step must tell "the node said no" (the helper's exit status and
+document) from "the node could not be asked" (unreachable, timed out, no document), and
+journal what each node answered in one shape, so on-call reads every step alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlx_medic.node.client import HelperCallError, HelperReply
+from mlx_medic.remediator.outcomes import StepOutcome
+from mlx_medic.remediator.steps.base import RunContext, StepResult
+
+
+@dataclass
+class NodeReplies:
+    """One helper's answers from a set of nodes, in the order asked."""
+
+    helper: str
+    replies: dict[str, HelperReply] = field(default_factory=dict)
+    errors: dict[str, HelperCallError] = field(default_factory=dict)
+
+    @property
+    def unreachable(self) -> list[str]:
+        return [node for node, error in self.errors.items() if error.unreachable]
+
+    @property
+    def failed(self) -> list[str]:
+        """Nodes whose helper answered that it could not do its job."""
+        return [node for node, reply in self.replies.items() if not reply.ok]
+
+    def output(self) -> str:
+        """The journal's output: one JSON line per node, its document or why it has none."""
+        lines = []
+        for node, reply in self.replies.items():
+            lines.append(json.dumps({"node": node, "argv": reply.argv, "exit_status":
+                                     reply.exit_status, "document": reply.document,
+                                     "stderr": reply.stderr[-2000:]}, sort_keys=True))  # fmt: skip
+        for node, error in self.errors.items():
+            entry = {"node": node, "error": str(error), "unreachable": error.unreachable}
+            lines.append(json.dumps(entry, sort_keys=True))
+        return "\n".join(lines)
+
+    def why_not(self, node: str) -> str:
+        """Why the node gave no usable answer, in a few words."""
+        if node in self.errors:
+            return str(self.errors[node])
+        reply = self.replies[node]
+        said = reply.stderr.strip().splitlines()[-1:] or [f"exit {reply.exit_status}"]
+        return f"{node}: mlx-medic node {self.helper}: {said[0][:300]}"
+
+
+async def ask(context: RunContext, nodes: Sequence[str], helper: str, *args: str,
+              timeout: float | None = None) -> NodeReplies:  # fmt: skip
+    """The helper on every node at once; each node's document or why there is none."""
+    answers = await context.node_helpers.on_nodes(list(nodes), helper, *args, timeout=timeout)
+    replies = NodeReplies(helper)
+    for node, answer in answers.items():
+        if isinstance(answer, HelperCallError):
+            replies.errors[node] = answer
+        else:
+            replies.replies[node] = answer
+    return replies
+
+
+def not_answered(replies: NodeReplies, what: str, next_action: str) -> StepResult | None:
+    """The step's result when a node could not be asked (unreachable or no document):
+    a run cannot act on what it cannot see, so it escalates (`unrecoverable`) and names the
+    nodes; None when every node answered."""
+    if not replies.errors:
+        return None
+    nodes = list(replies.errors)
+    unreachable = replies.unreachable
+    reasons = "; ".join(replies.why_not(node) for node in nodes)
+    if unreachable:
+        outcome, said = StepOutcome.UNREACHABLE, "did not answer"
+        action = next_action.format(nodes=", ".join(nodes))
+    else:  # it answered, but not as the helper: a missing helper, a bad inventory path
+        outcome, said = StepOutcome.FAILED, "gave no helper document for"
+        action = (f"run `mlx-medic node {replies.helper}` on {', '.join(nodes)} by hand and"
+                  " fix what it says (the step's output has its stderr)")
+    return StepResult(
+        outcome, detail=f"{', '.join(nodes)} {said} {what}: {reasons}",
+        output=replies.output(), unrecoverable=True, unreachable=tuple(unreachable),
+        next_action=action,
+    )
+
+
+def failed_on(replies: NodeReplies, what: str) -> StepResult | None:
+    """The step's result when a helper answered that it could not do its job; else None."""
+    if not replies.failed:
+        return None
+    reasons = "; ".join(replies.why_not(node) for node in replies.failed)
+    return StepResult(StepOutcome.FAILED, detail=f"{what}: {reasons}", output=replies.output())
+
+
+def not_done(replies: NodeReplies, what: str, next_action: str) -> StepResult | None:
+    """A node could not be asked (escalate), or its helper could not do its job (fail);
+    None when every node did what it was asked."""
+    return not_answered(replies, what, next_action) or failed_on(replies, f"{what} failed")
+
+
+def one_reply(replies: NodeReplies) -> HelperReply:
+    (reply,) = replies.replies.values()
+    return reply
+
+
+def document_list(document: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """A list of objects from a helper's document; anything else is read as empty."""
+    value = document.get(key)
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []

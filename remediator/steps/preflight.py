@@ -1,0 +1,55 @@
+"""Before anything is stopped: every node of the model answers, with its memory and RDMA
+ports read.
+
+Why first: a node that cannot be reached cannot be swept, and a restart on top of
+orphans it may hold would spend more protection domains; so an unreachable node ends the
+run in an escalation before the service is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlx_medic.inventory import Model
+from mlx_medic.remediator.outcomes import StepOutcome
+from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
+from mlx_medic.remediator.steps.facts import read_facts
+from mlx_medic.remediator.steps.on_nodes import ask, not_done
+
+
+def _gib(value: int | None) -> str:
+    return "unknown" if value is None else f"{value / 2**30:.1f} GiB"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preflight(Step):
+    model: Model
+
+    def describe(self) -> StepDescription:
+        nodes = self.model.nodes
+        return StepDescription(
+            "preflight", ", ".join(nodes),
+            f"every node of {self.model.name} answers `mlx-medic node facts` (memory, RDMA"
+            " ports) before anything is stopped; an unreachable node escalates",
+            targets=list(nodes),
+        )
+
+    async def run(self, context: RunContext) -> StepResult:
+        model = self.model
+        replies = await ask(context, model.nodes, "facts", model.name)
+        problem = not_done(
+            replies, "the preflight",
+            f"nothing was stopped or restarted: the sweep of {model.name} could not be"
+            " complete. Check that {nodes} is up and answers SSH, reboot it if it hangs",
+        )
+        if problem is not None:
+            return problem
+        notes = []
+        for node, facts in read_facts(replies).items():
+            line = f"{node}: memory {_gib(facts.memory_available)} free"
+            if facts.rdma_ports:
+                inactive = facts.inactive_ports
+                line += (f", RDMA ports not active: {', '.join(inactive)}" if inactive
+                         else f", {len(facts.rdma_ports)} RDMA port(s) active")  # fmt: skip
+            notes.append(line)
+        return StepResult(StepOutcome.OK, detail="; ".join(notes), output=replies.output())

@@ -1,0 +1,118 @@
+"""At start-up the remediator finishes the work of a run that stopped a service and never
+started it again (it died between the two): it sweeps every node first, never starts on
+top of unkillable survivors, and journals why. A stop by anyone else, or on a model whose
+circuit is open, is journaled and left alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import Journal, owner_tag
+from mlx_medic.remediator.model_health import HealthVerdict
+from mlx_medic.remediator.playbooks import FINISH_STOP, FinishStopPlaybook
+from mlx_medic.transport import LocalTransport
+from tests.remediator.engine_fakes import (
+    MODEL,
+    OTHER,
+    Health,
+    dead_pid,
+    make_config,
+    make_engine,
+    make_inventory,
+)
+from tests.remediator.fake_helpers import DEFAULTS, Answer, FakeHelpers, unreachable
+
+STOPPED = {**DEFAULTS["service"], "stopped_by": {"run": "remediator run 1", "at": 1.0,
+                                                 "reason": f"{MODEL} is down"}}
+RUNNING = {**DEFAULTS["service"], "stopped_by": None}
+
+
+def engine_with(tmp_path: Path, engines: list[Engine], answers: dict[tuple[str, str], Any],
+                crashed: tuple[str, ...] = (MODEL,)) -> tuple[Engine, FakeHelpers]:
+    """An engine whose journal holds a run of each `crashed` model left in flight by a
+    process that died (run 1 for the first), its helpers answering `answers`."""
+    inventory = make_inventory(start_timeout="1s")
+    config = make_config(tmp_path)
+    journal = Journal(config.journal)
+    for model in crashed:
+        run_id = journal.create_run(model=model, playbook="recover", trigger_kind="alert",
+                                    owner=owner_tag("replica-a", dead_pid()), now=1.0)
+        journal.start_run(run_id, 2.0)
+    engine = make_engine(config, inventory, transport=LocalTransport(), journal=journal,
+                         playbooks={FINISH_STOP: FinishStopPlaybook()},
+                         health=Health(verdicts=[HealthVerdict.up("answered")]))
+    engines.append(engine)
+    helpers = FakeHelpers(inventory, {("ai005", "service"): Answer(RUNNING), **answers})
+    engine.helpers = helpers
+    return engine, helpers
+
+
+def calls(helpers: FakeHelpers) -> list[str]:
+    return [f"{helper} {args[1]}" if helper == "service" else helper
+            for _, helper, args in helpers.calls if (helper, args[-1:]) != ("service", ("status",))]
+
+
+async def test_a_service_a_dead_run_left_stopped_is_swept_for_then_started(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, helpers = engine_with(tmp_path, engines, {("ai001", "service"): Answer(STOPPED)})
+    await engine.start()
+    await engine.wait_idle()
+    run, crashed = engine.journal.list_runs()
+    assert crashed.outcome == "interrupted"
+    assert (run.playbook, run.trigger, run.outcome) == (FINISH_STOP, "start-up", "succeeded")
+    assert [s.name for s in run.steps] == ["sweep", "clean-tmp", "start-service", "verify"]
+    assert calls(helpers) == [*["sweep"] * 4, *["clean"] * 4, "service start"]
+    (event,) = engine.journal.list_events(kind="service_left_stopped")
+    assert event.detail == (
+        f"com.example.{MODEL} on ai001 was left stopped by remediator run 1 ({MODEL} is down);"
+        f" run {run.id} sweeps every node, then starts it")
+
+
+async def test_unkillable_survivors_keep_the_service_stopped(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    rank = {"pid": 8, "start_time": 1.0, "cmdline": ["python"], "role": "rank", "state": "D"}
+    engine, helpers = engine_with(tmp_path, engines, {
+        ("ai001", "service"): Answer(STOPPED),
+        ("ai004", "sweep"): Answer({**DEFAULTS["sweep"], "unkillable": [rank],
+                                    "survivors": [rank], "complete": False}, exit_status=1),
+    })
+    await engine.start()
+    await engine.wait_idle()
+    run, _crashed = engine.journal.list_runs()
+    assert run.outcome == "escalated" and run.next_action.startswith("reboot ai004 ")
+    assert "service start" not in calls(helpers)
+
+
+async def test_a_stop_by_a_person_or_on_an_open_circuit_is_left_alone(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    by_person = {**STOPPED, "stopped_by": {"run": "root at a terminal", "reason": "upgrade"}}
+    by_run_2 = {**STOPPED, "stopped_by": {"run": "remediator run 2", "reason": "down"}}
+    engine, helpers = engine_with(tmp_path, engines, {
+        ("ai001", "service"): Answer(by_person), ("ai005", "service"): Answer(by_run_2)},
+        crashed=(MODEL, OTHER))
+    engine.journal.open_circuit(OTHER, reason="unrecoverable", next_action="reboot",
+                                by_whom="test", now=1.0)
+    await engine.start()
+    await engine.wait_idle()
+    assert len(engine.journal.list_runs()) == 2 and calls(helpers) == []  # the crashed ones
+    details = sorted(e.detail for e in engine.journal.list_events(kind="service_left_stopped"))
+    assert "not by remediator run 1, which was interrupted: left stopped for a" in details[0]
+    assert "the model's circuit is open: left stopped" in details[1]
+
+
+async def test_a_head_that_cannot_be_asked_at_start_up_is_journaled_and_counted(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, _ = engine_with(tmp_path, engines,
+                            {("ai001", "service"): unreachable("ai001", "service")})
+    await engine.start()
+    await engine.wait_idle()
+    assert len(engine.journal.list_runs()) == 1  # the crashed one: nothing new
+    (event,) = engine.journal.list_events(kind="service_check_failed")
+    assert "ai001" in event.detail
+    assert engine.m_unreachable.labels(model=MODEL, node="ai001")._value.get() == 1

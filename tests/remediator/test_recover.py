@@ -1,0 +1,133 @@
+"""`recover` run by the engine, its node helpers answering from a script: every step acts
+through a helper and is journaled with its targets and each node's answer; the lock is let
+go before the start; a JACCL failure after the start pins ring; unkillable survivors and
+an unreachable node escalate with nothing started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlx_medic.inventory import Inventory
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import RunView
+from mlx_medic.remediator.model_health import HealthVerdict
+from mlx_medic.transport import LocalTransport
+from tests.remediator.engine_fakes import (
+    MODEL,
+    Health,
+    alert,
+    make_config,
+    make_engine,
+    make_inventory,
+)
+from tests.remediator.fake_helpers import DEFAULTS, Answer, FakeHelpers, unreachable
+
+NODES = ["ai001", "ai002", "ai003", "ai004"]
+JACCL_LINE = "[jaccl] Couldn't allocate protection domain"
+DOWN, UP = HealthVerdict.down("connection refused"), HealthVerdict.up("completed a request")
+
+
+def inventory() -> Inventory:
+    return make_inventory(backoff=0, start_timeout="1s")  # one probe per verify
+
+
+async def recover(tmp_path: Path, engines: list[Engine], health: Health,
+                  answers: dict[tuple[str, str], Any] | None = None,
+                  ) -> tuple[Engine, FakeHelpers, RunView]:
+    inv = inventory()
+    transport = LocalTransport()
+    engine = make_engine(make_config(tmp_path), inv, transport=transport, health=health)
+    engines.append(engine)
+    lock = inv.state_dir / "locks" / f"{MODEL}.lock"
+    held_at_start: list[bool] = []
+    held_at_stop: list[bool] = []
+
+    def on_call(node: str, helper: str, args: tuple[str, ...]) -> None:
+        if helper == "service" and args[1] in ("start", "restart"):
+            held_at_start.append(lock.exists())
+        if helper == "service" and args[1] == "stop":
+            held_at_stop.append(lock.exists())
+
+    helpers = FakeHelpers(inv, answers, on_call=on_call)
+    engine.helpers = helpers
+    await engine.submit(alert("r1"))
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert all(held_at_stop), "the model lock was not held while the service was stopped"
+    assert not any(held_at_start), "the model lock was still held when the service started"
+    return engine, helpers, run
+
+
+def steps(run: RunView) -> list[tuple[str, str]]:
+    return [(s.name, s.outcome) for s in run.steps]
+
+
+async def test_recover_acts_through_the_helpers_in_order_and_journals_every_answer(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    _, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, UP]))
+    assert run.outcome == "succeeded"
+    assert steps(run) == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
+                          ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "ok")]
+    order = [(helper, args[1] if helper == "service" else "") for _, helper, args in helpers.calls]
+    assert order == [*[("facts", "")] * 4, ("service", "stop"), *[("sweep", "")] * 4,
+                     *[("clean", "")] * 4, ("service", "start")]
+    sweep = run.steps[2]
+    assert sweep.targets == [f"{MODEL} on {n}" for n in NODES]
+    assert all(f'"node": "{n}"' in sweep.output for n in NODES)
+    assert helpers.of("service")[0][1][2:4] == ("--by", f"remediator run {run.id}")
+
+
+async def test_a_jaccl_failure_after_the_start_pins_ring_restarts_and_verifies_ring(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    facts = Answer({**DEFAULTS["facts"], "log_errors": [
+        {"signature": "jaccl_protection_domain", "line": JACCL_LINE}]})
+    engine, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, DOWN, UP]),
+                                         {("ai001", "facts"): facts})
+    assert run.outcome == "succeeded" and run.detail == f"{MODEL} verified healthy on ring"
+    assert steps(run)[-4:] == [("verify", "failed"), ("pin-ring", "ok"),
+                               ("restart-service", "ok"), ("verify-ring", "ok")]
+    assert JACCL_LINE in run.steps[-3].detail
+    assert helpers.of("backend") == [("ai001", (
+        MODEL, "set", "ring", "--by", f"remediator run {run.id}",
+        "--reason", f"JACCL failed on ai001: {JACCL_LINE}"))]
+    assert engine.m_last_verified_backend.labels(model=MODEL, backend="ring")._value.get() == 1
+
+
+async def test_unkillable_survivors_escalate_and_nothing_is_started(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    rank = {"pid": 77, "start_time": 1.0, "cmdline": ["python"], "role": "rank", "state": "D"}
+    sweep = Answer({**DEFAULTS["sweep"], "survivors": [rank], "unkillable": [rank],
+                    "complete": False}, exit_status=1)
+    engine, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN]),
+                                         {("ai002", "sweep"): sweep})
+    assert run.outcome == "escalated" and steps(run)[-1] == ("sweep", "unkillable")
+    assert run.next_action is not None and run.next_action.startswith("reboot ai002 ")
+    assert "ai002: OS build 24G84, mlx 0.29.1, mlx-lm 0.28.0" in run.detail
+    assert [args[1] for _, args in helpers.of("service")] == ["stop"]  # never started
+    assert engine.m_escalations.labels(model=MODEL, reason="unrecoverable")._value.get() == 1
+
+
+async def test_a_node_unreachable_at_preflight_escalates_before_the_service_is_touched(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN]),
+                                         {("ai003", "facts"): unreachable("ai003", "facts")})
+    assert run.outcome == "escalated" and steps(run) == [("preflight", "unreachable")]
+    assert helpers.of("service") == [] and helpers.of("sweep") == []
+    assert engine.m_unreachable.labels(model=MODEL, node="ai003")._value.get() == 1
+    assert run.next_action is not None and "ai003" in run.next_action
+
+
+async def test_a_start_that_never_answers_without_a_jaccl_failure_escalates_with_facts(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    _, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, DOWN]))
+    assert run.outcome == "escalated"
+    assert steps(run)[-2:] == [("verify", "failed"), ("pin-ring", "failed")]
+    assert "a ring pin would not help" in run.detail
+    assert helpers.of("backend") == []
+    assert [args[1] for _, args in helpers.of("service")] == ["stop", "start"]

@@ -1,0 +1,299 @@
+"""`recover` and `sweep-orphans` for real: the serve wrapper under supervisord in the
+testbed head's namespaces serves the tiny model on two nodes; the service is stopped, the
+seed's orphans are made (a plain `mlx.launch` of the model's rank script SIGKILLed while
+its ranks run on both nodes, the peer's under an sshd session) beside stale tmp entries on
+each node. A dry run touches nothing; one run of the remediator's engine, over real SSH and
+the real node helpers, leaves no orphan, removes the stale entries, starts the service and
+gets an answer from the model. Then, while the model serves, orphans made again are
+removed by `sweep-orphans` from the orphan alert, the model answering throughout, with no
+restart."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from mlx_medic.inventory import load_inventory
+from mlx_medic.remediator.alerts import Disposition
+from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import Journal, RunView
+from mlx_medic.transport import SshTransport
+from testbed import Cluster, processes
+from testbed.freezer import frozen
+from testbed.launch import mlx_launch_path, rank_pids, start_launch
+from tests.exporter.test_seed_orphan import RANK_SCRIPT, wait_ready
+from tests.node.test_sweep_clean_testbed import aged, wait_until
+from tests.remediator.conftest import mlx_medic
+from tests.remediator.engine_fakes import alert
+from tests.serve.scenario import NODES, SUPERVISORD_CONF, answers, prepare, supervised
+from tests.tools import require_tool
+
+pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+
+ROUTING = {"LLMModelDown": "recover", "MLXOrphanProcesses": "sweep-orphans"}
+
+
+async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
+    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
+    ssh_transports: list[SshTransport], engines: list[Engine],
+) -> None:
+    require_tool("supervisord")
+    cluster = clean_cluster
+    served = prepare(cluster, tiny_model)
+    token, port = served.token, served.port
+    share = cluster.head.cache_mount / f"share-{token}"  # each node's own, same path
+    script = cluster.workdir / f"seed-{token}" / "serve.py"
+    script.parent.mkdir()
+    script.write_text(RANK_SCRIPT)
+    data = yaml.safe_load(served.inventory.read_text())
+    data["models"]["tiny"].update(
+        tmp_dirs=[str(share)], log_files=[str(served.log)],
+        process_patterns={"rank": [rf"serve\.py --model \S+ --port {port}"]})
+    data["models"]["tiny"]["policy"].update(restart_budget=3, backoff=0)
+    served.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    nodes = [cluster.node(name) for name in NODES]
+    seed = None
+    try:
+        with supervised(served):
+            served.wait_serving()
+            assert served.supervisorctl("stop", f"tiny-{token}").returncode == 0
+            assert not answers(port)  # the model is down
+
+            # The seed's orphans: a plain mlx.launch of the rank script, SIGKILLed.
+            seed = start_launch(cluster, served.ring_hostfile,
+                                [cluster.python, str(script), "--model", str(tiny_model),
+                                 "--port", str(port)],
+                                launch_args=["--starting-port",
+                                             str(random.randrange(42000, 52000, 20))])
+            wait_ready(seed, 2)
+            orphans = {n.name: rank_pids(n, str(script)) for n in nodes}
+            seed.kill()
+            (peer_orphan,) = orphans["ai002"]
+            assert processes.cmdline(processes.ppid(peer_orphan))[0].startswith("sshd:")
+            stale = {}
+            for node in nodes:
+                here = node.host_path(share)
+                here.mkdir(parents=True)
+                (here / "tmpstale").mkdir()
+                (here / "tmpstale" / "part").write_bytes(b"w" * 20000)
+                stale[node.name] = aged(here / "tmpstale")
+
+            inventory = load_inventory(served.inventory)
+            transport = SshTransport(inventory)
+            ssh_transports.append(transport)
+            config_file = tmp_path / "remediator.yml"
+            config_file.write_text(yaml.safe_dump({
+                "inventory": str(served.inventory), "journal": str(tmp_path / "journal.sqlite"),
+                "routing": {"playbooks": ROUTING}}))
+            config = RemediatorConfig.model_validate(yaml.safe_load(config_file.read_text()))
+            engine = Engine(config, inventory, Journal(config.journal), transport,
+                            registry=CollectorRegistry())
+            engines.append(engine)
+            await engine.start()
+            dry = engine.journal.get_run(await engine.run_manual("tiny", dry_run=True))
+            assert dry is not None and dry.outcome == "planned"
+            assert all(processes.is_alive(p) for pids in orphans.values() for p in pids)
+            assert all(path.exists() for path in stale.values())  # the dry run touched nothing
+
+            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
+                Disposition.STARTED
+            await engine.wait_idle(600)
+            run = engine.journal.list_runs()[0]
+            assert run.outcome == "succeeded", (run.detail, [(s.name, s.outcome, s.detail)
+                                                             for s in run.steps])
+            assert [s.name for s in run.steps] == ["preflight", "stop-service", "sweep",
+                                                   "clean-tmp", "start-service", "verify"]
+            assert run.steps[2].targets == ["tiny on ai001", "tiny on ai002"]
+            for node in nodes:
+                for pid in orphans[node.name]:
+                    wait_until(lambda: not processes.is_alive(pid), "an orphan to go")  # noqa: B023
+                assert not stale[node.name].exists()
+            assert answers(port)
+            log = mlx_medic("log", "--config.file", str(config_file), "--model", "tiny").stdout
+            for name in ("preflight", "stop-service", "sweep", "clean-tmp", "start-service"):
+                assert name in log
+
+            # While it serves: orphans of an older run again, removed with no restart.
+            serving = served.record()
+            assert serving is not None
+            again = start_launch(cluster, served.ring_hostfile,
+                                 [cluster.python, str(script), "--model", str(tiny_model),
+                                  "--port", str(port)],
+                                 env=cluster.env(MLX_MEDIC_RUN_ID=f"old-{token}",
+                                                 MLX_MEDIC_MODEL="tiny"),
+                                 launch_args=["--starting-port",
+                                              str(random.randrange(42000, 52000, 20))])
+            wait_ready(again, 2)
+            orphans = {n.name: rank_pids(n, str(script)) for n in nodes}
+            again.kill()
+            answered: list[bool] = []
+            probing = threading.Event()
+
+            def probe() -> None:
+                while not probing.is_set():
+                    answered.append(answers(port))
+                    probing.wait(0.5)
+
+            prober = threading.Thread(target=probe, daemon=True)
+            prober.start()
+            try:
+                for node in NODES:
+                    assert await engine.submit(alert(
+                        uuid.uuid4().hex[:16], "tiny", alertname="MLXOrphanProcesses",
+                        labels={"node": node})) in (Disposition.STARTED, Disposition.ABSORBED)
+                await engine.wait_idle(300)
+            finally:
+                probing.set()
+                prober.join(30)
+            sweep = engine.journal.list_runs()[0]
+            assert (sweep.playbook, sweep.outcome) == ("sweep-orphans", "succeeded"), (
+                sweep.detail, [(s.name, s.outcome, s.output) for s in sweep.steps])
+            assert [(s.name, s.node) for s in sweep.steps] == [
+                ("sweep-orphans", "ai001, ai002"), ("verify", "ai001")]
+            for node in nodes:
+                for pid in orphans[node.name]:
+                    wait_until(lambda: not processes.is_alive(pid), "an orphan to go")  # noqa: B023
+            assert answered and all(answered)  # the model never stopped answering
+            after = served.record()
+            assert after is not None and after.run_id == serving.run_id  # no restart
+            again.close()
+    finally:
+        if seed is not None:
+            seed.close()
+        served.close()
+
+
+START_SCRIPT = """\
+#!/bin/sh
+# The seed's start script: plain mlx.launch of mlx_lm.server over ring, no wrapper.
+exec {launch} --hostfile {hostfile} --backend ring --starting-port {ring_port} -- \\
+    {python} -m mlx_lm server --model {model} --host 127.0.0.1 --port {port} --pipeline
+"""
+
+
+async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
+    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
+    ssh_transports: list[SshTransport], engines: list[Engine],
+) -> None:
+    """The seed's own failure: supervisord's stop SIGTERMs mlx.launch, which has no handler
+    and dies leaving its ranks; the head's rank is killed too (the model is down), the
+    peer's stays under its sshd session. With every sshd of the peer frozen, the run ends
+    within its timeouts, escalated, nothing started; with the peer's rank frozen (state D),
+    it escalates naming the peer to reboot, nothing started; thawed and resumed, the next
+    notification's run stops, sweeps, starts the script again and gets a real answer."""
+    require_tool("supervisord")
+    cluster = clean_cluster
+    served = prepare(cluster, tiny_model)
+    token, port = served.token, served.port
+    script = cluster.workdir / f"start-{token}.sh"
+    script.write_text(START_SCRIPT.format(
+        launch=mlx_launch_path(), hostfile=served.ring_hostfile, python=cluster.python,
+        model=tiny_model, port=port, ring_port=random.randrange(42000, 52000, 20)))
+    rank_script = cluster.workdir / f"seed-{token}" / "serve.py"
+    rank_script.parent.mkdir()
+    rank_script.write_text(RANK_SCRIPT)
+    data = yaml.safe_load(served.inventory.read_text())
+    data["models"]["tiny"]["service"]["kind"] = "script"
+    data["models"]["tiny"]["policy"]["start_timeout"] = "120s"
+    data["models"]["tiny"]["process_patterns"] = {"rank": [rf"serve\.py --model \S+ --port {port}"]}
+    data["models"]["tiny"]["policy"].update(restart_budget=3, backoff=0)
+    served.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert served.conf is not None
+    env = cluster.env(HF_HUB_OFFLINE="1")
+    served.conf.write_text(SUPERVISORD_CONF.replace(
+        "command={medic} serve tiny --config.file {inventory}", f"command=/bin/sh {script}",
+    ).format(token=token, path=env["PATH"], workdir=cluster.workdir, stopwaitsecs=20,
+             log=served.log))
+    daemon = served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env)
+    seed = None
+    try:
+        wait_until(lambda: answers(port), "the script's model to answer", timeout=300)
+        peer = cluster.node("ai002")
+        # supervisord's stop: SIGTERM to mlx.launch, which has no handler for it. Its head
+        # rank may stay listening on the port without answering: a sweep spares every
+        # listener on the model's port (only the serve wrapper's start sweep ends one), so
+        # here it crashes (SIGKILL): the model is down.
+        assert served.supervisorctl("stop", f"tiny-{token}").returncode == 0
+        for pid in served.head.find_pids(f"--port {port}"):
+            if "mlx_lm" in " ".join(processes.cmdline(pid)):
+                os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not answers(port), "the model to be down")
+        # The seed's orphans: an earlier launch of the rank script, SIGKILLed.
+        seed = start_launch(cluster, served.ring_hostfile,
+                            [cluster.python, str(rank_script), "--model", str(tiny_model),
+                             "--port", str(port)],
+                            launch_args=["--starting-port",
+                                         str(random.randrange(42000, 52000, 20))])
+        wait_ready(seed, 2)
+        (peer_rank,) = rank_pids(peer, str(rank_script))
+        seed.kill()
+        assert processes.cmdline(processes.ppid(peer_rank))[0].startswith("sshd:")
+
+        inventory = load_inventory(served.inventory)
+        transport = SshTransport(inventory)
+        ssh_transports.append(transport)
+        config_file = tmp_path / "remediator.yml"
+        config_file.write_text(yaml.safe_dump({"inventory": str(served.inventory),
+                                               "journal": str(tmp_path / "j.sqlite")}))
+        config = RemediatorConfig.model_validate(yaml.safe_load(config_file.read_text()))
+        engine = Engine(config, inventory, Journal(config.journal), transport,
+                        registry=CollectorRegistry())
+        engines.append(engine)
+        await engine.start()
+
+        async def one_run() -> RunView:
+            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
+                Disposition.STARTED
+            await engine.wait_idle(600)
+            return engine.journal.list_runs()[0]
+
+        def program_stopped() -> bool:
+            return "STOPPED" in served.supervisorctl("status", f"tiny-{token}").stdout
+
+        # The peer unreachable: every sshd process of it frozen (open connections too).
+        with frozen(peer.find_pids("sshd"), f"sshd-{token}"):
+            started = time.monotonic()
+            run = await one_run()
+            took = time.monotonic() - started
+        assert run.outcome == "escalated" and [s.name for s in run.steps] == ["preflight"]
+        assert run.steps[0].outcome == "unreachable" and "ai002" in run.detail
+        assert took < inventory.ssh.command_timeout + 60  # within its timeouts
+        assert engine.m_unreachable.labels(model="tiny", node="ai002")._value.get() >= 1
+        assert program_stopped()  # nothing was started
+        mlx_medic("resume", "tiny", "--config.file", str(config_file))
+
+        # The peer's rank frozen: uninterruptible, it survives SIGKILL.
+        with frozen([peer_rank], f"rank-{token}"):
+            run = await one_run()
+            assert run.outcome == "escalated" and run.steps[-1].name == "sweep"
+            assert run.next_action is not None and run.next_action.startswith("reboot ai002 ")
+            assert engine.m_unkillable.labels(model="tiny", node="ai002")._value.get() == 1
+            assert program_stopped()  # nothing started on top of it
+        mlx_medic("resume", "tiny", "--config.file", str(config_file))
+
+        # Thawed and resumed: the next notification recovers the model.
+        run = await one_run()
+        assert run.outcome == "succeeded", (run.detail, [(s.name, s.outcome, s.detail)
+                                                         for s in run.steps],
+                                            served.output()[-3000:])
+        assert [s.name for s in run.steps] == ["preflight", "stop-service", "sweep",
+                                               "start-service", "verify"]
+        wait_until(lambda: not processes.is_alive(peer_rank), "the peer's orphan to go")
+        assert answers(port)
+    finally:
+        if seed is not None:
+            seed.close()
+        served.supervisorctl("stop", f"tiny-{token}")
+        daemon.kill()
+        daemon.wait(timeout=10)
+        served.close()

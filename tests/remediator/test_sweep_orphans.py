@@ -1,0 +1,153 @@
+"""`sweep-orphans`, run by the engine with scripted node helpers: it sweeps only the orphans
+of the nodes that report them while the model serves (no stop, no start), escalates
+unkillable ones once without opening the model's circuit, has a budget of its own, and a
+model-down alert that arrives meanwhile is queued after it, never absorbed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from mlx_medic.remediator.alerts import Disposition
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.model_health import HealthVerdict
+from mlx_medic.remediator.playbooks import SWEEP_ORPHANS, RecoverPlaybook, SweepOrphansPlaybook
+from mlx_medic.transport import LocalTransport
+from tests.remediator.engine_fakes import (
+    MODEL,
+    Health,
+    alert,
+    make_config,
+    make_engine,
+    make_inventory,
+)
+from tests.remediator.fake_helpers import DEFAULTS, Answer, FakeHelpers, unreachable
+
+ORPHAN = {"pid": 31, "start_time": 5.0, "cmdline": ["python", "-m", "mlx_lm.server"],
+          "model": MODEL, "role": "rank", "state": "S", "rule": "launcher_gone"}
+STUCK = {**ORPHAN, "pid": 32, "state": "D"}
+ROUTING = {"LLMModelDown": "recover", "MLXOrphanProcesses": SWEEP_ORPHANS}
+
+
+def orphans(*entries: dict[str, Any]) -> Answer:
+    return Answer({"orphans": list(entries), "suspects": []})
+
+
+def engine_with(tmp_path: Path, engines: list[Engine], answers: dict[tuple[str, str], Any],
+                health: Health | None = None, **policy: Any) -> tuple[Engine, FakeHelpers]:
+    inventory = make_inventory(start_timeout="1s", **policy)
+    config = make_config(tmp_path, routing={"playbooks": ROUTING})
+    engine = make_engine(config, inventory, transport=LocalTransport(),
+                         playbooks={"recover": RecoverPlaybook(),
+                                    SWEEP_ORPHANS: SweepOrphansPlaybook()},
+                         health=health or Health(up=True))
+    engines.append(engine)
+    helpers = FakeHelpers(inventory, answers)
+    engine.helpers = helpers
+    return engine, helpers
+
+
+def orphan_alert(fingerprint: str, node: str = "ai002") -> Any:
+    return alert(fingerprint, alertname="MLXOrphanProcesses", labels={"node": node})
+
+
+async def test_it_sweeps_only_the_orphans_of_the_reporting_node_and_never_stops_the_model(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, helpers = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)})
+    assert await engine.submit(orphan_alert("o1")) == Disposition.STARTED
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert (run.playbook, run.outcome) == (SWEEP_ORPHANS, "succeeded")
+    assert [(s.name, s.node) for s in run.steps] == [("sweep-orphans", "ai002"),
+                                                     ("verify", "ai001")]
+    assert helpers.of("orphans") == [("ai002", (MODEL,))]
+    assert helpers.of("sweep") == [("ai002", (MODEL, "--orphans-only"))]
+    assert helpers.of("service") == [] and helpers.of("clean") == []
+
+
+async def test_nothing_is_done_when_the_node_no_longer_reports_orphans(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, helpers = engine_with(tmp_path, engines, {})
+    await engine.submit(orphan_alert("o1"))
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert run.outcome == "skipped" and run.detail == f"no orphans of {MODEL} left on ai002"
+    assert helpers.of("sweep") == []
+
+
+async def test_a_reporting_node_that_cannot_be_asked_ends_the_run_unreachable(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, helpers = engine_with(tmp_path, engines,
+                                  {("ai002", "orphans"): unreachable("ai002", "orphans")})
+    await engine.submit(orphan_alert("o1"))
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert run.outcome == "unreachable" and helpers.of("sweep") == []
+
+
+async def test_unkillable_orphans_are_escalated_once_without_opening_the_circuit(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    stuck_sweep = Answer({**DEFAULTS["sweep"], "survivors": [STUCK], "unkillable": [STUCK],
+                          "complete": False}, exit_status=1)
+    engine, helpers = engine_with(tmp_path, engines, {
+        ("ai002", "orphans"): orphans(STUCK), ("ai002", "sweep"): stuck_sweep})
+    await engine.submit(orphan_alert("o1"))
+    await engine.wait_idle()
+    (first,) = engine.journal.list_runs()
+    assert first.outcome == "escalated" and first.next_action.startswith("reboot ai002 ")
+    assert engine.journal.blocking_control(MODEL) is None  # recover may still act
+    assert engine.m_escalations.labels(model=MODEL, reason="unrecoverable")._value.get() == 0
+    assert engine.m_unkillable.labels(model=MODEL, node="ai002")._value.get() == 1
+    (event,) = engine.journal.list_events(kind="unkillable")
+    assert event.detail.startswith("1 process(es) on ai002 survive SIGKILL (pids 32)")
+    # Alertmanager's next notification (a new firing of the same orphan): nothing to do.
+    await engine.submit(orphan_alert("o2"))
+    await engine.wait_idle()
+    second = engine.journal.list_runs()[0]
+    assert second.outcome == "skipped"
+    assert "only 1 an earlier run found unkillable and escalated" in second.detail
+    assert len(helpers.of("sweep")) == 1  # not signalled again
+    assert len(engine.journal.list_events(kind="escalation")) == 1
+
+
+async def test_its_runs_have_a_budget_of_their_own_that_never_blocks_recover(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, _ = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
+                                  health=Health(up=True), restart_budget=1)
+    await engine.submit(orphan_alert("o1"))
+    await engine.wait_idle()
+    assert await engine.submit(orphan_alert("o2")) == Disposition.BACKOFF
+    assert "sweep-orphans: restart budget spent" in engine.journal.list_events(
+        kind="backoff")[0].detail
+    assert engine.journal.blocking_control(MODEL) is None
+    engine._health_check = Health(verdicts=[HealthVerdict.down("refused")] * 2
+                                  + [HealthVerdict.up("answered")])
+    assert await engine.submit(alert("down1")) == Disposition.STARTED  # recover's own budget
+
+
+async def test_a_model_down_alert_during_a_sweep_is_queued_after_it_not_absorbed(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    health = Health(verdicts=[HealthVerdict.up("answered"),  # the sweep's verify
+                              HealthVerdict.down("refused"),  # recover's re-check
+                              HealthVerdict.up("answered")])  # recover's verify
+    engine, helpers = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
+                                  health=health)
+    helpers.gates["sweep"] = gate = asyncio.Event()
+    assert await engine.submit(orphan_alert("o1")) == Disposition.STARTED
+    while not helpers.of("sweep"):
+        await asyncio.sleep(0.01)
+    assert await engine.submit(alert("down1")) == Disposition.STARTED
+    assert await engine.submit(alert("down2")) == Disposition.ABSORBED  # into recover's run
+    gate.set()
+    await engine.wait_idle()
+    recover, sweep = engine.journal.list_runs()
+    assert (sweep.playbook, sweep.outcome) == (SWEEP_ORPHANS, "succeeded")
+    assert (recover.playbook, recover.outcome) == ("recover", "succeeded")
+    assert recover.started_at >= sweep.ended_at
