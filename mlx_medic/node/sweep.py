@@ -357,6 +357,12 @@ class Sweep:
             return False
         if self.mode is Mode.RUN and run_id_of(proc) == self.run_id:
             return False  # the wrapper ending its own run
+        if self.mode is Mode.SCOPE and not answers:
+            # A hung rank holding the port (the service stopped, no answer): it would make
+            # the next start fail with "Address already in use". Only an answering server
+            # is the seed's guarded one.
+            self.report.listeners_signalled.append(proc.pid)
+            return False
         self.report.spare(
             proc, f"listens on the model's port {self.model.port} and {health}: only the"
             " serve wrapper's start sweep ends it")  # fmt: skip

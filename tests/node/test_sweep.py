@@ -270,6 +270,21 @@ def test_a_listener_on_the_models_port_is_spared_except_by_the_start_sweep():
     assert "--start-sweep" in warnings[0] and "answers the health probe" in warnings[0]
 
 
+def test_a_listener_on_the_models_port_that_does_not_answer_is_ended_by_a_default_sweep():
+    hung = rank(10)
+    world = World(hung)
+    world.listening[10] = {8080}
+    report = sweep(world, hung, health=lambda model, state_dir: (False, "timed out"))
+    assert world.sent == [(10, "SIGTERM")]  # the hung rank 0 holding the port
+    assert report.to_json()["listeners_signalled"] == [10]
+
+    world = World(hung)
+    world.listening[10] = {8080}
+    report = sweep(world, hung, mode=Mode.ORPHANS_ONLY,
+                   health=lambda model, state_dir: (False, "timed out"))  # fmt: skip
+    assert world.sent == []  # the serving rank is never an orphan
+
+
 def test_the_wrapper_ending_its_own_run_may_end_its_listener_but_no_other_run():
     ours = rank(10, env={"MLX_RANK": "0", "MLX_MEDIC_RUN_ID": "run-2"})
     theirs = rank(11, env={"MLX_RANK": "0", "MLX_MEDIC_RUN_ID": "run-1"})
