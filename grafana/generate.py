@@ -323,6 +323,12 @@ def remediator() -> dict[str, Any]:
              [target(f"sum by (outcome) "
                      f"(increase(mlx_medic_remediations_total{{{model}}}[$__range]))",
                      "{{outcome}}")], width=6),
+        stat("Unkillable processes by node",
+             [target(f"sum by (model, node) (mlx_medic_unkillable_processes{{{model}}})",
+                     "{{model}} on {{node}}")],
+             description="What the remediator's last sweep of each node found unkillable"
+                         " (uninterruptible sleep): only a reboot of that node clears them.",
+             steps=(("green", None), ("red", 1)), width=24, height=4),
         row("Activity"),
         timeseries("Alerts received per minute by status",
                    [target("60 * sum by (status) "

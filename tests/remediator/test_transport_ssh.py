@@ -1,5 +1,5 @@
 """SshTransport against the testbed's real sshd nodes: argv stays argv, host keys
-are checked, file operations are atomic."""
+are checked, one connection per node is reused."""
 
 from __future__ import annotations
 
