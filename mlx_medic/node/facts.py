@@ -1,8 +1,8 @@
 """What a playbook reads about a node before it acts and when it escalates: memory, RDMA
-ports and objects, recent error signatures in a model's service logs, the MLX and mlx-lm
-versions, and the OS build. Each reading is the exporter's (the platform parsers its
-`memory` and `rdma` collectors use, the signatures its `logs` collector counts), so the
-playbook and the dashboards say the same thing.
+ports and objects, recent error signatures in a model's service logs, the serve wrapper's
+record of the model, the MLX and mlx-lm versions, and the OS build. Each reading is the
+exporter's (the platform parsers its `memory` and `rdma` collectors use, the signatures
+its `logs` collector counts), so the playbook and the dashboards say the same thing.
 
 Every reading stands alone: a tool that fails leaves its part null with the reason beside
 it, never a fake zero, and no RDMA on a node (no `ibv_devinfo`) is `"rdma": null`.
@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from mlx_medic.platform.commands import CommandError, ParseError, Runner, output_of
+from mlx_medic.serve.record import read_serve_record
 from mlx_medic.signatures import LogSignature
+from mlx_medic.state_files import StateFileError
 
 TIMEOUT = 5.0
 SW_VERS_ARGV = ("sw_vers", "-buildVersion")
@@ -155,3 +157,22 @@ def os_build(runner: Runner, platform: str, os_release: Path = OS_RELEASE) -> di
     facts["build"] = f"{pretty} (kernel {facts['release']})" if pretty else facts["release"]
     facts["source"] = f"{os_release} and uname" if pretty else "uname"
     return facts
+
+
+def serve_facts(state_dir: Path, model: str) -> dict[str, Any] | None:
+    """The serve wrapper's record of `model` (kept on its head), as the fallback reads it:
+    its state, the backend it serves or tries, and the failure of its last failed start,
+    the JACCL one first (that is what a ring pin answers). None where no wrapper recorded
+    the model; the reason when the record cannot be read."""
+    try:
+        record = read_serve_record(state_dir, model)
+    except StateFileError as exc:
+        return {"error": str(exc)}
+    if record is None:
+        return None
+    failures = sorted(record.failures, key=lambda f: f.backend != "jaccl")
+    failure = failures[0] if failures else None
+    return {"state": record.state, "backend": record.backend,
+            "failure": None if failure is None else {
+                "backend": failure.backend, "host": failure.host, "reason": failure.reason,
+                "line": failure.line}}  # fmt: skip

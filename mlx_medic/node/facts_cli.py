@@ -1,8 +1,9 @@
 """`mlx-medic node facts [MODEL]`: what a playbook reads about this node for its preflight
 and an escalation (mlx_medic.node.facts): memory, RDMA (null without it), the MLX and
 mlx-lm versions, the OS build and, with MODEL, the last matching lines of its service
-logs with the signature each matches. Exit 0 with whatever could be read; each part that
-could not is null with its reason beside it."""
+logs with the signature each matches and the serve wrapper's record of it (`serve`: state,
+backend, the last failed start's failure; null where none is kept). Exit 0 with whatever
+could be read; each part that could not is null with its reason beside it."""
 
 from __future__ import annotations
 
@@ -31,7 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_medic.node.facts import memory_facts, os_build, rdma_facts, recent_errors, versions
+    from mlx_medic.node.facts import (
+        memory_facts,
+        os_build,
+        rdma_facts,
+        recent_errors,
+        serve_facts,
+        versions,
+    )
     from mlx_medic.platform.commands import run_command
     from mlx_medic.signatures import signatures_for
 
@@ -46,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         errors, unreadable = recent_errors(model.log_files, signatures_for(context.inventory),
                                            args.lines)  # fmt: skip
         document["log_errors"], document["unreadable_logs"] = errors, unreadable
+        document["serve"] = serve_facts(context.state_dir, model.name)
     lines = [f"node {context.node}: {document['memory']['available_bytes']} bytes available",
              f"  RDMA: {'none' if document['rdma'] is None else document['rdma']}",
              f"  mlx {document['versions']['mlx']}, mlx-lm {document['versions']['mlx-lm']},"

@@ -116,6 +116,9 @@ async def serve(inventory: Inventory, model: Model) -> int:
         records = RecordKeeper(state_dir, model.name, ServeRecord(
             run_id, os.getpid(), process_start_time(os.getpid()), "starting",
             failed_starts=previous.failed_starts if previous else 0,
+            # a KeepAlive restart must not hide why the last start failed (the fallback's
+            # evidence): kept until a start serves
+            failures=previous.failures if previous else (),
             last_jaccl_success=previous.last_jaccl_success if previous else None,
             jaccl_error_at=previous.jaccl_error_at if previous else None,
         ))  # fmt: skip

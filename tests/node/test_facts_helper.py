@@ -1,6 +1,7 @@
 """`mlx-medic node facts`: the node's memory, RDMA (absent is null, never a fake zero), the
-MLX and mlx-lm versions, the OS build and a model's recent error lines with the signature
-each matches. macOS readings come from verbatim outputs in tests/fixtures/macos/."""
+MLX and mlx-lm versions, the OS build, a model's recent error lines with the signature
+each matches and the serve wrapper's record of it. macOS readings come from verbatim
+outputs in tests/fixtures/macos/."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from mlx_medic.node.facts import SW_VERS_ARGV, memory_facts, os_build, rdma_fact
 from mlx_medic.platform.commands import CommandError, CommandNotFound, CommandResult
 from mlx_medic.platform.macos_memory import PRESSURE_ARGV, VM_STAT_ARGV
 from mlx_medic.platform.macos_rdma import IBV_DEVINFO_ARGV, IOCLASSCOUNT_ARGV
+from mlx_medic.serve.record import Failure, ServeRecord, write_serve_record
 from mlx_medic.signatures import BUILTIN
 from tests.exporter.macos_commands import FakeRunner, macos_output, ok
 from tests.node.helper_runner import two_model_helpers
@@ -110,3 +112,20 @@ def test_the_helper_reports_versions_os_and_the_models_log_errors(tmp_path: Path
                                        "line": PD_ERROR}]  # fmt: skip
     assert "log_errors" not in helpers.document("facts")  # no model: no logs
     assert helpers.run("facts", "m2").returncode == 2  # m2 is not placed on n1
+
+
+def test_the_helper_reports_the_serve_wrappers_last_failed_start_jaccl_first(
+    tmp_path: Path,
+) -> None:
+    """The fallback's evidence: a supervisor restarting a failing wrapper leaves a record
+    in state starting, still carrying the last failed start's failures."""
+    helpers = two_model_helpers(tmp_path)
+    assert helpers.document("facts", "m1")["serve"] is None  # no wrapper ever ran
+    write_serve_record(helpers.state, "m1", ServeRecord(
+        "run-2", 4242, None, "starting", backend="jaccl", failures=(
+            Failure("ring", "n2", "ring did not answer"),
+            Failure("jaccl", "n1", "smoke test failed", PD_ERROR))))  # fmt: skip
+    assert helpers.document("facts", "m1")["serve"] == {
+        "state": "starting", "backend": "jaccl",
+        "failure": {"backend": "jaccl", "host": "n1", "reason": "smoke test failed",
+                    "line": PD_ERROR}}  # fmt: skip

@@ -384,6 +384,15 @@ class Alertmanager:
                 self.proc.wait(5)
 
 
+@pytest.fixture
+def managers() -> Iterator[list[Alertmanager]]:
+    """Alertmanagers started by a test, always stopped at the end."""
+    started: list[Alertmanager] = []
+    yield started
+    for manager in started:
+        manager.stop()
+
+
 def alertmanager_config(webhook_url: str, token_file: Path) -> dict[str, Any]:
     """One webhook receiver whose bearer token comes from a file, with short timings."""
     return {

@@ -5,11 +5,8 @@ in the journal, on the on-call page and in `mlx-medic log`; the resolution shows
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-
-import pytest
 
 from tests.remediator.conftest import (
     Alertmanager,
@@ -24,14 +21,6 @@ from tests.remediator.conftest import (
     start_alertmanager,
     wait_until,
 )
-
-
-@pytest.fixture
-def managers() -> Iterator[list[Alertmanager]]:
-    started: list[Alertmanager] = []
-    yield started
-    for manager in started:
-        manager.stop()
 
 
 def test_alertmanager_delivers_a_firing_and_its_resolution_to_the_remediator(

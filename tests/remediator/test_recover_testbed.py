@@ -6,17 +6,24 @@ each node. A dry run touches nothing; one run of the remediator's engine, over r
 the real node helpers, leaves no orphan, removes the stale entries, starts the service and
 gets an answer from the model. Then, while the model serves, orphans made again are
 removed by `sweep-orphans` from the orphan alert, the model answering throughout, with no
-restart."""
+restart. The same scenario's recover run started by a real Alertmanager delivery to the
+real remediator; and with the model pinned to JACCL (unavailable on Linux for real), the
+recover run's fallback pins ring and the model answers across both nodes with --pipeline."""
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import random
 import signal
 import threading
 import time
 import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -30,17 +37,127 @@ from mlx_medic.remediator.journal import Journal, RunView
 from mlx_medic.transport import SshTransport
 from testbed import Cluster, processes
 from testbed.freezer import frozen
-from testbed.launch import mlx_launch_path, rank_pids, start_launch
+from testbed.launch import LaunchHandle, mlx_launch_path, rank_pids, start_launch
 from tests.exporter.test_seed_orphan import RANK_SCRIPT, wait_ready
 from tests.node.test_sweep_clean_testbed import aged, wait_until
-from tests.remediator.conftest import mlx_medic
+from tests.remediator.conftest import (
+    Alertmanager,
+    Stack,
+    alertmanager_config,
+    am_time,
+    basic,
+    http,
+    mlx_medic,
+    runs_of,
+    start_alertmanager,
+)
+from tests.remediator.conftest import wait_until as wait_for
 from tests.remediator.engine_fakes import alert
-from tests.serve.scenario import NODES, SUPERVISORD_CONF, answers, prepare, supervised
+from tests.serve.scenario import (
+    MEDIC,
+    NODES,
+    SUPERVISORD_CONF,
+    Served,
+    answers,
+    jaccl_failure_logged,
+    prepare,
+    supervised,
+)
+from tests.serve.test_serve_testbed import head_metrics, metric
 from tests.tools import require_tool
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
 ROUTING = {"LLMModelDown": "recover", "MLXOrphanProcesses": "sweep-orphans"}
+
+
+def edit_model(served: Served, **changes: Any) -> None:
+    """Change the tiny model's inventory entry (`policy` merged into the model's own)."""
+    data = yaml.safe_load(served.inventory.read_text())
+    model = data["models"]["tiny"]
+    model["policy"].update(changes.pop("policy", {}))
+    model.update(changes)
+    served.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@dataclass
+class Seeded:
+    """The wrapper-served model beside the seed's rank script and a shared tmp dir."""
+
+    cluster: Cluster
+    tiny_model: Path
+    served: Served
+    script: Path  # the seed's rank script
+    share: Path  # a tmp dir of the model, each node's own at the same path
+
+    @property
+    def port(self) -> int:
+        return self.served.port
+
+    def make_orphans_of_a_stopped_service(
+        self,
+    ) -> tuple[LaunchHandle, dict[str, list[int]], dict[str, Path]]:
+        """Once the model serves: its service stopped (the model is down), then the seed's
+        orphans (a plain mlx.launch of the rank script SIGKILLed while its ranks run on
+        both nodes, the peer's under an sshd session) and an aged stale entry in the tmp
+        dir of each node. (the launch, orphan pids by node, stale paths by node)"""
+        cluster, served = self.cluster, self.served
+        served.wait_serving()
+        assert served.supervisorctl("stop", f"tiny-{served.token}").returncode == 0
+        assert not answers(self.port)  # the model is down
+        seed = start_launch(cluster, served.ring_hostfile,
+                            [cluster.python, str(self.script), "--model", str(self.tiny_model),
+                             "--port", str(self.port)],
+                            launch_args=["--starting-port",
+                                         str(random.randrange(42000, 52000, 20))])
+        wait_ready(seed, 2)
+        nodes = [cluster.node(name) for name in NODES]
+        orphans = {n.name: rank_pids(n, str(self.script)) for n in nodes}
+        seed.kill()
+        (peer_orphan,) = orphans["ai002"]
+        assert processes.cmdline(processes.ppid(peer_orphan))[0].startswith("sshd:")
+        stale = {}
+        for node in nodes:
+            here = node.host_path(self.share)
+            here.mkdir(parents=True)
+            (here / "tmpstale").mkdir()
+            (here / "tmpstale" / "part").write_bytes(b"w" * 20000)
+            stale[node.name] = aged(here / "tmpstale")
+        return seed, orphans, stale
+
+
+def seed_scenario(cluster: Cluster, tiny_model: Path) -> Seeded:
+    """The serve scenario whose inventory names the seed's ranks and the shared tmp dir."""
+    served = prepare(cluster, tiny_model)
+    share = cluster.head.cache_mount / f"share-{served.token}"
+    script = cluster.workdir / f"seed-{served.token}" / "serve.py"
+    script.parent.mkdir()
+    script.write_text(RANK_SCRIPT)
+    edit_model(served, tmp_dirs=[str(share)], log_files=[str(served.log)],
+               process_patterns={"rank": [rf"serve\.py --model \S+ --port {served.port}"]},
+               policy={"restart_budget": 3, "backoff": 0})
+    return Seeded(cluster, tiny_model, served, script, share)
+
+
+async def start_engine(served: Served, tmp_path: Path, ssh_transports: list[SshTransport],
+                       engines: list[Engine], routing: dict[str, str] | None = None,
+                       ) -> tuple[Path, Engine]:
+    """The remediator's engine in this process over real SSH: (its config file, it)."""
+    inventory = load_inventory(served.inventory)
+    transport = SshTransport(inventory)
+    ssh_transports.append(transport)
+    config_file = tmp_path / "remediator.yml"
+    settings: dict[str, Any] = {"inventory": str(served.inventory),
+                                "journal": str(tmp_path / "journal.sqlite")}
+    if routing is not None:
+        settings["routing"] = {"playbooks": routing}
+    config_file.write_text(yaml.safe_dump(settings))
+    config = RemediatorConfig.model_validate(settings)
+    engine = Engine(config, inventory, Journal(config.journal), transport,
+                    registry=CollectorRegistry())
+    engines.append(engine)
+    await engine.start()
+    return config_file, engine
 
 
 async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
@@ -49,57 +166,16 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
 ) -> None:
     require_tool("supervisord")
     cluster = clean_cluster
-    served = prepare(cluster, tiny_model)
-    token, port = served.token, served.port
-    share = cluster.head.cache_mount / f"share-{token}"  # each node's own, same path
-    script = cluster.workdir / f"seed-{token}" / "serve.py"
-    script.parent.mkdir()
-    script.write_text(RANK_SCRIPT)
-    data = yaml.safe_load(served.inventory.read_text())
-    data["models"]["tiny"].update(
-        tmp_dirs=[str(share)], log_files=[str(served.log)],
-        process_patterns={"rank": [rf"serve\.py --model \S+ --port {port}"]})
-    data["models"]["tiny"]["policy"].update(restart_budget=3, backoff=0)
-    served.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    seeded = seed_scenario(cluster, tiny_model)
+    served, script, token, port = seeded.served, seeded.script, seeded.served.token, seeded.port
     nodes = [cluster.node(name) for name in NODES]
     seed = None
     try:
         with supervised(served):
-            served.wait_serving()
-            assert served.supervisorctl("stop", f"tiny-{token}").returncode == 0
-            assert not answers(port)  # the model is down
+            seed, orphans, stale = seeded.make_orphans_of_a_stopped_service()
 
-            # The seed's orphans: a plain mlx.launch of the rank script, SIGKILLed.
-            seed = start_launch(cluster, served.ring_hostfile,
-                                [cluster.python, str(script), "--model", str(tiny_model),
-                                 "--port", str(port)],
-                                launch_args=["--starting-port",
-                                             str(random.randrange(42000, 52000, 20))])
-            wait_ready(seed, 2)
-            orphans = {n.name: rank_pids(n, str(script)) for n in nodes}
-            seed.kill()
-            (peer_orphan,) = orphans["ai002"]
-            assert processes.cmdline(processes.ppid(peer_orphan))[0].startswith("sshd:")
-            stale = {}
-            for node in nodes:
-                here = node.host_path(share)
-                here.mkdir(parents=True)
-                (here / "tmpstale").mkdir()
-                (here / "tmpstale" / "part").write_bytes(b"w" * 20000)
-                stale[node.name] = aged(here / "tmpstale")
-
-            inventory = load_inventory(served.inventory)
-            transport = SshTransport(inventory)
-            ssh_transports.append(transport)
-            config_file = tmp_path / "remediator.yml"
-            config_file.write_text(yaml.safe_dump({
-                "inventory": str(served.inventory), "journal": str(tmp_path / "journal.sqlite"),
-                "routing": {"playbooks": ROUTING}}))
-            config = RemediatorConfig.model_validate(yaml.safe_load(config_file.read_text()))
-            engine = Engine(config, inventory, Journal(config.journal), transport,
-                            registry=CollectorRegistry())
-            engines.append(engine)
-            await engine.start()
+            config_file, engine = await start_engine(served, tmp_path, ssh_transports, engines,
+                                                      ROUTING)
             dry = engine.journal.get_run(await engine.run_manual("tiny", dry_run=True))
             assert dry is not None and dry.outcome == "planned"
             assert all(processes.is_alive(p) for pids in orphans.values() for p in pids)
@@ -147,10 +223,10 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
             prober = threading.Thread(target=probe, daemon=True)
             prober.start()
             try:
-                for node in NODES:
+                for name in NODES:
                     assert await engine.submit(alert(
                         uuid.uuid4().hex[:16], "tiny", alertname="MLXOrphanProcesses",
-                        labels={"node": node})) in (Disposition.STARTED, Disposition.ABSORBED)
+                        labels={"node": name})) in (Disposition.STARTED, Disposition.ABSORBED)
                 await engine.wait_idle(300)
             finally:
                 probing.set()
@@ -239,17 +315,7 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
         seed.kill()
         assert processes.cmdline(processes.ppid(peer_rank))[0].startswith("sshd:")
 
-        inventory = load_inventory(served.inventory)
-        transport = SshTransport(inventory)
-        ssh_transports.append(transport)
-        config_file = tmp_path / "remediator.yml"
-        config_file.write_text(yaml.safe_dump({"inventory": str(served.inventory),
-                                               "journal": str(tmp_path / "j.sqlite")}))
-        config = RemediatorConfig.model_validate(yaml.safe_load(config_file.read_text()))
-        engine = Engine(config, inventory, Journal(config.journal), transport,
-                        registry=CollectorRegistry())
-        engines.append(engine)
-        await engine.start()
+        config_file, engine = await start_engine(served, tmp_path, ssh_transports, engines)
 
         async def one_run() -> RunView:
             assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
@@ -267,7 +333,7 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
             took = time.monotonic() - started
         assert run.outcome == "escalated" and [s.name for s in run.steps] == ["preflight"]
         assert run.steps[0].outcome == "unreachable" and "ai002" in run.detail
-        assert took < inventory.ssh.command_timeout + 60  # within its timeouts
+        assert took < engine.inventory.ssh.command_timeout + 60  # within its timeouts
         assert engine.m_unreachable.labels(model="tiny", node="ai002")._value.get() >= 1
         assert program_stopped()  # nothing was started
         mlx_medic("resume", "tiny", "--config.file", str(config_file))
@@ -296,4 +362,119 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
         served.supervisorctl("stop", f"tiny-{token}")
         daemon.kill()
         daemon.wait(timeout=10)
+        served.close()
+
+
+async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pipeline(
+    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
+    ssh_transports: list[SshTransport], engines: list[Engine],
+) -> None:
+    """The model pinned to JACCL on its head: the serve wrapper under supervisord tries
+    only JACCL, which fails on Linux for real, and writes the error to the service log.
+    One recover run: its verify fails, its pin-ring step pins ring on the head (durable:
+    `node backend tiny show` says so), the restart serves on ring with --pipeline on
+    both nodes, and the head's exporter says ring."""
+    require_tool("supervisord")
+    cluster = clean_cluster
+    served = prepare(cluster, tiny_model)
+    edit_model(served, log_files=[str(served.log)],
+               policy={"restart_budget": 3, "backoff": 0, "start_timeout": "120s"})
+    where = f"--config.file {served.inventory} --node ai001"
+    served.head.run(f"{MEDIC} node backend tiny set jaccl --by test-{served.token}"
+                    f" --reason jaccl-only {where}")
+    try:
+        with supervised(served):
+            wait_until(lambda: jaccl_failure_logged(served.output()),
+                       "the wrapper's JACCL failure in the service log", timeout=300)
+            assert not answers(served.port)
+            _, engine = await start_engine(served, tmp_path, ssh_transports, engines)
+            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
+                Disposition.STARTED
+            await engine.wait_idle(900)
+            run = engine.journal.list_runs()[0]
+            steps = [(s.name, s.outcome) for s in run.steps]
+            assert run.outcome == "succeeded", (run.detail, steps, served.output()[-3000:])
+            assert steps == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
+                             ("start-service", "ok"), ("verify", "failed"), ("pin-ring", "ok"),
+                             ("restart-service", "ok"), ("verify-ring", "ok")]
+            pin = run.steps[5]
+            assert pin.targets == ["backend choice of tiny on ai001"]
+            assert pin.detail.startswith("pinned tiny to ring on ai001: JACCL failed on ai00")
+
+            shown = json.loads(
+                served.head.run(f"{MEDIC} node backend tiny show --json {where}").stdout)
+            assert (shown["choice"], shown["pinned"]) == ("ring", True)
+            assert shown["by"] == f"remediator run {run.id}"
+            record = served.wait_serving()
+            assert record.backend == "ring"
+            for node in NODES:
+                (rank,) = served.ranks(node, record.run_id)
+                assert "--pipeline" in processes.cmdline(rank)
+            assert answers(served.port)
+            samples = head_metrics(served)
+            assert metric(samples, "mlx_medic_backend", model="tiny", backend="ring") == 1
+            assert metric(samples, "mlx_medic_backend_pinned", model="tiny", backend="ring") == 1
+    finally:
+        served.close()
+
+
+async def test_a_real_alertmanager_delivery_starts_one_recover_run_that_ends_the_seeds_orphans(
+    clean_cluster: Cluster, tiny_model: Path, stack: Stack, tmp_path: Path,
+    managers: list[Alertmanager],
+) -> None:
+    """The seed's orphans on both nodes and stale tmp entries, the service stopped:
+    Alertmanager delivers LLMModelDown to the real remediator, whose recover run leaves
+    no orphan, removes the stale entries, starts the service and gets an answer; the
+    journal, `mlx-medic log` and the on-call page show every step with its targets."""
+    require_tool("supervisord")
+    seeded = seed_scenario(clean_cluster, tiny_model)
+    served = seeded.served
+    seed = None
+    try:
+        with supervised(served):
+            seed, orphans, stale = seeded.make_orphans_of_a_stopped_service()
+            stack.inventory = served.inventory
+            service = stack.start()
+            manager = start_alertmanager(
+                tmp_path / "am", alertmanager_config(service.url + "/alerts", stack.token_file))
+            managers.append(manager)
+            manager.amtool("alert", "add", "alertname=LLMModelDown", "model=tiny",
+                           "severity=critical",
+                           f"--start={am_time(datetime.now(UTC) - timedelta(seconds=5))}")
+            run = wait_for(
+                lambda: [r for r in runs_of(stack, "tiny")
+                         if r["outcome"] not in ("queued", "running")],
+                timeout=600, interval=2, what="the recover run to end")[0]
+            steps = run["steps"]
+            assert (run["playbook"], run["outcome"]) == ("recover", "succeeded"), (
+                run["detail"], steps)
+            assert run["trigger"].startswith("alert ")
+            assert not run["dry_run"] and run["alertname"] == "LLMModelDown"
+            assert [s["name"] for s in steps] == ["preflight", "stop-service", "sweep",
+                                                  "clean-tmp", "start-service", "verify"]
+            assert all(s["outcome"] == "ok" and s["targets"] for s in steps), steps
+            assert steps[2]["targets"] == ["tiny on ai001", "tiny on ai002"]
+            assert steps[3]["targets"] == [f"{seeded.share}/tmp*"]
+            for name, pids in orphans.items():
+                for pid in pids:
+                    wait_until(lambda: not processes.is_alive(pid),  # noqa: B023
+                               f"the orphan {pid} on {name} to go")
+                assert not stale[name].exists()
+            assert answers(seeded.port)
+
+            config = ["--config.file", str(service.config_file)]
+            (logged,) = json.loads(mlx_medic("log", "--model", "tiny", "--json",
+                                             *config).stdout)["runs"]
+            assert [(s["name"], s["targets"]) for s in logged["steps"]] == \
+                [(s["name"], s["targets"]) for s in steps]
+            table = mlx_medic("log", "--model", "tiny", *config).stdout
+            status, page = http("GET", service.url + "/", headers=basic())
+            assert status == 200
+            for step in steps:
+                assert step["name"] in table
+                assert step["name"] in page
+                assert html.escape(f"targets: {', '.join(step['targets'])}") in page
+    finally:
+        if seed is not None:
+            seed.close()
         served.close()
