@@ -93,6 +93,8 @@ def format_run(run: RunView) -> list[str]:
     ]
     for step in run.steps:
         lines.append(format_step(step))
+        if step.targets:
+            lines += _wrapped("   ", "targets: " + ", ".join(step.targets), indent=12)
         if step.detail and step.outcome not in (StepOutcome.OK, StepOutcome.PLANNED):
             lines += _wrapped("   ", step.detail, indent=12)
     if run.detail:

@@ -95,6 +95,7 @@ def test_log_prints_runs_steps_outcomes_and_the_next_action_within_100_columns(
     assert f"`mlx-medic resume {OTHER}`" in out  # the engine's NEXT, on the default path
     assert "sudo -n /bin/launchctl bootout system/" in out  # the dry run's first command
     assert out.count("planned  ") >= 10  # every step of recover's plan
+    assert "targets: " in out  # each step's targets, as the page shows them
 
 
 def test_log_json_holds_the_controls_and_every_run_with_its_steps(
