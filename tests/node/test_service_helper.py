@@ -25,7 +25,8 @@ from testbed import Cluster, SimNode
 from tests.node.inventories import two_models
 from tests.tools import require_tool
 
-SUPERVISORD_CONF = """\
+# supervisord's own sections, with a token in every path: each test its own daemon.
+SUPERVISORD_CONTROL = """\
 [unix_http_server]
 file=/tmp/supervisor-{token}.sock
 [supervisord]
@@ -35,6 +36,8 @@ logfile=/tmp/supervisord-{token}.log
 supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 [supervisorctl]
 serverurl=unix:///tmp/supervisor-{token}.sock
+"""
+SUPERVISORD_CONF = SUPERVISORD_CONTROL + """\
 [program:tiny-{token}]
 command=sleep 100000
 startsecs=0

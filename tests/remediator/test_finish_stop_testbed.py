@@ -17,7 +17,7 @@ import yaml
 
 from mlx_medic.service_stop import read_service_stop
 from testbed import free_port
-from tests.node.test_service_helper import SUPERVISORD_CONF as SUPERVISORD_BASE
+from tests.node.test_service_helper import SUPERVISORD_CONTROL
 from tests.node.test_sweep_clean_testbed import HEALTHY_SERVER
 from tests.remediator.conftest import (
     Stack,
@@ -33,7 +33,7 @@ from tests.tools import require_tool
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
 # supervisord as the service helper's test runs it, with a program that answers the probe.
-SUPERVISORD_CONF = SUPERVISORD_BASE.split("[program:")[0] + """\
+SUPERVISORD_CONF = SUPERVISORD_CONTROL + """\
 [program:m1-{token}]
 command={python} {server} --port {port}
 startsecs=0

@@ -21,20 +21,12 @@ import yaml
 
 from mlx_medic.serve.record import ServeRecord, read_serve_record
 from testbed import Cluster, SimNode, free_port, processes
+from tests.node.test_service_helper import SUPERVISORD_CONTROL
 
 MEDIC = str(Path(sys.executable).parent / "mlx-medic")
 NODES = ("ai001", "ai002")
 
-SUPERVISORD_CONF = """\
-[unix_http_server]
-file=/tmp/supervisor-{token}.sock
-[supervisord]
-pidfile=/tmp/supervisord-{token}.pid
-logfile=/tmp/supervisord-{token}.log
-[rpcinterface:supervisor]
-supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
-[supervisorctl]
-serverurl=unix:///tmp/supervisor-{token}.sock
+SUPERVISORD_CONF = SUPERVISORD_CONTROL + """\
 [program:tiny-{token}]
 command={medic} serve tiny --config.file {inventory}
 environment=PATH="{path}",HF_HUB_OFFLINE="1"
