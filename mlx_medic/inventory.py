@@ -24,13 +24,20 @@ from pydantic import (
     model_validator,
 )
 
+from mlx_medic.inventory_methods import (
+    BackendsMethods,
+    InventoryError,
+    InventoryMethods,
+    ModelMethods,
+    ProcessPatternsMethods,
+    ServiceMethods,
+)
 from mlx_medic.names import NAME_PATTERN
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 USER_NAME_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
 ServiceManager = Literal["launchd", "systemd", "supervisord"]
 ServiceKind = Literal["wrapper", "script"]
-BackendName = Literal["jaccl", "ring"]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -115,7 +122,7 @@ class Node(_Strict):
         return value
 
 
-class Service(_Strict):
+class Service(_Strict, ServiceMethods):
     """How the head node keeps the model running (launchd KeepAlive in production)."""
 
     manager: ServiceManager = Field(
@@ -152,9 +159,6 @@ class Service(_Strict):
             raise ValueError(f"{str(value)!r} must be an absolute path without '..'")
         return value
 
-    @property
-    def plist_path(self) -> Path:
-        return self.plist or Path("/Library/LaunchDaemons") / f"{self.label}.plist"
     user: str | None = Field(
         default=None, pattern=USER_NAME_PATTERN,
         description="the user the service runs as (launchd: the plist's `UserName`)."
@@ -172,7 +176,7 @@ class Backend(_Strict):
     pipeline: bool = Field(default=False, description="pass --pipeline to mlx_lm.server")
 
 
-class Backends(_Strict):
+class Backends(_Strict, BackendsMethods[Backend]):
     """Backends in order of preference: JACCL first, ring as the fallback."""
 
     jaccl: Backend | None = Field(
@@ -187,14 +191,6 @@ class Backends(_Strict):
         if self.jaccl is None and self.ring is None:
             raise ValueError("name at least one backend (jaccl or ring) with its hostfile")
         return self
-
-    def in_order(self) -> list[tuple[BackendName, Backend]]:
-        found: list[tuple[BackendName, Backend]] = []
-        if self.jaccl is not None:
-            found.append(("jaccl", self.jaccl))
-        if self.ring is not None:
-            found.append(("ring", self.ring))
-        return found
 
 
 class Policy(_Strict):
@@ -326,7 +322,7 @@ def _process_regex(value: str) -> str:
 ProcessRegex = Annotated[str, AfterValidator(_process_regex)]
 
 
-class ProcessPatterns(_Strict):
+class ProcessPatterns(_Strict, ProcessPatternsMethods):
     """The model's own processes by command line, for ranks that are not mlx_lm.server
     or mlx_lm.share (the seed runs `serve.py` and `mlx-share-rank.py`).
 
@@ -348,14 +344,8 @@ class ProcessPatterns(_Strict):
         " `mlx-share-rank\\.py .*--tmpdir /Users/ai/\\.cache/mlx-share/glm( .*)?`",
     )
 
-    def compiled(self) -> list[tuple[str, re.Pattern[str]]]:
-        """(role, regex) in the order they are tried."""
-        return [("rank", re.compile(p)) for p in self.rank] + [
-            ("share", re.compile(p)) for p in self.share
-        ]
 
-
-class Model(_Strict):
+class Model(_Strict, ModelMethods):
     """One served model: its ranks, where they run, and how they are started."""
 
     name: Name = Field(description="the alert's `model` label")
@@ -442,23 +432,6 @@ class Model(_Strict):
                 raise ValueError("'/' is not a tmp, cache or log location")
         return value
 
-    @property
-    def head(self) -> str:
-        return self.nodes[0]
-
-    def serve_flags(self) -> list[str]:
-        """`serve_args` as command-line flags, in file order."""
-        flags: list[str] = []
-        for flag, value in self.serve_args.items():
-            if value is True:
-                flags.append(f"--{flag}")
-            elif value is not False:
-                flags += [f"--{flag}", str(value)]
-        return flags
-
-    def scope_dirs(self) -> list[Path]:
-        return [*self.tmp_dirs, *self.cache_dirs]
-
 
 class Signature(_Strict):
     """An error text to count in service logs; a regular expression."""
@@ -497,7 +470,7 @@ class SshSettings(_Strict):
     )
 
 
-class Inventory(_Strict):
+class Inventory(_Strict, InventoryMethods[Node, Model]):
     """The whole file."""
 
     nodes: list[Node] = Field(
@@ -555,35 +528,6 @@ class Inventory(_Strict):
                 )
             ports[key] = model.name
         return self
-
-    def node(self, name: str) -> Node:
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        raise KeyError(name)
-
-    def model(self, name: str) -> Model:
-        for model in self.models:
-            if model.name == name:
-                return model
-        raise KeyError(name)
-
-    def models_on(self, node: str) -> list[Model]:
-        return [m for m in self.models if node in m.nodes]
-
-
-class InventoryError(ValueError):
-    """The inventory cannot be used; `problems` lists each one with its place."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        super().__init__(f"{source}: " + "; ".join(problems))
-
-    def report(self) -> str:
-        lines = [f"{self.source}: {len(self.problems)} problem(s)"]
-        lines += [f"  {p}" for p in self.problems]
-        return "\n".join(lines)
 
 
 # --- loading, with line numbers for every error ---------------------------

@@ -103,15 +103,7 @@ def node_context(args: argparse.Namespace) -> NodeContext:
 
     inventory = None
     if args.config_file is not None:
-        # No pydantic plugins in a helper: looking for them reads every installed package's
-        # metadata, which costs more than loading the inventory.
-        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-        from mlx_medic.inventory import InventoryError, load_inventory
-
-        try:
-            inventory = load_inventory(args.config_file)
-        except InventoryError as exc:
-            raise HelperError(exc.report()) from None
+        inventory = helper_inventory(args.config_file)
     state_dir = args.state_dir or (inventory.state_dir if inventory else DEFAULT_STATE_DIR)
     try:
         node = resolve_node(inventory, args.node, state_dir)
@@ -123,6 +115,22 @@ def node_context(args: argparse.Namespace) -> NodeContext:
             " or write the name to <state_dir>/node-id"
         )
     return NodeContext(inventory, state_dir, node)
+
+
+def helper_inventory(path: Path) -> Inventory:
+    """The inventory as a helper loads it: from its validated snapshot when there is one
+    (no pydantic: mlx_medic.inventory_snapshot), else validated in full; HelperError with
+    every problem when it is not valid."""
+    # No pydantic plugins in a helper that validates: looking for them reads every
+    # installed package's metadata, which costs more than the validation.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from mlx_medic.inventory_methods import InventoryError
+    from mlx_medic.inventory_snapshot import load_cached_inventory
+
+    try:
+        return load_cached_inventory(path)
+    except InventoryError as exc:
+        raise HelperError(exc.report()) from None
 
 
 def emit(command: str, document: dict[str, Any], as_json: bool, text: str) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from mlx_medic.node.cli import HELPERS, HelperError
+from mlx_medic.node.cli import HELPERS, helper_inventory
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
@@ -243,14 +243,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_medic.inventory import InventoryError, load_inventory
     from mlx_medic.node_identity import NodeIdentityError, resolve_node
 
     config_file = Path(os.path.abspath(args.config_file))
-    try:
-        inventory = load_inventory(config_file)
-    except InventoryError as exc:
-        raise HelperError(exc.report()) from None
+    inventory = helper_inventory(config_file)
     this_node, unknown = None, ""
     try:
         this_node = resolve_node(inventory, args.node, inventory.state_dir)

@@ -3,6 +3,7 @@ step of every run, so none loads the web stack, SSH, the engine or the exporter.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +36,26 @@ def test_a_helper_loads_no_service_stack_ssh_or_exporter(
     assert result.returncode == 0, result.stderr
     loaded = next(line for line in result.stderr.splitlines() if line.startswith("LOADED"))
     assert loaded.split()[1:] == []
+
+
+def test_a_helper_reads_a_validated_inventory_without_pydantic(tmp_path: Path) -> None:
+    """The first helper validates the file and snapshots it; the next reads the snapshot."""
+    helpers = two_model_helpers(tmp_path)
+    argv = ["node", "sweep", "m1", "--dry-run", "--config.file", str(helpers.config),
+            "--node", "n1", "--json"]  # fmt: skip
+    code = (
+        "import sys\nfrom mlx_medic.cli import main\n"
+        f"status = main({argv!r})\n"
+        "print('LOADED', *sorted(m for m in ('pydantic', 'yaml') if m in sys.modules),"
+        " file=sys.stderr)\n"
+        "sys.exit(status)\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    loaded = []
+    for _ in range(2):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120, env=env)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        loaded.append(next(line for line in result.stderr.splitlines()
+                           if line.startswith("LOADED")).split()[1:])  # fmt: skip
+    assert loaded == [["pydantic", "yaml"], []]

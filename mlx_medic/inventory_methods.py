@@ -1,0 +1,134 @@
+"""What the inventory's records answer beyond their fields, written once.
+
+Two kinds of object carry the inventory: the validated pydantic models
+(`mlx_medic.inventory`) and the plain records a node helper reads from a snapshot
+(`mlx_medic.inventory_snapshot`, which loads no pydantic). Both take these methods from
+here, so a helper and the remediator can never read the same file differently. Nothing
+here imports pydantic or PyYAML.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
+
+BackendName = Literal["jaccl", "ring"]
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Placed(_Named, Protocol):
+    @property
+    def nodes(self) -> list[str]: ...
+
+
+# The record types each kind of object holds (mlx_medic.inventory's Node, Model, Backend
+# for the validated models): generic, so this module needs nothing from that one.
+NodeT = TypeVar("NodeT", bound=_Named)
+ModelT = TypeVar("ModelT", bound=_Placed)
+BackendT = TypeVar("BackendT")
+
+
+class InventoryError(ValueError):
+    """The inventory cannot be used; `problems` lists each one with its place."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+    def report(self) -> str:
+        lines = [f"{self.source}: {len(self.problems)} problem(s)"]
+        lines += [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+class ServiceMethods:
+    __slots__ = ()
+    if TYPE_CHECKING:
+        label: str
+        plist: Path | None
+
+    @property
+    def plist_path(self) -> Path:
+        return self.plist or Path("/Library/LaunchDaemons") / f"{self.label}.plist"
+
+
+class BackendsMethods(Generic[BackendT]):
+    __slots__ = ()
+    if TYPE_CHECKING:
+        jaccl: BackendT | None
+        ring: BackendT | None
+
+    def in_order(self) -> list[tuple[BackendName, BackendT]]:
+        found: list[tuple[BackendName, BackendT]] = []
+        if self.jaccl is not None:
+            found.append(("jaccl", self.jaccl))
+        if self.ring is not None:
+            found.append(("ring", self.ring))
+        return found
+
+
+class ProcessPatternsMethods:
+    __slots__ = ()
+    if TYPE_CHECKING:
+        rank: list[str]
+        share: list[str]
+
+    def compiled(self) -> list[tuple[str, re.Pattern[str]]]:
+        """(role, regex) in the order they are tried."""
+        return [("rank", re.compile(p)) for p in self.rank] + [
+            ("share", re.compile(p)) for p in self.share
+        ]
+
+
+class ModelMethods:
+    __slots__ = ()
+    if TYPE_CHECKING:
+        nodes: list[str]
+        serve_args: dict[str, str | int | float | bool]
+        tmp_dirs: list[Path]
+        cache_dirs: list[Path]
+
+    @property
+    def head(self) -> str:
+        return self.nodes[0]
+
+    def serve_flags(self) -> list[str]:
+        """`serve_args` as command-line flags, in file order."""
+        flags: list[str] = []
+        for flag, value in self.serve_args.items():
+            if value is True:
+                flags.append(f"--{flag}")
+            elif value is not False:
+                flags += [f"--{flag}", str(value)]
+        return flags
+
+    def scope_dirs(self) -> list[Path]:
+        return [*self.tmp_dirs, *self.cache_dirs]
+
+
+class InventoryMethods(Generic[NodeT, ModelT]):
+    __slots__ = ()
+    if TYPE_CHECKING:
+        nodes: list[NodeT]
+        models: list[ModelT]
+
+    def node(self, name: str) -> NodeT:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def model(self, name: str) -> ModelT:
+        for model in self.models:
+            if model.name == name:
+                return model
+        raise KeyError(name)
+
+    def models_on(self, node: str) -> list[ModelT]:
+        return [m for m in self.models if node in m.nodes]
