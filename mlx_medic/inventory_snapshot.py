@@ -38,8 +38,8 @@ FORMAT = 1  # the snapshot's own layout; a change makes every older snapshot a m
 KEEP = 16  # snapshots kept per cache dir (one per inventory version in use)
 _RECORD = "__record__"
 _PATH = "__path__"
-# The schema's source: a changed inventory.py (a new field or default) is a new key.
-_SCHEMA_SOURCE = Path(__file__).with_name("inventory.py")
+# The schema's sources: a changed one (a new field, default or rule) is a new key.
+_SCHEMA_SOURCES = tuple(Path(__file__).with_name(name) for name in ("inventory.py", "names.py"))
 
 
 class Record:
@@ -139,11 +139,12 @@ def default_cache_dir() -> Path | None:
 def snapshot_key(data: bytes) -> str:
     """What a snapshot must match: the file's bytes, this mlx-medic and its schema source."""
     digest = hashlib.sha256(data)
-    try:
-        source = _SCHEMA_SOURCE.stat()
+    for path in _SCHEMA_SOURCES:
+        try:
+            source = path.stat()
+        except OSError:
+            continue
         digest.update(f"|{source.st_size}|{source.st_mtime_ns}".encode())
-    except OSError:
-        pass
     digest.update(f"|{__version__}|{FORMAT}".encode())
     return digest.hexdigest()
 

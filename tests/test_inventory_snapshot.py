@@ -193,3 +193,16 @@ def test_reading_a_snapshot_loads_neither_pydantic_nor_yaml(
                             timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["ai001"]
+
+
+def test_a_changed_schema_source_makes_every_snapshot_a_miss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlx_medic.inventory_snapshot as snapshot_module
+
+    source = tmp_path / "inventory.py"
+    source.write_text("# version 1\n")
+    monkeypatch.setattr(snapshot_module, "_SCHEMA_SOURCES", (source,))
+    before = snapshot_key(b"nodes: {}")
+    source.write_text("# version 2, a new default\n")
+    assert snapshot_key(b"nodes: {}") != before

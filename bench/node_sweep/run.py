@@ -2,7 +2,9 @@
 
 Ours: the four nodes in parallel over asyncssh (`mlx_medic.transport.ssh.SshTransport`,
 one connection per node, kept from repetition to repetition as the remediator keeps
-them), each running `mlx-medic node sweep MODEL --json --config.file INVENTORY`.
+them), each running `mlx-medic node sweep MODEL --json --config.file INVENTORY`. The
+inventory is new in every run, so the first repetition's helpers validate it in full and
+snapshot it (mlx_medic.inventory_snapshot); later ones read the snapshot.
 
 The seed's (the incident write-up's pre-start sweep, /work/shared/seeds/000_*): node
 after node, a fresh `ssh -o BatchMode=yes -o ConnectTimeout=5 NODE '...'` whose script
@@ -189,7 +191,8 @@ def report(times: dict[str, list[float]], repetitions: int, count: int) -> None:
     warm_seed = statistics.median(times["seed"][1:])
     warm_ours = statistics.median(times["ours"][1:])
     print(f"\n{len(NODES)} nodes, {count} orphans each, {repetitions} repetitions")
-    print(f"first repetition (ours opens its connections): seed {cold_seed:.3f} s,"
+    print(f"first repetition (ours opens its connections, validates the new inventory):"
+          f" seed {cold_seed:.3f} s,"
           f" ours {cold_ours:.3f} s, ratio {cold_ours / cold_seed:.2f}")
     print(f"median of the others (connections reused):     seed {warm_seed:.3f} s,"
           f" ours {warm_ours:.3f} s, ratio {warm_ours / warm_seed:.2f}")
