@@ -64,6 +64,16 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 
+def _absolute_path(value: Path) -> Path:
+    if not value.is_absolute() or ".." in value.parts:
+        raise ValueError(f"{str(value)!r} must be an absolute path without '..'")
+    return value
+
+
+# A file the inventory names on a node (its own copy, a plist, an interpreter, a key).
+AbsolutePath = Annotated[Path, AfterValidator(_absolute_path)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -84,18 +94,11 @@ class Node(_Strict):
         " use an absolute path (sshd's PATH is minimal; `mlx-medic render` requires one)",
     )
 
-    medic_config: Path = Field(
+    medic_config: AbsolutePath = Field(
         default=Path("/etc/mlx-medic/inventory.yaml"),
         description="this inventory's path on the node: the node helpers the remediator and"
         " the serve wrapper run there read it (`mlx-medic node HELPER --config.file`)",
     )
-
-    @field_validator("medic_config")
-    @classmethod
-    def _medic_config_absolute(cls, value: Path) -> Path:
-        if not value.is_absolute() or ".." in value.parts:
-            raise ValueError(f"{str(value)!r} must be an absolute path without '..'")
-        return value
 
     @field_validator("ssh")
     @classmethod
@@ -141,23 +144,16 @@ class Service(_Strict, ServiceMethods):
         " chooses the backend and launches) or `script` (the site's own start script, as in"
         " the seed: it runs mlx.launch itself)",
     )
-    plist: Path | None = Field(
+    plist: AbsolutePath | None = Field(
         default=None,
         description="launchd: the job's plist, which `sudo -n /bin/launchctl bootstrap` loads"
         " again after a stop; null: /Library/LaunchDaemons/<label>.plist",
     )
-    config: Path | None = Field(
+    config: AbsolutePath | None = Field(
         default=None,
         description="supervisord: the supervisord.conf that supervisorctl reads (`-c`);"
         " null: supervisorctl's own default",
     )
-
-    @field_validator("plist", "config")
-    @classmethod
-    def _absolute_file(cls, value: Path | None) -> Path | None:
-        if value is not None and (not value.is_absolute() or ".." in value.parts):
-            raise ValueError(f"{str(value)!r} must be an absolute path without '..'")
-        return value
 
     user: str | None = Field(
         default=None, pattern=USER_NAME_PATTERN,
@@ -245,7 +241,7 @@ class Policy(_Strict):
 class ServeSettings(_Strict):
     """How `mlx-medic serve` starts the model's ranks and keeps them tied to itself."""
 
-    python: Path | None = Field(
+    python: AbsolutePath | None = Field(
         default=None,
         description="the interpreter the ranks start with on every node (`mlx.launch"
         " --python`: one path for all hosts, so keep MLX and mlx-medic in a venv at the same"
@@ -270,7 +266,7 @@ class ServeSettings(_Strict):
         " wrapper no rank lives much longer than this",
     )
 
-    identity_file: Path | None = Field(
+    identity_file: AbsolutePath | None = Field(
         default=None,
         description="the private key the wrapper logs in to the model's other nodes with, to"
         " run the node helpers there (the remediator's key, `ssh.identity_file`, may be"
@@ -278,13 +274,6 @@ class ServeSettings(_Strict):
         " checked against `ssh.known_hosts`; null: the service user's own default keys, as"
         " mlx.launch's ssh uses",
     )
-
-    @field_validator("python", "identity_file")
-    @classmethod
-    def _python_absolute(cls, value: Path | None) -> Path | None:
-        if value is not None and (not value.is_absolute() or ".." in value.parts):
-            raise ValueError(f"{str(value)!r} must be an absolute path without '..'")
-        return value
 
     @field_validator("lease")
     @classmethod

@@ -102,6 +102,23 @@ def test_relative_or_parent_paths_are_refused_for_dirs_that_get_cleaned() -> Non
     assert "'/' is not" in problems(GOOD + "    tmp_dirs: [/]\n")[0]
 
 
+@pytest.mark.parametrize(("old", "new", "where"), [
+    ("a: {ssh: 127.0.0.2}", "a: {ssh: 127.0.0.2, medic_config: PATH}",
+     "line 2: nodes.a.medic_config"),
+    ("label: m}", "label: m, plist: PATH}", "line 9: models.m.service.plist"),
+    ("label: m}", "label: m, config: PATH}", "line 9: models.m.service.config"),
+    ("port: 8080", "port: 8080\n    serve: {python: PATH}", "line 9: models.m.serve.python"),
+    ("port: 8080", "port: 8080\n    serve: {identity_file: PATH}",
+     "line 9: models.m.serve.identity_file"),
+])  # fmt: skip
+@pytest.mark.parametrize("path", ["etc/mlx-medic/inventory.yaml", "/etc/../root/x"])
+def test_a_file_the_inventory_names_on_a_node_is_an_absolute_path_without_parents(
+    old: str, new: str, where: str, path: str
+) -> None:
+    found = problems(GOOD.replace(old, new.replace("PATH", path)))
+    assert found == [f"{where}: {path!r} must be an absolute path without '..'"]
+
+
 def test_names_that_could_escape_a_path_or_label_are_refused() -> None:
     found = problems(GOOD.replace("  m:\n", "  ../m:\n"))
     assert "models.../m.name" in found[0]

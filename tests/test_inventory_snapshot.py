@@ -33,6 +33,9 @@ def same(validated: Any, record: Any, where: str = "inventory") -> None:
     """`record` holds exactly what `validated` holds, field by field, with the same types."""
     if isinstance(validated, BaseModel):
         assert type(record) is RECORDS.get(type(validated).__name__, Record), where
+        shared = [base for base in type(validated).__mro__
+                  if base.__module__ == "mlx_medic.inventory_methods"]  # fmt: skip
+        assert all(isinstance(record, base) for base in shared), where  # the same methods
         assert sorted(vars(record)) == sorted(type(validated).model_fields), where
         for name in type(validated).model_fields:
             same(getattr(validated, name), getattr(record, name), f"{where}.{name}")
