@@ -8,8 +8,9 @@ the model answers, and supervise: on SIGTERM/SIGINT or a rank's failure, end eve
 of the run on every node within `policy.stop_timeout`.
 
 Exit status: 0 stopped by a signal after a clean teardown; 1 the start failed or a rank
-failed (the reason on stderr and in the head's serve record); 2 bad arguments; 3 another
-wrapper starts or serves the model (nothing touched).
+failed (the reason on stderr, and in the head's serve record unless the model lock could
+not be taken); 2 bad arguments; 3 another wrapper starts or serves the model (nothing
+touched).
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +150,3 @@ class LeaseKeeper:
                 await self._task
             self._task = None
 
-
-def node_list(names: Sequence[str]) -> str:
-    return ", ".join(names)

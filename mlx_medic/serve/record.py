@@ -111,16 +111,12 @@ def read_serve_record(state_dir: Path, model: str) -> ServeRecord | None:
 def wrapper_alive(record: ServeRecord) -> bool:
     """Whether the recorded wrapper still runs on this node (the head): its pid lives and
     started when the record says (a reused pid is another process)."""
+    from mlx_medic.serve.guard import start_time
+
     if record.state not in LIVE_STATES:
         return False
-    try:
-        import psutil
-
-        process = psutil.Process(record.pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        started = process.create_time()
-    except Exception:
+    started = start_time(record.pid)
+    if started is None:
         return False
     return record.pid_start is None or abs(started - record.pid_start) <= START_TOLERANCE
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from mlx_medic.inventory import Inventory, Model
 from mlx_medic.model_lock import LockHandle, ModelLocks
+from mlx_medic.runs import run_env
 from mlx_medic.serve.backend import (
     Candidate,
     boot_ids,
@@ -29,8 +30,8 @@ from mlx_medic.serve.launch import (
 )
 from mlx_medic.serve.nodes import LeaseKeeper, ModelNodes, StartRefused
 from mlx_medic.serve.record import Failure, JacclSuccess, RecordKeeper, ServeRecord, ServeState
-from mlx_medic.serve.smoke import Verdict, judge
-from mlx_medic.serve.supervise import RANK_ENDED, Launch, remaining
+from mlx_medic.serve.smoke import LAUNCH_RANK_LINE, Verdict, judge
+from mlx_medic.serve.supervise import SERVING_LINES_KEPT, Launch, remaining
 from mlx_medic.serve.teardown import end_run, teardown_deadline
 from mlx_medic.state_files import StateFileError
 
@@ -71,8 +72,7 @@ class ServeRun:
         self.launch: Launch | None = None
         self.leases: LeaseKeeper | None = None
         self.recorded = False
-        self.env = {**os.environ, "MLX_MEDIC_RUN_ID": context.run_id,
-                    "MLX_MEDIC_MODEL": self.model.name}  # fmt: skip
+        self.env = {**os.environ, **run_env(self.model.name, context.run_id)}
 
     @property
     def record(self) -> ServeRecord:
@@ -158,8 +158,9 @@ class ServeRun:
     def _fail_start(self, failures: list[Failure], summary: str) -> None:
         self.w.records.update("failed", failures=tuple(failures),
                               failed_starts=self.record.failed_starts + 1)
-        said = "; ".join(f.describe() for f in failures) or summary
-        print(f"mlx-medic serve {self.model.name}: the start failed: {summary}: {said}",
+        said = "; ".join(f.describe() for f in failures)
+        print(f"mlx-medic serve {self.model.name}: the start failed: {summary}"
+              f"{': ' + said if said else ''}",
               file=sys.stderr, flush=True)  # fmt: skip
 
     async def _smoke(self, candidate: Candidate, boots: dict[str, str]) -> Verdict:
@@ -212,7 +213,7 @@ class ServeRun:
         argv = launch_argv(self.w.inventory, model, candidate.name, candidate.backend,
                            self.w.run_id, server_command(model, candidate.backend))  # fmt: skip
         log.info("launching on %s: %s", candidate.name, " ".join(argv))
-        self.launch = Launch(argv, self.env, on_line=self._on_line)
+        self.launch = Launch(argv, self.env, on_line=self._on_line, keep=SERVING_LINES_KEPT)
         await self.launch.start()
         host = "127.0.0.1" if model.host in ("0.0.0.0", "::") else model.host
         deadline = time.monotonic() + model.policy.start_timeout
@@ -237,7 +238,7 @@ class ServeRun:
         if launch is None:
             return Verdict(False, self.model.head, "mlx.launch did not start")
         if launch.rank_ended:
-            match = RANK_ENDED.search(launch.rank_ended)
+            match = LAUNCH_RANK_LINE.search(launch.rank_ended)
             rank = int(match.group(1)) if match else 0
             nodes = self.model.nodes
             return Verdict(False, nodes[rank] if rank < len(nodes) else f"rank {rank}",

@@ -21,6 +21,7 @@ MARK = "mlx-medic smoke:"
 OK_LINE = re.compile(rf"{re.escape(MARK)} rank (\d+) of (\d+) ok sum=(\d+)")
 FAILED_LINE = re.compile(rf"{re.escape(MARK)} rank (\d+) failed: (.*)")
 LAUNCH_RANK_LINE = re.compile(r"Node with rank (\d+) (exited with code -?\d+|was killed)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # mlx.launch colours its warnings
 LAUNCH_ERROR_LINE = re.compile(r"mlx\.launch: error: (.*)|usage: mlx\.launch")
 
 
@@ -36,7 +37,7 @@ def judge(output: str, nodes: list[str], timed_out: bool, limit: float) -> Verdi
     """Every rank printed the full sum: ok. Else the first rank that said why it failed,
     else the rank mlx.launch saw end, else mlx.launch's own error, else the ranks that
     said nothing in time."""
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in output.splitlines()]
+    lines = [ANSI.sub("", line).strip() for line in output.splitlines()]
     ok = {int(m.group(1)) for line in lines if (m := OK_LINE.search(line))
           and int(m.group(3)) == len(nodes)}  # fmt: skip
     if ok == set(range(len(nodes))):

@@ -7,16 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 
+from mlx_medic.serve.smoke import ANSI, LAUNCH_RANK_LINE
 from mlx_medic.signatures import signatures_matching
 
-RANK_ENDED = re.compile(r"Node with rank (\d+) (exited with code -?\d+|was killed)")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SERVING_LINES_KEPT = 200  # a serving launch's output is the service log's; keep only a tail
 
 
 def is_jaccl_error(line: str) -> bool:
@@ -27,14 +27,16 @@ class Launch:
     """One guarded mlx.launch, its output copied to this process's stdout."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None,
-                 on_line: Callable[[str], None] | None = None):  # fmt: skip
+                 on_line: Callable[[str], None] | None = None,
+                 keep: int | None = None):  # fmt: skip
+        """`keep`: how many of the last output lines `lines` holds (None: all, for a
+        smoke test judged by its whole output)."""
         self.argv = argv
         self.env = env
         self.on_line = on_line
         self.process: asyncio.subprocess.Process | None = None
-        self.lines: list[str] = []
+        self.lines: deque[str] = deque(maxlen=keep)
         self.rank_ended: str | None = None  # the first "Node with rank N ..." line
-        self.jaccl_error: str | None = None
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -46,15 +48,13 @@ class Launch:
 
     async def _read(self) -> None:
         assert self.process is not None and self.process.stdout is not None
-        while raw := await self.process.stdout.readline():
+        while raw := await next_line(self.process.stdout):
             sys.stdout.buffer.write(raw)
             sys.stdout.flush()
             line = ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\n")
             self.lines.append(line)
-            if self.rank_ended is None and RANK_ENDED.search(line):
+            if self.rank_ended is None and LAUNCH_RANK_LINE.search(line):
                 self.rank_ended = line.strip()
-            if self.jaccl_error is None and is_jaccl_error(line):
-                self.jaccl_error = line.strip()
             if self.on_line is not None:
                 self.on_line(line)
 
@@ -91,6 +91,17 @@ class Launch:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGKILL)
             await self.wait(5.0)
+
+
+async def next_line(stream: asyncio.StreamReader) -> bytes:
+    """The next line, b"" at the end. A line longer than the stream's limit comes in
+    pieces (asyncio's readline would drop it and raise, ending the copy to the log)."""
+    try:
+        return await stream.readuntil(b"\n")
+    except asyncio.IncompleteReadError as exc:
+        return exc.partial  # the last line, without a newline
+    except asyncio.LimitOverrunError as exc:
+        return await stream.read(max(exc.consumed, 1))
 
 
 def remaining(deadline: float) -> float:
