@@ -217,8 +217,9 @@ def cluster_overview() -> dict[str, Any]:
         stat("Service left stopped for",
              [target(f"max by (model) (mlx_medic_service_stopped_since_seconds{{{NODE_MODEL}}})",
                      "{{model}}")],
-             description="How long a remediation run's stop has kept the service stopped"
-                         " (0: running, or no stop recorded).", unit="s",
+             description="How long the service has been stopped by a recorded stop (a"
+                         " remediation run's or a person's `mlx-medic node service MODEL"
+                         " stop`); 0: no stop recorded.", unit="s",
              steps=(("green", None), ("orange", 300), ("red", 900)), width=4),
         timeseries("Processes by model and state",
                    [target(f"sum by (model, state) (mlx_processes{{{NODE_MODEL}}})",

@@ -11,11 +11,13 @@ So a `cp` or a `tail -f` that merely names the model's dirs never is (no role), 
 never the sweep itself, its ancestors, or any `mlx-medic` command (the serve wrapper,
 a helper started from a rank's environment).
 
-Guards, in every mode: a process listening on another model's port is never touched; a
-process listening on this model's port is spared, whether or not it answers the health
-probe, except by the serve wrapper's start sweep (`--start-sweep`, run under the model
-lock when no legitimate server can exist; it says so loudly) and by `--run RUN_ID` when
-the listener carries that run id (the wrapper ending its own run).
+Guards, in every mode: a process listening on another model's port is never touched. A
+process listening on this model's port is ended only by the serve wrapper's start sweep
+(`--start-sweep`, run under the model lock when no legitimate server can exist; it says
+so loudly), by `--run RUN_ID` when the listener carries that run id (the wrapper ending
+its own run), and by the default sweep when it does not answer the health probe (a hung
+rank holding the port); otherwise it is spared (an answering server always, but for
+those first two).
 
 Signals: SIGTERM to every target, up to `policy.kill_grace` for them to end, then
 SIGKILL to the survivors if `policy.sigkill`, then a bounded wait. Before each signal
@@ -162,7 +164,7 @@ class SweepReport:
     survivors: list[Target] = field(default_factory=list)
     spared: list[dict[str, Any]] = field(default_factory=list)
     pd_spent: int = 0
-    listeners_signalled: list[int] = field(default_factory=list)  # start sweep only
+    listeners_signalled: list[int] = field(default_factory=list)  # start sweep, or a silent one
 
     @property
     def unkillable(self) -> list[Target]:

@@ -28,8 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     modes.add_argument("--run", metavar="RUN_ID", default=None,
                        help="only the processes tagged with this run id (MLX_MEDIC_RUN_ID)")
     modes.add_argument("--start-sweep", action="store_true",
-                       help="the serve wrapper's start sweep, under the model lock: the only"
-                       " mode that ends a process listening on the model's port")  # fmt: skip
+                       help="the serve wrapper's start sweep, under the model lock: ends any"
+                       " process listening on the model's port (the default sweep ends one"
+                       " only when it does not answer the health probe, --run only its own"
+                       " run's)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true",
                         help="report what would be signalled; signal nothing")
     add_node_arguments(parser)

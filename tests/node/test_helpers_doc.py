@@ -11,9 +11,17 @@ from mlx_medic.node.cli import HELPERS
 DOC = Path(__file__).resolve().parents[2] / "docs" / "node-helpers.md"
 
 
+def sections() -> list[str]:
+    return re.findall(r"^## `([a-z-]+)`$", DOC.read_text(encoding="utf-8"), re.MULTILINE)
+
+
 def test_every_helper_has_a_section_in_the_node_helpers_reference() -> None:
-    sections = re.findall(r"^## `([a-z-]+)`$", DOC.read_text(encoding="utf-8"), re.MULTILINE)
-    assert sorted(HELPERS) == sorted(set(sections)), "document each helper in docs/node-helpers.md"
+    assert sorted(HELPERS) == sorted(set(sections())), "document each helper in the reference"
+
+
+def test_each_helper_is_documented_once_so_no_two_sections_can_disagree() -> None:
+    twice = sorted({name for name in sections() if sections().count(name) > 1})
+    assert not twice, f"docs/node-helpers.md documents these helpers more than once: {twice}"
 
 
 def test_the_reference_names_each_helpers_json_and_exit_status() -> None:
