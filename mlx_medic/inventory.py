@@ -129,8 +129,8 @@ class Service(_Strict, ServiceMethods):
     """How the head node keeps the model running (launchd KeepAlive in production)."""
 
     manager: ServiceManager = Field(
-        description="what keeps the model's server running on the head node; the playbook"
-        " plans to stop and start it with the manager's command (launchctl, systemctl,"
+        description="what keeps the model's server running on the head node; the remediator's"
+        " playbooks stop and start it with the manager's command (launchctl, systemctl,"
         " supervisorctl)"
     )
     label: str = Field(
@@ -357,13 +357,13 @@ class Model(_Strict, ModelMethods):
     tmp_dirs: list[Path] = Field(
         default_factory=list,
         description="where the model's runs make `tmp*` dirs (mlx_lm.share): their stale"
-        " entries are counted (and the playbook plans to clean them); a process whose"
+        " entries are counted (and the `clean` helper removes them); a process whose"
         " arguments point under one belongs to the model",
     )
     cache_dirs: list[Path] = Field(
         default_factory=list,
-        description="further dirs whose stale `tmp*` entries are counted and planned for"
-        " cleaning as `tmp_dirs`' are (processes are not told apart by them); a dir that"
+        description="further dirs whose stale `tmp*` entries are counted and cleaned as"
+        " `tmp_dirs`' are (processes are not told apart by them); a dir that"
         " several models on a node name is one shared dir (`check-config` lists them)",
     )
     log_files: list[Path] = Field(

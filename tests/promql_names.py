@@ -48,7 +48,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def contract_metrics() -> frozenset[str]:
-    """The names in alerting-rules/metrics.txt (a copy of ARCHITECTURE's metric contract)."""
+    """The names in alerting-rules/metrics.txt (the metric contract)."""
     lines = CONTRACT_FILE.read_text(encoding="utf-8").splitlines()
     return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 

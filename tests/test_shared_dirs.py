@@ -1,4 +1,4 @@
-"""Tmp and cache dirs are one rule: weighed (and planned for cleaning) alike, and a dir
+"""Tmp and cache dirs are one rule: weighed and cleaned alike, and a dir
 several models on a node share is one dir, stale only past every sharing model's age."""
 
 from __future__ import annotations
