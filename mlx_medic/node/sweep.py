@@ -286,7 +286,8 @@ class Sweep:
     def plan(self) -> list[Target]:
         """The targets of this mode; what is spared and why goes in the report."""
         result: ScanResult = self.scan.scan(self.table.snapshot())
-        current = result.current_runs.get(self.model.name) or self._current_run()
+        runs = result.current_runs  # what the scan read (None: no current run recorded)
+        current = runs[self.model.name] if self.model.name in runs else self._current_run()
         run_ids = {r for r in (current, self.run_id) if r}
         lineage = self.seams.lineage()
         scoper = self.scan.scoper
