@@ -60,6 +60,20 @@ def _request_body(path: str) -> bytes:
     return json.dumps(body).encode()
 
 
+# A server listening on every address is probed on its node's loopback of the same family.
+_LOOPBACK_FOR_WILDCARD = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
+WILDCARD_HOSTS = frozenset(_LOOPBACK_FOR_WILDCARD)
+
+
+def probe_host(listen_host: str) -> str:
+    """Where to probe, on its own node, a server that listens on `listen_host`.
+
+    The one mapping every prober on a node uses, so that they all name the same
+    target and so take the same probe lock file (see `_lock_file_name`).
+    """
+    return _LOOPBACK_FOR_WILDCARD.get(listen_host, listen_host)
+
+
 def _check_target(host: str, port: int, timeout: float, path: str) -> None:
     if not isinstance(host, str) or not host or any(c.isspace() for c in host) or "/" in host:
         raise ValueError(f"probe host {host!r} is not a host name or address")

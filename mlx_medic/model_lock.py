@@ -22,9 +22,11 @@ It is stale when its holder is dead, and who may say so depends on who the holde
   (`expires`, renewed while the lock is held) alone.
 `host` is there for people reading the lock; it decides nothing. `token` is the
 acquirer's nonce: release and renew touch only the lock this acquire wrote.
-Anything we cannot judge (node unreachable, unreadable file) counts as held:
-fail closed; `unreachable[model]` then names the node that did not answer, so a caller
-can tell "someone holds it" from "we cannot reach it". A caller may wait a bounded time
+Anything we cannot judge (node unreachable, unreadable file, a helper that answered with
+an error) counts as held: fail closed; `unreachable[model]` names the node only when it did
+not answer (cannot connect, no answer in time), so a caller can tell "someone holds it"
+(or "its helper failed", in `refusals[model]` with the node's own message) from "we cannot
+reach it". A caller may wait a bounded time
 for a held lock (`acquire(wait=...)`): the serve wrapper holds it while its ranks start.
 This module knows nothing of the remediator, so the serve wrapper on the head can use
 it too, with a RoutedTransport (its own node local, peers over SSH: a holder on a peer
@@ -105,11 +107,28 @@ class LockInfo:
         )
 
 
+def lock_path(state_dir: Path, model: str) -> Path:
+    """Where the model's lock lives on its head node."""
+    return Path(state_dir) / "locks" / f"{model}.lock"
+
+
+class LockHelperFailed(TransportError):
+    """The head answered, but its `lock` helper failed (an exit without a helper document,
+    ended by a signal); the message is the head's. A TransportError still, so whoever
+    fails closed on an unreachable head does so on this too; only acquire tells them apart
+    (the head is not unreachable)."""
+
+
+def did_not_answer(exc: HelperCallError) -> bool:
+    """The node gave no answer at all: it could not be reached, or not within the time
+    (NodeHelpers.call's words for that), as opposed to a helper that answered badly."""
+    return exc.unreachable or "no answer within" in str(exc)
+
+
 @dataclass
 class LockHandle:
     model: str
     node: Node
-    path: Path
     info: LockInfo
     renewer: asyncio.Task[None] | None = field(default=None, repr=False)
     waited: float = 0.0  # seconds spent waiting for another holder to let go
@@ -158,10 +177,6 @@ class ModelLocks:
         self.refusals: dict[str, str] = {}  # model -> why the last acquire failed
         self.unreachable: dict[str, str] = {}  # model -> the node that did not answer then
 
-    def path_for(self, model: str) -> Path:
-        self.inventory.model(model)  # a KeyError names an unknown model
-        return self.inventory.state_dir / "locks" / f"{model}.lock"
-
     def _head(self, model: str) -> Node:
         return self.inventory.node(self.inventory.model(model).head)
 
@@ -202,10 +217,13 @@ class ModelLocks:
 
     async def _lock(self, head: Node, model: str, action: str, *args: str) -> dict[str, Any]:
         """The head's `lock` helper document (its action done or not); TransportError when
-        the head gave no helper answer (unreachable, timed out, no document)."""
+        the head gave no answer (unreachable, timed out), LockHelperFailed when it answered
+        without a document (the helper failed: exit 1 or 2, its stderr the message)."""
         try:
             reply = await self.helpers.call(head.name, "lock", model, action, *args)
         except HelperCallError as exc:
+            if not did_not_answer(exc):
+                raise LockHelperFailed(str(exc)) from exc
             cause = exc.__cause__ if exc.unreachable else None  # the transport's own words
             raise TransportError(str(cause or exc)) from exc
         return reply.document
@@ -213,19 +231,22 @@ class ModelLocks:
     async def _try_acquire(
         self, model: str, holder: str, run_id: str, *, renew: bool
     ) -> LockHandle | None:
-        head, path = self._head(model), self.path_for(model)
+        head = self._head(model)
         self.unreachable.pop(model, None)
         for _attempt in range(2):
             info = self._info(holder, run_id)
             try:
                 taken = await self._lock(head, model, "take", "--info", info.to_json())
                 if taken["done"]:
-                    handle = LockHandle(model, head, path, info)
+                    handle = LockHandle(model, head, info)
                     if renew and self.lease > 0:
                         handle.renewer = asyncio.create_task(self._renew_loop(handle))
                     self.refusals.pop(model, None)
                     return handle
                 text = taken["text"]
+            except LockHelperFailed as exc:
+                self.refusals[model] = f"the lock helper failed on {head.name}: {exc}"
+                return None
             except TransportError as exc:
                 self.refusals[model] = f"cannot reach the lock on {head.name}: {exc}"
                 self.unreachable[model] = head.name
@@ -241,6 +262,9 @@ class ModelLocks:
                     return None
                 log.warning("breaking stale lock: %s", why, extra={"model": model})
                 broken = await self._break(head, model, text)
+            except LockHelperFailed as exc:
+                self.refusals[model] = f"the lock helper failed on {head.name}: {exc}"
+                return None
             except TransportError as exc:
                 self.refusals[model] = f"cannot judge the lock on {head.name}: {exc}"
                 self.unreachable[model] = head.name
@@ -347,8 +371,11 @@ class ModelLocks:
         try:
             reply = await self.helpers.call(node.name, "pid-alive", str(info.pid), *start)
             liveness, why = Liveness(reply.document["liveness"]), str(reply.document["why"])
-        except (HelperCallError, KeyError, ValueError) as exc:
-            return False, held + f"; cannot check its pid on {node.name}: {exc}", node.name
+        except HelperCallError as exc:
+            silent = node.name if did_not_answer(exc) else None
+            return False, held + f"; cannot check its pid on {node.name}: {exc}", silent
+        except (KeyError, ValueError) as exc:
+            return False, held + f"; cannot check its pid on {node.name}: {exc}", None
         if liveness in (Liveness.DEAD, Liveness.REUSED):
             return True, f"holder pid {info.pid} on {node.name} is gone: {why}", None
         if liveness is Liveness.UNKNOWN:

@@ -21,6 +21,7 @@ import subprocess
 import time
 from enum import StrEnum
 
+from mlx_medic.platform.commands import CommandError, run_command
 from mlx_medic.transport.interface import CommandResult
 
 CHECK_TIMEOUT = 10.0
@@ -81,10 +82,9 @@ def local_liveness(
     """Whether `pid` (started at `pid_start`, if known) still lives on this machine."""
     argv = liveness_argv(pid)
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return judge_ps(CommandResult(None, "", "", timed_out=True), pid_start)
-    except OSError as exc:
+        done = run_command(argv, timeout)
+    except CommandError as exc:
+        if isinstance(exc.__cause__, subprocess.TimeoutExpired):
+            return judge_ps(CommandResult(None, "", "", timed_out=True), pid_start)
         return Liveness.UNKNOWN, f"cannot run ps: {exc}"
     return judge_ps(CommandResult(done.returncode, done.stdout, done.stderr), pid_start)

@@ -15,10 +15,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlx_medic.names import NAME_PATTERN
 from mlx_medic.process_model import ENV_MODEL, ENV_RUN_ID
 from mlx_medic.state_files import (
     StateFileError,
     read_json_record,
+    read_text_nofollow,
     write_json_record,
     write_text_atomic,
 )
@@ -38,7 +40,7 @@ __all__ = [
 ]
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # inventory NAME_PATTERN
+_MODEL = re.compile(NAME_PATTERN)
 
 
 def check_model(model: str) -> str:
@@ -73,11 +75,12 @@ def read_current_run(state_dir: Path, model: str) -> str | None:
     except ValueError:
         return None
     try:
-        if path.is_symlink():
-            return None  # never follow a planted link out of the state dir
-        text = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+        text = read_text_nofollow(path)  # never follows a planted link out of the state dir
+    except StateFileError:
         return None
+    if text is None:
+        return None
+    text = text.strip()
     return text if _RUN_ID.match(text) else None
 
 

@@ -32,10 +32,6 @@ PROBE_TIMEOUT = 10.0
 # then probe; plus its own start-up.
 REMOTE_PROBE_TIMEOUT = 2 * PROBE_TIMEOUT + 15.0
 ProbeFrom = Literal["auto", "remediator", "head"]
-# Probed from here, a server listening on every address is reached at its head's address;
-# probed on the head itself, it answers on loopback.
-_WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
-_LOOPBACK_FOR_WILDCARD = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 
 
 class ModelState(StrEnum):
@@ -121,7 +117,9 @@ async def probe_model_health(
     head = inventory.node(model.head)
     if probes_on_head(model, probe_from, this_node):
         return await _probe_on_head(model, head, inventory, transport)
-    host = head.ssh if model.host in _WILDCARD_HOSTS else model.host
+    # Probed from here, a server listening on every address is reached at its head's
+    # address; probed on the head itself, it answers on loopback (health.probe_host).
+    host = head.ssh if model.host in health.WILDCARD_HOSTS else model.host
     result = await health.probe_model_async(host, model.port, timeout=PROBE_TIMEOUT)
     return HealthVerdict.of(result.up, result.conclusive, result.reason)
 
@@ -131,7 +129,7 @@ async def _probe_on_head(
 ) -> HealthVerdict:
     """Run `medic_command probe` on the head; anything but a clean up/down answer is
     unknown (nothing acts on it)."""
-    host = _LOOPBACK_FOR_WILDCARD.get(model.host, model.host)
+    host = health.probe_host(model.host)
     argv = [
         head.medic_command, "probe", "--host", host, "--port", str(model.port),
         "--timeout", f"{PROBE_TIMEOUT:g}", "--lock-dir", str(inventory.state_dir / "locks"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import psutil
 import pytest
@@ -60,3 +61,29 @@ def test_this_machines_ps_agrees_with_psutil_on_start_times() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()
     assert local_liveness(gone.pid, None)[0] is Liveness.DEAD
+
+
+def _fake_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str | None) -> None:
+    """`env` (the first word of the liveness argv) found first on PATH: `script`, or (the
+    only one on PATH) a file that is not executable."""
+    fake = tmp_path / "env"
+    fake.write_text(script or "not a program\n")
+    fake.chmod(0o755 if script else 0o644)
+    rest = f"{os.pathsep}{os.environ['PATH']}" if script else ""
+    monkeypatch.setenv("PATH", f"{tmp_path}{rest}")
+
+
+def test_a_ps_answer_that_is_not_utf8_is_read_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_env(tmp_path, monkeypatch, "#!/bin/sh\nprintf 'Ss   \\377\\376 garbage\\n'\n")
+    liveness, why = local_liveness(os.getpid(), START)
+    assert liveness is Liveness.UNKNOWN and "cannot read" in why
+
+
+def test_a_ps_that_cannot_be_run_is_unknown_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_env(tmp_path, monkeypatch, None)
+    liveness, why = local_liveness(os.getpid(), START)
+    assert liveness is Liveness.UNKNOWN and why.startswith("cannot run ps") and "ermission" in why

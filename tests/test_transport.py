@@ -11,6 +11,7 @@ import pytest
 
 from mlx_medic.inventory import Node
 from mlx_medic.transport import LocalTransport, RoutedTransport
+from tests.transport_fakes import RecordingTransport
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +41,7 @@ def node(name: str) -> Node:
 async def test_this_node_is_served_locally_and_every_peer_by_the_remote_transport(
     tmp_path: Path,
 ) -> None:
-    local, remote = LocalTransport(), LocalTransport()
+    local, remote = RecordingTransport(), RecordingTransport()
     routed = RoutedTransport("ai001", local, remote)
     for name in ("ai001", "ai002"):
         result = await routed.run(node(name), ["echo", name], timeout=10)
@@ -53,3 +54,13 @@ async def test_this_node_is_served_locally_and_every_peer_by_the_remote_transpor
 async def test_a_command_that_cannot_start_answers_as_a_shell_would_not_as_a_crash() -> None:
     result = await LocalTransport().run(node("ai001"), ["/nonexistent/mlx-medic"], timeout=10)
     assert result.exit_status == 127 and "/nonexistent/mlx-medic" in result.stderr
+
+
+async def test_the_local_transport_keeps_no_history_of_what_it_ran() -> None:
+    """The serve wrapper renews its lease through it every lease/4 for as long as it runs:
+    nothing it runs may stay in memory."""
+    transport = LocalTransport()
+    before = dict(vars(transport))
+    for _ in range(3):
+        assert (await transport.run(node("ai001"), ["true"], timeout=10)).ok
+    assert vars(transport) == before

@@ -29,7 +29,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from mlx_medic.exporter.background import PeriodicWorker
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.exporter.settings import positive_seconds, setting
-from mlx_medic.health import ProbeResult, probe_model
+from mlx_medic.health import ProbeResult, probe_host, probe_model
 
 log = logging.getLogger("mlx_medic.exporter.service")
 
@@ -159,14 +159,10 @@ class ModelServiceCollector(Collector):
         self._worker.close(self.timeout + 2.0)
 
 
-# A server listening on every address is probed on this node's loopback.
-_LOCAL_FOR_WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1"}
-
-
 def targets_for(context: ExporterContext) -> list[ProbeTarget]:
     """Models whose head (rank 0, the only rank that serves HTTP) is this node."""
     return [
-        ProbeTarget(model.name, _LOCAL_FOR_WILDCARD.get(model.host, model.host), model.port)
+        ProbeTarget(model.name, probe_host(model.host), model.port)
         for model in context.models_here()
         if model.head == context.node
     ]

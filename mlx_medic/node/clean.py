@@ -98,38 +98,43 @@ class Cleaner:
         self.report = CleanReport(model.name, node, dry_run)
 
     def run(self) -> CleanReport:
-        for scope in self.dirs:
-            self._clean_dir(scope)
+        self._clean_dirs()
         self._clean_leftovers()
         return self.report
 
     # --- stale tmp entries ---------------------------------------------------------------
 
-    def _clean_dir(self, scope: ScopeDir) -> None:
-        scan = stale_entries(scope.path, self.clock(), scope.stale_age, self.in_use(),
-                             self.weigher)  # fmt: skip
-        if scan.error is not None:
-            self.report.skip(scope.path, f"dir not read: {scan.error}")
-            return
-        if not scan.entries:
-            return
-        if self.report.dry_run:
-            for entry in scan.entries:
-                kind = "stale_dir" if entry.is_dir else "stale_file"
-                self.report.removed.append({"path": str(entry.path), "bytes": entry.bytes,
-                                            "kind": kind})  # fmt: skip
-            return
+    def _clean_dirs(self) -> None:
+        """Judge every dir on one look at the open files, then look again once right
+        before the removals (a walk of every process's fds each: not one per dir)."""
+        judged_on = self.in_use() if self.dirs else PathsInUse()
+        now = self.clock()
+        scans = [(scope, stale_entries(scope.path, now, scope.stale_age, judged_on,
+                                       self.weigher))
+                 for scope in self.dirs]  # fmt: skip
+        busy_now: PathsInUse | None = None
+        for scope, scan in scans:
+            if scan.error is not None:
+                self.report.skip(scope.path, f"dir not read: {scan.error}")
+            elif scan.entries and self.report.dry_run:
+                for entry in scan.entries:
+                    self.report.removed.append({"path": str(entry.path), "bytes": entry.bytes,
+                                                "kind": _kind(entry)})  # fmt: skip
+            elif scan.entries:
+                if busy_now is None:
+                    busy_now = self.in_use()  # looked at again right before removing
+                self._remove(scope, scan.entries, busy_now)
+
+    def _remove(self, scope: ScopeDir, entries: Sequence[StaleEntry], busy_now: PathsInUse) -> None:
         try:
             dir_fd = os.open(str(scope.path), _DIR_FLAGS)
         except OSError as exc:
             self.report.skip(scope.path, f"dir not opened: {exc.strerror or exc}")
             return
         try:
-            busy_now = self.in_use()  # looked at again right before removing
             label = str(scope.path)
             busy = busy_now.under(label) | busy_now.under(os.path.realpath(label))
-            for entry in scan.entries:
-                kind = "stale_dir" if entry.is_dir else "stale_file"
+            for entry in entries:
                 try:
                     self._recheck(dir_fd, entry, scope.stale_age, busy)
                     remove_tree(dir_fd, entry.path.name, entry.device)
@@ -141,7 +146,7 @@ class Cleaner:
                     self.report.skip(entry.path, f"not removed: {exc.strerror or exc}")
                     continue
                 self.report.removed.append({"path": str(entry.path), "bytes": entry.bytes,
-                                            "kind": kind})  # fmt: skip
+                                            "kind": _kind(entry)})  # fmt: skip
         finally:
             os.close(dir_fd)
 
@@ -189,6 +194,10 @@ class Cleaner:
                 continue
             self.report.removed.append({"path": str(path), "bytes": inode[1],
                                         "kind": "launch_leftover"})  # fmt: skip
+
+
+def _kind(entry: StaleEntry) -> str:
+    return "stale_dir" if entry.is_dir else "stale_file"
 
 
 def _inode(path: Path) -> tuple[int, int, int] | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from mlx_medic.platform.commands import CommandError, ParseError, Runner, output_of
 from mlx_medic.serve.record import read_serve_record
-from mlx_medic.signatures import LogSignature
+from mlx_medic.signatures import LogSignature, signatures_matching
 from mlx_medic.state_files import StateFileError
 
 TIMEOUT = 5.0
@@ -111,12 +111,8 @@ def recent_errors(
             unreadable[str(path)] = exc.strerror or str(exc)
             continue
         for line in lines:
-            for signature in signatures:
-                anchors = signature.anchors
-                if anchors and not any(a.decode() in line for a in anchors):
-                    continue
-                if signature.matches(line):
-                    found.append({"file": str(path), "signature": signature.name, "line": line})
+            for name in signatures_matching(line, signatures):
+                found.append({"file": str(path), "signature": name, "line": line})
     return found[-count:] if count else [], unreadable
 
 

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
 
 EXIT_REFUSED = 2
-WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1"}  # listening everywhere: probe loopback
 MAX_PROBE_TIMEOUT = 600.0
 THIS_HELPER = "forced-command"
 
@@ -108,9 +107,11 @@ class Allowed:
         for required in ("--host", "--port"):
             if required not in options:
                 raise Refused(f"probe needs {required}")
+        from mlx_medic.health import probe_host
+
         host, port = options["--host"], int(options["--port"])
         for model in self.inventory.models:
-            hosts = {model.host, WILDCARD_HOSTS.get(model.host, model.host)}
+            hosts = {model.host, probe_host(model.host)}
             if model.port == port and host in hosts:
                 return
         raise Refused(f"no model in the inventory listens on {host} port {port}")

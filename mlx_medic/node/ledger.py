@@ -17,18 +17,17 @@ whether a clean teardown leaks, so they are shown, never counted as debt.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from mlx_medic.node.boot_id import current_boot_id
-from mlx_medic.state_files import StateFileError, write_text_atomic
+from mlx_medic.node.record_lock import exclusive
+from mlx_medic.state_files import StateFileError, read_text_nofollow, write_text_atomic
 
 SCHEMA = 1
 LEDGER_FILE = "pd-ledger.json"
@@ -134,24 +133,25 @@ def read_ledger(state_dir: Path, node: str, boot_id: str | None = None) -> Ledge
     boot = boot_id or current_boot_id()
     path = ledger_path(state_dir)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        text = read_text_nofollow(path)
+    except StateFileError as exc:
+        raise LedgerError(str(exc)) from None
+    if text is None:
         return Ledger(node, boot)
-    except OSError as exc:
-        raise LedgerError(f"cannot read {path}: {exc.strerror or exc}") from None
     stored_boot, entries = _parse(path, text, node)
     return Ledger(node, boot, entries if stored_boot == boot else [])
 
 
 @contextmanager
 def _locked(state_dir: Path) -> Iterator[None]:
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(state_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    """One read-judge-write of the ledger at a time; waits as long as another takes (a
+    spend is never dropped for want of the lock)."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(exclusive(Path(state_dir) / LOCK_FILE, wait=None))
+        except StateFileError as exc:
+            raise LedgerError(str(exc)) from None
         yield
-    finally:
-        os.close(fd)  # closing drops the flock
 
 
 def _write(state_dir: Path, ledger: Ledger) -> None:

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mlx_medic.model_lock import LockInfo, text_digest
+from mlx_medic.model_lock import LockInfo, lock_path, text_digest
 from mlx_medic.node.cli import (
     EXIT_FAILED,
     EXIT_OK,
@@ -40,10 +40,6 @@ from mlx_medic.state_files import (
 )
 
 ACTIONS = ("show", "take", "replace", "release", "break")
-
-
-def lock_path(state_dir: Path, model: str) -> Path:
-    return Path(state_dir) / "locks" / f"{model}.lock"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mlx_medic.node.cli import EXIT_OK, BadArguments, add_node_arguments, emit, node_context
+from mlx_medic.node.cli import EXIT_OK, add_node_arguments, emit, node_context
+from mlx_medic.node.model_arg import placed_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                        help="only this inventory model (default: every model found)")
+                        help="only this model (with an inventory: one placed on this node;"
+                             " default: every model found)")
     add_node_arguments(parser)
 
 
@@ -22,10 +24,8 @@ def run(args: argparse.Namespace) -> int:
 
     context = node_context(args)
     inventory = context.inventory
-    names = [m.name for m in inventory.models] if inventory is not None else None
-    if args.model is not None and names is not None and args.model not in names:
-        raise BadArguments(f"model {args.model!r} is not in the inventory"
-                           f" (models: {', '.join(names) or 'none'})")  # fmt: skip
+    if args.model is not None and inventory is not None:
+        placed_model(context, args.model)  # with an inventory: a model placed on this node
     table = system_process_table(classifier(PatternSet.of(inventory)))
     scan = OrphanScan(node=context.node, inventory=inventory, state_dir=context.state_dir)
     report = scan.scan(table.snapshot()).report

@@ -22,25 +22,30 @@ WAIT = 10.0  # helpers hold it for milliseconds; longer means a stuck writer
 
 
 @contextmanager
-def exclusive(guard: Path, wait: float = WAIT) -> Iterator[None]:
-    """Hold an flock on `guard` (created, never followed through a symlink)."""
+def exclusive(guard: Path, wait: float | None = WAIT) -> Iterator[None]:
+    """Hold an flock on `guard` (created, never followed through a symlink); give up with
+    a StateFileError after `wait` seconds, or with None wait as long as it takes."""
     guard.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(guard, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise StateFileError(f"cannot open {guard}: {exc.strerror or exc}") from None
     try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise StateFileError(f"cannot lock {guard}: {exc.strerror}") from None
-                if time.monotonic() >= deadline:
-                    raise StateFileError(f"{guard} stayed locked for {wait:g}s") from None
-                time.sleep(0.02)
+        _lock(fd, guard, wait)
         yield
     finally:
-        os.close(fd)
+        os.close(fd)  # closing drops the flock
+
+
+def _lock(fd: int, guard: Path, wait: float | None) -> None:
+    deadline = None if wait is None else time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if deadline is None else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if deadline is None or exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise StateFileError(f"cannot lock {guard}: {exc.strerror}") from None
+            if time.monotonic() >= deadline:
+                raise StateFileError(f"{guard} stayed locked for {wait:g}s") from None
+            time.sleep(0.02)

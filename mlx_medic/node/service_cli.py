@@ -33,6 +33,7 @@ from mlx_medic.node.cli import (
     node_context,
 )
 from mlx_medic.node.model_arg import placed_model
+from mlx_medic.platform.commands import CommandError, CommandNotFound, run_command
 from mlx_medic.service_manager import ServiceAction, service_argv
 from mlx_medic.service_stop import (
     ServiceStop,
@@ -41,6 +42,7 @@ from mlx_medic.service_stop import (
     record_service_stop,
 )
 from mlx_medic.state_files import StateFileError
+from mlx_medic.transport.interface import output_text
 
 DEFAULT_TIMEOUT = 120.0
 LAUNCHD_NOT_LOADED = (3, "Boot-out failed: 3: No such process")
@@ -74,15 +76,16 @@ def already_stopped(manager: str, exit_status: int, stderr: str) -> bool:
 
 
 def run_manager(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
-    """(exit status or None when it did not finish, stdout, stderr)."""
+    """(exit status or None when it did not run or finish, stdout, stderr)."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)  # fmt: skip
-    except FileNotFoundError:
+        done = run_command(argv, timeout)
+    except CommandNotFound:
         return None, "", f"{argv[0]}: not found"
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return None, out, f"{argv[0]} did not finish within {timeout:g}s"
+    except CommandError as exc:
+        late = exc.__cause__
+        if isinstance(late, subprocess.TimeoutExpired):
+            return None, output_text(late.stdout), f"{argv[0]} did not finish within {timeout:g}s"
+        return None, "", str(exc)  # could not run it (not executable, ...): the reason
     return done.returncode, done.stdout, done.stderr
 
 

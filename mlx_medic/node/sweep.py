@@ -197,10 +197,9 @@ def answers_health_probe(model: Model, state_dir: Path) -> tuple[bool, str]:
     """Whether the model's port answers the health probe (a real one-token completion),
     never overlapping the exporter's probe of it (the same lock files: two requests at
     once can crash JACCL ranks, mlx-lm#1737)."""
-    from mlx_medic.health import probe_model
+    from mlx_medic.health import probe_host, probe_model
 
-    host = "127.0.0.1" if model.host in ("0.0.0.0", "::", "") else model.host
-    result = probe_model(host, model.port, timeout=HEALTH_TIMEOUT,
+    result = probe_model(probe_host(model.host), model.port, timeout=HEALTH_TIMEOUT,
                          lock_dir=_probe_lock_dir(state_dir))  # fmt: skip
     return result.up, result.reason
 
@@ -289,7 +288,8 @@ class Sweep:
     def plan(self) -> list[Target]:
         """The targets of this mode; what is spared and why goes in the report."""
         result: ScanResult = self.scan.scan(self.table.snapshot())
-        current = result.current_runs.get(self.model.name) or self._current_run()
+        runs = result.current_runs  # what the scan read (None: no current run recorded)
+        current = runs[self.model.name] if self.model.name in runs else self._current_run()
         run_ids = {r for r in (current, self.run_id) if r}
         lineage = self.seams.lineage()
         scoper = self.scan.scoper

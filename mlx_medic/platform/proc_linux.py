@@ -98,6 +98,19 @@ class _Entry(CachedCommand):
     starttime: int | None = None  # checked for processes with a role: pid and inode reused
 
 
+def read_boot_time(proc_root: str | os.PathLike[str] = "/proc") -> float:
+    """The kernel's boot time (`btime` in <proc_root>/stat): with the start in clock ticks
+    it makes a process's start time. OSError when unreadable, ValueError when it has none."""
+    path = Path(proc_root) / "stat"
+    for line in path.read_bytes().splitlines():
+        if line.startswith(b"btime "):
+            try:
+                return float(line.split()[1])
+            except (IndexError, ValueError):
+                break
+    raise ValueError(f"no boot time (btime) in {path}")
+
+
 class LinuxProcessTable:
     """`ProcessTable` over a /proc tree; `proc_root` lets tests build a fake one."""
 
@@ -112,17 +125,12 @@ class LinuxProcessTable:
         self.classifier = classifier
         self._cache: dict[int, _Entry] = {}
         self._ticks = os.sysconf("SC_CLK_TCK")
-        self._boot_time = self._read_boot_time()
-        self.read_errors = 0  # entries that could not be read, cumulative
-
-    def _read_boot_time(self) -> float:
         try:
-            for line in (self.root / "stat").read_bytes().splitlines():
-                if line.startswith(b"btime "):
-                    return float(line.split()[1])
-        except (OSError, ValueError, IndexError):
+            self._boot_time = read_boot_time(self.root)
+        except (OSError, ValueError):
             log.warning("cannot read btime from %s/stat; process ages will be off", self.root)
-        return 0.0
+            self._boot_time = 0.0
+        self.read_errors = 0  # entries that could not be read, cumulative
 
     def _read(self, pid: int, name: str) -> bytes:
         with open(f"{self.root}/{pid}/{name}", "rb") as handle:

@@ -30,15 +30,12 @@ class Identity:
                 and self.cmdline == cmdline)  # fmt: skip
 
 
-@functools.cache
+@functools.cache  # a failure raises, so it is not kept: the next call reads again
 def _linux_clock() -> tuple[float, int]:
     """(boot time, clock ticks per second), as LinuxProcessTable reads them."""
-    boot = 0.0
-    with open("/proc/stat", "rb") as handle:
-        for line in handle.read().splitlines():
-            if line.startswith(b"btime "):
-                boot = float(line.split()[1])
-    return boot, os.sysconf("SC_CLK_TCK")
+    from mlx_medic.platform.proc_linux import read_boot_time
+
+    return read_boot_time(), os.sysconf("SC_CLK_TCK")
 
 
 def _linux_identity(pid: int) -> Identity | None:
@@ -49,9 +46,9 @@ def _linux_identity(pid: int) -> Identity | None:
             stat = parse_stat(handle.read())
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             cmdline = parse_cmdline(handle.read())
+        boot, ticks = _linux_clock()
     except (OSError, ValueError):
         return None
-    boot, ticks = _linux_clock()
     return Identity(pid, boot + stat.starttime / ticks, cmdline, stat.state)
 
 

@@ -16,13 +16,12 @@ from mlx_medic.transport.interface import CommandResult, output_text
 class LocalTransport:
     """Every node it is asked about is this machine."""
 
-    def __init__(self) -> None:
-        self.commands: list[tuple[str, list[str]]] = []  # (node, argv) of every command run
+    # Keeps no history of what it ran: the serve wrapper renews its lease through it every
+    # lease/4 for as long as it runs.
 
     async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
         if not argv:
             raise ValueError("an empty command has no meaning")
-        self.commands.append((node.name, list(argv)))
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL,

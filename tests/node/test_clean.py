@@ -56,11 +56,13 @@ def aged(path: Path, when: float = OLD) -> Path:
     return path
 
 
-def stale_dir(parent: Path, name: str, content: bytes = b"x" * 5000) -> Path:
+def stale_dir(
+    parent: Path, name: str, content: bytes = b"x" * 5000, when: float = OLD
+) -> Path:
     entry = parent / name
     entry.mkdir(parents=True)
     (entry / "part").write_bytes(content)
-    return aged(entry)
+    return aged(entry, when)
 
 
 def cleaner(tmp: Path, shared: Path, *, dry_run=False, in_use=PathsInUse, clock=time.time):
@@ -123,6 +125,26 @@ def test_an_entry_changed_after_it_was_judged_is_kept(tmp_path: Path):
     report = cleaner(tmp_path, shared, in_use=in_use).run()
     assert report.removed == [] and (stale / "new").exists()
     assert "not stale" in report.skipped[0]["reason"]
+
+
+def test_the_open_files_are_looked_at_once_to_judge_and_once_before_removing_for_all_dirs(
+    tmp_path: Path,
+):
+    own, shared = tmp_path / "m1", tmp_path / "shared"
+    stale = stale_dir(own, "tmpstale")
+    shared_stale = stale_dir(shared, "tmpshared", when=time.time() - 4 * 3600)  # past 3 h
+    looks = []
+
+    def in_use() -> PathsInUse:  # each call is a walk of every process's open files
+        looks.append(1)
+        return PathsInUse()
+
+    report = cleaner(tmp_path, shared, in_use=in_use).run()
+    assert sorted(r["path"] for r in report.removed) == sorted([str(stale), str(shared_stale)])
+    assert len(looks) == 2
+    looks.clear()
+    cleaner(tmp_path, shared, in_use=in_use, dry_run=True).run()
+    assert len(looks) == 1
 
 
 def test_launch_leftovers_of_dead_launches_go_and_other_files_stay(tmp_path: Path):

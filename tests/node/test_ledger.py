@@ -120,6 +120,32 @@ def test_a_corrupt_ledger_is_an_error_naming_the_file_and_is_kept(tmp_path: Path
     assert ledger_path(tmp_path).read_text() == "{not json"
 
 
+def test_a_ledger_behind_a_symlink_is_never_read_nor_written_through(tmp_path: Path) -> None:
+    state, elsewhere = tmp_path / "state", tmp_path / "elsewhere"
+    state.mkdir()
+    elsewhere.mkdir()
+    planted = elsewhere / "ledger.json"
+    spend(elsewhere, 1)  # a readable ledger, of this node and boot
+    (elsewhere / "pd-ledger.json").rename(planted)
+    ledger_path(state).symlink_to(planted)
+    with pytest.raises(LedgerError, match="symlink"):
+        read_ledger(state, "n1", BOOT)
+    with pytest.raises(LedgerError, match="symlink"):
+        spend(state, 2)
+    assert read_ledger(elsewhere, "n1", BOOT).entries == []  # moved away: none there
+    assert '"pid": 2' not in planted.read_text()
+
+
+def test_the_ledgers_lock_file_is_never_opened_through_a_symlink(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    target = tmp_path / "not-a-lock"
+    (state / "pd-ledger.lock").symlink_to(target)
+    with pytest.raises(LedgerError, match=r"cannot open .*pd-ledger\.lock"):
+        spend(state, 1)
+    assert not target.exists() and not ledger_path(state).exists()
+
+
 def test_another_nodes_ledger_is_refused(tmp_path: Path) -> None:
     spend(tmp_path, 1)
     with pytest.raises(LedgerError, match="node 'n1'"):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.node.service_cli import already_stopped
+from mlx_medic.node.service_cli import already_stopped, run_manager
 from mlx_medic.service_stop import read_service_stop, record_service_stop
 from testbed import Cluster, SimNode
 from tests.node.inventories import two_models
@@ -184,3 +184,22 @@ def test_a_launchd_bootout_of_a_job_that_is_not_loaded_counts_as_stopped() -> No
     assert not already_stopped("launchd", 1, "Boot-out failed: 1: Operation not permitted\n")
     assert not already_stopped("launchd", 5, "Boot-out failed: 5: Input/output error\n")
     assert not already_stopped("systemd", 3, "Boot-out failed: 3: No such process\n")
+
+
+def test_the_managers_command_is_run_and_read_whatever_it_prints_or_whether_it_runs(
+    tmp_path: Path,
+) -> None:
+    garbled = tmp_path / "manager"
+    garbled.write_text("#!/bin/sh\nprintf 'stopped \\377\\n'; printf 'warn \\376\\n' >&2; exit 3\n")
+    garbled.chmod(0o755)
+    assert run_manager([str(garbled)], 10) == (3, "stopped \ufffd\n", "warn \ufffd\n")
+    unrunnable = tmp_path / "not-executable"
+    unrunnable.write_text("#!/bin/sh\n")
+    status, out, err = run_manager([str(unrunnable)], 10)
+    assert (status, out) == (None, "") and "could not run" in err and "ermission" in err
+    missing = str(tmp_path / "missing")
+    assert run_manager([missing], 10) == (None, "", f"{missing}: not found")
+    slow = tmp_path / "slow"
+    slow.write_text("#!/bin/sh\necho begun\nexec sleep 30\n")
+    slow.chmod(0o755)
+    assert run_manager([str(slow)], 1) == (None, "begun\n", f"{slow} did not finish within 1s")

@@ -336,6 +336,25 @@ def test_orphans_only_ends_orphans_and_spares_suspects_and_the_current_run(tmp_p
     assert all("suspect" in s["reason"] for s in report.spared)
 
 
+def test_the_current_run_is_read_once_per_sweep_even_when_none_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import mlx_medic.runs
+
+    reads: list[str] = []
+    read = mlx_medic.runs.read_current_run
+
+    def counted(state_dir: Path, model: str) -> str | None:
+        reads.append(model)
+        return read(state_dir, model)
+
+    monkeypatch.setattr(mlx_medic.runs, "read_current_run", counted)
+    monkeypatch.setattr("mlx_medic.orphan_scan.read_current_run", counted)
+    stale = rank(11, env={"MLX_RANK": "0", "MLX_MEDIC_RUN_ID": "run-1"})
+    sweep(World(stale), stale, mode=Mode.ORPHANS_ONLY, state_dir=tmp_path)
+    assert reads == ["glm"]
+
+
 def test_the_sweep_itself_and_its_ancestors_are_spared():
     parent = rank(10)
     world = World(parent)

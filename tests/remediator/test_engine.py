@@ -33,6 +33,7 @@ from tests.remediator.engine_fakes import (
     make_engine,
     make_inventory,
 )
+from tests.transport_fakes import RecordingTransport
 
 
 @pytest.fixture
@@ -289,7 +290,7 @@ async def test_a_state_a_restart_cannot_fix_escalates_with_the_next_action_in_wo
 async def test_steps_without_an_implementation_escalate_and_never_pretend_success(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    transport = LocalTransport()
+    transport = RecordingTransport()
     engine = make_engine(make_config(tmp_path, "not-yet"), inventory, transport=transport)
     engines.append(engine)
     await engine.submit(alert("r1"))
@@ -399,7 +400,7 @@ def test_a_routed_playbook_the_engine_does_not_have_is_a_config_error_naming_it(
 async def test_a_dry_run_journals_every_planned_step_and_executes_nothing(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    transport = LocalTransport()
+    transport = RecordingTransport()
     engine = make_engine(make_config(tmp_path, dry_run=True), inventory, transport=transport)
     engines.append(engine)
     assert await engine.submit(alert("d1")) == Disposition.STARTED

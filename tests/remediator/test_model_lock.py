@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from mlx_medic.inventory import Inventory, Node, load_inventory, parse_inventory
-from mlx_medic.model_lock import LockInfo, ModelLocks
+from mlx_medic.model_lock import LockInfo, ModelLocks, lock_path
 from mlx_medic.transport import CommandResult, LocalTransport, SshTransport, TransportError
 from tests.node.inventories import helper_inventory
 from tests.remediator.engine_fakes import MODEL, dead_pid, make_inventory
@@ -182,6 +182,37 @@ async def test_a_head_we_cannot_reach_is_named_as_unreachable_and_never_waited_f
     assert loop.time() - started < 5  # the wait is for a holder, not for a dead node
     assert a.unreachable[MODEL] == "ai001"
     assert a.refusals[MODEL].startswith("cannot reach the lock on ai001: cannot reach ai001")
+
+
+class HeadAnswers(LocalTransport):
+    """The head answers every helper call with one fixed result."""
+
+    def __init__(self, result: CommandResult):
+        self.result = result
+
+    async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
+        return self.result
+
+
+@pytest.mark.parametrize("status", [1, 2])
+async def test_a_head_whose_lock_helper_fails_is_a_refusal_in_its_words_not_unreachable(
+    inventory: Inventory, status: int
+) -> None:
+    failed = CommandResult(status, "", "mlx-medic node lock: cannot read the inventory\n")
+    a = locks(inventory, HeadAnswers(failed), "replica-a")
+    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
+    assert MODEL not in a.unreachable  # it answered: reachable
+    assert a.refusals[MODEL].startswith("the lock helper failed on ai001: ")
+    assert f"exit {status}" in a.refusals[MODEL]
+    assert "cannot read the inventory" in a.refusals[MODEL]
+
+
+async def test_a_head_that_does_not_answer_in_time_is_unreachable(inventory: Inventory) -> None:
+    a = locks(inventory, HeadAnswers(CommandResult(None, "", "", timed_out=True)), "replica-a")
+    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
+    assert a.unreachable[MODEL] == "ai001"
+    assert a.refusals[MODEL].startswith("cannot reach the lock on ai001: ")
+    assert "no answer within" in a.refusals[MODEL]
 
 
 async def test_a_live_holder_is_held_and_not_unreachable(
@@ -457,8 +488,8 @@ async def test_over_ssh_a_serve_wrapper_holder_on_the_head_is_judged_by_its_pid_
         ns_pid = head.ns_pid_of(host_pid)
         serve = ModelLocks(inventory, LocalTransport(), this_node="ai001", hostname="head-host",
                            pid=ns_pid, pid_start=started_at(host_pid))
-        assert serve.path_for("tiny") == inventory.state_dir / "locks" / "tiny.lock"
-        lock = head.host_path(serve.path_for("tiny"))
+        assert lock_path(inventory.state_dir, "tiny") == inventory.state_dir / "locks" / "tiny.lock"
+        lock = head.host_path(lock_path(inventory.state_dir, "tiny"))
         lock.parent.mkdir(parents=True, exist_ok=True)
         info = serve._info("serve", "run-1")
         lock.write_text(info.to_json())  # as the wrapper on the head wrote it, lease long over

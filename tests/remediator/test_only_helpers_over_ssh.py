@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 from mlx_medic.model_lock import ModelLocks
-from mlx_medic.transport import LocalTransport
 from tests.remediator.engine_fakes import (
     MODEL,
     alert,
@@ -18,11 +17,12 @@ from tests.remediator.engine_fakes import (
     make_engine,
     make_inventory,
 )
+from tests.transport_fakes import RecordingTransport
 
 
 async def test_every_command_on_a_node_is_a_node_helper_or_the_probe(tmp_path: Path) -> None:
     inventory = make_inventory()
-    transport = LocalTransport()  # records (node, argv) of every command it runs
+    transport = RecordingTransport()  # records (node, argv) of every command it runs
     engine = make_engine(make_config(tmp_path), inventory, transport=transport)
     await engine.submit(alert("r1"))
     await engine.wait_idle()
