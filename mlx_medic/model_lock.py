@@ -119,12 +119,6 @@ class LockHelperFailed(TransportError):
     (the head is not unreachable)."""
 
 
-def did_not_answer(exc: HelperCallError) -> bool:
-    """The node gave no answer at all: it could not be reached, or not within the time
-    (NodeHelpers.call's words for that), as opposed to a helper that answered badly."""
-    return exc.unreachable or "no answer within" in str(exc)
-
-
 @dataclass
 class LockHandle:
     model: str
@@ -176,6 +170,7 @@ class ModelLocks:
         self.helpers = NodeHelpers(transport, inventory, timeout=HELPER_TIMEOUT)
         self.refusals: dict[str, str] = {}  # model -> why the last acquire failed
         self.unreachable: dict[str, str] = {}  # model -> the node that did not answer then
+        self.helper_failed: dict[str, str] = {}  # model -> the head whose lock helper failed
 
     def _head(self, model: str) -> Node:
         return self.inventory.node(self.inventory.model(model).head)
@@ -198,8 +193,9 @@ class ModelLocks:
         self, model: str, holder: str, run_id: str, *, renew: bool = True, wait: float = 0.0
     ) -> LockHandle | None:
         """The lock, or None: someone live held it for all of `wait` seconds, or a node
-        did not answer (no waiting then). `refusals[model]` says why, and
-        `unreachable[model]` names the node that did not answer."""
+        did not answer (no waiting then). `refusals[model]` says why,
+        `unreachable[model]` names the node that did not answer and `helper_failed[model]`
+        the head whose lock helper answered with an error."""
         if holder not in HOLDERS:
             raise ValueError(f"lock holder must be one of {HOLDERS}, not {holder!r}")
         started = time.monotonic()
@@ -222,7 +218,7 @@ class ModelLocks:
         try:
             reply = await self.helpers.call(head.name, "lock", model, action, *args)
         except HelperCallError as exc:
-            if not did_not_answer(exc):
+            if not exc.no_answer:
                 raise LockHelperFailed(str(exc)) from exc
             cause = exc.__cause__ if exc.unreachable else None  # the transport's own words
             raise TransportError(str(cause or exc)) from exc
@@ -233,6 +229,7 @@ class ModelLocks:
     ) -> LockHandle | None:
         head = self._head(model)
         self.unreachable.pop(model, None)
+        self.helper_failed.pop(model, None)
         for _attempt in range(2):
             info = self._info(holder, run_id)
             try:
@@ -246,6 +243,7 @@ class ModelLocks:
                 text = taken["text"]
             except LockHelperFailed as exc:
                 self.refusals[model] = f"the lock helper failed on {head.name}: {exc}"
+                self.helper_failed[model] = head.name
                 return None
             except TransportError as exc:
                 self.refusals[model] = f"cannot reach the lock on {head.name}: {exc}"
@@ -264,6 +262,7 @@ class ModelLocks:
                 broken = await self._break(head, model, text)
             except LockHelperFailed as exc:
                 self.refusals[model] = f"the lock helper failed on {head.name}: {exc}"
+                self.helper_failed[model] = head.name
                 return None
             except TransportError as exc:
                 self.refusals[model] = f"cannot judge the lock on {head.name}: {exc}"
@@ -372,7 +371,7 @@ class ModelLocks:
             reply = await self.helpers.call(node.name, "pid-alive", str(info.pid), *start)
             liveness, why = Liveness(reply.document["liveness"]), str(reply.document["why"])
         except HelperCallError as exc:
-            silent = node.name if did_not_answer(exc) else None
+            silent = node.name if exc.no_answer else None
             return False, held + f"; cannot check its pid on {node.name}: {exc}", silent
         except (KeyError, ValueError) as exc:
             return False, held + f"; cannot check its pid on {node.name}: {exc}", None

@@ -17,11 +17,10 @@ recorded is a reused pid: another process, and the holder is gone. A zombie is g
 from __future__ import annotations
 
 import calendar
-import subprocess
 import time
 from enum import StrEnum
 
-from mlx_medic.platform.commands import CommandError, run_command
+from mlx_medic.platform.commands import CommandError, CommandTimeout, run_command
 from mlx_medic.transport.interface import CommandResult
 
 CHECK_TIMEOUT = 10.0
@@ -83,8 +82,8 @@ def local_liveness(
     argv = liveness_argv(pid)
     try:
         done = run_command(argv, timeout)
+    except CommandTimeout:
+        return judge_ps(CommandResult(None, "", "", timed_out=True), pid_start)
     except CommandError as exc:
-        if isinstance(exc.__cause__, subprocess.TimeoutExpired):
-            return judge_ps(CommandResult(None, "", "", timed_out=True), pid_start)
         return Liveness.UNKNOWN, f"cannot run ps: {exc}"
     return judge_ps(CommandResult(done.returncode, done.stdout, done.stderr), pid_start)

@@ -22,13 +22,20 @@ from mlx_medic.transport import NodeTransport, TransportError
 
 class HelperCallError(RuntimeError):
     """The helper's answer could not be had: the node was unreachable, the call timed out,
-    or what came back is not a helper's document. `unreachable` tells the first apart."""
+    or what came back is not a helper's document. `unreachable` and `timed_out` tell the
+    first two apart (the node gave no answer) from the third (it answered, but not well)."""
 
-    def __init__(self, node: str, helper: str, message: str, *, unreachable: bool = False):
+    def __init__(self, node: str, helper: str, message: str, *, unreachable: bool = False,
+                 timed_out: bool = False):  # fmt: skip
         super().__init__(f"{node}: mlx-medic node {helper}: {message}")
         self.node = node
         self.helper = helper
         self.unreachable = unreachable
+        self.timed_out = timed_out
+
+    @property
+    def no_answer(self) -> bool:
+        return self.unreachable or self.timed_out
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,8 @@ class NodeHelpers:
         except TransportError as exc:
             raise HelperCallError(node_name, helper, str(exc), unreachable=True) from exc
         if result.timed_out:
-            raise HelperCallError(node_name, helper, f"no answer within {limit:g}s")
+            raise HelperCallError(node_name, helper, f"no answer within {limit:g}s",
+                                  timed_out=True)  # fmt: skip
         return parse_reply(node_name, helper, argv, result.exit_status, result.stdout,
                            result.stderr)  # fmt: skip
 

@@ -19,7 +19,6 @@ verbatim answers, not guessed):
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -33,7 +32,12 @@ from mlx_medic.node.cli import (
     node_context,
 )
 from mlx_medic.node.model_arg import placed_model
-from mlx_medic.platform.commands import CommandError, CommandNotFound, run_command
+from mlx_medic.platform.commands import (
+    CommandError,
+    CommandNotFound,
+    CommandTimeout,
+    run_command,
+)
 from mlx_medic.service_manager import ServiceAction, service_argv
 from mlx_medic.service_stop import (
     ServiceStop,
@@ -42,7 +46,6 @@ from mlx_medic.service_stop import (
     record_service_stop,
 )
 from mlx_medic.state_files import StateFileError
-from mlx_medic.transport.interface import output_text
 
 DEFAULT_TIMEOUT = 120.0
 LAUNCHD_NOT_LOADED = (3, "Boot-out failed: 3: No such process")
@@ -81,10 +84,9 @@ def run_manager(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
         done = run_command(argv, timeout)
     except CommandNotFound:
         return None, "", f"{argv[0]}: not found"
+    except CommandTimeout as exc:
+        return None, exc.stdout, f"{argv[0]} did not finish within {timeout:g}s"
     except CommandError as exc:
-        late = exc.__cause__
-        if isinstance(late, subprocess.TimeoutExpired):
-            return None, output_text(late.stdout), f"{argv[0]} did not finish within {timeout:g}s"
         return None, "", str(exc)  # could not run it (not executable, ...): the reason
     return done.returncode, done.stdout, done.stderr
 

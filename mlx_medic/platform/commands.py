@@ -33,6 +33,14 @@ class CommandNotFound(CommandError):
     """The tool is not installed on this host (normal for macOS tools on Linux)."""
 
 
+class CommandTimeout(CommandError):
+    """The command did not finish in time; `stdout` is what it printed until then."""
+
+    def __init__(self, message: str, stdout: str):
+        super().__init__(message)
+        self.stdout = stdout
+
+
 class ParseError(ValueError):
     """A tool printed something we do not recognise; the message quotes it."""
 
@@ -62,7 +70,9 @@ def run_command(argv: Sequence[str], timeout: float, *, user: str | None = None)
     except FileNotFoundError as exc:
         raise CommandNotFound(f"{argv[0]} is not installed on this host") from exc
     except subprocess.TimeoutExpired as exc:
-        raise CommandError(f"`{_quote(argv)}` did not finish within {timeout:g}s") from exc
+        printed = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else ""
+        raise CommandTimeout(f"`{_quote(argv)}` did not finish within {timeout:g}s",
+                             printed[:MAX_OUTPUT_CHARS]) from exc  # fmt: skip
     except (OSError, KeyError) as exc:  # KeyError: no such user
         who = f" as {user}" if user else ""
         raise CommandError(f"`{_quote(argv)}` could not run{who}: {exc}") from exc

@@ -206,7 +206,7 @@ class ServeRun:
 
     async def _launch(self, candidate: Candidate) -> bool:
         """Start the model's ranks; True once the model answers (the lock then released)."""
-        from mlx_medic.health import probe_model_async
+        from mlx_medic.health import probe_host, probe_model_async
 
         model = self.model
         self.w.records.update("starting", backend=candidate.name)
@@ -215,7 +215,7 @@ class ServeRun:
         log.info("launching on %s: %s", candidate.name, " ".join(argv))
         self.launch = Launch(argv, self.env, on_line=self._on_line, keep=SERVING_LINES_KEPT)
         await self.launch.start()
-        host = "127.0.0.1" if model.host in ("0.0.0.0", "::") else model.host
+        host = probe_host(model.host)
         deadline = time.monotonic() + model.policy.start_timeout
         while True:
             self._check_stop()

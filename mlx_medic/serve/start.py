@@ -40,7 +40,7 @@ async def take_lock(locks: ModelLocks, model: Model, run_id: str) -> LockHandle:
     handle = await locks.acquire(model.name, "serve", run_id, wait=0.0)
     if handle is None:
         why = locks.refusals.get(model.name, "the model lock is held")
-        if model.name in locks.unreachable:
+        if model.name in locks.unreachable or model.name in locks.helper_failed:
             raise StartRefused(f"cannot take the model lock: {why}")
         raise AlreadyServed(busy_message(model, why))
     return handle

@@ -86,3 +86,18 @@ def test_an_unreachable_node_stops_the_start_and_is_named(tmp_path: Path):
     again = serve(inventory_path)
     assert again.returncode == 1 and "n2: unreachable" in again.stderr
     assert json.loads((state / "serve" / "m1.json").read_text())["failed_starts"] == 2
+
+
+def test_a_lock_helper_that_fails_refuses_the_start_as_a_failure_not_as_already_served(
+    tmp_path: Path,
+):
+    """A lock file the helper will not follow (a symlink) is no holder: exit 1, saying so."""
+    inventory_path = write_inventory(tmp_path)
+    locks = tmp_path / "state" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "m1.lock").symlink_to(tmp_path / "elsewhere.lock")
+    result = serve(inventory_path)
+    assert result.returncode == 1, result.stderr
+    assert "cannot take the model lock: the lock helper failed on n1" in result.stderr
+    assert "already being started or served" not in result.stderr
+    assert not (tmp_path / "elsewhere.lock").exists()
