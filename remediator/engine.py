@@ -10,9 +10,13 @@ is the safety argument:
   unrouted alert name / unknown model -> journal, ignore
   same firing (fingerprint, startsAt) held by a run, durably -> DUPLICATE
   older than max_alert_age -> STALE
-  a run for the model queued or running -> ABSORBED (single flight)
+  a run for the model queued or running -> ABSORBED (single flight), except that a
+    new run is queued after it (through the rules below) for a model-down alert while
+    the run acts on a serving model (sweep-orphans), and for an alert naming a node
+    the run does not act on (sweep-orphans acts on the nodes named before it started)
   paused / circuit open -> PAUSED / CIRCUIT_OPEN
-  budget spent -> escalate, CIRCUIT_OPEN; within backoff -> BACKOFF
+  budget spent -> escalate, CIRCUIT_OPEN (a playbook with a budget of its own, such as
+    sweep-orphans: BACKOFF, no escalation); within backoff -> BACKOFF
   else -> a new run, STARTED
 
 Dedupe exists to stop repeats of a firing whose run is queued or running, or whose run
@@ -88,6 +92,7 @@ log = logging.getLogger("mlx_medic.remediator.engine")
 
 UNKILLABLE_DATA = "processes: "  # in an `unkillable` event, before its JSON
 SWEEP_WHILE_UP = "a model-down alert waits for the sweep of a serving model, then acts"
+NODES_FIXED = "that run acts only on the nodes it started with"
 
 SEEN_CACHE = 100_000
 FLUSH_DELAY = 0.05
@@ -112,8 +117,22 @@ class _Run:
     ended: bool = False
     task: asyncio.Task[None] | None = None
     firings: set[tuple[str, str]] = field(default_factory=set)  # dedupe keys it holds
-    nodes: set[str] = field(default_factory=set)  # the nodes its alerts named (`node` label)
+    nodes: set[str] = field(default_factory=set)  # the nodes its alerts named; empty: all
+    nodes_fixed: bool = False  # its steps were given `nodes`: later ones are not acted on
     after: asyncio.Task[None] | None = None  # the run of the model it waits for, if any
+
+    def covers(self, named: set[str]) -> bool:
+        """Whether the run acts on the nodes an alert names (empty: every node), so the
+        alert may join it: a playbook acting on every node, a run that has not fixed its
+        nodes yet, or one whose nodes include them."""
+        if not self.playbook.per_node or not self.nodes_fixed:
+            return True
+        return not self.nodes or (bool(named) and named <= self.nodes)
+
+    def join(self, named: set[str]) -> None:
+        """Add an alert's nodes to a run that has not fixed them (empty stays: every node)."""
+        if not self.nodes_fixed and self.nodes:
+            self.nodes = self.nodes | named if named else set()
 
 
 class _End(NamedTuple):
@@ -476,14 +495,18 @@ class Engine:
         node_label = event.labels.get("node")
         named = {node_label} if node_label in model.nodes else set()
         current = self._runs.get(model.name)
-        # A model that is down is not absorbed by a run that acts on it while it serves:
-        # its run is queued after that one.
-        waits_for = None
-        if current is not None and not current.ended and current.playbook.while_up \
-                and not playbook.while_up:  # fmt: skip
-            waits_for, current = current, None
+        # A model that is down is not absorbed by a run that acts on it while it serves,
+        # nor an alert naming a node the run will not act on: its run is queued after it.
+        waits_for, why_after = None, ""
         if current is not None and not current.ended:
-            current.nodes |= named
+            if current.playbook.while_up and not playbook.while_up:
+                waits_for, why_after = current, SWEEP_WHILE_UP
+            elif not current.covers(named):
+                waits_for, why_after = current, NODES_FIXED
+            if waits_for is not None:
+                current = None
+        if current is not None and not current.ended:
+            current.join(named)
             self.journal.record_firing(*key, model.name, current.run_id, self.clock(), defer=True)
             self._remember(key)
             current.fingerprints.add(event.fingerprint)
@@ -542,7 +565,7 @@ class Engine:
         self._spawn(run)
         self._event(Disposition.STARTED, event, model=model.name, run_id=run_id,
                     detail=f"run {run_id} queued ({playbook_name}{', dry run' if dry_run else ''})"
-                    + (f" after run {waits_for.run_id} ({SWEEP_WHILE_UP})" if waits_for else ""))
+                    + (f" after run {waits_for.run_id} ({why_after})" if waits_for else ""))
         return Disposition.STARTED
 
     def _known_model(self, name: str | None) -> Model | None:
@@ -667,6 +690,7 @@ class Engine:
             while holding:
                 await asyncio.shield(self.locks.release(holding.pop()))
 
+        run.nodes_fixed = True
         context = RunContext(
             model=model, inventory=self.inventory, transport=self.transport,
             run_id=run.run_id, health=self._health, log=log, helpers=self.helpers,
