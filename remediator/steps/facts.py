@@ -20,6 +20,7 @@ from typing import Any
 
 from mlx_medic.remediator.steps.base import RunContext
 from mlx_medic.remediator.steps.on_nodes import NodeReplies, ask, document_list
+from mlx_medic.serve.record import LIVE_STATES
 
 JACCL_SIGNATURE_PREFIX = "jaccl_"  # mlx_medic.signatures: every JACCL failure's name
 ACTIVE_PORT_STATES = {"active", "port_active", "4"}
@@ -57,6 +58,7 @@ class NodeFacts:
     errors: list[ErrorLine] = field(default_factory=list)
     serve_failure: ErrorLine | None = None  # the wrapper's record of a failed backend
     serve_backend: str | None = None
+    serve_state: str | None = None
 
     @classmethod
     def read(cls, node: str, document: dict[str, Any]) -> NodeFacts:
@@ -79,8 +81,13 @@ class NodeFacts:
             node, _text(_mapping(document, "os").get("build")), _text(versions.get("mlx")),
             _text(versions.get("mlx-lm")), _number(memory.get("available_bytes")),
             _number(memory.get("total_bytes")), ports, errors, serve_failure,
-            _text(serve.get("backend")),
+            _text(serve.get("backend")), _text(serve.get("state")),
         )
+
+    @property
+    def serving_backend(self) -> str | None:
+        """The backend a live serve wrapper (starting or serving) runs the model on."""
+        return self.serve_backend if self.serve_state in LIVE_STATES else None
 
     @property
     def inactive_ports(self) -> list[str]:

@@ -3,7 +3,10 @@ the model's `start_timeout` has passed.
 
 "Could not tell" is its own outcome (inconclusive), never "down": a probe that did not
 run says nothing about the backend, so it must not trigger a fallback. Down at the end
-of the wait (the last verdicts said down) is a failed verify.
+of the wait (the last verdicts said down) is a failed verify. A verify that expects no
+backend in particular reads the one it verified from the head's serve record (`facts`),
+so `mlx_medic_last_verified_backend` follows a normal recover too; a head that cannot
+say leaves it unknown (the model answered: the verify still passed).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from mlx_medic.remediator.steps.base import (
     StepKind,
     StepResult,
 )
+from mlx_medic.remediator.steps.facts import read_facts
+from mlx_medic.remediator.steps.on_nodes import ask
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +56,8 @@ class Verify(Step):
         while True:
             verdict = await context.health(self.model)
             if verdict.state is ModelState.UP:
-                return StepResult(StepOutcome.OK, detail=verdict.reason, backend=self.backend)
+                backend = self.backend or await self._served_backend(context)
+                return StepResult(StepOutcome.OK, detail=verdict.reason, backend=backend)
             if time.monotonic() + self.poll_interval > deadline:
                 break
             await asyncio.sleep(self.poll_interval)
@@ -61,3 +67,12 @@ class Verify(Step):
             StepOutcome.INCONCLUSIVE,
             detail=f"could not tell whether {self.model.name} is up: {verdict.reason}",
         )
+
+    async def _served_backend(self, context: RunContext) -> BackendName | None:
+        """The backend the head's serve record says the live wrapper serves on (one of the
+        model's); None when the head does not say."""
+        head = self.model.head
+        facts = read_facts(await ask(context, [head], "facts", self.model.name)).get(head)
+        served = facts.serving_backend if facts is not None else None
+        return next((name for name, _spec in self.model.backends.in_order() if name == served),
+                    None)

@@ -72,11 +72,34 @@ async def test_recover_acts_through_the_helpers_in_order_and_journals_every_answ
                           ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "ok")]
     order = [(helper, args[1] if helper == "service" else "") for _, helper, args in helpers.calls]
     assert order == [*[("facts", "")] * 4, ("service", "stop"), *[("sweep", "")] * 4,
-                     *[("clean", "")] * 4, ("service", "start")]
+                     *[("clean", "")] * 4, ("service", "start"), ("facts", "")]
     sweep = run.steps[2]
     assert sweep.targets == [f"{MODEL} on {n}" for n in NODES]
     assert all(f'"node": "{n}"' in sweep.output for n in NODES)
     assert helpers.of("service")[0][1][2:4] == ("--by", f"remediator run {run.id}")
+
+
+async def test_a_verified_start_records_the_backend_the_head_serve_record_names(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    serving = Answer({**DEFAULTS["facts"], "serve": {"state": "serving", "backend": "jaccl",
+                                                     "failure": None}})
+    engine, _, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, UP]),
+                                   {("ai001", "facts"): serving})
+    assert run.detail == f"{MODEL} verified healthy on jaccl"
+    assert engine.m_last_verified_backend.labels(model=MODEL, backend="jaccl")._value.get() == 1
+    assert engine.m_last_verified_backend.labels(model=MODEL, backend="ring")._value.get() == 0
+
+
+async def test_a_verified_start_whose_head_names_no_live_backend_leaves_it_unknown(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    stopped = Answer({**DEFAULTS["facts"], "serve": {"state": "stopped", "backend": "jaccl",
+                                                     "failure": None}})
+    engine, _, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, UP]),
+                                   {("ai001", "facts"): stopped})
+    assert (run.outcome, run.detail) == ("succeeded", f"{MODEL} verified healthy")
+    assert engine.m_last_verified_backend.labels(model=MODEL, backend="jaccl")._value.get() == 0
 
 
 async def test_a_jaccl_failure_after_the_start_pins_ring_restarts_and_verifies_ring(
