@@ -143,6 +143,16 @@ def test_log_shows_recent_decisions_such_as_resolved_but_not_repeats_of_a_firing
     assert all(len(line) <= 100 for line in decisions)
 
 
+def test_log_names_the_trigger_of_a_start_up_run(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.sqlite")
+    run_id = journal.create_run(model=MODEL, playbook="finish-stop", trigger_kind="startup",
+                                owner="h:1", now=time.time())
+    run = journal.get_run(run_id)
+    assert run is not None
+    (header, *_) = cli_log.format_run(run)
+    assert header.split()[4] == "start-up"
+
+
 def test_log_follow_prints_a_run_again_when_it_changes(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.sqlite")
     run_id = journal.create_run(model=MODEL, playbook="recover", trigger_kind="manual",
