@@ -40,8 +40,8 @@ playbook's plan of steps, journaling each step before it starts. A node that doe
 answer over SSH while the run re-checks or takes the lock ends it `unreachable` (never
 `locked`): a warning, `mlx_medic_node_unreachable_total`, and the next action in words.
 The engine owns the control flow: fallback steps only after a failed verify, a verify
-that could not tell ends the run inconclusive, and a step that did nothing, failed, or
-found a state a restart cannot fix escalates to a person.
+that could not tell ends the run inconclusive, and a step that failed or found a state
+a restart cannot fix escalates to a person.
 
 The engine is given its playbooks as instances by name (`builtin_playbooks()` unless
 told otherwise); the config routes alert names to those names.
@@ -77,8 +77,9 @@ from mlx_medic.remediator.outcomes import (
     StepOutcome,
 )
 from mlx_medic.remediator.playbooks import FINISH_STOP, Playbook, builtin_playbooks
-from mlx_medic.remediator.playbooks.finish_stop import REMEDIATOR_RUN, read_stop_record
+from mlx_medic.remediator.playbooks.finish_stop import read_stop_record
 from mlx_medic.remediator.steps import (
+    REMEDIATOR_RUN,
     HealthCheck,
     RunContext,
     Step,
@@ -326,10 +327,9 @@ class Engine:
                 detail=f"{said} ({record.reason}); run {run_id} sweeps every node, then starts it",
             )
             log.warning("%s; run %s finishes its work", said, run_id, extra={"model": model.name})
-            if model.name not in self._runs:
-                run = _Run(run_id, model.name, playbook, False, "startup")
-                self._runs[model.name] = run
-                self._spawn(run)
+            run = _Run(run_id, model.name, playbook, False, "startup")
+            self._runs[model.name] = run  # start-up: no other run of the model yet
+            self._spawn(run)
 
         await asyncio.gather(*(check(self.inventory.model(name)) for name in ours))
 
@@ -791,14 +791,6 @@ class Engine:
                 self.m_unreachable.labels(model=model.name, node=node_name).inc()
             if result.unkillable is not None:
                 self._record_unkillable(run, model, result.unkillable, context)
-            if result.outcome == StepOutcome.NOT_IMPLEMENTED:
-                remaining = _summarise(
-                    [d for s, d in zip(plan[seq - 1 :], described[seq - 1 :], strict=True)
-                     if not s.fallback]
-                )
-                detail = f"step {where} has no implementation yet; nothing was done to {model.name}"
-                action = f"recover {model.name} by hand ({remaining}); {resume_hint(model.name)}"
-                return self._escalate(run, EscalationReason.NOT_IMPLEMENTED, detail, action)
             if result.unrecoverable:
                 detail = result.detail or f"{where} found a state a restart cannot fix"
                 action = result.next_action or f"recover {model.name} by hand"
@@ -903,13 +895,3 @@ class Engine:
             outcome=outcome,
         )
 
-
-def _summarise(steps: list[StepDescription]) -> str:
-    """`stop-service on ai001, sweep on ai001, ai002, then start-jaccl on ai001`."""
-    groups: list[tuple[str, list[str]]] = []
-    for step in steps:
-        if groups and groups[-1][0] == step.name:
-            groups[-1][1].append(step.node)
-        else:
-            groups.append((step.name, [step.node]))
-    return ", ".join(f"{name} on {', '.join(nodes)}" for name, nodes in groups)

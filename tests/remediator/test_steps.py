@@ -112,6 +112,20 @@ async def test_preflight_asks_every_node_for_its_facts_and_reads_memory_and_rdma
     assert '"node": "ai002"' in result.output  # each node's document is journaled
 
 
+@pytest.mark.parametrize(("port", "said"), [
+    ({"state": "PORT_ACTIVE", "active": False}, "RDMA ports not active: rdma_en3:1"),
+    ({"state": "PORT_DOWN", "active": True}, "1 RDMA port(s) active"),
+    ({"state": "PORT_ACTIVE"}, "RDMA port(s) of unknown state: rdma_en3:1"),
+], ids=["helper-says-inactive", "helper-says-active", "helper-does-not-say"])
+async def test_preflight_takes_the_helpers_word_on_whether_a_port_is_active(
+    port: dict[str, Any], said: str, tmp_path: Path,
+) -> None:
+    helpers = FakeHelpers(INVENTORY, {("ai003", "facts"): facts(
+        rdma={"ports": [{"device": "rdma_en3", "port": 1, **port}]})})
+    result = await Preflight(model=model()).run(context(Health(), tmp_path, helpers))
+    assert f"ai003: memory 64.0 GiB free, {said}" in result.detail
+
+
 async def test_an_unreachable_node_at_preflight_escalates_naming_it(tmp_path: Path) -> None:
     helpers = FakeHelpers(INVENTORY, {("ai002", "facts"): unreachable("ai002", "facts")})
     result = await Preflight(model=model()).run(context(Health(), tmp_path, helpers))
