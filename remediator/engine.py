@@ -777,6 +777,7 @@ class Engine:
         self.journal.mark_counted(run.run_id)
         step_timeout = max(model.policy.start_timeout, self.inventory.ssh.command_timeout) + 60
         verify_failed = False
+        done: list[str] = []  # steps that did their part: an escalation names them
         for seq, (step, about) in enumerate(zip(plan, described, strict=True), 1):
             if step.fallback and not verify_failed:
                 continue
@@ -794,10 +795,7 @@ class Engine:
             if result.unrecoverable:
                 detail = result.detail or f"{where} found a state a restart cannot fix"
                 action = result.next_action or f"recover {model.name} by hand"
-                return self._escalate(
-                    run, EscalationReason.UNRECOVERABLE, detail,
-                    f"{action}; {resume_hint(model.name)}",
-                )
+                return self._escalate(run, EscalationReason.UNRECOVERABLE, detail, action)
             if result.outcome == StepOutcome.INCONCLUSIVE:
                 return _End(
                     RunOutcome.INCONCLUSIVE, f"step {where}: {result.detail}",
@@ -812,18 +810,18 @@ class Engine:
                 verify_failed = True
                 continue
             if result.outcome in (StepOutcome.OK, StepOutcome.SKIPPED):
+                done += [where] if result.outcome == StepOutcome.OK else []
                 continue
             ended = "failed" if result.outcome == StepOutcome.FAILED else f"ended {result.outcome}"
             detail = f"step {where} {ended}: {result.detail}".rstrip(": ")
-            action = (
-                f"read the step's output (`mlx-medic log --model {model.name}`), recover"
-                f" by hand; {resume_hint(model.name)}"
-            )
+            action = (f"read the step's output (`mlx-medic log --model {model.name}`), recover"
+                      " by hand")
             return self._escalate(run, EscalationReason.STEP_FAILED, detail, action)
-        return self._escalate(
-            run, EscalationReason.STEP_FAILED, "the playbook ended without a verified start",
-            f"recover {model.name} by hand; {resume_hint(model.name)}",
-        )
+        ended = "the playbook ended without a verified start"
+        if verify_failed:
+            ended = f"{model.name} did not answer" + (f" after {', '.join(done)}" if done else "")
+        return self._escalate(run, EscalationReason.STEP_FAILED, ended,
+                              f"recover {model.name} by hand")
 
     async def _run_step(
         self, run_id: int, step: Step, about: StepDescription, context: RunContext,
@@ -851,10 +849,13 @@ class Engine:
     def _escalate(
         self, run: _Run, reason: EscalationReason, detail: str, next_action: str
     ) -> _End:
-        """Tell on-call; open the model's circuit unless the playbook has its own budget."""
-        own = run.playbook.own_budget
+        """Tell on-call; open the model's circuit (and say how to close it) unless the
+        playbook has its own budget."""
+        opens = not run.playbook.own_budget
+        if opens:
+            next_action = f"{next_action}; {resume_hint(run.model)}"
         self.escalator.escalate(run.model, reason, detail, next_action, run_id=run.run_id,
-                                open_circuit=not own)  # fmt: skip
+                                open_circuit=opens)  # fmt: skip
         return _End(RunOutcome.ESCALATED, detail, next_action)
 
     def _known_unkillable(self, model: str) -> frozenset[tuple[str, int, float]]:

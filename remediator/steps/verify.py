@@ -42,17 +42,22 @@ class Verify(Step):
     poll_interval: float = 5.0
     within: float | None = None  # how long to ask; None: the model's start_timeout
 
+    @property
+    def wait(self) -> float:
+        """How long it asks: `within`, else the model's start_timeout."""
+        return self.model.policy.start_timeout if self.within is None else self.within
+
     def describe(self) -> StepDescription:
         where = f"{self.model.host}:{self.model.port}"
+        asked = (f", asked again for up to {self.wait:g}s" if self.wait > 0
+                 else ", asked once")  # fmt: skip
         return StepDescription(
             "verify" if self.backend is None else f"verify-{self.backend}", self.model.head,
-            f"health probe {where}: a real 1-token request, asked again for up to"
-            f" {self.model.policy.start_timeout:g}s", targets=[where],
+            f"health probe {where}: a real 1-token request{asked}", targets=[where],
         )
 
     async def run(self, context: RunContext) -> StepResult:
-        within = self.model.policy.start_timeout if self.within is None else self.within
-        deadline = time.monotonic() + within
+        deadline = time.monotonic() + self.wait
         while True:
             verdict = await context.health(self.model)
             if verdict.state is ModelState.UP:

@@ -86,6 +86,16 @@ def test_each_step_describes_itself_with_its_nodes_targets_and_command() -> None
     assert verify.describe().name == "verify-ring" and Verify(model=m).describe().name == "verify"
 
 
+def test_verify_describes_the_wait_it_will_take() -> None:
+    m = model()
+    timeout = m.policy.start_timeout
+    assert Verify(model=m).describe().description.endswith(
+        f"a real 1-token request, asked again for up to {timeout:g}s")
+    assert Verify(model=m, within=7).describe().description.endswith("for up to 7s")
+    assert Verify(model=m, within=0).describe().description.endswith(
+        "a real 1-token request, asked once")
+
+
 def test_recover_plans_a_ring_pin_only_for_a_serve_wrapper_with_both_backends() -> None:
     wrapper = [s.describe().name for s in RecoverPlaybook().plan(model(), INVENTORY)]
     assert wrapper == ["preflight", "stop-service", "sweep", "clean-tmp", "start-service",

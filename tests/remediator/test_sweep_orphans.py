@@ -100,6 +100,7 @@ async def test_unkillable_orphans_are_escalated_once_without_opening_the_circuit
     await engine.wait_idle()
     (first,) = engine.journal.list_runs()
     assert first.outcome == "escalated" and first.next_action.startswith("reboot ai002 ")
+    assert "mlx-medic resume" not in first.next_action  # no circuit to resume
     assert engine.journal.blocking_control(MODEL) is None  # recover may still act
     assert engine.m_escalations.labels(model=MODEL, reason="unrecoverable")._value.get() == 0
     assert engine.m_unkillable.labels(model=MODEL, node="ai002")._value.get() == 1
@@ -188,3 +189,19 @@ async def test_orphan_alerts_for_two_nodes_before_the_run_starts_are_swept_by_on
     (run,) = engine.journal.list_runs()
     assert run.outcome == "succeeded"
     assert sorted(node for node, _ in helpers.of("sweep")) == ["ai002", "ai003"]
+
+
+async def test_a_sweep_after_which_the_model_does_not_answer_escalates_in_words_that_fit(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """Nothing was started and no circuit opens: no `verified start`, no resume hint."""
+    engine, _ = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
+                            health=Health(verdicts=[HealthVerdict.down("refused")]))
+    await engine.submit(orphan_alert("o1"))
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert run.outcome == "escalated"
+    assert run.detail == f"{MODEL} did not answer after sweep-orphans on ai002"
+    assert run.next_action == f"recover {MODEL} by hand"
+    assert engine.journal.blocking_control(MODEL) is None
+
