@@ -89,10 +89,8 @@ def _models(site: Site) -> list[Rendered]:
 def _remediator(site: Site) -> Rendered:
     job = {
         "Label": services.REMEDIATOR_LABEL,
-        # The config comes from MLX_MEDIC_CONFIG, as the on-call commands find it.
-        "ProgramArguments": [site.remediator_command, "remediator"],
-        "EnvironmentVariables": {"MLX_MEDIC_CONFIG": site.remediator_config,
-                                 "PYTHONUNBUFFERED": "1"},
+        "ProgramArguments": services.remediator_argv(site.remediator_command),
+        "EnvironmentVariables": services.remediator_environment(site.remediator_config),
         "UserName": site.remediator_user,
         "RunAtLoad": True,
         "KeepAlive": True,
