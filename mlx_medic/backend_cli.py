@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
-import os
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlx_medic.backend_choice import CHOICES
+from mlx_medic.remediator import cli_identity
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
@@ -58,9 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def who() -> str:
-    """The person, as the journal names people: SUDO_USER@host, else the login name."""
-    user = os.environ.get("SUDO_USER") or getpass.getuser()
-    return f"{user}@{socket.gethostname()} at a terminal"
+    """The person, as the journal names people (`user@host`, the sudo user under sudo)."""
+    return f"{cli_identity.who()} at a terminal"
 
 
 async def ask_head(

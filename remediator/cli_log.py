@@ -86,10 +86,9 @@ RUN_HEADER = f"{'RUN':<6}{'QUEUED (UTC)':<21}{'MODEL':<18}{'TRIGGER':<22}{'OUTCO
 
 def format_run(run: RunView) -> list[str]:
     outcome = run.outcome + (" (dry run)" if run.dry_run else "")
-    trigger = "manual" if run.trigger_kind == "manual" else f"alert {run.fingerprint or '?'}"
     lines = [
         f"{'#' + str(run.id):<6}{_clock(run.queued_at):<21}{_cut(run.model, 17):<18}"
-        f"{_cut(trigger, 21):<22}{_cut(outcome, 21):<22}{_took(run.duration)}"
+        f"{_cut(run.trigger, 21):<22}{_cut(outcome, 21):<22}{_took(run.duration)}"
     ]
     for step in run.steps:
         lines.append(format_step(step))

@@ -10,9 +10,13 @@ is the safety argument:
   unrouted alert name / unknown model -> journal, ignore
   same firing (fingerprint, startsAt) held by a run, durably -> DUPLICATE
   older than max_alert_age -> STALE
-  a run for the model queued or running -> ABSORBED (single flight)
+  a run for the model queued or running -> ABSORBED (single flight), except that a
+    new run is queued after it (through the rules below) for a model-down alert while
+    the run acts on a serving model (sweep-orphans), and for an alert naming a node
+    the run does not act on (sweep-orphans acts on the nodes named before it started)
   paused / circuit open -> PAUSED / CIRCUIT_OPEN
-  budget spent -> escalate, CIRCUIT_OPEN; within backoff -> BACKOFF
+  budget spent -> escalate, CIRCUIT_OPEN (a playbook with a budget of its own, such as
+    sweep-orphans: BACKOFF, no escalation); within backoff -> BACKOFF
   else -> a new run, STARTED
 
 Dedupe exists to stop repeats of a firing whose run is queued or running, or whose run
@@ -36,8 +40,8 @@ playbook's plan of steps, journaling each step before it starts. A node that doe
 answer over SSH while the run re-checks or takes the lock ends it `unreachable` (never
 `locked`): a warning, `mlx_medic_node_unreachable_total`, and the next action in words.
 The engine owns the control flow: fallback steps only after a failed verify, a verify
-that could not tell ends the run inconclusive, and a step that did nothing, failed, or
-found a state a restart cannot fix escalates to a person.
+that could not tell ends the run inconclusive, and a step that failed or found a state
+a restart cannot fix escalates to a person.
 
 The engine is given its playbooks as instances by name (`builtin_playbooks()` unless
 told otherwise); the config routes alert names to those names.
@@ -73,8 +77,9 @@ from mlx_medic.remediator.outcomes import (
     StepOutcome,
 )
 from mlx_medic.remediator.playbooks import FINISH_STOP, Playbook, builtin_playbooks
-from mlx_medic.remediator.playbooks.finish_stop import REMEDIATOR_RUN, read_stop_record
+from mlx_medic.remediator.playbooks.finish_stop import read_stop_record
 from mlx_medic.remediator.steps import (
+    REMEDIATOR_RUN,
     HealthCheck,
     RunContext,
     Step,
@@ -88,6 +93,7 @@ log = logging.getLogger("mlx_medic.remediator.engine")
 
 UNKILLABLE_DATA = "processes: "  # in an `unkillable` event, before its JSON
 SWEEP_WHILE_UP = "a model-down alert waits for the sweep of a serving model, then acts"
+NODES_FIXED = "that run acts only on the nodes it started with"
 
 SEEN_CACHE = 100_000
 FLUSH_DELAY = 0.05
@@ -112,8 +118,22 @@ class _Run:
     ended: bool = False
     task: asyncio.Task[None] | None = None
     firings: set[tuple[str, str]] = field(default_factory=set)  # dedupe keys it holds
-    nodes: set[str] = field(default_factory=set)  # the nodes its alerts named (`node` label)
+    nodes: set[str] = field(default_factory=set)  # the nodes its alerts named; empty: all
+    nodes_fixed: bool = False  # its steps were given `nodes`: later ones are not acted on
     after: asyncio.Task[None] | None = None  # the run of the model it waits for, if any
+
+    def covers(self, named: set[str]) -> bool:
+        """Whether the run acts on the nodes an alert names (empty: every node), so the
+        alert may join it: a playbook acting on every node, a run that has not fixed its
+        nodes yet, or one whose nodes include them."""
+        if not self.playbook.per_node or not self.nodes_fixed:
+            return True
+        return not self.nodes or (bool(named) and named <= self.nodes)
+
+    def join(self, named: set[str]) -> None:
+        """Add an alert's nodes to a run that has not fixed them (empty stays: every node)."""
+        if not self.nodes_fixed and self.nodes:
+            self.nodes = self.nodes | named if named else set()
 
 
 class _End(NamedTuple):
@@ -307,10 +327,9 @@ class Engine:
                 detail=f"{said} ({record.reason}); run {run_id} sweeps every node, then starts it",
             )
             log.warning("%s; run %s finishes its work", said, run_id, extra={"model": model.name})
-            if model.name not in self._runs:
-                run = _Run(run_id, model.name, playbook, False, "startup")
-                self._runs[model.name] = run
-                self._spawn(run)
+            run = _Run(run_id, model.name, playbook, False, "startup")
+            self._runs[model.name] = run  # start-up: no other run of the model yet
+            self._spawn(run)
 
         await asyncio.gather(*(check(self.inventory.model(name)) for name in ours))
 
@@ -476,14 +495,18 @@ class Engine:
         node_label = event.labels.get("node")
         named = {node_label} if node_label in model.nodes else set()
         current = self._runs.get(model.name)
-        # A model that is down is not absorbed by a run that acts on it while it serves:
-        # its run is queued after that one.
-        waits_for = None
-        if current is not None and not current.ended and current.playbook.while_up \
-                and not playbook.while_up:  # fmt: skip
-            waits_for, current = current, None
+        # A model that is down is not absorbed by a run that acts on it while it serves,
+        # nor an alert naming a node the run will not act on: its run is queued after it.
+        waits_for, why_after = None, ""
         if current is not None and not current.ended:
-            current.nodes |= named
+            if current.playbook.while_up and not playbook.while_up:
+                waits_for, why_after = current, SWEEP_WHILE_UP
+            elif not current.covers(named):
+                waits_for, why_after = current, NODES_FIXED
+            if waits_for is not None:
+                current = None
+        if current is not None and not current.ended:
+            current.join(named)
             self.journal.record_firing(*key, model.name, current.run_id, self.clock(), defer=True)
             self._remember(key)
             current.fingerprints.add(event.fingerprint)
@@ -542,7 +565,7 @@ class Engine:
         self._spawn(run)
         self._event(Disposition.STARTED, event, model=model.name, run_id=run_id,
                     detail=f"run {run_id} queued ({playbook_name}{', dry run' if dry_run else ''})"
-                    + (f" after run {waits_for.run_id} ({SWEEP_WHILE_UP})" if waits_for else ""))
+                    + (f" after run {waits_for.run_id} ({why_after})" if waits_for else ""))
         return Disposition.STARTED
 
     def _known_model(self, name: str | None) -> Model | None:
@@ -667,6 +690,7 @@ class Engine:
             while holding:
                 await asyncio.shield(self.locks.release(holding.pop()))
 
+        run.nodes_fixed = True
         context = RunContext(
             model=model, inventory=self.inventory, transport=self.transport,
             run_id=run.run_id, health=self._health, log=log, helpers=self.helpers,
@@ -753,6 +777,7 @@ class Engine:
         self.journal.mark_counted(run.run_id)
         step_timeout = max(model.policy.start_timeout, self.inventory.ssh.command_timeout) + 60
         verify_failed = False
+        done: list[str] = []  # steps that did their part: an escalation names them
         for seq, (step, about) in enumerate(zip(plan, described, strict=True), 1):
             if step.fallback and not verify_failed:
                 continue
@@ -767,21 +792,10 @@ class Engine:
                 self.m_unreachable.labels(model=model.name, node=node_name).inc()
             if result.unkillable is not None:
                 self._record_unkillable(run, model, result.unkillable, context)
-            if result.outcome == StepOutcome.NOT_IMPLEMENTED:
-                remaining = _summarise(
-                    [d for s, d in zip(plan[seq - 1 :], described[seq - 1 :], strict=True)
-                     if not s.fallback]
-                )
-                detail = f"step {where} has no implementation yet; nothing was done to {model.name}"
-                action = f"recover {model.name} by hand ({remaining}); {resume_hint(model.name)}"
-                return self._escalate(run, EscalationReason.NOT_IMPLEMENTED, detail, action)
             if result.unrecoverable:
                 detail = result.detail or f"{where} found a state a restart cannot fix"
                 action = result.next_action or f"recover {model.name} by hand"
-                return self._escalate(
-                    run, EscalationReason.UNRECOVERABLE, detail,
-                    f"{action}; {resume_hint(model.name)}",
-                )
+                return self._escalate(run, EscalationReason.UNRECOVERABLE, detail, action)
             if result.outcome == StepOutcome.INCONCLUSIVE:
                 return _End(
                     RunOutcome.INCONCLUSIVE, f"step {where}: {result.detail}",
@@ -796,18 +810,18 @@ class Engine:
                 verify_failed = True
                 continue
             if result.outcome in (StepOutcome.OK, StepOutcome.SKIPPED):
+                done += [where] if result.outcome == StepOutcome.OK else []
                 continue
             ended = "failed" if result.outcome == StepOutcome.FAILED else f"ended {result.outcome}"
             detail = f"step {where} {ended}: {result.detail}".rstrip(": ")
-            action = (
-                f"read the step's output (`mlx-medic log --model {model.name}`), recover"
-                f" by hand; {resume_hint(model.name)}"
-            )
+            action = (f"read the step's output (`mlx-medic log --model {model.name}`), recover"
+                      " by hand")
             return self._escalate(run, EscalationReason.STEP_FAILED, detail, action)
-        return self._escalate(
-            run, EscalationReason.STEP_FAILED, "the playbook ended without a verified start",
-            f"recover {model.name} by hand; {resume_hint(model.name)}",
-        )
+        ended = "the playbook ended without a verified start"
+        if verify_failed:
+            ended = f"{model.name} did not answer" + (f" after {', '.join(done)}" if done else "")
+        return self._escalate(run, EscalationReason.STEP_FAILED, ended,
+                              f"recover {model.name} by hand")
 
     async def _run_step(
         self, run_id: int, step: Step, about: StepDescription, context: RunContext,
@@ -835,10 +849,13 @@ class Engine:
     def _escalate(
         self, run: _Run, reason: EscalationReason, detail: str, next_action: str
     ) -> _End:
-        """Tell on-call; open the model's circuit unless the playbook has its own budget."""
-        own = run.playbook.own_budget
+        """Tell on-call; open the model's circuit (and say how to close it) unless the
+        playbook has its own budget."""
+        opens = not run.playbook.own_budget
+        if opens:
+            next_action = f"{next_action}; {resume_hint(run.model)}"
         self.escalator.escalate(run.model, reason, detail, next_action, run_id=run.run_id,
-                                open_circuit=not own)  # fmt: skip
+                                open_circuit=opens)  # fmt: skip
         return _End(RunOutcome.ESCALATED, detail, next_action)
 
     def _known_unkillable(self, model: str) -> frozenset[tuple[str, int, float]]:
@@ -879,13 +896,3 @@ class Engine:
             outcome=outcome,
         )
 
-
-def _summarise(steps: list[StepDescription]) -> str:
-    """`stop-service on ai001, sweep on ai001, ai002, then start-jaccl on ai001`."""
-    groups: list[tuple[str, list[str]]] = []
-    for step in steps:
-        if groups and groups[-1][0] == step.name:
-            groups[-1][1].append(step.node)
-        else:
-            groups.append((step.name, [step.node]))
-    return ", ".join(f"{name} on {', '.join(nodes)}" for name, nodes in groups)

@@ -17,7 +17,7 @@ class StepOutcome(StrEnum):
     OK = "ok"
     FAILED = "failed"
     PLANNED = "planned"  # dry run: journaled, never executed
-    NOT_IMPLEMENTED = "not_implemented"  # nothing was done: the run escalates
+    NOT_IMPLEMENTED = "not_implemented"  # old journals only: a step without a body then
     INCONCLUSIVE = "inconclusive"  # could not tell (e.g. a verify whose probe gave no answer)
     SKIPPED = "skipped"
     INTERRUPTED = "interrupted"  # the remediator stopped while the step ran
@@ -56,5 +56,4 @@ class EscalationReason(StrEnum):
 
     BUDGET_SPENT = "budget_spent"
     UNRECOVERABLE = "unrecoverable"
-    NOT_IMPLEMENTED = "not_implemented"
     STEP_FAILED = "step_failed"

@@ -202,6 +202,19 @@ def check_remediator_help(installed: Installed) -> None:
         raise ProofFailed(f"mlx-medic remediator --help printed:\n{text}")
 
 
+def check_render_rules(installed: Installed) -> None:
+    """`render rules` without --rules.file: the shipped rules are package data."""
+    inventory = installed.outside / "inventory.yaml"
+    shutil.copy2(REPO / "examples" / "inventory.yaml", inventory)
+    out = installed.outside / "rendered"
+    installed_output(installed, ["mlx-medic", "render", "rules", "--config.file", inventory,
+                                 "--out", out])
+    rendered = out / "rules" / "mlx-medic.rules.yaml"
+    shipped = REPO / "alerting-rules" / "mlx-medic.rules.yaml"
+    if not rendered.is_file() or rendered.read_bytes() != shipped.read_bytes():
+        raise ProofFailed(f"mlx-medic render rules did not write the shipped rules to {rendered}")
+
+
 def check_dependencies_consistent(installed: Installed) -> None:
     installed_output(installed, ["python", "-m", "pip", "check"])
 
@@ -216,6 +229,7 @@ INSTALLED_CHECKS: tuple[Callable[[Installed], None], ...] = (
     check_exporter_once,
     check_remediator_imports_from_the_install,
     check_remediator_help,
+    check_render_rules,
     check_dependencies_consistent,
 )
 

@@ -55,6 +55,13 @@ def test_installed_remediator_imports_from_the_venv_and_its_help_works(
 
 
 @pytest.mark.slow
+def test_installed_render_rules_writes_the_shipped_rules_without_a_checkout(
+    installed: Installed,
+) -> None:
+    wheel_proof.check_render_rules(installed)
+
+
+@pytest.mark.slow
 def test_installed_dependencies_are_consistent(installed: Installed) -> None:
     wheel_proof.check_dependencies_consistent(installed)
 

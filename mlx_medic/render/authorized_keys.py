@@ -54,9 +54,7 @@ def render(site: Site) -> list[Rendered]:
         command = forced_command(services.medic_command(node), str(node.medic_config))
         text = (
             f"# {GENERATED}\n# Node {node.name}: the remediator's key, for ~{node.user}/.ssh/"
-            "authorized_keys; it runs only the node helpers.\n# The remediator still takes"
-            " the model lock over SSH with shell commands, which this\n# line refuses:"
-            " installed today, it stops the remediator's runs at the lock.\n"
+            "authorized_keys;\n# it runs only the node helpers, the model lock's among them.\n"
             f"{key_line(command, key)}\n"
         )
         files.append(Rendered(PurePosixPath(TARGET) / node.name / "authorized_keys", text,

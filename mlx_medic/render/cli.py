@@ -69,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the remediator's public key (authorized-keys); default: the"
                         " inventory's ssh.identity_file with .pub added")
     parser.add_argument("--rules.file", dest="rules_file", type=Path, default=None,
-                        help="the rule file to render (default: this checkout's"
-                        " alerting-rules/mlx-medic.rules.yaml)")
+                        help="the rule file to render (default: the rules shipped with"
+                        " mlx-medic, alerting-rules/mlx-medic.rules.yaml in a checkout)")
     parser.add_argument("--rules.for", dest="rules_for", action="append", default=[],
                         metavar="ALERT=DURATION", help="override an alert's `for:` (repeat)")
     parser.add_argument("--rules.interval", dest="rules_interval", default=None,

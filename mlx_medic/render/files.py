@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
+from importlib.resources.abc import Traversable
 from pathlib import Path, PurePosixPath
 
 from mlx_medic.inventory import Inventory
@@ -25,7 +26,7 @@ class Rendered:
 
 @dataclass(frozen=True)
 class RulesOptions:
-    source: Path
+    source: Traversable  # --rules.file, or the rules shipped in the package
     for_overrides: dict[str, str] = field(default_factory=dict)  # alertname -> duration
     interval: str | None = None  # every group's evaluation interval
 

@@ -8,17 +8,22 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from mlx_medic.render import services
-from mlx_medic.render.files import GENERATED, Rendered, Site
+from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site
 
 TARGET = "launchd"
 
 
-def _plist(job: dict[str, Any], comment: str) -> str:
+def _plist(job: dict[str, Any], comment: str, fields: dict[str, str] | None = None) -> str:
+    """The job as XML under its comment; `fields`: the inventory's values (by field) the
+    comment quotes, to name the one that holds `--`, which an XML comment cannot."""
     text = plistlib.dumps(job, sort_keys=False).decode()
     head, _, body = text.partition("<plist")
     note = "\n     ".join(f"{GENERATED}\n{comment}".splitlines())
-    if "--" in note:  # XML comments may not contain it
-        raise ValueError(f"a plist comment cannot hold '--': {note!r}")
+    if "--" in note:
+        field, value = next(((f, v) for f, v in (fields or {}).items() if "--" in v),
+                            ("the comment", note))
+        raise RenderError(f"{field}: {value!r} holds '--', which the launchd job's comment"
+                          " (XML) cannot; choose a name without it")
     return f"{head}<!-- {note} -->\n<plist{body}"
 
 
@@ -42,7 +47,7 @@ def _exporter(site: Site) -> list[Rendered]:
             "Runs as root: reading other users' process states needs it."
         )
         path = PurePosixPath(TARGET) / node.name / f"{services.EXPORTER_LABEL}.plist"
-        files.append(Rendered(path, _plist(job, comment)))
+        files.append(Rendered(path, _plist(job, comment, {f"nodes.{node.name}": node.name})))
     return files
 
 
@@ -74,17 +79,18 @@ def _models(site: Site) -> list[Rendered]:
             f" {model.policy.stop_timeout:g} s) has passed."
         )
         path = services.head_dir(TARGET, model) / service.plist_path.name
-        files.append(Rendered(path, _plist(job, comment)))
+        named = ("plist", str(service.plist)) if service.plist else ("label", service.label)
+        fields = {f"models.{model.name}": model.name, f"nodes.{model.head}": model.head,
+                  f"models.{model.name}.service.{named[0]}": named[1]}
+        files.append(Rendered(path, _plist(job, comment, fields)))
     return files
 
 
 def _remediator(site: Site) -> Rendered:
     job = {
         "Label": services.REMEDIATOR_LABEL,
-        # The config comes from MLX_MEDIC_CONFIG, as the on-call commands find it.
-        "ProgramArguments": [site.remediator_command, "remediator"],
-        "EnvironmentVariables": {"MLX_MEDIC_CONFIG": site.remediator_config,
-                                 "PYTHONUNBUFFERED": "1"},
+        "ProgramArguments": services.remediator_argv(site.remediator_command),
+        "EnvironmentVariables": services.remediator_environment(site.remediator_config),
         "UserName": site.remediator_user,
         "RunAtLoad": True,
         "KeepAlive": True,

@@ -1,6 +1,8 @@
 """The alerting rules for Prometheus, written to `rules/` beside prometheus.yml.
 
-The shipped file (alerting-rules/mlx-medic.rules.yaml) is the source. Without overrides
+The shipped file (alerting-rules/mlx-medic.rules.yaml) is the source; it is package data
+(mlx_medic/render/mlx-medic.rules.yaml, a link in a checkout, a copy in the wheel), so an
+installed `mlx-medic render rules` needs no checkout. Without overrides
 it is copied as it is, comments and all; `--rules.for ALERT=DURATION` and
 `--rules.interval DURATION` write a copy with those `for:` and group evaluation
 intervals, so a test (or a staging Prometheus) can shorten them without editing the
@@ -10,7 +12,9 @@ shipped file.
 from __future__ import annotations
 
 import re
-from pathlib import Path, PurePosixPath
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
@@ -19,7 +23,7 @@ from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site
 
 TARGET = "rules"
 DIR = PurePosixPath("rules")
-SOURCE = Path(__file__).resolve().parents[2] / "alerting-rules" / "mlx-medic.rules.yaml"
+SOURCE: Traversable = files("mlx_medic.render") / "mlx-medic.rules.yaml"
 PROM_DURATION = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
 
 
@@ -52,10 +56,9 @@ def render(site: Site) -> list[Rendered]:
     try:
         text = source.read_text(encoding="utf-8")
     except OSError as exc:
-        raise RenderError(
-            f"--rules.file {source}: cannot read ({exc.strerror or exc}); a checkout has it at"
-            " alerting-rules/mlx-medic.rules.yaml"
-        ) from None
+        what = ("the rules shipped with mlx-medic (reinstall it, or give --rules.file)"
+                if source == SOURCE else "--rules.file")
+        raise RenderError(f"{what} {source}: cannot read ({exc.strerror or exc})") from None
     if site.rules.for_overrides or site.rules.interval is not None:
         text = _overridden(text, site)
     return [Rendered(DIR / source.name, text)]

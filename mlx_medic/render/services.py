@@ -44,8 +44,14 @@ def serve_argv(inventory: Inventory, model: Model) -> list[str]:
     return [medic_command(head), "serve", model.name, "--config.file", str(head.medic_config)]
 
 
-def remediator_argv(command: str, config: str) -> list[str]:
-    return [command, "remediator", "--config.file", config]
+def remediator_argv(command: str) -> list[str]:
+    """No --config.file: the job sets MLX_MEDIC_CONFIG (remediator_environment), so the
+    remediator and the on-call commands on its host find one config the same way."""
+    return [command, "remediator"]
+
+
+def remediator_environment(config: str) -> dict[str, str]:
+    return {"MLX_MEDIC_CONFIG": config, "PYTHONUNBUFFERED": "1"}
 
 
 def wrapper_models(inventory: Inventory, manager: ServiceManager) -> list[Model]:

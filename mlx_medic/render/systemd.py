@@ -46,6 +46,10 @@ def _exec(argv: list[str]) -> str:
     return "ExecStart=" + " ".join(quote(word) for word in argv)
 
 
+def _environment(variables: dict[str, str]) -> str:
+    return "Environment=" + " ".join(quote(f"{k}={v}") for k, v in variables.items())
+
+
 def _exporters(site: Site) -> list[Rendered]:
     files = []
     for node in site.inventory.nodes:
@@ -73,10 +77,9 @@ def _models(site: Site) -> list[Rendered]:
     for model in services.wrapper_models(site.inventory, "systemd"):
         stdout, stderr = services.log_paths(model)
         where = f"models.{model.name}.log_files"
-        env = " ".join(quote(f"{k}={v}") for k, v in services.environment(model).items())
         service = [
             *([f"User={model.service.user}"] if model.service.user else []),
-            f"Environment={env}",
+            _environment(services.environment(model)),
             _exec(services.serve_argv(site.inventory, model)),
             "Restart=always",
             f"RestartSec={services.THROTTLE_SECONDS}",
@@ -106,14 +109,14 @@ def _remediator(site: Site) -> Rendered:
         "  systemctl enable --now mlx-medic-remediator\n"
         f"Its config is {site.remediator_config}: on this host the on-call commands\n"
         "(mlx-medic pause, resume, log, remediate) find it there without --config.file,\n"
-        "and so the journal it names. Moved elsewhere: change MLX_MEDIC_CONFIG below and set\n"
-        "the same variable for on-call shells, else they refuse (no config at the default\n"
-        "path). Under sudo they write the journal as its owner (User= below), never as root."
+        "and so the journal it names (MLX_MEDIC_CONFIG below). Moved elsewhere: render again\n"
+        "with --remediator.config and set the same variable for on-call shells, else they\n"
+        "refuse (no config at the default path). Under sudo they write the journal as its\n"
+        "owner (User= below), never as root."
     )
-    argv = services.remediator_argv(site.remediator_command, "${MLX_MEDIC_CONFIG}")
     service = [
-        f"Environment={quote('MLX_MEDIC_CONFIG=' + site.remediator_config)}",
-        "ExecStart=" + " ".join([*(quote(w) for w in argv[:-1]), argv[-1]]),
+        _environment(services.remediator_environment(site.remediator_config)),
+        _exec(services.remediator_argv(site.remediator_command)),
         "# SIGTERM lets a run finish its step and release the model lock.",
         "KillSignal=SIGTERM",
         "TimeoutStopSec=60",

@@ -49,6 +49,9 @@ class Playbook(ABC):
     # model's circuit (its escalations page without it), so routine runs of it cannot
     # stop `recover` from acting.
     own_budget: ClassVar[bool] = False
+    # Acts only on the nodes its alerts named (`plan_for` uses them): once a run has fixed
+    # its nodes, an alert naming another node is queued after it, never absorbed by it.
+    per_node: ClassVar[bool] = False
 
     @abstractmethod
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:

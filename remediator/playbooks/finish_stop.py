@@ -16,6 +16,7 @@ from mlx_medic.inventory import Inventory, Model
 from mlx_medic.node.client import HelperCallError, NodeHelpers
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict
 from mlx_medic.remediator.steps import (
+    REMEDIATOR_RUN,
     CleanTmp,
     Escalate,
     RunContext,
@@ -26,7 +27,6 @@ from mlx_medic.remediator.steps import (
 )
 
 FINISH_STOP = "finish-stop"
-REMEDIATOR_RUN = "remediator run "
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,6 @@ async def read_stop_record(helpers: NodeHelpers, model: Model) -> StopRecord | N
     record = reply.document.get("stopped_by")
     if isinstance(record, dict) and record.get("run"):
         return StopRecord(str(record["run"]), str(record.get("reason", "")))
-    if isinstance(record, str) and record:
-        return StopRecord(record, "")
     return None
 
 

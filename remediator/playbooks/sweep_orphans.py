@@ -25,6 +25,7 @@ SWEEP_ORPHANS = "sweep-orphans"
 class SweepOrphansPlaybook(Playbook):
     while_up = True
     own_budget = True
+    per_node = True
 
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         return self.plan_for(model, inventory, ())

@@ -2,6 +2,7 @@
 
 from mlx_medic.remediator.steps.backend import PinRing
 from mlx_medic.remediator.steps.base import (
+    REMEDIATOR_RUN,
     HealthCheck,
     RunContext,
     Step,
@@ -17,6 +18,7 @@ from mlx_medic.remediator.steps.sweep import Sweep
 from mlx_medic.remediator.steps.verify import Verify
 
 __all__ = [
+    "REMEDIATOR_RUN",
     "CleanTmp",
     "Escalate",
     "HealthCheck",

@@ -21,6 +21,9 @@ from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.transport import NodeTransport
 
 HealthCheck = Callable[[Model], Awaitable[HealthVerdict]]
+# Who acts, as a node's records say it (`remediator run 12`): start-up tells a stop of
+# its own interrupted run from anyone else's by it.
+REMEDIATOR_RUN = "remediator run "
 
 
 async def _no_lock() -> None:
@@ -87,7 +90,7 @@ class RunContext:
     @property
     def by(self) -> str:
         """Who acts, as the head's records say it: `remediator run N`."""
-        return f"remediator run {self.run_id}"
+        return f"{REMEDIATOR_RUN}{self.run_id}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,11 +105,3 @@ class Step(ABC):
     @abstractmethod
     async def run(self, context: RunContext) -> StepResult:
         """Do the step. Never called in a dry run."""
-
-    def not_implemented(self) -> StepResult:
-        """The honest answer of a step whose body a later release brings."""
-        name = self.describe().name
-        return StepResult(
-            StepOutcome.NOT_IMPLEMENTED,
-            detail=f"step {name!r} has no implementation yet; nothing was done",
-        )

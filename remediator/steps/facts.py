@@ -20,9 +20,9 @@ from typing import Any
 
 from mlx_medic.remediator.steps.base import RunContext
 from mlx_medic.remediator.steps.on_nodes import NodeReplies, ask, document_list
+from mlx_medic.serve.record import LIVE_STATES
 
 JACCL_SIGNATURE_PREFIX = "jaccl_"  # mlx_medic.signatures: every JACCL failure's name
-ACTIVE_PORT_STATES = {"active", "port_active", "4"}
 
 
 def _text(value: Any) -> str | None:
@@ -52,17 +52,18 @@ class NodeFacts:
     mlx: str | None = None
     mlx_lm: str | None = None
     memory_available: int | None = None
-    memory_total: int | None = None
-    rdma_ports: list[tuple[str, str]] = field(default_factory=list)  # (device:port, state)
+    # (device:port, active): the helper's `active`, None where it did not say
+    rdma_ports: list[tuple[str, bool | None]] = field(default_factory=list)
     errors: list[ErrorLine] = field(default_factory=list)
     serve_failure: ErrorLine | None = None  # the wrapper's record of a failed backend
     serve_backend: str | None = None
+    serve_state: str | None = None
 
     @classmethod
     def read(cls, node: str, document: dict[str, Any]) -> NodeFacts:
         versions, memory = _mapping(document, "versions"), _mapping(document, "memory")
         ports = [(f"{p.get('device', '?')}:{p.get('port', '?')}",
-                  "active" if p.get("active") is True else str(p.get("state", "?")))
+                  p["active"] if isinstance(p.get("active"), bool) else None)
                  for p in document_list(_mapping(document, "rdma"), "ports")]  # fmt: skip
         errors = [ErrorLine(str(e.get("signature", "")), str(e.get("line", "")), node)
                   for e in document_list(document, "log_errors") if e.get("line")]  # fmt: skip
@@ -78,14 +79,22 @@ class NodeFacts:
         return cls(
             node, _text(_mapping(document, "os").get("build")), _text(versions.get("mlx")),
             _text(versions.get("mlx-lm")), _number(memory.get("available_bytes")),
-            _number(memory.get("total_bytes")), ports, errors, serve_failure,
-            _text(serve.get("backend")),
+            ports, errors, serve_failure,
+            _text(serve.get("backend")), _text(serve.get("state")),
         )
 
     @property
+    def serving_backend(self) -> str | None:
+        """The backend a live serve wrapper (starting or serving) runs the model on."""
+        return self.serve_backend if self.serve_state in LIVE_STATES else None
+
+    @property
     def inactive_ports(self) -> list[str]:
-        return [name for name, state in self.rdma_ports
-                if state.lower() not in ACTIVE_PORT_STATES]  # fmt: skip
+        return [name for name, active in self.rdma_ports if active is False]
+
+    @property
+    def unknown_ports(self) -> list[str]:
+        return [name for name, active in self.rdma_ports if active is None]
 
     def jaccl_failure(self) -> ErrorLine | None:
         """The line that shows JACCL failed here: the wrapper's record of a failed JACCL

@@ -47,9 +47,13 @@ class Preflight(Step):
         notes = []
         for node, facts in read_facts(replies).items():
             line = f"{node}: memory {_gib(facts.memory_available)} free"
-            if facts.rdma_ports:
-                inactive = facts.inactive_ports
-                line += (f", RDMA ports not active: {', '.join(inactive)}" if inactive
-                         else f", {len(facts.rdma_ports)} RDMA port(s) active")  # fmt: skip
+            inactive, unknown = facts.inactive_ports, facts.unknown_ports
+            active = len(facts.rdma_ports) - len(inactive) - len(unknown)
+            if inactive:
+                line += f", RDMA ports not active: {', '.join(inactive)}"
+            elif active:
+                line += f", {active} RDMA port(s) active"
+            if unknown:
+                line += f", RDMA port(s) of unknown state: {', '.join(unknown)}"
             notes.append(line)
         return StepResult(StepOutcome.OK, detail="; ".join(notes), output=replies.output())

@@ -3,7 +3,10 @@ the model's `start_timeout` has passed.
 
 "Could not tell" is its own outcome (inconclusive), never "down": a probe that did not
 run says nothing about the backend, so it must not trigger a fallback. Down at the end
-of the wait (the last verdicts said down) is a failed verify.
+of the wait (the last verdicts said down) is a failed verify. A verify that expects no
+backend in particular reads the one it verified from the head's serve record (`facts`),
+so `mlx_medic_last_verified_backend` follows a normal recover too; a head that cannot
+say leaves it unknown (the model answered: the verify still passed).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from mlx_medic.remediator.steps.base import (
     StepKind,
     StepResult,
 )
+from mlx_medic.remediator.steps.facts import read_facts
+from mlx_medic.remediator.steps.on_nodes import ask
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,21 +42,27 @@ class Verify(Step):
     poll_interval: float = 5.0
     within: float | None = None  # how long to ask; None: the model's start_timeout
 
+    @property
+    def wait(self) -> float:
+        """How long it asks: `within`, else the model's start_timeout."""
+        return self.model.policy.start_timeout if self.within is None else self.within
+
     def describe(self) -> StepDescription:
         where = f"{self.model.host}:{self.model.port}"
+        asked = (f", asked again for up to {self.wait:g}s" if self.wait > 0
+                 else ", asked once")  # fmt: skip
         return StepDescription(
             "verify" if self.backend is None else f"verify-{self.backend}", self.model.head,
-            f"health probe {where}: a real 1-token request, asked again for up to"
-            f" {self.model.policy.start_timeout:g}s", targets=[where],
+            f"health probe {where}: a real 1-token request{asked}", targets=[where],
         )
 
     async def run(self, context: RunContext) -> StepResult:
-        within = self.model.policy.start_timeout if self.within is None else self.within
-        deadline = time.monotonic() + within
+        deadline = time.monotonic() + self.wait
         while True:
             verdict = await context.health(self.model)
             if verdict.state is ModelState.UP:
-                return StepResult(StepOutcome.OK, detail=verdict.reason, backend=self.backend)
+                backend = self.backend or await self._served_backend(context)
+                return StepResult(StepOutcome.OK, detail=verdict.reason, backend=backend)
             if time.monotonic() + self.poll_interval > deadline:
                 break
             await asyncio.sleep(self.poll_interval)
@@ -61,3 +72,12 @@ class Verify(Step):
             StepOutcome.INCONCLUSIVE,
             detail=f"could not tell whether {self.model.name} is up: {verdict.reason}",
         )
+
+    async def _served_backend(self, context: RunContext) -> BackendName | None:
+        """The backend the head's serve record says the live wrapper serves on (one of the
+        model's); None when the head does not say."""
+        head = self.model.head
+        facts = read_facts(await ask(context, [head], "facts", self.model.name)).get(head)
+        served = facts.serving_backend if facts is not None else None
+        return next((name for name, _spec in self.model.backends.in_order() if name == served),
+                    None)

@@ -186,14 +186,6 @@ class FindsUnkillableRanks(Touch):
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class NotYet(Touch):
-    """A step whose body a later release brings."""
-
-    async def run(self, context: RunContext) -> StepResult:
-        return self.not_implemented()
-
-
 # --- playbooks -----------------------------------------------------------------------
 
 class SucceedingPlaybook(Playbook):
@@ -221,15 +213,6 @@ class GatedPlaybook(SucceedingPlaybook):
 class UnrecoverablePlaybook(SucceedingPlaybook):
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         return [FindsUnkillableRanks(model=model), PassingVerify(model=model)]
-
-
-class NotYetPlaybook(SucceedingPlaybook):
-    """Recover's opening with a step that has no body yet, then steps it never reaches."""
-
-    def plan(self, model: Model, inventory: Inventory) -> list[Step]:
-        return [NotYet(model=model, name="stop-service"),
-                *(NotYet(model=model, name="sweep") for _ in range(2)),
-                PassingVerify(model=model)]
 
 
 class StartAndVerifyPlaybook(SucceedingPlaybook):
@@ -270,7 +253,6 @@ def fake_playbooks() -> dict[str, Playbook]:
         "gated": GatedPlaybook(),
         "unrecoverable": UnrecoverablePlaybook(),
         "start-and-verify": StartAndVerifyPlaybook(),
-        "not-yet": NotYetPlaybook(),
         "acts-while-up": ActsWhileUpPlaybook(),
     }
 

@@ -247,9 +247,9 @@ def _start_like_the_unit(
 
     service = shipped_unit()
     assert service["User"] == user.pw_name
-    name, _, value = service["Environment"].partition("=")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), name: value}
-    argv = [word.replace(f"${{{name}}}", value) for word in shlex.split(service["ExecStart"])]
+    unit_env = dict(word.split("=", 1) for word in shlex.split(service["Environment"]))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **unit_env}
+    argv = shlex.split(service["ExecStart"])  # no variables: the config is MLX_MEDIC_CONFIG
     with log.open("wb") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "mlx_medic.cli", *argv[1:]], cwd="/", env=env,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlx_medic import backend_cli
 from mlx_medic.cli import COMMANDS, parse_args
 from mlx_medic.inventory import parse_inventory
 from mlx_medic.remediator import cli_log, cli_remediate
@@ -141,6 +142,16 @@ def test_log_shows_recent_decisions_such_as_resolved_but_not_repeats_of_a_firing
     assert kinds == ["resolved", "started"]
     assert any("the run had already started" in line for line in decisions)
     assert all(len(line) <= 100 for line in decisions)
+
+
+def test_log_names_the_trigger_of_a_start_up_run(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.sqlite")
+    run_id = journal.create_run(model=MODEL, playbook="finish-stop", trigger_kind="startup",
+                                owner="h:1", now=time.time())
+    run = journal.get_run(run_id)
+    assert run is not None
+    (header, *_) = cli_log.format_run(run)
+    assert header.split()[4] == "start-up"
 
 
 def test_log_follow_prints_a_run_again_when_it_changes(tmp_path: Path) -> None:
@@ -381,10 +392,13 @@ def test_who_acted_without_sudo_is_the_account_of_the_real_uid(
 ) -> None:
     monkeypatch.delenv("SUDO_USER", raising=False)
     monkeypatch.setenv("USER", "someone-else")  # the environment is not who ran it
+    monkeypatch.setenv("LOGNAME", "someone-else")
     config_file = write_config(tmp_path)
     assert cli(["pause", "--config.file", str(config_file)]) == 0
     (control,) = Journal(config_of(config_file).journal).controls()
-    assert control.by_whom == f"{pwd.getpwuid(os.getuid()).pw_name}@{socket.gethostname()}"
+    person = f"{pwd.getpwuid(os.getuid()).pw_name}@{socket.gethostname()}"
+    assert control.by_whom == person
+    assert backend_cli.who() == f"{person} at a terminal"  # `mlx-medic backend` names them so
 
 
 def test_remediate_of_a_paused_model_is_refused_without_force_and_runs_nothing(

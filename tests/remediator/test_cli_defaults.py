@@ -109,11 +109,21 @@ def test_a_user_who_cannot_write_the_journal_is_refused_naming_its_owner(
 
 # --- the shipped units name the default path ----------------------------------------------
 
-def test_the_systemd_unit_sets_MLX_MEDIC_CONFIG_to_the_default_path_and_runs_with_it() -> None:
+def test_the_systemd_unit_sets_MLX_MEDIC_CONFIG_to_the_default_path_and_runs_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mlx_medic.cli import parse_args
+
     service = shipped_unit()
-    assert service["Environment"] == f"{CONFIG_ENV}={DEFAULT_CONFIG_FILE}"
-    argv = shlex.split(service["ExecStart"])
-    assert argv[argv.index("--config.file") + 1] == f"${{{CONFIG_ENV}}}"
+    environment = dict(word.split("=", 1) for word in shlex.split(service["Environment"]))
+    assert environment[CONFIG_ENV] == str(DEFAULT_CONFIG_FILE)
+    args = parse_args(shlex.split(service["ExecStart"])[1:])
+    assert args.command == "remediator" and args.config_file is None
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    source = find_config_file(args.config_file)
+    assert source is not None
+    assert (source.path, source.found_by) == (DEFAULT_CONFIG_FILE, f"${CONFIG_ENV}")
     assert service["StateDirectory"] == "mlx-medic"  # /var/lib/mlx-medic, the journal's dir
     assert str(load_config(DEPLOY / "remediator.yml").journal).startswith("/var/lib/mlx-medic/")
 

@@ -287,24 +287,6 @@ async def test_a_state_a_restart_cannot_fix_escalates_with_the_next_action_in_wo
     assert engine.m_escalations.labels(model=MODEL, reason="unrecoverable")._value.get() == 1
 
 
-async def test_steps_without_an_implementation_escalate_and_never_pretend_success(
-    tmp_path: Path, inventory: Inventory, engines: list[Engine]
-) -> None:
-    transport = RecordingTransport()
-    engine = make_engine(make_config(tmp_path, "not-yet"), inventory, transport=transport)
-    engines.append(engine)
-    await engine.submit(alert("r1"))
-    await engine.wait_idle()
-    (run,) = engine.journal.list_runs()
-    assert run.outcome == "escalated" and "has no implementation yet" in run.detail
-    assert [(s.name, s.outcome) for s in run.steps] == [("stop-service", "not_implemented")]
-    assert run.next_action is not None and "by hand" in run.next_action
-    assert "stop-service on ai001, sweep on ai001, ai001" in run.next_action
-    # nothing ran on a node but the model lock's helper on the head
-    assert [c for c in transport.commands if c[1][1:3] != ["node", "lock"]] == []
-    assert engine.m_escalations.labels(model=MODEL, reason="not_implemented")._value.get() == 1
-
-
 async def test_a_verify_that_could_not_tell_ends_the_run_inconclusive_without_a_fallback(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:

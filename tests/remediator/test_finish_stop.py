@@ -64,7 +64,7 @@ async def test_a_service_a_dead_run_left_stopped_is_swept_for_then_started(
     assert crashed.outcome == "interrupted"
     assert (run.playbook, run.trigger, run.outcome) == (FINISH_STOP, "start-up", "succeeded")
     assert [s.name for s in run.steps] == ["sweep", "clean-tmp", "start-service", "verify"]
-    assert calls(helpers) == [*["sweep"] * 4, *["clean"] * 4, "service start"]
+    assert calls(helpers) == [*["sweep"] * 4, *["clean"] * 4, "service start", "facts"]
     (event,) = engine.journal.list_events(kind="service_left_stopped")
     assert event.detail == (
         f"com.example.{MODEL} on ai001 was left stopped by remediator run 1 ({MODEL} is down);"

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mlx_medic.inventory import Inventory
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import RunView
@@ -72,11 +74,27 @@ async def test_recover_acts_through_the_helpers_in_order_and_journals_every_answ
                           ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "ok")]
     order = [(helper, args[1] if helper == "service" else "") for _, helper, args in helpers.calls]
     assert order == [*[("facts", "")] * 4, ("service", "stop"), *[("sweep", "")] * 4,
-                     *[("clean", "")] * 4, ("service", "start")]
+                     *[("clean", "")] * 4, ("service", "start"), ("facts", "")]
     sweep = run.steps[2]
     assert sweep.targets == [f"{MODEL} on {n}" for n in NODES]
     assert all(f'"node": "{n}"' in sweep.output for n in NODES)
     assert helpers.of("service")[0][1][2:4] == ("--by", f"remediator run {run.id}")
+
+
+@pytest.mark.parametrize(("state", "verified"), [("serving", "jaccl"), ("starting", "jaccl"),
+                                                ("stopped", None)])
+async def test_a_verified_start_records_the_backend_a_live_wrapper_on_the_head_serves(
+    state: str, verified: str | None, tmp_path: Path, engines: list[Engine]
+) -> None:
+    record = Answer({**DEFAULTS["facts"], "serve": {"state": state, "backend": "jaccl",
+                                                    "failure": None}})
+    engine, _, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, UP]),
+                                   {("ai001", "facts"): record})
+    on = f" on {verified}" if verified else ""
+    assert (run.outcome, run.detail) == ("succeeded", f"{MODEL} verified healthy{on}")
+    gauge = engine.m_last_verified_backend
+    assert gauge.labels(model=MODEL, backend="jaccl")._value.get() == (verified == "jaccl")
+    assert gauge.labels(model=MODEL, backend="ring")._value.get() == 0
 
 
 async def test_a_jaccl_failure_after_the_start_pins_ring_restarts_and_verifies_ring(

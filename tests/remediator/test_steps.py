@@ -86,6 +86,16 @@ def test_each_step_describes_itself_with_its_nodes_targets_and_command() -> None
     assert verify.describe().name == "verify-ring" and Verify(model=m).describe().name == "verify"
 
 
+def test_verify_describes_the_wait_it_will_take() -> None:
+    m = model()
+    timeout = m.policy.start_timeout
+    assert Verify(model=m).describe().description.endswith(
+        f"a real 1-token request, asked again for up to {timeout:g}s")
+    assert Verify(model=m, within=7).describe().description.endswith("for up to 7s")
+    assert Verify(model=m, within=0).describe().description.endswith(
+        "a real 1-token request, asked once")
+
+
 def test_recover_plans_a_ring_pin_only_for_a_serve_wrapper_with_both_backends() -> None:
     wrapper = [s.describe().name for s in RecoverPlaybook().plan(model(), INVENTORY)]
     assert wrapper == ["preflight", "stop-service", "sweep", "clean-tmp", "start-service",
@@ -110,6 +120,20 @@ async def test_preflight_asks_every_node_for_its_facts_and_reads_memory_and_rdma
     assert "ai001: memory 64.0 GiB free, 1 RDMA port(s) active" in result.detail
     assert "ai003: memory 64.0 GiB free, RDMA ports not active: rdma_en3:1" in result.detail
     assert '"node": "ai002"' in result.output  # each node's document is journaled
+
+
+@pytest.mark.parametrize(("port", "said"), [
+    ({"state": "PORT_ACTIVE", "active": False}, "RDMA ports not active: rdma_en3:1"),
+    ({"state": "PORT_DOWN", "active": True}, "1 RDMA port(s) active"),
+    ({"state": "PORT_ACTIVE"}, "RDMA port(s) of unknown state: rdma_en3:1"),
+], ids=["helper-says-inactive", "helper-says-active", "helper-does-not-say"])
+async def test_preflight_takes_the_helpers_word_on_whether_a_port_is_active(
+    port: dict[str, Any], said: str, tmp_path: Path,
+) -> None:
+    helpers = FakeHelpers(INVENTORY, {("ai003", "facts"): facts(
+        rdma={"ports": [{"device": "rdma_en3", "port": 1, **port}]})})
+    result = await Preflight(model=model()).run(context(Health(), tmp_path, helpers))
+    assert f"ai003: memory 64.0 GiB free, {said}" in result.detail
 
 
 async def test_an_unreachable_node_at_preflight_escalates_naming_it(tmp_path: Path) -> None:

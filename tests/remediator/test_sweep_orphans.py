@@ -100,6 +100,7 @@ async def test_unkillable_orphans_are_escalated_once_without_opening_the_circuit
     await engine.wait_idle()
     (first,) = engine.journal.list_runs()
     assert first.outcome == "escalated" and first.next_action.startswith("reboot ai002 ")
+    assert "mlx-medic resume" not in first.next_action  # no circuit to resume
     assert engine.journal.blocking_control(MODEL) is None  # recover may still act
     assert engine.m_escalations.labels(model=MODEL, reason="unrecoverable")._value.get() == 0
     assert engine.m_unkillable.labels(model=MODEL, node="ai002")._value.get() == 1
@@ -151,3 +152,56 @@ async def test_a_model_down_alert_during_a_sweep_is_queued_after_it_not_absorbed
     assert (sweep.playbook, sweep.outcome) == (SWEEP_ORPHANS, "succeeded")
     assert (recover.playbook, recover.outcome) == ("recover", "succeeded")
     assert recover.started_at >= sweep.ended_at
+
+
+async def test_an_orphan_alert_for_another_node_during_a_sweep_gets_a_sweep_of_its_own(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, helpers = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN),
+                                                      ("ai003", "orphans"): orphans(ORPHAN)})
+    helpers.gates["sweep"] = gate = asyncio.Event()
+    assert await engine.submit(orphan_alert("o1", "ai002")) == Disposition.STARTED
+    while not helpers.of("sweep"):  # the first run's nodes are fixed: it sweeps ai002
+        await asyncio.sleep(0.01)
+    assert await engine.submit(orphan_alert("o2", "ai002")) == Disposition.ABSORBED
+    ai003 = orphan_alert("o3", "ai003")
+    assert await engine.submit(ai003) == Disposition.STARTED
+    gate.set()
+    await engine.wait_idle()
+    second, first = engine.journal.list_runs()
+    assert (first.outcome, second.outcome) == ("succeeded", "succeeded")
+    assert second.started_at >= first.ended_at
+    assert helpers.of("sweep") == [("ai002", (MODEL, "--orphans-only")),
+                                   ("ai003", (MODEL, "--orphans-only"))]
+    started = engine.journal.list_events(kind="started")[0].detail
+    assert f"after run {first.id} (that run acts only on the nodes it started with)" in started
+    assert await engine.submit(ai003) == Disposition.DUPLICATE  # held by the run that swept it
+
+
+async def test_orphan_alerts_for_two_nodes_before_the_run_starts_are_swept_by_one_run(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, helpers = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN),
+                                                      ("ai003", "orphans"): orphans(ORPHAN)})
+    assert await engine.submit(orphan_alert("o1", "ai002")) == Disposition.STARTED
+    assert await engine.submit(orphan_alert("o3", "ai003")) == Disposition.ABSORBED
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert run.outcome == "succeeded"
+    assert sorted(node for node, _ in helpers.of("sweep")) == ["ai002", "ai003"]
+
+
+async def test_a_sweep_after_which_the_model_does_not_answer_escalates_in_words_that_fit(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """Nothing was started and no circuit opens: no `verified start`, no resume hint."""
+    engine, _ = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
+                            health=Health(verdicts=[HealthVerdict.down("refused")]))
+    await engine.submit(orphan_alert("o1"))
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert run.outcome == "escalated"
+    assert run.detail == f"{MODEL} did not answer after sweep-orphans on ai002"
+    assert run.next_action == f"recover {MODEL} by hand"
+    assert engine.journal.blocking_control(MODEL) is None
+

@@ -115,6 +115,19 @@ def test_a_missing_field_a_job_needs_is_an_error_naming_it_and_nothing_is_writte
     assert not (tmp_path / "out").exists()
 
 
+def test_a_label_with_a_double_hyphen_is_refused_naming_it_and_nothing_is_written(
+    tmp_path: Path,
+):
+    """The plist's comment quotes the label, and an XML comment cannot hold `--`."""
+    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {
+        "ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}}, {
+        "m1": model("launchd", "com.x.m1--b")})
+    code, _, err = render("launchd", inventory, tmp_path / "out")
+    assert code == 1
+    assert "models.m1.service.label: 'com.x.m1--b' holds '--'" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_medic_command_that_is_no_absolute_path_is_refused(tmp_path: Path):
     inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {"ssh": "127.0.0.2"}}, {})
     code, _, err = render("launchd", inventory, tmp_path / "out")

@@ -141,3 +141,23 @@ def test_the_example_inventorys_units_verify_in_a_root_that_has_their_binaries(t
     result = run(systemd_analyze, "verify", "--man=no", f"--root={root}",
                  "mlx-medic-remediator.service")
     assert result.returncode != 0 and "mlx-medic" in result.stderr
+
+
+def test_the_remediator_runs_the_same_command_and_config_under_systemd_and_launchd(
+    tmp_path: Path,
+):
+    """Both jobs run `mlx-medic remediator` with MLX_MEDIC_CONFIG naming the config, where
+    the on-call commands find it too; the unit's words say how to move it."""
+    import plistlib
+
+    out = render_example("all", tmp_path, "--remediator.config", "/srv/medic/r.yml")
+    service = unit(out / "systemd" / "mlx-medic-remediator.service")
+    with (out / "launchd" / "com.mlx-medic.remediator.plist").open("rb") as handle:
+        job = plistlib.load(handle)
+    assert shlex.split(service["ExecStart"]) == job["ProgramArguments"] == [
+        "/opt/mlx-medic/.venv/bin/mlx-medic", "remediator"]
+    environment = dict(word.split("=", 1) for word in shlex.split(service["Environment"]))
+    assert environment == job["EnvironmentVariables"]
+    assert environment["MLX_MEDIC_CONFIG"] == "/srv/medic/r.yml"
+    text = (out / "systemd" / "mlx-medic-remediator.service").read_text()
+    assert "render again with --remediator.config" in " ".join(text.replace("#", "").split())

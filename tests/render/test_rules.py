@@ -78,3 +78,14 @@ def test_a_bad_override_is_an_error_naming_it(tmp_path: Path, flags: list[str], 
     code, _, err = render("rules", EXAMPLE, tmp_path / "out", *flags)
     assert code == 1 and message in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_shipped_rules_are_package_data_of_mlx_medic_not_a_file_beside_it():
+    """An installed wheel has no alerting-rules/ folder: `render rules` reads its own copy."""
+    from importlib.resources import files
+
+    from mlx_medic.render import rules
+
+    package = Path(str(files("mlx_medic")))
+    assert Path(str(rules.SOURCE)).absolute().is_relative_to(package)
+    assert rules.SOURCE.read_text(encoding="utf-8") == SHIPPED.read_text()
