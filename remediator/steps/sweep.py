@@ -68,8 +68,8 @@ class Sweep(Step):
             "sweep-orphans" if self.orphans_only else "sweep", ", ".join(self.on),
             f"end {what} of {model.name} on {', '.join(self.on)}, whatever its parent:"
             f" SIGTERM, {model.policy.kill_grace:g}s grace, then SIGKILL"
-            f"{'' if model.policy.sigkill else ' (not allowed by policy)'}; never a serving"
-            f" :{model.port} listener",
+            f"{'' if model.policy.sigkill else ' (not allowed by policy)'}; never a :{model.port}"
+            " listener that answers the health probe",
             targets=[f"{model.name} on {node}" for node in self.on],
         )
 
