@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlx_medic import person
 from mlx_medic.backend_choice import CHOICES
-from mlx_medic.remediator import cli_identity
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def who() -> str:
     """The person, as the journal names people (`user@host`, the sudo user under sudo)."""
-    return f"{cli_identity.who()} at a terminal"
+    return f"{person.who()} at a terminal"
 
 
 async def ask_head(

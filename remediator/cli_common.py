@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_medic.inventory import Inventory, InventoryError, load_inventory
+from mlx_medic.person import user_name, who
 from mlx_medic.remediator.cli_identity import (
     become_journal_owner,
     can_write,
     journal_owner,
-    user_name,
-    who,
 )
 from mlx_medic.remediator.config import (
     CONFIG_ENV,

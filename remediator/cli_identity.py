@@ -1,4 +1,4 @@
-"""Who runs an on-call command, and as whom it writes the journal.
+"""As whom an on-call command writes the journal (who the person is: `mlx_medic.person`).
 
 The journal is the service's file: a command run as root (under sudo) that created the
 journal, its directory or SQLite's `-wal`/`-shm` as root would leave files the service
@@ -11,22 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
-import socket
 from pathlib import Path
-
-
-def who() -> str:
-    """`user@host` of the person behind the command: under sudo the user who ran sudo
-    (`SUDO_USER`), else the account of the real uid (never just `root` for a sudo'd person)."""
-    user = os.environ.get("SUDO_USER") or user_name(os.getuid())
-    return f"{user}@{socket.gethostname()}"
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
 
 
 def nearest_existing(path: Path) -> Path:
