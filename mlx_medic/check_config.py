@@ -4,7 +4,9 @@ It loads the file exactly as the exporter and the remediator do (`load_inventory
 same models), so what it accepts they accept, and says which tmp/cache dirs several
 models on a node share (`tmp_rules.scope_dirs`: weighed once, with the longest stale
 age). `--schema` prints the field reference generated from those models
-(docs/inventory.md holds the same table).
+(docs/inventory.md holds the same table). A model whose JACCL is the testbed's simulation
+(`serve.simulated_jaccl`) is refused unless `--allow-simulated-jaccl` says this is a
+testbed: a real cluster must never believe a simulated backend.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schema", action="store_true",
         help="print every inventory field (path, type, default, meaning) and exit",
     )  # fmt: skip
+    parser.add_argument(
+        "--allow-simulated-jaccl", action="store_true",
+        help="accept serve.simulated_jaccl (the testbed's simulated JACCL; never on a real"
+        " cluster)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +44,13 @@ def run(args: argparse.Namespace) -> int:
         inventory = load_inventory(args.file)
     except InventoryError as exc:
         print(exc.report(), file=sys.stderr)
+        return 1
+    simulated = [m.name for m in inventory.models if m.serve.simulated_jaccl]
+    if simulated and not args.allow_simulated_jaccl:
+        print(f"{args.file}: models.{simulated[0]}.serve.simulated_jaccl: true: JACCL would be"
+              " the testbed's simulation (testbed/README.md), which a real cluster must"
+              " never run; remove it, or pass --allow-simulated-jaccl on a testbed"
+              f" (models: {', '.join(simulated)})", file=sys.stderr)  # fmt: skip
         return 1
     print(
         f"{args.file}: ok: {len(inventory.nodes)} nodes, {len(inventory.models)} models"

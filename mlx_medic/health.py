@@ -48,6 +48,7 @@ class ProbeResult:
     reason: str
     latency_seconds: float
     conclusive: bool = True
+    timed_out: bool = False  # no answer within the timeout: slow or hung, not refused
 
 
 def _request_body(path: str) -> bytes:
@@ -156,7 +157,7 @@ def _judge(status: int, body: bytes, path: str) -> tuple[bool, str]:
     return True, f"completed a 1-token request on POST {path}"
 
 
-def _request(host: str, port: int, timeout: float, path: str) -> tuple[bool, str]:
+def _request(host: str, port: int, timeout: float, path: str) -> tuple[bool, str, bool]:
     """One POST with a strict overall deadline.
 
     Socket timeouts bound each read, not the whole exchange; a watchdog timer
@@ -180,7 +181,7 @@ def _request(host: str, port: int, timeout: float, path: str) -> tuple[bool, str
         try:
             connection.connect()
         except TimeoutError:
-            return False, f"could not connect to {host}:{port} within {timeout:g}s"
+            return False, f"could not connect to {host}:{port} within {timeout:g}s", True
         if expired.is_set():  # the watchdog fired before there was a socket to shut
             raise TimeoutError
         body = _request_body(path)
@@ -191,15 +192,15 @@ def _request(host: str, port: int, timeout: float, path: str) -> tuple[bool, str
         payload = response.read(MAX_RESPONSE_BYTES)
         if expired.is_set():
             raise TimeoutError
-        return _judge(response.status, payload, path)
+        return (*_judge(response.status, payload, path), False)
     except TimeoutError:
-        return False, f"no complete answer from POST {path} within {timeout:g}s"
+        return False, f"no complete answer from POST {path} within {timeout:g}s", True
     except (http.client.HTTPException, ConnectionError, OSError) as exc:
         if expired.is_set():
-            return False, f"no complete answer from POST {path} within {timeout:g}s"
+            return False, f"no complete answer from POST {path} within {timeout:g}s", True
         if isinstance(exc, OSError) and exc.errno is not None:
-            return False, _describe_os_error(exc, host, port)
-        return False, f"POST {path} failed: {type(exc).__name__}: {exc}"
+            return False, _describe_os_error(exc, host, port), False
+        return False, f"POST {path} failed: {type(exc).__name__}: {exc}", False
     finally:
         watchdog.cancel()
         connection.close()
@@ -230,8 +231,9 @@ def probe_model(
                 reason=f"not probed: another probe of {host}:{port} ran longer than {wait:g}s",
             )
         start = time.monotonic()
-        up, reason = _request(host, port, timeout, path)
-        return ProbeResult(up=up, reason=reason, latency_seconds=time.monotonic() - start)
+        up, reason, timed_out = _request(host, port, timeout, path)
+        return ProbeResult(up=up, reason=reason, latency_seconds=time.monotonic() - start,
+                           timed_out=timed_out)  # fmt: skip
 
 
 def _in_worker_thread(function: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:

@@ -172,13 +172,25 @@ class Backend(_Strict):
     pipeline: bool = Field(default=False, description="pass --pipeline to mlx_lm.server")
 
 
+class RingBackend(Backend):
+    """The ring fallback, as seed 004 runs it: pipeline split by default (tensor parallel
+    sends many small messages per token, which ring over TCP does slowly)."""
+
+    pipeline: bool = Field(
+        default=True,
+        description="pass --pipeline to mlx_lm.server (seed 004: ring with pipeline split);"
+        " false for a model whose architecture cannot pipeline (mlx_lm.server then says"
+        " \"The model does not support pipelining\")",
+    )
+
+
 class Backends(_Strict, BackendsMethods[Backend]):
     """Backends in order of preference: JACCL first, ring as the fallback."""
 
     jaccl: Backend | None = Field(
         default=None, description="JACCL over RDMA (Thunderbolt 5); tried first"
     )
-    ring: Backend | None = Field(
+    ring: RingBackend | None = Field(
         default=None, description="the ring backend over TCP; the fallback when JACCL fails"
     )
 
@@ -210,14 +222,23 @@ class Policy(_Strict):
     )
     pd_reserve: int = Field(
         default=5, ge=0, le=11,
-        description="no JACCL start is tried on a node whose protection-domain ledger counts"
-        " this many domains spent since its boot (of about 11 per RDMA device; a SIGKILLed"
-        " rank or a failed JACCL start spends them until reboot). 5 after dryvist/nix-ai's"
-        " cap of 5 of 11, which keeps domains for a person to recover with; 0: never JACCL",
+        description="no JACCL start is tried on a node where a device the start needs (its"
+        " row of the JACCL hostfile) has spent this many protection domains since the boot,"
+        " by the node's ledger (of about 11 per RDMA device; a SIGKILLed, vanished or"
+        " unkillable JACCL rank spends one on each of its devices until reboot, a failed"
+        " allocation spends nothing). 5 after dryvist/nix-ai's cap of 5 of 11, which keeps"
+        " domains for a person to recover with; 0: never JACCL",
     )  # fmt: skip
     kill_grace: Duration = Field(
         default=10.0,
         description="a sweep's wait between SIGTERM and SIGKILL, for a rank to end itself",
+    )
+    dead_launch_grace: Duration = Field(
+        default=0.25,
+        description="the serve wrapper's wait between SIGTERM and SIGKILL for the ranks of a"
+        " launch whose mlx.launch is gone (its start sweep, its teardown after a crash), at"
+        " most kill_grace: an orphan stuck in the RDMA driver ignores SIGTERM and may turn"
+        " unkillable while it is waited for (docs/decisions.md)",
     )
     sigkill: bool = Field(
         default=True,
@@ -264,6 +285,31 @@ class ServeSettings(_Strict):
         description="the run's lease on each node, renewed by the wrapper every quarter of it;"
         " a guard beside each rank ends it once the lease runs out, so after a SIGKILLed"
         " wrapper no rank lives much longer than this",
+    )
+
+    relaunch_limit: int = Field(
+        default=5, ge=0, le=100,
+        description="after a crash (or a start whose backends all failed) the wrapper ends"
+        " what is left and launches again itself, up to this many times per"
+        " relaunch_window, instead of exiting into the service manager's restart throttle"
+        " (launchd: 10s); then it exits 1 and the service manager restarts it. 0: exit at"
+        " once",
+    )  # fmt: skip
+    relaunch_window: Duration = Field(
+        default=600.0, description="the span relaunch_limit counts over",
+    )  # fmt: skip
+    relaunch_interval: Duration = Field(
+        default=10.0,
+        description="two launches of the model (a relaunch's and the one before it) start at"
+        " least this far apart, as launchd's default ThrottleInterval spaces KeepAlive"
+        " restarts, so a crash loop spends protection domains no faster than one under"
+        " KeepAlive; the start sweep still runs at once (orphans are caught while killable)",
+    )
+    simulated_jaccl: bool = Field(
+        default=False,
+        description="test-only: JACCL is the testbed's simulation (serve.python is its"
+        " shim; testbed/README.md). `check-config` refuses it unless"
+        " --allow-simulated-jaccl; the wrapper logs a warning at every start",
     )
 
     identity_file: AbsolutePath | None = Field(
@@ -325,7 +371,10 @@ class ProcessPatterns(_Strict, ProcessPatternsMethods):
         description="command texts of the model's ranks, e.g. `serve\\.py --model \\S+"
         " --port 8080( .*)?` for `python3 /opt/seed/serve.py --model M --port 8080 ...`;"
         " a full match of the script's (or module's, or program's) file name and the"
-        " arguments joined by single spaces, tried before `share`",
+        " arguments joined by single spaces, tried before `share`. The arguments match in"
+        " the order written; to match any order, use lookaheads:"
+        " `serve\\.py(?=.* --model \\S+( |$))(?=.* --port 8080( |$))( .*)?` matches"
+        " `--port 8080 --host H --model M` too",
     )
     share: list[ProcessRegex] = Field(
         default_factory=list,

@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 from mlx_medic.inventory import Inventory, Node
 from mlx_medic.node.client import HelperCallError, NodeHelpers
-from mlx_medic.pid_liveness import Liveness
+from mlx_medic.pid_liveness import Liveness, local_liveness
 from mlx_medic.transport.interface import NodeTransport, TransportError
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,76 @@ class LockHelperFailed(TransportError):
     (the head is not unreachable)."""
 
 
+# --- the lock file's actions (one compare-then-write under an flock each) ----------------
+
+
+def checked_info(text: str) -> str:
+    """The caller's lock JSON, checked to be a lock with a token, as one line (ValueError
+    saying what is wrong)."""
+    try:
+        info = LockInfo.parse(text)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--info is not a lock ({exc})") from None
+    if not info.token:
+        raise ValueError("--info must carry the taker's token")
+    return info.to_json()
+
+
+def _token(text: str) -> str | None:
+    """The token in a lock's text; None when there is none (an unreadable lock is nobody's)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    token = data.get("token") if isinstance(data, dict) else None
+    return str(token) if token else None
+
+
+def _create_exclusive(path: Path, text: str) -> bool:
+    """Create `path` whole or not at all; False when it exists (a link too)."""
+    from mlx_medic.state_files import StateFileError, write_text_atomic
+
+    tmp = write_text_atomic(path.with_name(f".{path.name}.{os.getpid()}.new"), text)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise StateFileError(f"cannot create {path}: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def act_on_lock(path: Path, action: str, *, info: str | None = None, token: str | None = None,
+                expected_token: str | None = None,
+                expected_sha256: str | None = None) -> bool:  # fmt: skip
+    """One action on the lock file (`mlx-medic node lock`'s, or the serve wrapper's on its
+    own head) under the lock's flock; whether it happened."""
+    from mlx_medic.node.record_lock import exclusive
+    from mlx_medic.state_files import read_text_nofollow, remove_record, write_text_atomic
+
+    if action == "show":
+        return True
+    with exclusive(path.with_name(f"{path.name}.guard")):
+        current = read_text_nofollow(path)
+        if action == "take":
+            return _create_exclusive(path, checked_info(info or ""))
+        if action == "replace":
+            if current is None or _token(current) != expected_token:
+                return False
+            write_text_atomic(path, checked_info(info or ""))
+            return True
+        if current is None:
+            return action == "release"  # nothing to release: done
+        if (action == "release" and _token(current) == token) or (
+            action == "break" and text_digest(current) == expected_sha256
+        ):
+            remove_record(path)
+            return True
+        return False
+
+
 @dataclass
 class LockHandle:
     model: str
@@ -152,10 +222,13 @@ class ModelLocks:
         pid_start: float | None = None,
         lease: float = 90.0,
         clock: Callable[[], float] = time.time,
+        in_process: bool = False,
     ):
         """`this_node`: the inventory node this process runs on (from node identity:
         `--node` or `<state_dir>/node-id`), or None off the cluster. `pid` and
-        `pid_start` default to this process's."""
+        `pid_start` default to this process's. `in_process`: this process acts on the
+        locks of its own node itself, as the `lock` and `pid-alive` helpers would (the
+        serve wrapper on its head: no helper process to start on a crash's path)."""
         if this_node is not None and this_node not in {n.name for n in inventory.nodes}:
             known = ", ".join(n.name for n in inventory.nodes)
             raise ValueError(f"this node {this_node!r} is not in the inventory (nodes: {known})")
@@ -167,6 +240,7 @@ class ModelLocks:
         self.pid_start = pid_start if pid_start is not None else process_start_time(self.pid)
         self.lease = lease
         self.clock = clock
+        self.in_process = in_process
         self.helpers = NodeHelpers(transport, inventory, timeout=HELPER_TIMEOUT)
         self.refusals: dict[str, str] = {}  # model -> why the last acquire failed
         self.unreachable: dict[str, str] = {}  # model -> the node that did not answer then
@@ -215,6 +289,8 @@ class ModelLocks:
         """The head's `lock` helper document (its action done or not); TransportError when
         the head gave no answer (unreachable, timed out), LockHelperFailed when it answered
         without a document (the helper failed: exit 1 or 2, its stderr the message)."""
+        if self.in_process and head.name == self.this_node:
+            return await asyncio.to_thread(self._lock_here, model, action, args)
         try:
             reply = await self.helpers.call(head.name, "lock", model, action, *args)
         except HelperCallError as exc:
@@ -223,6 +299,21 @@ class ModelLocks:
             cause = exc.__cause__ if exc.unreachable else None  # the transport's own words
             raise TransportError(str(cause or exc)) from exc
         return reply.document
+
+    def _lock_here(self, model: str, action: str, args: tuple[str, ...]) -> dict[str, Any]:
+        """The `lock` helper's action and document, done by this process on its own node."""
+        from mlx_medic.state_files import StateFileError, read_text_nofollow
+
+        options = dict(zip(args[::2], args[1::2], strict=True))
+        path = lock_path(self.inventory.state_dir, model)
+        try:
+            done = act_on_lock(path, action, info=options.get("--info"),
+                               token=options.get("--token"),
+                               expected_token=options.get("--expected-token"),
+                               expected_sha256=options.get("--expected-sha256"))  # fmt: skip
+            return {"done": done, "text": read_text_nofollow(path)}
+        except (StateFileError, ValueError) as exc:
+            raise LockHelperFailed(f"{self.this_node}: the model lock: {exc}") from exc
 
     async def _try_acquire(
         self, model: str, holder: str, run_id: str, *, renew: bool
@@ -368,8 +459,13 @@ class ModelLocks:
             return False, held + f"; pid {info.pid} is no process to ask about", None
         start = [] if info.pid_start is None else ["--start-time", repr(info.pid_start)]
         try:
-            reply = await self.helpers.call(node.name, "pid-alive", str(info.pid), *start)
-            liveness, why = Liveness(reply.document["liveness"]), str(reply.document["why"])
+            if self.in_process and node.name == self.this_node:
+                liveness, why = await asyncio.to_thread(local_liveness, info.pid,
+                                                        info.pid_start)  # fmt: skip
+            else:
+                reply = await self.helpers.call(node.name, "pid-alive", str(info.pid), *start)
+                liveness = Liveness(reply.document["liveness"])
+                why = str(reply.document["why"])
         except HelperCallError as exc:
             silent = node.name if exc.no_answer else None
             return False, held + f"; cannot check its pid on {node.name}: {exc}", silent

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from mlx_medic.process_model import (
     ENV_HOSTFILE,
@@ -27,6 +29,9 @@ from mlx_medic.process_model import (
     ENV_RANK,
     launch_script,
 )
+
+if TYPE_CHECKING:
+    from mlx_medic.inventory import Model
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,50 @@ def rank_devices(env: Mapping[str, str], read: Reader) -> tuple[str, ...]:
     cells = row if isinstance(row, list) else []
     found: list[str] = []
     for cell in cells:
+        for device in cell if isinstance(cell, list) else [cell]:
+            if isinstance(device, str) and device not in found:
+                found.append(device)
+    return tuple(found)
+
+
+# --- the hostfile's RDMA devices ------------------------------------------------------------
+
+HOSTFILE_LIMIT = 256 * 1024  # a JACCL hostfile for dozens of nodes is a few KiB
+
+
+def hostfile_hosts(path: str | Path) -> list[dict[str, Any]] | None:
+    """The host objects of an mlx.launch hostfile in rank order: a bare JSON list of them,
+    or the object `mlx.distributed_config` writes (`{"backend", "envs", "hosts": [...]}`),
+    both as mlx.launch reads them (mlx/_distributed_utils/common.py); None when it cannot
+    be read here or is neither."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(HOSTFILE_LIMIT + 1)
+        if len(data) > HOSTFILE_LIMIT:
+            return None
+        parsed = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    hosts = parsed.get("hosts") if isinstance(parsed, dict) else parsed
+    if not isinstance(hosts, list) or not all(isinstance(h, dict) for h in hosts):
+        return None
+    return hosts
+
+
+def hostfile_devices(model: Model, node: str) -> tuple[str, ...]:
+    """The RDMA devices `model`'s JACCL hostfile gives `node`: the `rdma` list of its row
+    (rows in the model's node order), each once, in order; () when the model has no JACCL
+    backend, does not place the node, or the file is not readable here."""
+    jaccl = model.backends.jaccl
+    if jaccl is None or node not in model.nodes:
+        return ()
+    hosts = hostfile_hosts(jaccl.hostfile)
+    index = list(model.nodes).index(node)
+    if hosts is None or index >= len(hosts):
+        return ()
+    cells = hosts[index].get("rdma")
+    found: list[str] = []
+    for cell in cells if isinstance(cells, list) else []:
         for device in cell if isinstance(cell, list) else [cell]:
             if isinstance(device, str) and device not in found:
                 found.append(device)

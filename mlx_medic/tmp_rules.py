@@ -28,9 +28,11 @@ the second is an entry at the next look).
 Launcher leftovers (`launcher_leftovers`). In the launch user's temp dirs, a regular
 file (not a symlink, at most 64 KiB) named as `mktemp` names (`tmp.XXXXXXXXXX`) whose
 content is mlx.launch's (`classify_launch_file`):
-- a pid file whose process is gone, or
+- a pid file whose process is gone: a dead launch's, whatever its age, or
 - a hostfile / RDMA-devices JSON that no live process points at (`MLX_HOSTFILE`,
-  `MLX_IBV_DEVICES` in its environment).
+  `MLX_IBV_DEVICES` in its environment) and that is older than LEFTOVER_YOUNG seconds:
+  nothing names its owner, and mlx.launch's rank script writes it a moment before the
+  rank that points at it starts, so a young one may be a launch under way.
 Any other file there is another program's and is never listed.
 """
 
@@ -40,6 +42,7 @@ import json
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +61,7 @@ STALE_PREFIX = "tmp"
 LEFTOVER_NAME = re.compile(r"tmp\.[A-Za-z0-9]{6,32}")
 LEFTOVER_MAX_BYTES = 64 * 1024
 LAUNCH_FILE_VARIABLES = ("MLX_HOSTFILE", "MLX_IBV_DEVICES")
+LEFTOVER_YOUNG = 120.0  # seconds: an unowned hostfile younger than this may be a launch's
 
 
 # --- the dirs --------------------------------------------------------------------------
@@ -214,6 +218,14 @@ def _launch_file_references() -> set[str]:
     return environment_values(LAUNCH_FILE_VARIABLES)
 
 
+def _age(dir_fd: int, name: str, now: float) -> float:
+    """Seconds since the entry last changed; 0 when it cannot be told (kept, as young)."""
+    try:
+        return now - os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
+    except OSError:
+        return 0.0
+
+
 @dataclass(frozen=True)
 class LeftoverScan:
     files: tuple[Path, ...]  # the leftovers, in the order found
@@ -226,6 +238,7 @@ def launcher_leftovers(
     *,
     pid_alive: Callable[[int], bool] = _pid_alive,
     referenced_paths: Callable[[], set[str]] = _launch_file_references,
+    now: Callable[[], float] = time.time,
 ) -> LeftoverScan:
     """mlx.launch's files in `directories` that no live process needs (the module's rule)."""
     files: list[Path] = []
@@ -247,7 +260,7 @@ def launcher_leftovers(
                 kind = classify_launch_file(content) if content is not None else None
                 if kind == "pidfile" and not pid_alive(int(content or b"0")):
                     files.append(directory / name)
-                elif kind == "hostfile":
+                elif kind == "hostfile" and _age(fd, name, now()) >= LEFTOVER_YOUNG:
                     hostfiles.append(directory / name)
             read.append(directory)
         except OSError as exc:

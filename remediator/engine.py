@@ -41,7 +41,14 @@ answer over SSH while the run re-checks or takes the lock ends it `unreachable` 
 `locked`): a warning, `mlx_medic_node_unreachable_total`, and the next action in words.
 The engine owns the control flow: fallback steps only after a failed verify, a verify
 that could not tell ends the run inconclusive, and a step that failed or found a state
-a restart cannot fix escalates to a person.
+a restart cannot fix escalates to a person. What a sweep could not end (uninterruptible
+sleep: only a reboot of its node ends it) is no such state: the sweep's step ends ok, the
+engine keeps its survivors in the run's context, sets `mlx_medic_unkillable_processes`
+and journals one `unkillable` event (with the node's reboot advice) per process no earlier
+run found, and the run goes on to start and verify. A verified run ends `succeeded`
+naming the survivors left; an escalation of a run that met any carries their reboot
+advice (after a failed verify, a survivor holding the model's port makes "reboot NODE"
+the next action).
 
 The engine is given its playbooks as instances by name (`builtin_playbooks()` unless
 told otherwise); the config routes alert names to those names.
@@ -87,6 +94,8 @@ from mlx_medic.remediator.steps import (
     StepKind,
     StepResult,
 )
+from mlx_medic.remediator.steps.sweep import survivor_escalation
+from mlx_medic.survivors import SurvivorVerdict, reboot_advice
 from mlx_medic.transport import NodeTransport, TransportError
 
 log = logging.getLogger("mlx_medic.remediator.engine")
@@ -222,7 +231,8 @@ class Engine:
             "mlx_medic_unkillable_processes",
             "Processes of the model that the remediator's last sweep of the node found"
             " unkillable (uninterruptible sleep survives SIGKILL; only a reboot of the node"
-            " clears them and the protection domains they hold).",
+            " clears them and the protection domains they hold; the run goes on around"
+            " them).",
             ["model", "node"], registry=registry,
         )
         for model in inventory.models:
@@ -790,12 +800,15 @@ class Engine:
             where = f"{about.name} on {about.node}"
             for node_name in result.unreachable:
                 self.m_unreachable.labels(model=model.name, node=node_name).inc()
+            if result.survivors is not None:
+                context.survivors = _merged(context.survivors, result.survivors)
             if result.unkillable is not None:
-                self._record_unkillable(run, model, result.unkillable, context)
+                self._record_unkillable(run, model, result, context)
             if result.unrecoverable:
                 detail = result.detail or f"{where} found a state a restart cannot fix"
                 action = result.next_action or f"recover {model.name} by hand"
-                return self._escalate(run, EscalationReason.UNRECOVERABLE, detail, action)
+                return self._escalate(run, EscalationReason.UNRECOVERABLE, detail, action,
+                                      context, after_start=verify_failed)
             if result.outcome == StepOutcome.INCONCLUSIVE:
                 return _End(
                     RunOutcome.INCONCLUSIVE, f"step {where}: {result.detail}",
@@ -805,7 +818,10 @@ class Engine:
             if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.OK:
                 self._verified(model, result.backend)
                 on = f" on {result.backend}" if result.backend else ""
-                return _End(RunOutcome.SUCCEEDED, f"{model.name} verified healthy{on}")
+                left = context.survivors
+                said = (f"; survivors left: {left.describe(self.inventory)}"
+                        if left is not None and left.survivors else "")  # fmt: skip
+                return _End(RunOutcome.SUCCEEDED, f"{model.name} verified healthy{on}{said}")
             if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.FAILED:
                 verify_failed = True
                 continue
@@ -816,12 +832,13 @@ class Engine:
             detail = f"step {where} {ended}: {result.detail}".rstrip(": ")
             action = (f"read the step's output (`mlx-medic log --model {model.name}`), recover"
                       " by hand")
-            return self._escalate(run, EscalationReason.STEP_FAILED, detail, action)
+            return self._escalate(run, EscalationReason.STEP_FAILED, detail, action, context,
+                                  after_start=verify_failed)
         ended = "the playbook ended without a verified start"
         if verify_failed:
             ended = f"{model.name} did not answer" + (f" after {', '.join(done)}" if done else "")
         return self._escalate(run, EscalationReason.STEP_FAILED, ended,
-                              f"recover {model.name} by hand")
+                              f"recover {model.name} by hand", context, after_start=verify_failed)
 
     async def _run_step(
         self, run_id: int, step: Step, about: StepDescription, context: RunContext,
@@ -847,10 +864,15 @@ class Engine:
             )
 
     def _escalate(
-        self, run: _Run, reason: EscalationReason, detail: str, next_action: str
+        self, run: _Run, reason: EscalationReason, detail: str, next_action: str,
+        context: RunContext, *, after_start: bool,
     ) -> _End:
         """Tell on-call; open the model's circuit (and say how to close it) unless the
-        playbook has its own budget."""
+        playbook has its own budget. A run whose sweep left survivors names them and
+        carries their reboot advice (after a failed verify, a survivor holding the port
+        makes its reboot the next action: `survivor_escalation`)."""
+        detail, next_action = survivor_escalation(context.survivors, self.inventory, detail,
+                                                  next_action, after_start=after_start)
         opens = not run.playbook.own_budget
         if opens:
             next_action = f"{next_action}; {resume_hint(run.model)}"
@@ -860,7 +882,7 @@ class Engine:
 
     def _known_unkillable(self, model: str) -> frozenset[tuple[str, int, float]]:
         """(node, pid, start time) of every process a run of the model found unkillable
-        and escalated (journal events `unkillable`), so later runs do not escalate again."""
+        and named (journal events `unkillable`), so later runs name it once."""
         found: set[tuple[str, int, float]] = set()
         for event in self.journal.list_events(model=model, kind="unkillable", limit=10_000):
             with contextlib.suppress(ValueError, TypeError, KeyError):
@@ -869,22 +891,31 @@ class Engine:
                           for pid, start in data["processes"]}  # fmt: skip
         return frozenset(found)
 
-    def _record_unkillable(self, run: _Run, model: Model,
-                           found: dict[str, list[tuple[int, float]]],
+    def _record_unkillable(self, run: _Run, model: Model, result: StepResult,
                            context: RunContext) -> None:  # fmt: skip
-        """A sweep's unkillable processes: the gauge per node swept, and a journal event for
-        those no earlier run found (the once they are escalated)."""
-        for node_name, processes in found.items():
+        """A sweep's unkillable processes: the gauge per node swept, and a journal event
+        (a warning, with the node's reboot advice) for those no earlier run found. Neither
+        escalates: the sweep's step decided what they mean for the run, and the node's
+        exporter pages for the reboot (MLXUnkillableSurvivors)."""
+        assert result.unkillable is not None
+        named = result.survivors.survivors if result.survivors is not None else []
+        for node_name, processes in result.unkillable.items():
             self.m_unkillable.labels(model=model.name, node=node_name).set(len(processes))
             new = [p for p in processes if (node_name, *p) not in context.known_unkillable]
-            if new:
-                data = json.dumps({"node": node_name, "processes": new})
-                pids = ", ".join(str(pid) for pid, _ in new)
-                self.journal.add_event(
-                    "unkillable", now=self.clock(), model=model.name, run_id=run.run_id,
-                    detail=f"{len(new)} process(es) on {node_name} survive SIGKILL (pids"
-                    f" {pids}); reboot {node_name}. {UNKILLABLE_DATA}{data}",
-                )
+            if not new:
+                continue
+            data = json.dumps({"node": node_name, "processes": new})
+            pids = ", ".join(str(pid) for pid, _ in new)
+            placed = [m.name for m in self.inventory.models_on(node_name)]
+            advice = reboot_advice(node_name, named, placed)
+            self.journal.add_event(
+                "unkillable", now=self.clock(), model=model.name, run_id=run.run_id,
+                detail=f"{len(new)} process(es) on {node_name} survive SIGKILL (pids"
+                f" {pids}); {advice}. {UNKILLABLE_DATA}{data}",
+            )
+            log.warning("%s process(es) of %s on %s survive SIGKILL (pids %s); %s", len(new),
+                        model.name, node_name, pids, advice,
+                        extra={"model": model.name, "node": node_name, "run_id": run.run_id})
 
     def _begin_step(
         self, run: _Run, seq: int, about: StepDescription,
@@ -896,3 +927,11 @@ class Engine:
             outcome=outcome,
         )
 
+
+def _merged(found: SurvivorVerdict | None, more: SurvivorVerdict) -> SurvivorVerdict:
+    """The survivors a run met so far, each once (a later sweep's word on one wins)."""
+    if found is None:
+        return more
+    again = {s.identity for s in more.survivors}
+    return SurvivorVerdict(more.model, [s for s in found.survivors if s.identity not in again]
+                           + more.survivors)  # fmt: skip

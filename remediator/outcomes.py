@@ -22,7 +22,9 @@ class StepOutcome(StrEnum):
     SKIPPED = "skipped"
     INTERRUPTED = "interrupted"  # the remediator stopped while the step ran
     UNREACHABLE = "unreachable"  # the step's node did not answer
-    UNKILLABLE = "unkillable"  # processes survived SIGKILL (uninterruptible)
+    # Old journals only: a sweep that found processes surviving SIGKILL ended so then; a
+    # sweep now ends ok naming them (they are no failure: only a reboot ends them)
+    UNKILLABLE = "unkillable"
 
 
 class RunOutcome(StrEnum):

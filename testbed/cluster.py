@@ -28,7 +28,9 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,10 @@ LOCK_DIR = Path("/var/tmp/mlx-medic-testbed-locks")
 # every node, so an inventory can name one path that means "this node's own dir".
 PRIVATE_DIRS = ("cache", "state", "log")
 NODE_AUTHORIZED_KEYS = "authorized_keys"  # in the node's root: keys only this node accepts
+# Every node shares the host's kernel, hence its boot id; each node gets its own, a file in
+# its root bound over the kernel's inside the node's mount namespace, new at every start.
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+NODE_BOOT_ID = "boot_id"  # in the node's root
 _PR_SET_PDEATHSIG = 1
 
 
@@ -106,6 +112,13 @@ class SimNode:
     @property
     def sshd_log(self) -> Path:
         return self.root / "sshd.log"
+
+    @property
+    def boot_id(self) -> str:
+        """The boot id processes in this node read from /proc/sys/kernel/random/boot_id:
+        its own, not the host's, and a new one after `Cluster.reboot`. A test that writes
+        or reads this node's per-boot records from the host passes it (`boot_id=`)."""
+        return (self.root / NODE_BOOT_ID).read_text(encoding="ascii").strip()
 
     def host_path(self, inside: str | Path) -> Path:
         """The host path of a path as this node sees it (/tmp and the private dirs differ)."""
@@ -295,6 +308,9 @@ class Cluster(ClosedOnExit):
     known_hosts: Path
     identity: Path
     bin_dir: Path
+    # Called with the node after `reboot` started it again, e.g. a simulated JACCL
+    # backend forgetting what the node's killed processes held (testbed/jaccl_sim.py).
+    reboot_hooks: list[Callable[[SimNode], None]] = field(default_factory=list, repr=False)
     _locks: list[int] = field(default_factory=list, repr=False)
     _closed: bool = field(default=False, repr=False)
 
@@ -384,7 +400,8 @@ class Cluster(ClosedOnExit):
         """End everything in one node (frozen processes too) and start it again.
 
         Same name, address, host key and private dirs (their content survives, except that
-        /tmp is emptied, as a reboot does); the SimNode object is updated in place.
+        /tmp is emptied, as a reboot does), a new boot id; the SimNode object is updated in
+        place. Then each of `reboot_hooks` runs with the node.
         """
         node = self.node(name)
         for pid in node.host_pids():
@@ -407,6 +424,8 @@ class Cluster(ClosedOnExit):
         for attribute in ("unshare_pid", "init_pid", "pid_namespace", "_popen"):
             setattr(node, attribute, getattr(fresh, attribute))
         _wait_listening(node.address, node.ssh_port, node, timeout)
+        for hook in list(self.reboot_hooks):
+            hook(node)
         return node
 
     def close(self) -> None:
@@ -639,6 +658,8 @@ def _start_node(
     for mount_point in local_dirs.values():
         mount_point.mkdir(parents=True, exist_ok=True)
     (root / NODE_AUTHORIZED_KEYS).touch(mode=0o600)
+    boot_id = root / NODE_BOOT_ID
+    boot_id.write_text(f"{uuid.uuid4()}\n", encoding="ascii")
     config = root / "sshd_config"
     config.write_text(_sshd_config(root, address, port, authorized_keys))
     if not (root / "ssh_host_ed25519_key").exists():
@@ -648,6 +669,7 @@ def _start_node(
         f"mount --bind {shlex.quote(str(root / sub))} {shlex.quote(target)}"
         for sub, target in mounts
     ]
+    binds.append(f"mount --bind {shlex.quote(str(boot_id))} {shlex.quote(str(BOOT_ID))}")
     # Paths under the host's /tmp that ranks need (a checkout or venv there, as in a CI
     # clone): staged before the private /tmp hides them, then bound back at the same path.
     stage, restore = [], []

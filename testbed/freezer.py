@@ -138,9 +138,12 @@ def sweep_stale() -> list[Path]:
     return removed
 
 
-@contextlib.contextmanager
-def frozen(pids: Iterable[int], token: str) -> Iterator[FreezerGroup]:
-    """Freeze `pids` in /sys/fs/cgroup/freezer/mlx-medic-test-<token>; thaw and remove on exit."""
+def make_group(token: str, freeze: bool = False) -> FreezerGroup:
+    """Make the empty group /sys/fs/cgroup/freezer/mlx-medic-test-<token>, owned by this
+    process (`sweep_stale` removes it once we are dead; `thaw_all` and `remove_group` do
+    it before). With `freeze` it is FROZEN already, so a process that joins it (writes
+    its pid, or "0" for itself, to cgroup.procs) freezes at once: the simulated JACCL
+    orphans freeze themselves that way from inside a node."""
     if not _TOKEN.match(token):
         raise ValueError(f"freezer token {token!r} must match {_TOKEN.pattern}")
     if not available():
@@ -153,13 +156,26 @@ def frozen(pids: Iterable[int], token: str) -> Iterator[FreezerGroup]:
     with _known_lock:
         _known.add(path)
     group = FreezerGroup(path)
+    if freeze:
+        try:
+            group.freeze()
+        except BaseException:
+            remove_group(path)
+            raise
+    return group
+
+
+@contextlib.contextmanager
+def frozen(pids: Iterable[int], token: str) -> Iterator[FreezerGroup]:
+    """Freeze `pids` in /sys/fs/cgroup/freezer/mlx-medic-test-<token>; thaw and remove on exit."""
+    group = make_group(token)
     try:
         for pid in pids:
             group.add(pid)
         group.freeze()
         yield group
     finally:
-        remove_group(path)
+        remove_group(group.path)
 
 
 def thaw_all() -> None:

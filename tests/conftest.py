@@ -7,6 +7,8 @@ its own /tmp, and ranks on every node must read the model and the scripts).
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,3 +70,15 @@ def clean_cluster(cluster: Cluster) -> Iterator[Cluster]:
         else:
             cluster.reboot(node.name)
         node.wipe_private_dirs()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A process of this test's own that lives until the test ends (a survivor's stand-in
+    where only its pid and start time matter)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.wait()

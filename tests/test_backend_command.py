@@ -34,11 +34,14 @@ def test_on_the_head_a_pin_is_recorded_here_with_who_and_why(tmp_path: Path) -> 
     write_node_id(tmp_path / "state", "n1")  # this machine is n1, m1's head
     shown = backend("m1", "--config.file", str(config))
     assert shown.returncode == 0, shown.stderr
-    assert "m1: auto (JACCL first, then ring): no choice recorded (on n1)" in shown.stdout
+    assert ("m1: auto (JACCL first, then ring): no choice recorded; JACCL is tried first at"
+            " every start while the ledger allows it (on n1)") in shown.stdout
     pinned = backend("m1", "ring", "--reason", "JACCL broken on ai003", "--config.file",
                      str(config))  # fmt: skip
     assert pinned.returncode == 0, pinned.stderr
     assert "m1: pinned to ring, by " in pinned.stdout and "JACCL broken on ai003" in pinned.stdout
+    assert ("JACCL is not tried again automatically (a person pinned ring): unpin with"
+            " `mlx-medic backend m1 auto`") in pinned.stdout
     choice = read_backend_choice(tmp_path / "state", "m1")
     assert (choice.choice, choice.reason) == ("ring", "JACCL broken on ai003")
     assert choice.by.endswith("at a terminal")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from testbed import Cluster, free_port, processes, start_cluster, wait_listening
+from testbed.cluster import BOOT_ID
 from testbed.freezer import FREEZER_ROOT, GROUP_PREFIX, frozen
 from testbed.launch import rank_pids, start_launch
 from tests.tools import require_root, require_tool
@@ -144,6 +145,25 @@ def test_the_cache_dir_is_one_path_inside_every_node_but_private_to_each(
     assert first.host_path("/tmp/x") == first.tmp / "x"
 
 
+def test_every_node_has_a_boot_id_of_its_own_which_its_processes_read(
+    clean_cluster: Cluster,
+) -> None:
+    """The nodes share the host's kernel; per-boot records (the protection-domain ledger)
+    need each node's own boot, so a file is bound over the kernel's boot id in each."""
+    host_boot_id = BOOT_ID.read_text().strip()
+    ids = [node.boot_id for node in clean_cluster.nodes]
+    assert len(set(ids)) == len(ids) and host_boot_id not in ids
+    probe = (f"{clean_cluster.python} -c 'from mlx_medic.node.boot_id import current_boot_id;"
+             " print(current_boot_id())'")  # fmt: skip
+    for node in clean_cluster.nodes:
+        assert str(uuid.UUID(node.boot_id)) == node.boot_id  # a uuid, as the kernel's is
+        over_ssh = node.run(f"cat {BOOT_ID}; {probe}").stdout.split()
+        assert over_ssh == [node.boot_id, node.boot_id]
+        spawned = node.spawn(["cat", str(BOOT_ID)], stdout=subprocess.PIPE)
+        assert spawned.communicate(timeout=30)[0].decode().strip() == node.boot_id
+    assert BOOT_ID.read_text().strip() == host_boot_id  # the host's own is untouched
+
+
 def test_every_node_knows_its_inventory_name_from_its_state_dir_not_its_host_name(
     clean_cluster: Cluster,
 ) -> None:
@@ -268,7 +288,7 @@ def test_kill_all_but_sshd_ends_everything_in_a_node_even_frozen(clean_cluster: 
     assert node.host_pids() == [node.init_pid]
 
 
-def test_a_rebooted_node_ends_even_frozen_processes_and_answers_with_the_same_host_key(
+def test_a_rebooted_node_ends_even_frozen_processes_and_comes_back_with_a_new_boot_id(
     clean_cluster: Cluster,
 ) -> None:
     node = clean_cluster.node("ai003")
@@ -276,11 +296,19 @@ def test_a_rebooted_node_ends_even_frozen_processes_and_answers_with_the_same_ho
     target = _sleeper(clean_cluster, "ai003")
     (node.tmp / "left-behind").write_text("x")
     (node.cache / "kept").write_text("x")
-    old_init = node.init_pid
-    with frozen([target], token):
-        clean_cluster.reboot("ai003")
-        assert processes.wait_gone([target, old_init], 5.0) == []
+    old_init, old_boot_id = node.init_pid, node.boot_id
+    rebooted: list[str] = []
+    clean_cluster.reboot_hooks.append(lambda n: rebooted.append(n.name))
+    try:
+        with frozen([target], token):
+            clean_cluster.reboot("ai003")
+            assert processes.wait_gone([target, old_init], 5.0) == []
+    finally:
+        clean_cluster.reboot_hooks.pop()
     assert node.init_pid != old_init
+    assert rebooted == ["ai003"]  # after it is up again (a simulator's pools are cleared)
+    assert node.boot_id != old_boot_id
+    assert node.run(f"cat {BOOT_ID}").stdout.strip() == node.boot_id
     # Nothing but the new sshd and, for a moment, its per-connection children (the readiness
     # probe's): processes of the old namespace cannot be in the new one.
     def others() -> dict[int, list[str]]:

@@ -9,7 +9,11 @@ counts them. The judging is the shared scan's (`mlx_medic.orphan_scan`, which th
 node helpers `orphans` and `sweep --orphans-only` use too); this collector keeps one
 scan between scrapes, for its caches, and turns its report into series. Every state
 is always present (0 when empty) for every inventory model and role, so alert
-expressions never see a missing series.
+expressions never see a missing series. An orphan that the node's protection-domain
+ledger records as a survivor of SIGKILL (same pid and start time) is not counted in
+`mlx_orphan_processes`: no sweep can end it, so it is served as `mlx_unkillable_processes`
+by the `ledger` collector instead, and the orphan alert does not send the remediator to
+sweep it again and again.
 
     mlx_processes{model="glm-4_6-5b",role="rank",state="uninterruptible"} 3.0
     mlx_orphan_processes{model="glm-4_6-5b",role="rank",rule="excess_ranks",state="sleeping"} 2.0
@@ -22,13 +26,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
 
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
+from mlx_medic.node.boot_id import current_boot_id
+from mlx_medic.node.ledger import START_TOLERANCE, LedgerError, read_ledger
 from mlx_medic.orphan_scan import OrphanScan, ProcessReader, read_as_process
 from mlx_medic.orphans import (
     Established,
@@ -69,11 +75,15 @@ class ProcessesCollector(Collector):
         established: Established = psutil_established,
         listening: Callable[[], Probe] = listening_probe,  # a fresh probe per scrape
         read_file: ProcessReader = read_as_process,
+        boot_id: Callable[[], str] = current_boot_id,
     ):
         self.node = node
         self.inventory = inventory
+        self.state_dir = state_dir
         self.table = table
         self.clock = clock
+        self.boot_id = boot_id
+        self._ledger_problem: str | None = None  # logged once until it changes
         # The shared scan (also the node helpers'), kept between scrapes for its caches.
         self.orphan_scan = OrphanScan(
             node=node, inventory=inventory, state_dir=state_dir, established=established,
@@ -104,7 +114,23 @@ class ProcessesCollector(Collector):
         models = list(dict.fromkeys([*self._known_models(), *(s.model for s in scoped)]))
         self._announce(scoped)
         yield self._processes(models, Counter((s.model, s.role, s.proc.state) for s in scoped))
-        yield from self._orphans(models, report, now)
+        yield from self._orphans(models, report, now, self._survivors())
+
+    def _survivors(self) -> list[tuple[int, float]]:
+        """(pid, start time) of every survivor of SIGKILL this node's ledger records; none
+        without a node name, or when the ledger cannot be read (the ledger collector then
+        fails and says why; the orphans are counted as before)."""
+        if self.node is None:
+            return []
+        try:
+            ledger = read_ledger(self.state_dir, self.node, self.boot_id())
+        except (LedgerError, OSError) as exc:
+            if str(exc) != self._ledger_problem:
+                self._ledger_problem = str(exc)
+                log.warning("orphans recorded as unkillable are counted as orphans: %s", exc)
+            return []
+        self._ledger_problem = None
+        return [(entry.pid, entry.start_time) for entry in ledger.survivors]
 
     def _announce(self, scoped: list[Scoped]) -> None:
         """One log line per model found without an inventory, saying how it was found."""
@@ -151,8 +177,11 @@ class ProcessesCollector(Collector):
         return family
 
     def _orphans(
-        self, models: list[str], report: OrphanReport, now: float
+        self, models: list[str], report: OrphanReport, now: float,
+        survivors: Sequence[tuple[int, float]] = (),
     ) -> Iterable[GaugeMetricFamily]:
+        sweepable = [o for o in report.orphans
+                     if not any(_same(o, pid, start) for pid, start in survivors)]  # fmt: skip
         yield self._by_rule(
             "mlx_orphan_processes",
             "MLX processes on this node left over from a dead or replaced run, by the rule"
@@ -164,8 +193,10 @@ class ProcessesCollector(Collector):
             " session), excess_ranks (more ranks than the model runs here; the current ones"
             " told the same way). Never judged by ppid == 1, never a rank that serves the"
             " model's port; where the evidence cannot tell, see"
-            " mlx_suspected_orphan_processes.",
-            models, RULES, report.orphans,
+            " mlx_suspected_orphan_processes. Not counted: an orphan the node's"
+            " protection-domain ledger records as a survivor of SIGKILL (same pid and start"
+            " time), which no sweep can end: see mlx_unkillable_processes.",
+            models, RULES, sweepable,
         )  # fmt: skip
         yield self._by_rule(
             "mlx_suspected_orphan_processes",
@@ -199,6 +230,10 @@ class ProcessesCollector(Collector):
         for (model, peer), value in sorted(pairs.items()):
             suspected.add_metric([model, peer], value)
         yield suspected
+
+
+def _same(orphan: Orphan, pid: int, start_time: float) -> bool:
+    return orphan.proc.pid == pid and abs(orphan.proc.create_time - start_time) < START_TOLERANCE
 
 
 @register(

@@ -11,6 +11,7 @@ this node.
     mlx_serve_state{model="m1",state="serving"} 1.0
     mlx_serve_failed_starts_total{model="m1"} 2.0
     mlx_medic_service_stopped_since_seconds{model="m1"} 0.0
+    mlx_serve_reboot_needed{model="m1",reboot_node="n2"} 1.0
 """
 
 from __future__ import annotations
@@ -44,12 +45,20 @@ STATE_HELP = (
     " whose process is gone (SIGKILLed) counts as failed. All 0 before the first serve."
 )
 FAILED_STARTS_HELP = (
-    "Starts of the model by the serve wrapper that ended without serving (no backend"
-    " started, an unreachable node or an unkillable survivor in the start sweep)."
+    "Starts of the model by the serve wrapper that ended without serving: no backend"
+    " started, a node did not answer, a process survived the start sweep that is not in"
+    " uninterruptible sleep, or one that survives SIGKILL holds the model's port (see"
+    " mlx_serve_reboot_needed). Survivors that do not hold the port are started around."
 )
 STOPPED_HELP = (
     "Seconds since a run (the remediator, a person) stopped the model's service and left"
     " it stopped, from the head's service-stop record; 0 when no such record exists."
+)
+
+REBOOT_HELP = (
+    "1 for each node whose reboot the model's last start needs, from the serve record on"
+    " the head: a process there that survives SIGKILL holds the model's port, so no start"
+    " can listen on it; no series when no reboot is needed."
 )
 
 
@@ -78,6 +87,8 @@ class ServeCollector(Collector):
                                      labels=["model"])  # fmt: skip
         stopped = GaugeMetricFamily("mlx_medic_service_stopped_since_seconds", STOPPED_HELP,
                                     labels=["model"])  # fmt: skip
+        reboot = GaugeMetricFamily("mlx_serve_reboot_needed", REBOOT_HELP,
+                                   labels=["model", "reboot_node"])  # fmt: skip
         for model in models:
             record = read_serve_record(context.state_dir, model.name)
             now_state = effective_state(record)
@@ -91,7 +102,9 @@ class ServeCollector(Collector):
             failed.add_metric([model.name], float(record.failed_starts if record else 0))
             stop = read_service_stop(context.state_dir, model.name)
             stopped.add_metric([model.name], max(0.0, context.clock() - stop.at) if stop else 0.0)
-        yield from (backend, pinned, state, failed, stopped)
+            for node in dict.fromkeys(record.reboot if record else ()):
+                reboot.add_metric([model.name, node], 1.0)
+        yield from (backend, pinned, state, failed, stopped, reboot)
 
 
 @register("serve", help="the serve wrapper's backend, state and failed starts, the backend pin"

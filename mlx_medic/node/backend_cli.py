@@ -32,11 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def describe(model: str, choice: BackendChoice) -> str:
+    retry = choice.retry().replace("MODEL", model)
     if not choice.pinned and not choice.by:
-        return f"{model}: auto (JACCL first, then ring): no choice recorded"
+        return f"{model}: auto (JACCL first, then ring): no choice recorded; {retry}"
     when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(choice.at))
     pinned = f"pinned to {choice.choice}" if choice.pinned else "auto (JACCL first, then ring)"
-    return f"{model}: {pinned}, by {choice.by} at {when}: {choice.reason}"
+    return f"{model}: {pinned}, by {choice.by} at {when}: {choice.reason}; {retry}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
             choice = read_backend_choice(context.state_dir, model)
     except (StateFileError, ValueError) as exc:
         raise HelperError(str(exc)) from None
-    document = {"model": model, "action": args.action, **asdict(choice), "pinned": choice.pinned}
+    document = {"model": model, "action": args.action, **asdict(choice), "pinned": choice.pinned,
+                "automatic": choice.automatic, "retry": choice.retry()}  # fmt: skip
     emit("backend", document, args.json, describe(model, choice))
     return EXIT_OK

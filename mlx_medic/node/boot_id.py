@@ -3,7 +3,10 @@ reboot gives back the domains a killed JACCL rank spent.
 
 Linux: the kernel's random per-boot id. Elsewhere (macOS): the boot time as psutil reads
 it (on macOS from the `kern.boottime` sysctl), whole seconds so a re-read never differs.
-Tests pass their own boot id to simulate a reboot; every testbed node shares the host's.
+Tests pass their own boot id to simulate a reboot. Each testbed node has a boot id of its
+own: the testbed bind-mounts a file over /proc/sys/kernel/random/boot_id in the node's
+mount namespace (new at every start and `Cluster.reboot`), so a node's processes read
+its boot id there and the host's stays the host's (testbed/README.md, "Boot ids").
 """
 
 from __future__ import annotations

@@ -169,6 +169,8 @@ def serve_facts(state_dir: Path, model: str) -> dict[str, Any] | None:
     failures = sorted(record.failures, key=lambda f: f.backend != "jaccl")
     failure = failures[0] if failures else None
     return {"state": record.state, "backend": record.backend,
+            "backend_reason": record.backend_reason, "argv": list(record.argv),
+            "reboot": list(record.reboot),
             "failure": None if failure is None else {
                 "backend": failure.backend, "host": failure.host, "reason": failure.reason,
                 "line": failure.line}}  # fmt: skip

@@ -15,12 +15,9 @@ asks the holder's own node (`pid-alive`).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-from pathlib import Path
 from typing import Any
 
-from mlx_medic.model_lock import LockInfo, lock_path, text_digest
+from mlx_medic.model_lock import act_on_lock, checked_info, lock_path
 from mlx_medic.node.cli import (
     EXIT_FAILED,
     EXIT_OK,
@@ -31,12 +28,9 @@ from mlx_medic.node.cli import (
     node_context,
 )
 from mlx_medic.node.model_arg import placed_model
-from mlx_medic.node.record_lock import exclusive
 from mlx_medic.state_files import (
     StateFileError,
     read_text_nofollow,
-    remove_record,
-    write_text_atomic,
 )
 
 ACTIONS = ("show", "take", "replace", "release", "break")
@@ -59,73 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_node_arguments(sub)
 
 
-def _info(text: str) -> str:
-    """The caller's lock JSON, checked to be a lock with a token, as one line."""
-    try:
-        info = LockInfo.parse(text)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BadArguments(f"--info is not a lock ({exc})") from None
-    if not info.token:
-        raise BadArguments("--info must carry the taker's token")
-    return info.to_json()
-
-
-def _token(text: str) -> str | None:
-    """The token in a lock's text; None when there is none (an unreadable lock is nobody's)."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    token = data.get("token") if isinstance(data, dict) else None
-    return str(token) if token else None
-
-
-def _create_exclusive(path: Path, text: str) -> bool:
-    """Create `path` whole or not at all; False when it exists (a link too)."""
-    tmp = write_text_atomic(path.with_name(f".{path.name}.{os.getpid()}.new"), text)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        raise StateFileError(f"cannot create {path}: {exc.strerror or exc}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    return True
-
-
-def act(path: Path, args: argparse.Namespace) -> bool:
-    """Do the action under the lock's flock; whether it happened."""
-    action: str = args.action
-    if action == "show":
-        return True
-    with exclusive(path.with_name(f"{path.name}.guard")):
-        current = read_text_nofollow(path)
-        if action == "take":
-            return _create_exclusive(path, _info(args.info))
-        if action == "replace":
-            if current is None or _token(current) != args.expected_token:
-                return False
-            write_text_atomic(path, _info(args.info))
-            return True
-        if current is None:
-            return action == "release"  # nothing to release: done
-        if (action == "release" and _token(current) == args.token) or (
-            action == "break" and text_digest(current) == args.expected_sha256
-        ):
-            remove_record(path)
-            return True
-        return False
-
-
 def run(args: argparse.Namespace) -> int:
     context = node_context(args)
     model = placed_model(context, args.model, on_head=True).name
     path = lock_path(context.state_dir, model)
     if args.action in ("take", "replace"):
-        _info(args.info)  # a bad --info is a bad command line, before anything is touched
+        try:
+            checked_info(args.info)  # a bad --info is a bad command line, before anything
+        except ValueError as exc:
+            raise BadArguments(str(exc)) from None
     try:
-        done = act(path, args)
+        done = act_on_lock(path, args.action, info=getattr(args, "info", None),
+                           token=getattr(args, "token", None),
+                           expected_token=getattr(args, "expected_token", None),
+                           expected_sha256=getattr(args, "expected_sha256", None))
         text = read_text_nofollow(path)
     except StateFileError as exc:
         raise HelperError(str(exc)) from None

@@ -12,19 +12,28 @@ never the sweep itself, its ancestors, or any `mlx-medic` command (the serve wra
 a helper started from a rank's environment).
 
 Guards, in every mode: a process listening on another model's port is never touched. A
-process listening on this model's port is ended only by the serve wrapper's start sweep
-(`--start-sweep`, run under the model lock when no legitimate server can exist; it says
-so loudly), by `--run RUN_ID` when the listener carries that run id (the wrapper ending
-its own run), and by the default sweep when it does not answer the health probe (a hung
-rank holding the port); otherwise it is spared (an answering server always, but for
-those first two).
+process listening on this model's port that answers the health probe is never touched
+either (the seed's rule: an active server must not be disrupted); the start sweep then
+reports it (`serving_listener`) and the serve wrapper does not start, since another
+instance serves. A listener that does not answer is a hung rank holding the port only
+after PROBES failed probes over PROBE_WINDOW seconds (one slow answer does not make a
+loaded server hung): then the default sweep and the start sweep end it. `--run RUN_ID`
+ends a listener of that run (the wrapper ending its own run).
 
-Signals: SIGTERM to every target, up to `policy.kill_grace` for them to end, then
-SIGKILL to the survivors if `policy.sigkill`, then a bounded wait. Before each signal
-the process's identity (pid, start time, command line) is read again; a process whose
-identity changed is skipped, so a reused pid is never hit. Each SIGKILL of a JACCL rank
-is recorded in the protection-domain ledger (once per process). A survivor in
-uninterruptible sleep is reported as unkillable: only a reboot frees it.
+Signals: SIGTERM to every target, up to the grace (`policy.kill_grace`, or `--grace`:
+the serve wrapper's shorter grace for the ranks of a dead launch, docs/decisions.md) for
+them to end, then SIGKILL to the survivors if `policy.sigkill`, then a bounded wait.
+Before each signal the process's identity (pid, start time, command line) is read again;
+a process whose identity changed is skipped, so a reused pid is never hit. Before SIGTERM
+reaches a JACCL rank the ledger notes that a signal of ours ends it (`ended`), so its
+rank guard does not count it as vanished; each SIGKILL of a JACCL rank is a ledger spend
+(once per process).
+
+Survivors: a survivor in uninterruptible sleep is unkillable: only a reboot frees it. It
+is recorded in the ledger (`unkillable`, once per process, with its devices) and
+reported with the domains it is believed to hold. When every survivor is unkillable and
+none holds the model's port the sweep is `settled`: it did all a sweep can, and a start
+may go on around them (mlx_medic.survivors).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -44,9 +53,11 @@ from mlx_medic.orphans import run_id_of
 from mlx_medic.placement import rank_devices
 from mlx_medic.platform.process_identity import Identity, own_lineage, read_identity
 from mlx_medic.process_model import (
+    ENV_HOSTFILE,
     ENV_IBV_DEVICES,
     ENV_JACCL_COORDINATOR,
     ENV_MODEL,
+    ENV_RANK,
     ModelScoper,
     ProcessInfo,
     ProcessTable,
@@ -57,13 +68,19 @@ from mlx_medic.process_model import (
     scope_argv,
     under_any,
 )
+from mlx_medic.survivors import Survivor
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory, Model
 
 POLL = 0.02  # seconds between looks while waiting for targets to end
 KILL_WAIT = 3.0  # after SIGKILL: a process that is still there then will not go by itself
+SIGKILL_WAIT = 0.5  # ... at least this long (a SIGKILLed process that can die dies in ms)
+IDENTITY_TOLERANCE = 0.5  # seconds: two readings of one process's start time agree this well
 HEALTH_TIMEOUT = 3.0
+PROBES = 3  # failed health probes before a listener on the model's port counts as hung
+PROBE_WINDOW = 10.0  # seconds they are spread over when one timed out (slow or hung)
+BROKEN_WINDOW = 2.0  # ... when each was refused at once (an error, a closed connection)
 
 
 class Mode(StrEnum):
@@ -123,6 +140,16 @@ def is_jaccl_rank(proc: ProcessInfo) -> bool:
     return ENV_IBV_DEVICES in proc.env or ENV_JACCL_COORDINATOR in proc.env
 
 
+def backend_of(proc: ProcessInfo) -> str:
+    """The backend a process is a rank of: jaccl, ring, none (no rank: a launcher, an ssh
+    client), or unknown (a rank whose placement its environment does not say)."""
+    if is_jaccl_rank(proc):
+        return "jaccl"
+    if ENV_HOSTFILE in proc.env:
+        return "ring"
+    return "unknown" if ENV_RANK in proc.env or proc.role == "rank" else "none"
+
+
 # --- the report ----------------------------------------------------------------------------
 
 
@@ -132,6 +159,8 @@ class Target:
     rule: str | None = None
     signals: list[str] = field(default_factory=list)
     state: State | None = None  # last seen, for survivors
+    holds_port: bool = False  # listens on the model's port
+    devices: tuple[str, ...] = ()  # a JACCL rank's RDMA devices, read when listed
 
     @property
     def role(self) -> str:
@@ -151,6 +180,13 @@ class Target:
                 "cmdline": list(self.proc.cmdline), "role": self.role,
                 "state": str(self.state or self.proc.state)}  # fmt: skip
 
+    def survivor(self, node: str, model: str) -> Survivor:
+        return Survivor(node=node, pid=self.proc.pid, start_time=self.proc.create_time,
+                        cmdline=tuple(self.proc.cmdline), role=self.role,
+                        state=str(self.state or self.proc.state), model=model,
+                        backend=backend_of(self.proc), devices=self.devices,
+                        holds_port=self.holds_port)  # fmt: skip
+
 
 @dataclass
 class SweepReport:
@@ -164,7 +200,8 @@ class SweepReport:
     survivors: list[Target] = field(default_factory=list)
     spared: list[dict[str, Any]] = field(default_factory=list)
     pd_spent: int = 0
-    listeners_signalled: list[int] = field(default_factory=list)  # start sweep, or a silent one
+    listeners_signalled: list[int] = field(default_factory=list)  # hung ones, or its run's
+    serving_listener: dict[str, Any] | None = None  # start sweep: an answering listener
 
     @property
     def unkillable(self) -> list[Target]:
@@ -173,6 +210,13 @@ class SweepReport:
     @property
     def complete(self) -> bool:
         return not self.survivors
+
+    @property
+    def settled(self) -> bool:
+        """Nothing survived, or only what no sweep can end and no start needs: a start may
+        go on around it."""
+        return all(s.state is State.UNINTERRUPTIBLE and not s.holds_port
+                   for s in self.survivors)  # fmt: skip
 
     def spare(self, proc: ProcessInfo, reason: str) -> None:
         self.spared.append({"pid": proc.pid, "cmdline": list(proc.cmdline), "reason": reason})
@@ -184,24 +228,29 @@ class SweepReport:
             "signalled": [t.to_json() for t in self.targets if t.signals or self.dry_run],
             "exited": self.exited,
             "survivors": [s.survivor_json() for s in self.survivors],
-            "unkillable": [s.survivor_json() for s in self.unkillable],
+            "unkillable": [s.survivor(self.node, self.model).to_json()
+                           for s in self.unkillable],
             "spared": self.spared, "pd_spent": self.pd_spent, "complete": self.complete,
-            "listeners_signalled": self.listeners_signalled,
+            "settled": self.settled, "listeners_signalled": self.listeners_signalled,
+            "serving_listener": self.serving_listener,
         }  # fmt: skip
 
 
 # --- the sweep -------------------------------------------------------------------------------
 
 
-def answers_health_probe(model: Model, state_dir: Path) -> tuple[bool, str]:
+Health = tuple[bool, str] | tuple[bool, str, bool]  # answers, why, and whether it timed out
+
+
+def answers_health_probe(model: Model, state_dir: Path) -> Health:
     """Whether the model's port answers the health probe (a real one-token completion),
     never overlapping the exporter's probe of it (the same lock files: two requests at
-    once can crash JACCL ranks, mlx-lm#1737)."""
+    once can crash JACCL ranks, mlx-lm#1737), and whether a failure was a timeout."""
     from mlx_medic.health import probe_host, probe_model
 
     result = probe_model(probe_host(model.host), model.port, timeout=HEALTH_TIMEOUT,
                          lock_dir=_probe_lock_dir(state_dir))  # fmt: skip
-    return result.up, result.reason
+    return result.up, result.reason, result.timed_out or not result.conclusive
 
 
 def _probe_lock_dir(state_dir: Path) -> Path | None:
@@ -216,15 +265,62 @@ def _probe_lock_dir(state_dir: Path) -> Path | None:
 
 
 Spender = Callable[..., bool]
+Ended = tuple[int, float, "str | None", tuple[str, ...]]  # pid, start time, model, devices
 
 
-def _ledger_spender(state_dir: Path, node: str) -> Spender:
-    def spend(**kwargs: Any) -> bool:
+class LedgerNotes:
+    """What a sweep writes into its node's ledger: a spend (a SIGKILLed JACCL rank, a
+    survivor), and before SIGTERM the JACCL ranks a signal of ours is about to end."""
+
+    def __init__(self, state_dir: Path, node: str):
+        self.state_dir, self.node = state_dir, node
+
+    def spend(self, **fields: Any) -> bool:
         from mlx_medic.node.ledger import record_spend
 
-        return record_spend(state_dir, node, "sigkill", **kwargs)
+        kind = fields.pop("kind", "sigkill")
+        return record_spend(self.state_dir, self.node, kind, **fields)
 
-    return spend
+    def ended(self, processes: Sequence[Ended]) -> None:
+        from mlx_medic.node.ledger import record_ended
+
+        record_ended(self.state_dir, self.node, processes)
+
+    def count_gone(self) -> None:
+        """JACCL ranks registered by their guards that are gone by no signal of ours:
+        counted before this sweep reports (mlx_medic.node.rank_register)."""
+        from mlx_medic.node.rank_register import count_gone
+
+        count_gone(self.state_dir, self.node)
+
+    def survivors(self) -> set[tuple[int, float]]:
+        """(pid, start time) of every survivor the ledger records this boot."""
+        from mlx_medic.node.ledger import LedgerError, read_ledger
+
+        try:
+            ledger = read_ledger(self.state_dir, self.node)
+        except LedgerError:
+            return set()
+        return {(e.pid, e.start_time) for e in ledger.survivors}
+
+
+class _CallableNotes(LedgerNotes):
+    """A test's spender (keyword arguments, `kind` among them); nothing else is noted."""
+
+    def __init__(self, spender: Spender):
+        self._spender = spender
+
+    def spend(self, **fields: Any) -> bool:
+        return self._spender(**fields)
+
+    def ended(self, processes: Sequence[Ended]) -> None:
+        return None
+
+    def count_gone(self) -> None:
+        return None
+
+    def survivors(self) -> set[tuple[int, float]]:
+        return set()
 
 
 @dataclass
@@ -235,7 +331,7 @@ class Seams:
     kill: Callable[[int, int], None] = os.kill
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
-    health: Callable[[Model, Path], tuple[bool, str]] = answers_health_probe
+    health: Callable[[Model, Path], Health] = answers_health_probe
     read_file: ProcessReader = read_as_process
     lineage: Callable[[], set[int]] = own_lineage
     # called after the listing, before each signal: a test can end the process and give
@@ -260,8 +356,10 @@ class Sweep:
         run_id: str | None = None,
         dry_run: bool = False,
         seams: Seams | None = None,
-        spend: Spender | None = None,
+        spend: Spender | LedgerNotes | None = None,
         scan: OrphanScan | None = None,
+        grace: float | None = None,
+        crashed_run: str | None = None,
     ):
         self.inventory = inventory
         self.model = model
@@ -272,12 +370,21 @@ class Sweep:
         self.run_id = run_id
         self.dry_run = dry_run
         self.seams = seams or Seams()
-        self.spend = spend or _ledger_spender(self.state_dir, node)
+        self.ledger = (spend if isinstance(spend, LedgerNotes)
+                       else _CallableNotes(spend) if spend is not None
+                       else LedgerNotes(self.state_dir, node))  # fmt: skip
+        # SIGTERM to SIGKILL: the policy's, or a shorter one the caller chose
+        self.grace = model.policy.kill_grace if grace is None else min(grace,
+                                                                       model.policy.kill_grace)
         self.scan = scan or OrphanScan(node=node, inventory=inventory, state_dir=self.state_dir,
                                        read_file=self.seams.read_file)  # fmt: skip
+        # the start sweep of a wrapper relaunching after its own run crashed: that run's
+        # listener is the wrapper's own, ended even when it answers
+        self.crashed_run = crashed_run if mode is Mode.START_SWEEP else None
         self.report = SweepReport(model.name, node, mode, run_id, dry_run)
-        self._health: tuple[bool, str] | None = None  # asked once per sweep
+        self._health: tuple[bool, str] | None = None  # judged once per sweep
         self._reused: set[int] = set()  # pids that were another process's at signal time
+        self._survivors: set[tuple[int, float]] | None = None  # the ledger's, read once
 
     # --- choosing ---------------------------------------------------------------------
 
@@ -290,7 +397,7 @@ class Sweep:
         result: ScanResult = self.scan.scan(self.table.snapshot())
         runs = result.current_runs  # what the scan read (None: no current run recorded)
         current = runs[self.model.name] if self.model.name in runs else self._current_run()
-        run_ids = {r for r in (current, self.run_id) if r}
+        run_ids = {r for r in (current, self.run_id, self.crashed_run) if r}
         lineage = self.seams.lineage()
         scoper = self.scan.scoper
         targets = []
@@ -307,8 +414,15 @@ class Sweep:
                 continue
             if self._guarded(proc, result):
                 continue
-            targets.append(Target(proc, rule if isinstance(rule, str) else None))
+            target = Target(proc, rule if isinstance(rule, str) else None,
+                            holds_port=result.probe(proc.pid, self.model.port) is True)
+            if is_jaccl_rank(proc):
+                target.devices = self._devices(proc)
+            targets.append(target)
         return targets
+
+    def _devices(self, proc: ProcessInfo) -> tuple[str, ...]:
+        return rank_devices(proc.env, lambda path: self.seams.read_file(proc, path))
 
     def _current_run(self) -> str | None:
         from mlx_medic.runs import read_current_run
@@ -344,31 +458,59 @@ class Sweep:
                 return True
         if result.probe(proc.pid, self.model.port) is not True:
             return False
-        if self._health is None:
-            self._health = self.seams.health(self.model, self.state_dir)
-        answers, why = self._health
-        health = ("answers the health probe" if answers
-                  else f"does not answer the health probe ({why})")  # fmt: skip
-        if self.mode is Mode.START_SWEEP:
-            self.seams.warn(
-                f"mlx-medic node sweep --start-sweep: pid {proc.pid} listens on model"
-                f" {self.model.name}'s port {self.model.port} and {health}; ending it: the"
-                " serve wrapper holds the model lock, so no legitimate server can exist now"
-            )
-            self.report.listeners_signalled.append(proc.pid)
-            return False
         if self.mode is Mode.RUN and run_id_of(proc) == self.run_id:
             return False  # the wrapper ending its own run
-        if self.mode is Mode.SCOPE and not answers:
-            # A hung rank holding the port (the service stopped, no answer): it would make
-            # the next start fail with "Address already in use". Only an answering server
-            # is the seed's guarded one.
+        if self.crashed_run is not None and run_id_of(proc) == self.crashed_run:
+            self.report.listeners_signalled.append(proc.pid)
+            return False  # the wrapper's own crashed run, whatever it answers
+        answers, why = self._judge_listener()
+        port = self.model.port
+        if answers:
+            self.report.spare(proc, f"listens on the model's port {port} and answers the"
+                              " health probe: a serving process is never touched")  # fmt: skip
+            if self.mode is Mode.START_SWEEP:
+                self.report.serving_listener = {"pid": proc.pid, "cmdline": list(proc.cmdline)}
+                self.seams.warn(
+                    f"mlx-medic node sweep --start-sweep: pid {proc.pid} listens on model"
+                    f" {self.model.name}'s port {port} and answers the health probe: another"
+                    " instance serves the model, so it is left alone and nothing may start")
+            return True
+        if self.mode in (Mode.SCOPE, Mode.START_SWEEP):
+            # A hung rank holding the port: it would make the next start fail with
+            # "Address already in use".
+            if self.mode is Mode.START_SWEEP:
+                self.seams.warn(
+                    f"mlx-medic node sweep --start-sweep: pid {proc.pid} listens on model"
+                    f" {self.model.name}'s port {port} and does not answer ({why}); ending it")
             self.report.listeners_signalled.append(proc.pid)
             return False
-        self.report.spare(
-            proc, f"listens on the model's port {self.model.port} and {health}: only the"
-            " serve wrapper's start sweep ends it")  # fmt: skip
+        self.report.spare(proc, f"listens on the model's port {port} and does not answer"
+                          f" the health probe ({why}); only the default sweep or the start"
+                          " sweep ends a hung listener")  # fmt: skip
         return True
+
+    def _judge_listener(self) -> tuple[bool, str]:
+        """Whether the model's port answers: once is enough to be serving; hung only after
+        PROBES failures, spread over PROBE_WINDOW seconds once one timed out (a loaded
+        server may be slow to answer one), over BROKEN_WINDOW while each is refused at
+        once (a server that answers with an error is broken, not busy). Judged once per
+        sweep."""
+        if self._health is None:
+            answers, why, slow = False, "", False
+            started = self.seams.clock()
+            for attempt in range(PROBES):
+                if attempt:
+                    window = PROBE_WINDOW if slow else BROKEN_WINDOW
+                    self.seams.sleep(window / (PROBES - 1))
+                found = self.seams.health(self.model, self.state_dir)
+                answers, why = found[0], found[1]
+                slow = slow or (len(found) < 3 or bool(found[2]))  # type: ignore[misc]
+                if answers:
+                    break
+            took = self.seams.clock() - started
+            self._health = (answers, why if answers else
+                            f"{PROBES} probes over {took:.0f}s failed; the last: {why}")
+        return self._health
 
     # --- signalling ---------------------------------------------------------------------
 
@@ -394,13 +536,23 @@ class Sweep:
         return True
 
     def _wait(self, targets: list[Target], seconds: float) -> list[Target]:
-        """The targets still alive after up to `seconds` (bounded; returns early)."""
+        """The targets still alive after up to `seconds` (bounded; returns early). A
+        survivor the ledger already knows (it outlived an earlier sweep's SIGKILL and is
+        still uninterruptible) is not waited for: it will not go before a reboot."""
         deadline = self.seams.clock() + seconds
         alive = [t for t in targets if self._alive(t)]
-        while alive and self.seams.clock() < deadline:
+        while [t for t in alive if not self._known_survivor(t)] and self.seams.clock() < deadline:
             self.seams.sleep(POLL)
             alive = [t for t in alive if self._alive(t)]
         return alive
+
+    def _known_survivor(self, target: Target) -> bool:
+        if self._survivors is None:
+            self._survivors = self.ledger.survivors()
+        proc = target.proc
+        return target.state is State.UNINTERRUPTIBLE and any(
+            pid == proc.pid and abs(start - proc.create_time) <= IDENTITY_TOLERANCE
+            for pid, start in self._survivors)  # fmt: skip
 
     def run(self) -> SweepReport:
         targets = self.plan()
@@ -408,13 +560,15 @@ class Sweep:
         report.targets = targets
         if self.dry_run:
             return report
+        self.ledger.count_gone()
+        self._note_ended(targets)
         sent: list[Target] = []
         for target in targets:
             if self._signal(target, signal.SIGTERM):
                 sent.append(target)
             else:
                 self._changed(target)
-        alive = self._wait(sent, self.model.policy.kill_grace)
+        alive = self._wait(sent, self.grace)
         if alive and self.model.policy.sigkill:
             killed = []
             for target in alive:
@@ -423,12 +577,22 @@ class Sweep:
                     self._record_spend(target)
                 else:
                     self._changed(target)
-            alive = self._wait(killed, min(KILL_WAIT, max(self.model.policy.kill_grace, 1.0)))
+            alive = self._wait(killed, min(KILL_WAIT, max(self.grace, SIGKILL_WAIT)))
         report.survivors = alive
+        for target in report.unkillable:
+            self._record_survivor(target)
         survivors = {t.proc.pid for t in alive}
         report.exited = [t.proc.pid for t in targets
                          if t.proc.pid not in survivors and t.proc.pid not in self._reused]
         return report
+
+    def _note_ended(self, targets: list[Target]) -> None:
+        """Before SIGTERM: the JACCL ranks a signal of ours ends, so their guards do not
+        count them as vanished (a spend of unknown cause)."""
+        ranks = [(t.proc.pid, t.proc.create_time, self.model.name, t.devices)
+                 for t in targets if is_jaccl_rank(t.proc)]  # fmt: skip
+        if ranks:
+            self.ledger.ended(ranks)
 
     def _changed(self, target: Target) -> None:
         """Not signalled: gone already (it exited), or its pid is another process's now."""
@@ -442,7 +606,15 @@ class Sweep:
         proc = target.proc
         if not is_jaccl_rank(proc):
             return
-        devices = rank_devices(proc.env, lambda path: self.seams.read_file(proc, path))
-        if self.spend(pid=proc.pid, start_time=proc.create_time, devices=devices,
-                      model=self.model.name):  # fmt: skip
+        if self.ledger.spend(kind="sigkill", pid=proc.pid, start_time=proc.create_time,
+                             devices=target.devices, model=self.model.name):  # fmt: skip
             self.report.pd_spent += 1
+
+    def _record_survivor(self, target: Target) -> None:
+        """A survivor of SIGKILL holds its domains until reboot: one ledger entry per
+        process (a JACCL rank SIGKILLed just now is the same spend, not another)."""
+        proc = target.proc
+        self.ledger.spend(kind="unkillable", pid=proc.pid, start_time=proc.create_time,
+                          devices=target.devices, model=self.model.name,
+                          cmdline=tuple(proc.cmdline), backend=backend_of(proc),
+                          holds_port=target.holds_port)  # fmt: skip

@@ -1,12 +1,15 @@
 """`mlx-medic node sweep MODEL`: end the model's processes on this node (see
 mlx_medic.node.sweep for the scope and the guards); exit 0 when nothing targeted
-survives, 1 when something did (stderr names the node; for an unkillable one, says to
-reboot it), 2 for bad arguments."""
+survives or the sweep is settled (only unkillable survivors, none on the model's port:
+each named, with the reboot that frees it, and recorded in the node's ledger), 1 when
+something else survived (stderr names it), 2 for bad arguments."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
 from mlx_medic.node.cli import (
     EXIT_FAILED,
@@ -32,9 +35,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        " process listening on the model's port (the default sweep ends one"
                        " only when it does not answer the health probe, --run only its own"
                        " run's)")  # fmt: skip
+    parser.add_argument("--crashed-run", metavar="RUN_ID", default=None,
+                        help="with --start-sweep: the serve wrapper's own run that just"
+                        " crashed; its listener on the model's port is ended even when it"
+                        " answers (it is the wrapper's own)")  # fmt: skip
+    parser.add_argument("--grace", type=_seconds, default=None, metavar="SECONDS",
+                        help="SIGTERM to SIGKILL for this sweep, at most policy.kill_grace"
+                        " (the serve wrapper's shorter grace for the ranks of a dead"
+                        " launch); default: policy.kill_grace")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true",
                         help="report what would be signalled; signal nothing")
     add_node_arguments(parser)
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 <= seconds <= 600:
+        raise argparse.ArgumentTypeError(f"{value!r}: give 0 to 600 seconds")
+    return seconds
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,34 +63,59 @@ def run(args: argparse.Namespace) -> int:
     from mlx_medic.platform.process_table import system_process_table
     from mlx_medic.process_model import PatternSet, classifier
     from mlx_medic.runs import check_run_id
+    from mlx_medic.survivors import survivors_of
 
     context = node_context(args)
     model = placed_model(context, args.model)
     inventory = context.inventory
     assert inventory is not None  # placed_model requires one
-    if args.run is not None:
-        try:
-            check_run_id(args.run)
-        except ValueError as exc:
-            raise BadArguments(f"--run: {exc}") from None
+    for flag, value in (("--run", args.run), ("--crashed-run", args.crashed_run)):
+        if value is not None:
+            try:
+                check_run_id(value)
+            except ValueError as exc:
+                raise BadArguments(f"{flag}: {exc}") from None
+    if args.crashed_run is not None and not args.start_sweep:
+        raise BadArguments("--crashed-run goes with --start-sweep only")
     mode = (Mode.ORPHANS_ONLY if args.orphans_only else Mode.RUN if args.run is not None
             else Mode.START_SWEEP if args.start_sweep else Mode.SCOPE)  # fmt: skip
     table = system_process_table(classifier(PatternSet.of(inventory)))
     report = Sweep(inventory=inventory, model=model, node=context.node,
                    state_dir=context.state_dir, table=table, mode=mode, run_id=args.run,
-                   dry_run=args.dry_run).run()  # fmt: skip
+                   dry_run=args.dry_run, grace=args.grace,
+                   crashed_run=args.crashed_run).run()  # fmt: skip
     document = report.to_json()
+    document["ledger"] = ledger_after(context.state_dir, context.node)
     emit("sweep", document, args.json, _text(document))
     if report.complete:
         return EXIT_OK
-    unkillable = {s["pid"] for s in document["unkillable"]}
+    verdict = survivors_of(model.name, {context.node: document})
+    unkillable = {s.pid for s in verdict.survivors}
     for survivor in document["survivors"]:
-        what = (f"pid {survivor['pid']} ({survivor['role']}) survives the sweep on node"
-                f" {context.node}, state {survivor['state']}")  # fmt: skip
-        if survivor["pid"] in unkillable:
-            what += f": unkillable (uninterruptible sleep); reboot node {context.node}"
-        print(f"mlx-medic node sweep: {what}", file=sys.stderr)
-    return EXIT_FAILED
+        if survivor["pid"] not in unkillable:
+            print(f"mlx-medic node sweep: pid {survivor['pid']} ({survivor['role']}) survives"
+                  f" the sweep on node {context.node}, state {survivor['state']}",
+                  file=sys.stderr)  # fmt: skip
+    for survivor in verdict.survivors:
+        print(f"mlx-medic node sweep: {survivor.describe()}", file=sys.stderr)
+    if verdict.blocked:
+        print(f"mlx-medic node sweep: {verdict.refusal(inventory)}", file=sys.stderr)
+    elif verdict.survivors:
+        print(f"mlx-medic node sweep: recorded in the ledger; a start may go on around them;"
+              f" {'; '.join(verdict.advice(inventory))}", file=sys.stderr)  # fmt: skip
+    return EXIT_OK if report.settled else EXIT_FAILED
+
+
+def ledger_after(state_dir: Path, node: str) -> dict[str, Any]:
+    """The node's ledger as the sweep leaves it (what a start is judged by), or why not."""
+    from mlx_medic.node.ledger import LedgerError, read_ledger
+
+    try:
+        ledger = read_ledger(state_dir, node)
+    except LedgerError as exc:
+        return {"error": str(exc)}
+    return {"boot_id": ledger.boot_id, "debt": ledger.debt,
+            "debt_by_unit": ledger.debt_by_unit()}  # fmt: skip
 
 
 def _text(document: dict) -> str:

@@ -23,9 +23,13 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlx_medic.inventory import Inventory, InventoryError, Model, load_inventory
 from mlx_medic.serve.run import EXIT_BAD_ARGUMENTS, EXIT_BUSY, EXIT_FAILED
+
+if TYPE_CHECKING:
+    from mlx_medic.serve.record import ServeRecord
 
 log = logging.getLogger("mlx_medic.serve")
 
@@ -64,9 +68,10 @@ async def serve(inventory: Inventory, model: Model) -> int:
     from mlx_medic.node.client import NodeHelpers
     from mlx_medic.runs import new_run_id
     from mlx_medic.serve.nodes import ModelNodes, StartRefused
-    from mlx_medic.serve.record import RecordKeeper, ServeRecord, read_serve_record
-    from mlx_medic.serve.run import RunContext, ServeRun
-    from mlx_medic.serve.start import AlreadyServed, refuse_if_live, take_lock
+    from mlx_medic.serve.record import RecordKeeper, read_serve_record
+    from mlx_medic.serve.relaunch import Relaunches
+    from mlx_medic.serve.run import RunContext, RunResult, ServeRun
+    from mlx_medic.serve.start import AlreadyServed, phase, refuse_if_live, take_lock
     from mlx_medic.state_files import StateFileError
     from mlx_medic.transport import LocalTransport, RoutedTransport, SshTransport
 
@@ -82,7 +87,6 @@ async def serve(inventory: Inventory, model: Model) -> int:
     except AlreadyServed as exc:
         print(f"mlx-medic serve: {exc}", file=sys.stderr)
         return EXIT_BUSY
-    run_id = new_run_id()
     stop = asyncio.Event()
 
     def on_signal(signum: int) -> None:
@@ -97,35 +101,73 @@ async def serve(inventory: Inventory, model: Model) -> int:
     transport = RoutedTransport(model.head, LocalTransport(), peers)
     limit = model.policy.kill_grace + inventory.ssh.connect_timeout + 30.0
     nodes = ModelNodes(NodeHelpers(transport, inventory, limit), model, limit)
-    locks = ModelLocks(inventory, transport, this_node=model.head)
+    locks = ModelLocks(inventory, transport, this_node=model.head, in_process=True)
+    relaunches = Relaunches(model.serve.relaunch_limit, model.serve.relaunch_window,
+                            model.serve.relaunch_interval)  # fmt: skip
+    holder = f"serve pid {os.getpid()} on {model.head}"
+    records: RecordKeeper | None = None
+    ended: ServeRun | None = None  # a run that crashed, whose ranks the next start sweeps
+    not_before = 0.0
     try:
-        try:
-            lock = await take_lock(locks, model, run_id)
-        except AlreadyServed as exc:
-            print(f"mlx-medic serve: {exc}", file=sys.stderr)
-            return EXIT_BUSY
-        except StartRefused as exc:
-            print(f"mlx-medic serve: {exc}", file=sys.stderr)
-            return EXIT_FAILED
-        try:  # a wrapper recorded between our first look and the lock
-            with contextlib.suppress(StateFileError):
-                refuse_if_live(model, read_serve_record(state_dir, model.name))
-        except AlreadyServed as exc:
-            await locks.release(lock)
-            print(f"mlx-medic serve: {exc}", file=sys.stderr)
-            return EXIT_BUSY
-        records = RecordKeeper(state_dir, model.name, ServeRecord(
-            run_id, os.getpid(), process_start_time(os.getpid()), "starting",
-            failed_starts=previous.failed_starts if previous else 0,
-            # a KeepAlive restart must not hide why the last start failed (the fallback's
-            # evidence): kept until a start serves
-            failures=previous.failures if previous else (),
-            last_jaccl_success=previous.last_jaccl_success if previous else None,
-            jaccl_error_at=previous.jaccl_error_at if previous else None,
-        ))  # fmt: skip
-        holder = f"serve pid {os.getpid()} on {model.head}"
-        log.info("serve %s: run %s starting (%s)", model.name, run_id, holder)
-        context = RunContext(inventory, model, run_id, holder, nodes, locks, lock, stop, records)
-        return await ServeRun(context).run()
+        while True:
+            run_id = new_run_id()
+            try:
+                with phase("model lock"):
+                    lock = await take_lock(locks, model, run_id)
+            except (AlreadyServed, StartRefused) as exc:
+                print(f"mlx-medic serve: {exc}", file=sys.stderr)
+                if ended is not None:  # leave nothing of the crashed run behind
+                    await ended.teardown(RunResult(EXIT_FAILED))
+                return EXIT_BUSY if isinstance(exc, AlreadyServed) else EXIT_FAILED
+            if records is None:
+                try:  # a wrapper recorded between our first look and the lock
+                    with contextlib.suppress(StateFileError):
+                        refuse_if_live(model, read_serve_record(state_dir, model.name))
+                except AlreadyServed as exc:
+                    await locks.release(lock)
+                    print(f"mlx-medic serve: {exc}", file=sys.stderr)
+                    return EXIT_BUSY
+                records = RecordKeeper(state_dir, model.name, first_record(
+                    previous, run_id, os.getpid(), process_start_time(os.getpid())))
+            else:
+                records.update("starting", run_id=run_id)
+            log.info("serve %s: run %s starting (%s)", model.name, run_id, holder)
+            context = RunContext(inventory, model, run_id, holder, nodes, locks, lock, stop,
+                                 records, not_before,
+                                 ended.w.run_id if ended is not None else None)  # fmt: skip
+            run = ServeRun(context)
+            result = await run.run()
+            if not result.relaunch or not relaunches.allow():
+                if result.relaunch:
+                    log.error("serve %s: %d relaunches within %gs spent (serve.relaunch_limit):"
+                              " exiting, for the service manager to restart", model.name,
+                              model.serve.relaunch_limit, model.serve.relaunch_window)  # fmt: skip
+                await run.teardown(result)
+                return result.code
+            relaunches.record()
+            await run.end_launch()
+            ended = run
+            not_before = relaunches.not_before(result.launched_at)
+            log.warning("serve %s: relaunching at once (%d of %d within %gs); the start sweep"
+                        " ends what the crashed launch left on every node", model.name,
+                        relaunches.used, model.serve.relaunch_limit,
+                        model.serve.relaunch_window)  # fmt: skip
     finally:
         await transport.close()
+
+
+def first_record(previous: ServeRecord | None, run_id: str, pid: int,
+                 pid_start: float | None) -> ServeRecord:  # fmt: skip
+    """This wrapper's record, carrying over what a KeepAlive restart must not lose: why
+    the last start failed (the fallback's evidence, kept until a start serves) and each
+    backend's last success and error (the smoke test's skip rule)."""
+    from mlx_medic.serve.record import ServeRecord
+
+    if previous is None:
+        return ServeRecord(run_id, pid, pid_start, "starting")
+    return ServeRecord(
+        run_id, pid, pid_start, "starting", failed_starts=previous.failed_starts,
+        failures=previous.failures, reboot=previous.reboot,
+        last_jaccl_success=previous.last_jaccl_success, jaccl_error_at=previous.jaccl_error_at,
+        last_ring_success=previous.last_ring_success, ring_error_at=previous.ring_error_at,
+    )  # fmt: skip

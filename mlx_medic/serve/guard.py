@@ -10,7 +10,10 @@ never holds the rank's terminal open. It polls (macOS has no parent-death signal
 node's records: once the run's lease has run out or the node's current run is another
 one, it ends the process it watches (checked by pid and start time before each signal):
 SIGTERM, a grace period, SIGKILL where the policy allows. It exits when that process is
-gone.
+gone. A JACCL rank is registered on its node before it starts
+(mlx_medic.node.rank_register): one that ends by no signal of ours is counted as
+`vanished`, a spend of its devices' domains, by whoever sees it gone first (this watcher,
+or a sweep).
 """
 
 from __future__ import annotations
@@ -22,16 +25,16 @@ import sys
 import time
 from pathlib import Path
 
-from mlx_medic.process_model import WATCHED_ENV
-from mlx_medic.runs import read_current_run, read_lease
-from mlx_medic.state_files import StateFileError
+# The guard sits on every launch's critical path (before mlx.launch on the head, before
+# each rank): what only its watcher needs is imported there, after the fork.
 
 POLL = 1.0  # seconds between looks at the lease
 START_TOLERANCE = 0.5  # seconds: psutil's start times of one process agree closely
 
 
 def guard_argv(python: str, *, model: str, run_id: str, state_dir: Path, grace: float,
-               sigkill: bool, backend: str, python_args: bool) -> list[str]:  # fmt: skip
+               sigkill: bool, backend: str, python_args: bool,
+               smoke: bool = False) -> list[str]:  # fmt: skip
     """The guard's own words, to put before `-- COMMAND` (for `mlx.launch --python P`,
     leave out `python`: mlx.launch puts the interpreter first itself)."""
     argv = [*([python] if python else []), "-m", "mlx_medic.serve.guard",
@@ -41,11 +44,16 @@ def guard_argv(python: str, *, model: str, run_id: str, state_dir: Path, grace: 
         argv.append("--no-sigkill")
     if python_args:
         argv.append("--python-args")
+    if smoke:
+        argv.append("--smoke")
     return [*argv, "--"]
 
 
 def run_is_over(state_dir: Path, model: str, run_id: str, now: float) -> str | None:
     """Why the run's processes must end on this node, or None while its lease holds."""
+    from mlx_medic.runs import read_current_run, read_lease
+    from mlx_medic.state_files import StateFileError
+
     current = read_current_run(state_dir, model)
     if current != run_id:
         return f"the node's current run is {current or 'none'}, not {run_id}"
@@ -97,30 +105,64 @@ def end_process(pid: int, started: float, grace: float, sigkill: bool) -> bool:
     return False
 
 
-def record_sigkill(state_dir: Path, model: str, pid: int, started: float) -> None:
-    """A SIGKILLed JACCL rank spends a protection domain until reboot: into the ledger."""
+def record_spend_of(state_dir: Path, model: str, pid: int, started: float, kind: str,
+                    devices: tuple[str, ...]) -> None:  # fmt: skip
+    """A SIGKILLed (or vanished) JACCL rank spends its devices' domains until reboot."""
     from mlx_medic.node.ledger import record_spend
     from mlx_medic.node_identity import read_node_id
 
     node = read_node_id(state_dir)
     if node is not None:
-        record_spend(state_dir, node, "sigkill", pid=pid, start_time=started, model=model)
+        record_spend(state_dir, node, kind, pid=pid, start_time=started,  # type: ignore[arg-type]
+                     devices=devices, model=model)  # fmt: skip
 
 
 def watch(args: argparse.Namespace) -> int:
+    devices = tuple(d for d in args.devices.split(",") if d)
     while same_process(args.pid, args.start):
         why = run_is_over(args.state_dir, args.model, args.run, time.time())
         if why is not None:
             print(f"guard: ending pid {args.pid} of run {args.run}: {why}", flush=True)
             killed = end_process(args.pid, args.start, args.grace, args.sigkill)
             if killed and args.backend == "jaccl":
-                record_sigkill(args.state_dir, args.model, args.pid, args.start)
+                record_spend_of(args.state_dir, args.model, args.pid, args.start, "sigkill",
+                                devices)  # fmt: skip
             return 0
         time.sleep(POLL)
+    if args.backend == "jaccl":
+        count_vanished(args.state_dir)
     return 0
 
 
-def _watcher(args: argparse.Namespace, pid: int, started: float) -> None:
+def count_vanished(state_dir: Path) -> None:
+    """The rank is gone: count it (and any other gone rank here) unless a signal of ours
+    ended it."""
+    from mlx_medic.node.rank_register import count_gone
+    from mlx_medic.node_identity import read_node_id
+
+    node = read_node_id(state_dir)
+    if node is None:
+        return
+    for rank in count_gone(state_dir, node):
+        print(f"guard: JACCL rank pid {rank.pid} of run {rank.run_id} ended without a signal"
+              " of ours: counted as a spend (vanished)", flush=True)  # fmt: skip
+
+
+def own_devices() -> tuple[str, ...]:
+    """This rank's RDMA devices, from the JACCL environment mlx.launch gave it."""
+    from mlx_medic.placement import rank_devices
+
+    def read(path: str) -> str | None:
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return None
+
+    return rank_devices(os.environ, read)
+
+
+def _watcher(args: argparse.Namespace, pid: int, started: float,
+             devices: tuple[str, ...]) -> None:  # fmt: skip
     """In the forked child: detach and exec the watcher with a clean environment."""
     try:
         os.setsid()
@@ -131,11 +173,14 @@ def _watcher(args: argparse.Namespace, pid: int, started: float) -> None:
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
+        from mlx_medic.process_model import WATCHED_ENV
+
         env = {k: v for k, v in os.environ.items() if k not in WATCHED_ENV}
         argv = [sys.executable, "-m", "mlx_medic.serve.guard", "--watch", str(pid),
                 "--start", repr(started), "--model", args.model, "--run", args.run,
                 "--state-dir", str(args.state_dir), "--grace", f"{args.grace:g}",
-                "--backend", args.backend, *([] if args.sigkill else ["--no-sigkill"])]  # fmt: skip
+                "--backend", args.backend, "--devices", ",".join(devices),
+                *([] if args.sigkill else ["--no-sigkill"])]  # fmt: skip
         os.execve(sys.executable, argv, env)
     finally:
         os._exit(70)  # only reached when exec failed
@@ -158,6 +203,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         " none for mlx.launch itself")  # fmt: skip
     parser.add_argument("--python-args", action="store_true",
                         help="COMMAND is this interpreter's arguments (`-m mlx_lm server`)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="COMMAND is a smoke test's rank: it records its own outcome, and"
+                        " mlx.launch ends the others when one fails, so its end is not"
+                        " counted as vanished")  # fmt: skip
+    parser.add_argument("--devices", default="", help=argparse.SUPPRESS)
     parser.add_argument("--watch", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--start", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -176,8 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     if started is None:
         print("guard: cannot read this process's start time", file=sys.stderr)
         return 70
+    devices = own_devices() if args.backend == "jaccl" else ()
+    if args.backend == "jaccl" and not args.smoke:
+        from mlx_medic.node.rank_register import register
+
+        register(args.state_dir, model=args.model, run_id=args.run, pid=pid,
+                 start_time=started, devices=devices)  # fmt: skip
     if os.fork() == 0:
-        _watcher(args, pid, started)
+        _watcher(args, pid, started, devices)
     target = [sys.executable, *command] if args.python_args else command
     os.execvp(target[0], target)
     return 70  # not reached

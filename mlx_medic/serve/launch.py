@@ -66,12 +66,13 @@ def launch_argv(
            for word in ("--env", f"{key}={value}")]  # fmt: skip
     ports = ([] if model.serve.starting_port is None
              else ["--starting-port", str(model.serve.starting_port)])  # fmt: skip
+    smoke = rank_command[:2] == ["-m", "mlx_medic.serve.smoke"]
     return [
         # mlx.launch is no rank: its SIGKILL spends no protection domain
         *guard_argv(sys.executable, python_args=False,
                     **{**guard, "backend": "none"}),  # type: ignore[arg-type]
         mlx_launch_program(model), "--hostfile", str(backend.hostfile),
         "--backend", backend_name, "--python", rank_python(model), *env, *ports,
-        "--", *guard_argv("", python_args=True, **guard),  # type: ignore[arg-type]
+        "--", *guard_argv("", python_args=True, smoke=smoke, **guard),  # type: ignore[arg-type]
         *rank_command,
     ]  # fmt: skip

@@ -13,6 +13,7 @@ from typing import Any
 
 from mlx_medic.inventory import Model
 from mlx_medic.node.client import HelperCallError, HelperReply, NodeHelpers
+from mlx_medic.survivors import SurvivorVerdict, survivors_of
 
 log = logging.getLogger("mlx_medic.serve")
 
@@ -23,23 +24,31 @@ class StartRefused(Exception):
 
 @dataclass
 class SweepOutcome:
+    """Every node's sweep, judged: `complete` when every node answered and its sweep is
+    settled (nothing survived, or only what no sweep can end and no start needs)."""
+
     complete: bool
     problems: list[str] = field(default_factory=list)  # one sentence per node that failed
     replies: dict[str, dict[str, Any]] = field(default_factory=dict)
     said: dict[str, str] = field(default_factory=dict)  # each node's stderr (its warnings)
+    survivors: SurvivorVerdict | None = None
+    serving: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> listener
+
+    @property
+    def ledgers(self) -> dict[str, dict[str, Any]]:
+        """Each node's ledger as its sweep left it (`boot_id`, `debt_by_unit`), or
+        `error`: what a start is judged by."""
+        return {node: dict(document.get("ledger") or {"error": "the sweep sent no ledger"})
+                for node, document in self.replies.items()}  # fmt: skip
+
+    @property
+    def blocked(self) -> bool:
+        return self.survivors is not None and self.survivors.blocked
 
 
-def _describe_unkillable(node: str, document: dict[str, Any]) -> list[str]:
-    found = []
-    for proc in document.get("unkillable", []):
-        cmd = " ".join(proc.get("cmdline", []))[:160]
-        found.append(f"{node}: pid {proc.get('pid')} ({proc.get('role', '?')}, state"
-                     f" {proc.get('state', '?')}) is unkillable: {cmd}; reboot {node}")  # fmt: skip
-    return found
-
-
-def judge_sweep(replies: dict[str, HelperReply | HelperCallError]) -> SweepOutcome:
-    """Complete only when every node answered and nothing survived."""
+def judge_sweep(model: str, replies: dict[str, HelperReply | HelperCallError]) -> SweepOutcome:
+    """Complete when every node answered and its sweep settled; the survivors (if any)
+    named in one verdict, the start going on around them unless one blocks it."""
     outcome = SweepOutcome(True)
     for node, reply in replies.items():
         if isinstance(reply, HelperCallError):
@@ -47,17 +56,25 @@ def judge_sweep(replies: dict[str, HelperReply | HelperCallError]) -> SweepOutco
             why = "unreachable" if reply.unreachable else "no answer"
             outcome.problems.append(f"{node}: {why}: {reply}")
             continue
-        outcome.replies[node] = reply.document
+        document = reply.document
+        outcome.replies[node] = document
         if reply.stderr.strip():
             outcome.said[node] = reply.stderr.strip()
-        if not reply.ok or not reply.document.get("complete", False):
+        if isinstance(document.get("serving_listener"), dict):
+            outcome.serving[node] = document["serving_listener"]
+        settled = document.get("settled", document.get("complete", False))
+        if not reply.ok or not settled:
             outcome.complete = False
-            named = _describe_unkillable(node, reply.document)
-            survivors = reply.document.get("survivors", [])
-            if not named and survivors:
-                named = [f"{node}: {len(survivors)} process(es) survived the sweep"]
-            outcome.problems += named or [
-                f"{node}: the sweep did not complete: {reply.stderr.strip()[-300:] or 'exit 1'}"]
+            killable = [s for s in document.get("survivors", [])
+                        if s.get("pid") not in {u.get("pid") for u in
+                                                document.get("unkillable", [])}]  # fmt: skip
+            if killable:
+                outcome.problems.append(f"{node}: {len(killable)} process(es) survived the"
+                                        " sweep and are not in uninterruptible sleep")
+            elif not document.get("unkillable"):
+                outcome.problems.append(f"{node}: the sweep did not complete:"
+                                        f" {reply.stderr.strip()[-300:] or 'exit 1'}")
+    outcome.survivors = survivors_of(model, outcome.replies)
     return outcome
 
 
@@ -79,14 +96,26 @@ class ModelNodes:
         limit = self.timeout if timeout is None else timeout
         return await self.helpers.on_nodes(self.names, helper, *args, timeout=limit)
 
-    async def start_sweep(self) -> SweepOutcome:
-        """Every process of the model on every node, the listener on its port too: no run
-        of it may exist before this start (the lock is held)."""
-        return judge_sweep(await self.on_all("sweep", self.model.name, "--start-sweep"))
+    @property
+    def dead_launch_grace(self) -> str:
+        policy = self.model.policy
+        return f"{min(policy.dead_launch_grace, policy.kill_grace):g}"
 
-    async def sweep_run(self, run_id: str, timeout: float) -> SweepOutcome:
-        return judge_sweep(await self.on_all("sweep", self.model.name, "--run", run_id,
-                                             timeout=timeout))  # fmt: skip
+    async def start_sweep(self, crashed_run: str | None = None) -> SweepOutcome:
+        """Every process of the model on every node, a hung listener on its port too: no
+        run of it may exist before this start (the lock is held), so whatever is found is
+        a dead launch's, ended with the short grace (an answering listener is spared,
+        but for one of `crashed_run`: the wrapper's own run that just crashed)."""
+        crashed = ["--crashed-run", crashed_run] if crashed_run else []
+        return judge_sweep(self.model.name, await self.on_all(
+            "sweep", self.model.name, "--start-sweep", "--grace", self.dead_launch_grace,
+            *crashed))
+
+    async def sweep_run(self, run_id: str, timeout: float,
+                        launcher_dead: bool = False) -> SweepOutcome:  # fmt: skip
+        grace = ["--grace", self.dead_launch_grace] if launcher_dead else []
+        return judge_sweep(self.model.name, await self.on_all(
+            "sweep", self.model.name, "--run", run_id, *grace, timeout=timeout))
 
     async def clean(self) -> list[str]:
         """Problems, one per node whose clean failed (a clean that fails stops nothing:

@@ -39,11 +39,14 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class JacclSuccess:
-    """The last JACCL start that came up, with each node's boot id then."""
+class BackendSuccess:
+    """A backend's last start that came up, with each node's boot id then."""
 
     boot_ids: dict[str, str]
     at: float
+
+
+JacclSuccess = BackendSuccess  # its first name, kept for the callers that use it
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,21 @@ class ServeRecord:
     backend: str | None = None  # the backend the run serves (or tries to start) on
     failures: tuple[Failure, ...] = ()  # of the last start that failed (each backend tried)
     failed_starts: int = 0  # starts that failed, over the record's life
-    last_jaccl_success: JacclSuccess | None = None
+    last_jaccl_success: BackendSuccess | None = None
     jaccl_error_at: float | None = None  # a JACCL error seen in a run's output
+    last_ring_success: BackendSuccess | None = None
+    ring_error_at: float | None = None  # a ring start that failed
+    # nodes whose reboot the last start needs: a survivor there holds the model's port
+    reboot: tuple[str, ...] = ()
+    backend_reason: str = ""  # why the run serves (or tries) on its backend, in words
+    argv: tuple[str, ...] = ()  # the mlx.launch command line the run started
     updated: float = field(default_factory=time.time)
+
+    def last_success(self, backend: str) -> BackendSuccess | None:
+        return {"jaccl": self.last_jaccl_success, "ring": self.last_ring_success}.get(backend)
+
+    def error_at(self, backend: str) -> float | None:
+        return {"jaccl": self.jaccl_error_at, "ring": self.ring_error_at}.get(backend)
 
     def with_state(self, state: ServeState, **changes: Any) -> ServeRecord:
         return replace(self, state=state, updated=time.time(), **changes)
@@ -65,6 +80,8 @@ class ServeRecord:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["failures"] = [asdict(f) for f in self.failures]
+        data["reboot"] = list(self.reboot)
+        data["argv"] = list(self.argv)
         return data
 
 
@@ -89,6 +106,7 @@ def read_serve_record(state_dir: Path, model: str) -> ServeRecord | None:
         if state not in SERVE_STATES:
             raise ValueError(f"state {state!r}")
         success = data.get("last_jaccl_success")
+        ring_success = data.get("last_ring_success")
         return ServeRecord(
             run_id=str(data["run_id"]),
             pid=int(data["pid"]),
@@ -98,14 +116,25 @@ def read_serve_record(state_dir: Path, model: str) -> ServeRecord | None:
             failures=tuple(Failure(str(f["backend"]), str(f["host"]), str(f["reason"]),
                                    str(f.get("line", ""))) for f in data.get("failures", [])),
             failed_starts=int(data.get("failed_starts", 0)),
-            last_jaccl_success=None if not success else JacclSuccess(
-                {str(k): str(v) for k, v in success["boot_ids"].items()}, float(success["at"])),
+            last_jaccl_success=_success(success),
             jaccl_error_at=(None if data.get("jaccl_error_at") is None
                             else float(data["jaccl_error_at"])),
+            last_ring_success=_success(ring_success),
+            ring_error_at=(None if data.get("ring_error_at") is None
+                           else float(data["ring_error_at"])),
+            reboot=tuple(str(node) for node in data.get("reboot", ())),
+            backend_reason=str(data.get("backend_reason", "")),
+            argv=tuple(str(word) for word in data.get("argv", ())),
             updated=float(data.get("updated", 0.0)),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise StateFileError(f"{path} is not a serve record ({exc})") from None
+
+
+def _success(data: Any) -> BackendSuccess | None:
+    if not data:
+        return None
+    return BackendSuccess({str(k): str(v) for k, v in data["boot_ids"].items()}, float(data["at"]))
 
 
 def wrapper_alive(record: ServeRecord) -> bool:

@@ -1,6 +1,8 @@
 """One run of the wrapper after it holds the lock: prepare the nodes, choose and smoke
-test the backend, launch, wait for the model to answer, release the lock, supervise,
-and end every rank of the run on any exit."""
+test the backend, launch, wait for the model to answer, release the lock, and supervise.
+How it ended is a `RunResult`; ending what is left of it is the caller's choice: the whole
+teardown before the wrapper exits, or only the launch before a relaunch (whose start
+sweep, at once and under the lock, ends every rank of the dead launch on every node)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from mlx_medic.serve.backend import (
     Candidate,
     boot_ids,
     candidates,
+    fail_back,
     ledger_refusal,
+    pin_ring_again,
     smoke_can_be_skipped,
 )
 from mlx_medic.serve.launch import (
@@ -29,8 +33,9 @@ from mlx_medic.serve.launch import (
     smoke_command,
 )
 from mlx_medic.serve.nodes import LeaseKeeper, ModelNodes, StartRefused
-from mlx_medic.serve.record import Failure, JacclSuccess, RecordKeeper, ServeRecord, ServeState
+from mlx_medic.serve.record import BackendSuccess, Failure, RecordKeeper, ServeRecord, ServeState
 from mlx_medic.serve.smoke import LAUNCH_RANK_LINE, Verdict, judge
+from mlx_medic.serve.start import AlreadyServed, BlockedBySurvivor, phase, prepare_nodes
 from mlx_medic.serve.supervise import SERVING_LINES_KEPT, Launch, remaining
 from mlx_medic.serve.teardown import end_run, teardown_deadline
 from mlx_medic.state_files import StateFileError
@@ -41,7 +46,8 @@ EXIT_STOPPED = 0
 EXIT_FAILED = 1
 EXIT_BAD_ARGUMENTS = 2
 EXIT_BUSY = 3
-PROBE_EVERY = 2.0
+PROBE_EVERY = 0.25  # seconds between health probes while the model loads
+WATCH_EVERY = 0.1  # seconds between looks at a serving launch
 
 
 class Stopped(Exception):
@@ -61,6 +67,19 @@ class RunContext:
     lock: LockHandle
     stop: asyncio.Event  # set by SIGTERM/SIGINT
     records: RecordKeeper
+    not_before: float = 0.0  # monotonic: no launch (smoke test included) before this
+    crashed_run: str | None = None  # a relaunch: the run that crashed (its ranks go first)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended: the exit status if the wrapper stops now, and whether a relaunch
+    may help (a crash while serving, or a start whose every backend failed; never a
+    refusal, which a new launch would meet again)."""
+
+    code: int
+    relaunch: bool = False
+    launched_at: float | None = None  # monotonic: when its last launch started
 
 
 class ServeRun:
@@ -70,7 +89,9 @@ class ServeRun:
         self.locks = context.locks
         self.lock_held = True
         self.launch: Launch | None = None
+        self.launched_at: float | None = None
         self.leases: LeaseKeeper | None = None
+        self.cleaning: asyncio.Task[list[str]] | None = None
         self.recorded = False
         self.env = {**os.environ, **run_env(self.model.name, context.run_id)}
 
@@ -78,27 +99,33 @@ class ServeRun:
     def record(self) -> ServeRecord:
         return self.w.records.record
 
-    async def run(self) -> int:
-        served = False
+    async def run(self) -> RunResult:
         try:
             started = await self._start()
             if started is None:
-                return EXIT_FAILED
-            served = True
-            return EXIT_STOPPED if await self._supervise() else EXIT_FAILED
+                return self._result(EXIT_FAILED, relaunch=True)
+            ok = await self._supervise()
+            return self._result(EXIT_STOPPED if ok else EXIT_FAILED, relaunch=not ok)
         except Stopped:
-            return EXIT_STOPPED
+            return self._result(EXIT_STOPPED)
+        except AlreadyServed as exc:
+            print(f"mlx-medic serve: {exc}", file=sys.stderr, flush=True)
+            self.w.records.update("failed", failures=(Failure("start", self.model.head,
+                                                               str(exc)),))  # fmt: skip
+            return self._result(EXIT_BUSY)
+        except BlockedBySurvivor as exc:
+            self._fail_start([Failure("start", node, str(exc)) for node in
+                              exc.verdict.reboot_nodes], str(exc),
+                             reboot=tuple(exc.verdict.reboot_nodes))  # fmt: skip
+            return self._result(EXIT_FAILED)
         except StartRefused as exc:
             self._fail_start([], str(exc))
-            return EXIT_FAILED
+            return self._result(EXIT_FAILED)
         finally:
             await self._release_lock()
-            stopped = self.w.stop.is_set()
-            await self._teardown()
-            if served or stopped:
-                state: ServeState = "stopped" if stopped else "failed"
-                if self.record.state != state:
-                    self.w.records.update(state)
+
+    def _result(self, code: int, relaunch: bool = False) -> RunResult:
+        return RunResult(code, relaunch and not self.w.stop.is_set(), self.launched_at)
 
     # --- start -----------------------------------------------------------------------
 
@@ -108,78 +135,125 @@ class ServeRun:
 
     async def _start(self) -> Candidate | None:
         from mlx_medic.backend_choice import read_backend_choice
-        from mlx_medic.serve.start import record_run, sweep_and_clean
 
-        model, lease = self.model, self.model.serve.lease
-        await sweep_and_clean(self.w.nodes)
-        self.recorded = True  # from here on, nodes may hold the run: the teardown ends it
-        await record_run(self.w.nodes, self.w.run_id, lease, self.w.holder)
+        model, lease, inventory = self.model, self.model.serve.lease, self.w.inventory
+
+        def recorded() -> None:  # from here on, nodes may hold the run: the teardown ends it
+            self.recorded = True
+
+        prepared = await prepare_nodes(self.w.nodes, self.w.run_id, lease, self.w.holder,
+                                       recorded, self.w.crashed_run)  # fmt: skip
+        self.cleaning = prepared.cleaning
         self.leases = LeaseKeeper(self.w.nodes, self.w.run_id, lease, self.w.holder)
         self.leases.start()
         self._check_stop()
         for warning in serve_args_warnings(model):
             log.warning("%s", warning)
+        if model.serve.simulated_jaccl:
+            log.warning("JACCL is the testbed's simulation (serve.simulated_jaccl): never on a"
+                        " real cluster")  # fmt: skip
+        ledgers = prepared.ledgers
+        boots = boot_ids(ledgers)
         try:
-            choice = read_backend_choice(self.w.inventory.state_dir, model.name)
+            choice = read_backend_choice(inventory.state_dir, model.name)
+            choice, lifted = fail_back(inventory.state_dir, model, choice, boots)
         except StateFileError as exc:  # a pin that cannot be read is no licence for JACCL
             raise StartRefused(f"the model's backend choice cannot be read: {exc}") from None
+        if lifted:
+            log.warning("backend: %s", lifted)
         tried, failures = candidates(model, choice)
         log.info("backend choice %s%s", choice.choice,
-                 f" (by {choice.by}: {choice.reason})" if choice.pinned else "")  # fmt: skip
-        ledgers = await self.w.nodes.ledgers()
-        boots = boot_ids(ledgers)
-        for candidate in tried:
+                 f" (by {choice.by}: {choice.reason})" if choice.by else "")  # fmt: skip
+        for index, candidate in enumerate(tried):
             self._check_stop()
+            why = self._why(candidate, choice.pinned, failures)
             if candidate.name == "jaccl":
-                refusal = ledger_refusal(model, ledgers)
+                refusal = ledger_refusal(model, ledgers, inventory)
                 if refusal is not None:
                     log.warning("no JACCL start: %s", refusal.describe())
                     failures.append(refusal)
+                    self._falling_back(tried, index)
                     continue
-            verdict = await self._smoke(candidate, boots)
+                why = "jaccl: the protection-domain ledger leaves room on every device"
+            verdict = await self._smoke(candidate, boots, last=index == len(tried) - 1)
             if verdict.ok:
-                if await self._launch(candidate):
-                    if candidate.name == "jaccl":
-                        self.w.records.update(
-                            last_jaccl_success=JacclSuccess(boots, time.time()))
+                if await self._launch(candidate, why, prepared.survivors.describe(inventory)):
+                    self._came_up(candidate, boots)
                     return candidate
                 verdict = self._launch_verdict()
             failure = Failure(candidate.name, verdict.host, verdict.reason, verdict.line)
             failures.append(failure)
-            if candidate.name == "jaccl":
-                self.w.records.update(jaccl_error_at=time.time())
+            self.w.records.update(None, **{f"{candidate.name}_error_at": time.time()})
             log.error("%s did not start: %s", candidate.name, failure.describe())
+            if candidate.name == "jaccl" and lifted:
+                pin_ring_again(inventory.state_dir, model, boots, failure.describe())
+                log.warning("backend: ring pinned again until the next reboot (JACCL failed"
+                            " after the pin was lifted)")  # fmt: skip
             await self._end_attempt()
-            if candidate.name == "jaccl" and any(c.name == "ring" for c in tried):
-                log.warning("falling back to the ring backend with --pipeline")
+            self._falling_back(tried, index)
         self._fail_start(failures, "no backend started")
         return None
 
-    def _fail_start(self, failures: list[Failure], summary: str) -> None:
-        self.w.records.update("failed", failures=tuple(failures),
-                              failed_starts=self.record.failed_starts + 1)
-        said = "; ".join(f.describe() for f in failures)
+    def _why(self, candidate: Candidate, pinned: bool, failures: list[Failure]) -> str:
+        if pinned:
+            return f"{candidate.name}: pinned"
+        if failures:
+            return f"{candidate.name}: " + "; ".join(f.describe() for f in failures)
+        return candidate.name
+
+    def _falling_back(self, tried: list[Candidate], index: int) -> None:
+        following = tried[index + 1] if index + 1 < len(tried) else None
+        if tried[index].name == "jaccl" and following is not None and following.name == "ring":
+            pipeline = " with --pipeline" if following.backend.pipeline else ""
+            log.warning("falling back to the ring backend%s", pipeline)
+
+    def _came_up(self, candidate: Candidate, boots: dict[str, str]) -> None:
+        success = BackendSuccess(boots, time.time())
+        self.w.records.update(None, **{f"last_{candidate.name}_success": success})
+
+    def _fail_start(self, failures: list[Failure], summary: str,
+                    reboot: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.w.records.update("failed", failures=tuple(failures), reboot=reboot,
+                              failed_starts=self.record.failed_starts + 1)  # fmt: skip
+        said = "; ".join(f.describe() for f in failures if f.reason != summary)
         print(f"mlx-medic serve {self.model.name}: the start failed: {summary}"
               f"{': ' + said if said else ''}",
               file=sys.stderr, flush=True)  # fmt: skip
 
-    async def _smoke(self, candidate: Candidate, boots: dict[str, str]) -> Verdict:
+    async def _wait_for_launch_slot(self) -> None:
+        """The relaunch interval: launches of the model start at least that far apart."""
+        wait = self.w.not_before - time.monotonic()
+        if wait <= 0:
+            return
+        log.info("waiting %.1fs before launching (serve.relaunch_interval)", wait)
+        with phase("relaunch interval"), contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.w.stop.wait(), wait)
+        self._check_stop()
+
+    async def _smoke(self, candidate: Candidate, boots: dict[str, str], last: bool) -> Verdict:
         model, inventory = self.model, self.w.inventory
-        if candidate.name == "jaccl" and smoke_can_be_skipped(self.record, boots, model.nodes):
-            log.info("JACCL smoke test skipped: the last JACCL start came up this boot and no"
-                     " JACCL error was seen since")  # fmt: skip
+        if candidate.name == "ring" and last:
+            log.info("ring smoke test skipped: ring is the last backend to try, and a ring"
+                     " that cannot start fails its launch (it never falls back silently)")
             return Verdict(True)
+        if smoke_can_be_skipped(self.record, boots, model.nodes, candidate.name):
+            log.info("%s smoke test skipped: its last start came up this boot and no %s error"
+                     " was seen since", candidate.name, candidate.name)  # fmt: skip
+            return Verdict(True)
+        await self._wait_for_launch_slot()
         limit = model.serve.smoke_timeout
         log.info("smoke test: %s all-reduce over %s (limit %gs)", candidate.name,
                  ", ".join(model.nodes), limit)  # fmt: skip
         argv = launch_argv(inventory, model, candidate.name, candidate.backend, self.w.run_id,
                            smoke_command(model, candidate.name, inventory))  # fmt: skip
         smoke = Launch(argv, self.env)
-        await smoke.start()
-        waiting = asyncio.ensure_future(smoke.wait(limit))
-        stopping = asyncio.ensure_future(self.w.stop.wait())
-        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
+        with phase(f"{candidate.name} smoke test"):
+            self.launched_at = time.monotonic()
+            await smoke.start()
+            waiting = asyncio.ensure_future(smoke.wait(limit))
+            stopping = asyncio.ensure_future(self.w.stop.wait())
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
         if not waiting.done():
             waiting.cancel()
             self.launch = smoke  # the teardown ends it
@@ -194,41 +268,50 @@ class ServeRun:
 
     async def _end_attempt(self) -> None:
         """Leave nothing of a failed attempt before the next (its ranks carry the run id)."""
+        grace = min(self.model.policy.dead_launch_grace, self.model.policy.kill_grace)
         if self.launch is not None:
-            await self.launch.end(self.model.policy.kill_grace)
+            await self.launch.end(grace)
             self.launch = None
-        sweep = await self.w.nodes.sweep_run(self.w.run_id, timeout=self.w.nodes.timeout)
+        with phase("end of the failed attempt"):
+            sweep = await self.w.nodes.sweep_run(self.w.run_id, timeout=self.w.nodes.timeout,
+                                                 launcher_dead=True)  # fmt: skip
         for problem in sweep.problems:
             log.error("after the failed attempt: %s", problem)
         if not sweep.complete:
+            left = sweep.problems or [sweep.survivors.describe() if sweep.survivors else "?"]
             raise StartRefused("a failed attempt's ranks could not all be ended: "
-                               + "; ".join(sweep.problems))  # fmt: skip
+                               + "; ".join(left))  # fmt: skip
 
-    async def _launch(self, candidate: Candidate) -> bool:
+    async def _launch(self, candidate: Candidate, why: str, survivors: str) -> bool:
         """Start the model's ranks; True once the model answers (the lock then released)."""
         from mlx_medic.health import probe_host, probe_model_async
 
         model = self.model
-        self.w.records.update("starting", backend=candidate.name)
+        reason = why + (f"; survivors left: {survivors}" if survivors else "")
+        self.w.records.update("starting", backend=candidate.name, backend_reason=reason)
         argv = launch_argv(self.w.inventory, model, candidate.name, candidate.backend,
                            self.w.run_id, server_command(model, candidate.backend))  # fmt: skip
-        log.info("launching on %s: %s", candidate.name, " ".join(argv))
+        await self._wait_for_launch_slot()
+        self.w.records.update(None, argv=tuple(argv))
+        log.info("launching on %s (%s): %s", candidate.name, reason, " ".join(argv))
         self.launch = Launch(argv, self.env, on_line=self._on_line, keep=SERVING_LINES_KEPT)
-        await self.launch.start()
-        host = probe_host(model.host)
-        deadline = time.monotonic() + model.policy.start_timeout
-        while True:
-            self._check_stop()
-            if not self.launch.running or self.launch.rank_ended:
-                return False
-            if remaining(deadline) == 0:
-                return False
-            result = await probe_model_async(host, model.port, timeout=10.0)
-            if result.up:
-                break
-            await asyncio.sleep(PROBE_EVERY)
+        self.launched_at = time.monotonic()
+        with phase(f"{candidate.name} launch to first answer"):
+            await self.launch.start()
+            host = probe_host(model.host)
+            deadline = time.monotonic() + model.policy.start_timeout
+            while True:
+                self._check_stop()
+                if not self.launch.running or self.launch.rank_ended:
+                    return False
+                if remaining(deadline) == 0:
+                    return False
+                result = await probe_model_async(host, model.port, timeout=10.0)
+                if result.up:
+                    break
+                await asyncio.sleep(PROBE_EVERY)
         await self._release_lock()
-        self.w.records.update("serving", backend=candidate.name, failures=())
+        self.w.records.update("serving", backend=candidate.name, failures=(), reboot=())
         log.info("serving %s on %s (run %s); the model lock is released", model.name,
                  candidate.name, self.w.run_id)  # fmt: skip
         return True
@@ -270,11 +353,11 @@ class ServeRun:
                 failure = Failure(self.record.backend or "?", verdict.host, verdict.reason,
                                   verdict.line)  # fmt: skip
                 self.w.records.update("failed", failures=(failure,))
-                print(f"mlx-medic serve {self.model.name}: {failure.describe()}; ending every"
-                      " rank of the run", file=sys.stderr, flush=True)  # fmt: skip
+                print(f"mlx-medic serve {self.model.name}: {failure.describe()}",
+                      file=sys.stderr, flush=True)  # fmt: skip
                 return False
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.w.stop.wait(), 1.0)
+                await asyncio.wait_for(self.w.stop.wait(), WATCH_EVERY)
         return True
 
     # --- the end ---------------------------------------------------------------------
@@ -287,16 +370,41 @@ class ServeRun:
             except Exception as exc:  # the lock judges a dead holder stale: say it, go on
                 log.error("could not release the model lock: %s", exc)
 
-    async def _teardown(self) -> None:
-        deadline = teardown_deadline(self.model)
+    async def _end_cleaning(self) -> None:
+        if self.cleaning is not None:
+            if not self.cleaning.done():
+                self.cleaning.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.cleaning
+            self.cleaning = None
+
+    async def end_launch(self) -> None:
+        """Before a relaunch: the leases stop and mlx.launch goes; the ranks it left are the
+        next start sweep's (at once, under the lock, on every node)."""
+        await self._end_cleaning()
         if self.leases is not None:
             await self.leases.stop()
-        if not self.recorded:
-            return  # refused before any node held the run: nothing of it runs anywhere
-        problems = await end_run(self.w.nodes, self.w.run_id, self.launch, deadline)
-        if problems:
-            print(f"mlx-medic serve {self.model.name}: the teardown left: "
-                  + "; ".join(problems), file=sys.stderr, flush=True)  # fmt: skip
-        else:
-            log.info("every rank of run %s is ended", self.w.run_id)
+        if self.launch is not None:
+            await self.launch.end(min(self.model.policy.dead_launch_grace,
+                                      self.model.policy.kill_grace))  # fmt: skip
 
+    async def teardown(self, result: RunResult) -> None:
+        """Before the wrapper exits: every rank of the run on every node ended, the run
+        cleared, the record's final state."""
+        deadline = teardown_deadline(self.model)
+        await self._end_cleaning()
+        if self.leases is not None:
+            await self.leases.stop()
+        if self.recorded:
+            with phase("teardown"):
+                problems = await end_run(self.w.nodes, self.w.run_id, self.launch, deadline)
+            if problems:
+                print(f"mlx-medic serve {self.model.name}: the teardown left: "
+                      + "; ".join(problems), file=sys.stderr, flush=True)  # fmt: skip
+            else:
+                log.info("every rank of run %s is ended", self.w.run_id)
+        stopped = self.w.stop.is_set()
+        if stopped or self.record.state in ("starting", "serving"):
+            state: ServeState = "stopped" if stopped or result.code == EXIT_STOPPED else "failed"
+            if self.record.state != state:
+                self.w.records.update(state)

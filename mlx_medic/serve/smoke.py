@@ -4,8 +4,11 @@
 node by mlx.launch: initialise the backend, all-reduce a one, print one line that says
 whether this rank got the sum, and exit. mlx.launch's exit status says nothing (it exits
 0 when a rank failed), so the wrapper judges by these lines. A JACCL rank records on its
-own node what it cost: a failed start is a protection domain spent; a clean init and
-teardown is a disputed cycle.
+own node what it did: a failed start and a clean init and teardown are disputed cycles,
+never debt (a failed allocation spends nothing; docs/decisions.md). `ibv_alloc_pd`
+returns NULL on a port that is down too, with the same words (ml-explore/mlx PR #4530),
+so on that error the rank reads its devices' port states first and reports a down port
+as a link fault.
 """
 
 from __future__ import annotations
@@ -14,8 +17,13 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlx_medic.platform.macos_rdma import RdmaPort
 
 MARK = "mlx-medic smoke:"
 OK_LINE = re.compile(rf"{re.escape(MARK)} rank (\d+) of (\d+) ok sum=(\d+)")
@@ -81,6 +89,33 @@ def _record(state_dir: Path, model: str, kind: str) -> None:
                  model=model)  # fmt: skip
 
 
+PD_ERROR = "Couldn't allocate protection domain"
+
+
+def link_fault(devices: tuple[str, ...], read_ports: Callable[[], list[RdmaPort] | None]) -> str:
+    """" (link fault: rdma_en3 port 1 PORT_DOWN ...)" for this rank's devices whose port is
+    not active; "" when every port is up or the states cannot be read here."""
+    try:
+        ports = read_ports()
+    except Exception:  # a broken probe says nothing about the link
+        return ""
+    down = [p for p in ports or () if (not devices or p.device in devices) and not p.active]
+    if not down:
+        return ""
+    named = ", ".join(f"{p.device} port {p.port} {p.state}" for p in down)
+    return (f" (link fault: {named}; ibv_alloc_pd fails on a down port with the same words,"
+            " so no protection domain is short: reseat the cable)")
+
+
+def read_ibv_ports() -> list[RdmaPort] | None:
+    """The port states `ibv_devinfo` prints; None where it is not installed (Linux)."""
+    from mlx_medic.platform.commands import run_command
+    from mlx_medic.platform.macos_rdma import IBV_DEVINFO_ARGV, parse_ibv_devinfo, rdma_tool_output
+
+    text = rdma_tool_output(run_command, IBV_DEVINFO_ARGV, 10.0)
+    return None if text is None else parse_ibv_devinfo(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlx_medic.serve.smoke")
     parser.add_argument("--backend", required=True, choices=["ring", "jaccl"])
@@ -96,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         mx.eval(total)
     except Exception as exc:  # the reason is the verdict: print it, whatever it is
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        if args.backend == "jaccl" and PD_ERROR in reason:
+            from mlx_medic.serve.guard import own_devices
+
+            reason += link_fault(own_devices(), read_ibv_ports)
         print(f"{MARK} rank {rank} failed: {reason}", flush=True)
         if args.backend == "jaccl":
             _record(args.state_dir, args.model, "failed_start")

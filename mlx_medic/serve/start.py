@@ -1,18 +1,28 @@
 """The start phase: refuse when the model is already being started or served, take the
-model lock, and prepare every node: start sweep, clean, then the new run recorded as
-current with its lease. Nothing starts on top of possible orphans: an unreachable node or an
-unkillable survivor stops the start, named."""
+model lock, and prepare every node: start sweep, then at once the clean, the new run
+recorded as current with its lease, and each node's ledger. Nothing starts on top of
+possible orphans: an unreachable node or a process that survives the sweep and is not in
+uninterruptible sleep stops the start, named. What is unkillable is recorded in its
+node's ledger and the start goes on around it (mlx_medic.survivors), unless it holds the
+model's port; a listener that answers means another instance serves."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import shlex
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
-from mlx_medic.inventory import Model
+from mlx_medic.inventory import Inventory, Model
 from mlx_medic.model_lock import LockHandle, ModelLocks
 from mlx_medic.serve.nodes import ModelNodes, StartRefused
 from mlx_medic.serve.record import ServeRecord, wrapper_alive
 from mlx_medic.service_manager import service_argv
+from mlx_medic.survivors import SurvivorVerdict
 
 log = logging.getLogger("mlx_medic.serve")
 
@@ -46,27 +56,94 @@ async def take_lock(locks: ModelLocks, model: Model, run_id: str) -> LockHandle:
     return handle
 
 
-async def sweep_and_clean(nodes: ModelNodes) -> None:
-    """Start sweep, then clean, on every node at once; StartRefused naming what stopped it."""
-    sweep = await nodes.start_sweep()
-    if not sweep.complete:
-        raise StartRefused("the start sweep is incomplete, so nothing is started on top of"
-                           " possible orphans: " + "; ".join(sweep.problems))  # fmt: skip
+@dataclass
+class Prepared:
+    """What the start sweep left: its survivors, each node's ledger as the sweep left it,
+    and the clean, still running (stale files waste space, they start no rank)."""
+
+    survivors: SurvivorVerdict
+    ledgers: dict[str, dict[str, Any]]
+    cleaning: asyncio.Task[list[str]]
+
+
+async def refuse_if_answering(model: Model) -> None:
+    """A model that answers on its port is served by another instance: the start touches
+    nothing on any node (the seed's rule: an active server must not be disrupted)."""
+    from mlx_medic.health import probe_host, probe_model_async
+
+    result = await probe_model_async(probe_host(model.host), model.port, timeout=5.0)
+    if result.up:
+        raise AlreadyServed(f"another instance serves model {model.name} on port {model.port}:"
+                            f" {result.reason}; a serving process is never touched, so this"
+                            " start touches nothing on any node: stop it, or leave the model"
+                            " to it")  # fmt: skip
+
+
+async def prepare_nodes(nodes: ModelNodes, run_id: str, lease: float, holder: str,
+                        recorded: Callable[[], None],
+                        crashed_run: str | None = None) -> Prepared:  # fmt: skip
+    """On every node at once: the start sweep and the new run recorded as current (the
+    crashed run's guards then end what the sweep has not yet); then the clean, left
+    running beside the launch. `recorded` is called before the run is recorded anywhere
+    (from then on the teardown must end it). On a relaunch after `crashed_run` (the
+    wrapper's own) its listener goes too; on a first start an answering model means
+    another instance serves, and nothing is touched."""
+    if crashed_run is None:
+        with phase("probe of the model's port"):
+            await refuse_if_answering(nodes.model)
+    recorded()
+    with phase("start sweep and run record"):
+        sweep, problems = await asyncio.gather(
+            nodes.start_sweep(crashed_run), nodes.record_run(run_id, lease, holder))
     for node, document in sweep.replies.items():
         for line in sweep.said.get(node, "").splitlines():
             log.warning("start sweep on %s: %s", node, line)
         if document.get("signalled"):
-            log.warning("start sweep on %s ended %d process(es) of the model (the listener on"
-                        " its port too, if any: no run of it may exist before this start)",
-                        node, len(document["signalled"]))  # fmt: skip
-    for problem in await nodes.clean():
-        log.warning("clean failed (the start goes on): %s", problem)
-
-
-async def record_run(nodes: ModelNodes, run_id: str, lease: float, holder: str) -> None:
-    """The new run current, with its lease, on every node; StartRefused naming a node that
-    did not record it."""
-    problems = await nodes.record_run(run_id, lease, holder)
+            log.warning("start sweep on %s ended %d process(es) of the model (no run of it may"
+                        " exist before this start)", node, len(document["signalled"]))  # fmt: skip
+    if sweep.serving:
+        node, listener = next(iter(sweep.serving.items()))
+        raise AlreadyServed(f"another instance serves model {nodes.model.name} on port"
+                            f" {nodes.model.port}: pid {listener.get('pid')} on {node} answers"
+                            " the health probe, and a serving process is never touched; stop"
+                            " it, or leave the model to it")  # fmt: skip
+    assert sweep.survivors is not None
+    if sweep.blocked:
+        raise BlockedBySurvivor(sweep.survivors, nodes.helpers.inventory)
+    if not sweep.complete:
+        raise StartRefused("the start sweep is incomplete, so nothing is started on top of"
+                           " possible orphans: " + "; ".join(sweep.problems))  # fmt: skip
     if problems:
         raise StartRefused("the new run could not be recorded on every node: "
                            + "; ".join(problems))  # fmt: skip
+    if sweep.survivors.survivors:
+        log.warning("start sweep: what survives SIGKILL is recorded in each node's ledger and"
+                    " the start goes on around it: %s",
+                    sweep.survivors.describe(nodes.helpers.inventory))  # fmt: skip
+    return Prepared(sweep.survivors, sweep.ledgers, asyncio.create_task(cleaned(nodes)))
+
+
+async def cleaned(nodes: ModelNodes) -> list[str]:
+    """The clean on every node, its problems logged (the start goes on)."""
+    problems = await nodes.clean()
+    for problem in problems:
+        log.warning("clean failed (the start goes on): %s", problem)
+    return problems
+
+
+class BlockedBySurvivor(StartRefused):
+    """A process no sweep can end holds what no start can do without: reboot its node."""
+
+    def __init__(self, verdict: SurvivorVerdict, inventory: Inventory | None = None):
+        super().__init__(verdict.refusal(inventory))
+        self.verdict = verdict
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Log how long one phase of a start took (where a crash's recovery time goes)."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        log.info("phase %s: %.2fs", name, time.monotonic() - started)

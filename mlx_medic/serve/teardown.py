@@ -25,11 +25,14 @@ def teardown_deadline(model: Model) -> float:
 
 async def end_run(nodes: ModelNodes, run_id: str, launch: Launch | None,
                   deadline: float) -> list[str]:  # fmt: skip
-    """What could not be ended (one sentence per node); empty when all went."""
+    """What could not be ended (one sentence per node); empty when all went. Ranks whose
+    mlx.launch is gone get the short grace of a dead launch (docs/decisions.md)."""
     budget = remaining(deadline)
     sweep_limit = max(1.0, budget * 0.75)
-    grace = min(nodes.model.policy.kill_grace, budget / 3)
-    ending = [nodes.sweep_run(run_id, timeout=sweep_limit)]
+    launcher_dead = launch is None or not launch.running
+    policy = nodes.model.policy
+    grace = min(policy.dead_launch_grace if launcher_dead else policy.kill_grace, budget / 3)
+    ending = [nodes.sweep_run(run_id, timeout=sweep_limit, launcher_dead=launcher_dead)]
     if launch is not None:
         ending.append(launch.end(grace))  # type: ignore[arg-type]
     results = await asyncio.gather(*ending)

@@ -4,8 +4,13 @@ Why: the remediator may die (or a replica give up) between its stop and its star
 head then keeps the record "stopped by remediator run N" (`mlx-medic node service MODEL
 stop` writes it before it stops). At start-up the remediator finishes that run's work:
 sweep every node first (the dead run may have left ranks half-swept), clean, start,
-verify; processes the sweep cannot kill escalate and nothing is started on top of them.
-Undoing the stop without a sweep would start on top of possible orphans, so it never does.
+verify. Processes that survive SIGKILL (uninterruptible: only a reboot of their node ends
+them) never keep the service stopped: the sweep names them with their node's reboot
+advice, the service is started, and the run ends naming them (verified: succeeded; a
+survivor holding the model's port: the verify fails and the run escalates with "reboot
+NODE ..." as the next action). A survivor the sweep could have ended, or a node that does
+not answer, escalates with nothing started. Undoing the stop without a sweep would start
+on top of possible orphans, so it never does.
 """
 
 from __future__ import annotations
@@ -53,8 +58,10 @@ async def read_stop_record(helpers: NodeHelpers, model: Model) -> StopRecord | N
 
 
 class FinishStopPlaybook(Playbook):
-    """Sweep every node (a node that does not answer escalates: nothing is started), clean,
-    start, verify; escalate after a failed verify."""
+    """Sweep every node (a node that does not answer, or a survivor the sweep could have
+    ended, escalates: nothing is started; unkillable survivors are named and the start
+    goes on), clean, start, verify; escalate after a failed verify, with the survivors'
+    reboot advice when the sweep left any."""
 
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         steps: list[Step] = [Sweep(model=model)]

@@ -1,4 +1,5 @@
-"""`recover`: the seed incident's order for a model that is down."""
+"""`recover`: the seed incident's order for a model that is down: stop, sweep (what
+survives SIGKILL is named, and the start goes on around it), clean, start, verify."""
 
 from __future__ import annotations
 
@@ -24,7 +25,16 @@ class RecoverPlaybook(Playbook):
     pin ring, restart, verify; escalate.
 
     A model whose service is its own start script (`service.kind: script`) has no pin to
-    fall back with: a failed verify escalates, saying so."""
+    fall back with: a failed verify escalates, saying so.
+
+    What the sweep cannot end (uninterruptible sleep: only a reboot of its node ends it)
+    never leaves the service stopped: the sweep names it with its node's reboot advice and
+    the run starts and verifies anyway, as the seed's own fix did ("those already in Us+
+    survive but stop accumulating"). A verified run succeeds naming the survivors left; one
+    holding the model's port makes the verify fail, and the run escalates with "reboot
+    NODE ..." as the next action (no ring pin: no backend can listen on a held port). A
+    survivor the sweep could have ended (not uninterruptible) or a node that does not
+    answer still escalates with the service stopped."""
 
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         steps: list[Step] = [Preflight(model=model), StopService(model=model), Sweep(model=model)]

@@ -4,9 +4,13 @@ Routed from the orphan alert, which names the node (the exporter's `node` label)
 cascade is stopped while the model still answers, before the protection domains run out.
 Only the reporting nodes are swept, and only what the exporter's rules call orphans
 (`node sweep MODEL --orphans-only`): the service is not stopped, the current run and
-suspects are not touched. Orphans an earlier run found unkillable were escalated then;
-they are not a reason to act again (the re-check leaves them out). It has its own budget
-and never opens the model's circuit, so routine sweeps cannot stop `recover`.
+suspects are not touched. An orphan that survives SIGKILL (uninterruptible: only a reboot
+of its node ends it) is no failure and no escalation: the sweep names it once, with its
+node's reboot advice (the step's detail, the run's and a journal `unkillable` event, a
+warning), and the node's exporter pages `MLXUnkillableSurvivors` for the reboot; the model
+keeps serving. Orphans an earlier run named are not named again, nor a reason to act again
+(the re-check leaves them out). It has its own budget and never opens the model's circuit,
+so routine sweeps cannot stop `recover`.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class SweepOrphansPlaybook(Playbook):
 
     async def recheck(self, context: RunContext) -> RecheckVerdict:
         """Act while the reporting nodes still report orphans other than ones an earlier
-        run found unkillable."""
+        run found unkillable (and named)."""
         model = context.model
         nodes = list(context.nodes or model.nodes)
         replies = await ask(context, nodes, "orphans", model.name)
@@ -57,5 +61,5 @@ class SweepOrphansPlaybook(Playbook):
                     fresh.append(f"{node} pid {entry.get('pid')} ({entry.get('rule', '?')})")
         if fresh:
             return RecheckVerdict.act(f"orphans of {model.name} still reported: {', '.join(fresh)}")
-        also = f" (only {known} an earlier run found unkillable and escalated)" if known else ""
+        also = f" (only {known} an earlier run found unkillable and named)" if known else ""
         return RecheckVerdict.skip(f"no orphans of {model.name} left on {', '.join(nodes)}{also}")

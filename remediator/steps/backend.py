@@ -5,7 +5,9 @@ wrapper starts the ring backend with `--pipeline` from then on.
 Why only on a JACCL failure: a ring pin does not fix anything else, and it is durable
 (back to JACCL only by `mlx-medic backend MODEL auto`). The evidence is the head's
 `facts`: the serve wrapper's record of a failed JACCL start, or a JACCL error signature
-in the service log; the exact line goes into the pin's reason and the journal.
+in the service log; the exact line goes into the pin's reason and the journal. When the
+run's sweep left a survivor holding the model's port, no backend can listen there: no pin
+is made, and the run escalates with that node's reboot as the next action.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, S
 from mlx_medic.remediator.steps.facts import maintainers_report, read_facts
 from mlx_medic.remediator.steps.on_nodes import ask, not_answered, one_reply
 from mlx_medic.remediator.steps.service import HEAD_UNREACHABLE
+from mlx_medic.remediator.steps.sweep import blocking_advice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,13 +32,23 @@ class PinRing(Step):
         return StepDescription(
             "pin-ring", head,
             f"if {head}'s service log or serve record shows a JACCL failure, pin"
-            f" {self.model.name} to the ring backend (with --pipeline) on {head}",
+            f" {self.model.name} to the ring backend (with --pipeline) on {head}; never"
+            " while a process that survives SIGKILL holds the model's port",
             targets=[f"backend choice of {self.model.name} on {head}"],
         )
 
     async def run(self, context: RunContext) -> StepResult:
         model = self.model
         head = model.head
+        survivors = context.survivors
+        if survivors is not None and survivors.blocked:
+            return StepResult(
+                StepOutcome.FAILED, unrecoverable=True,
+                detail=f"{model.name} did not answer after its start: a process that survives"
+                f" SIGKILL holds its port on {', '.join(survivors.reboot_nodes)}, so no"
+                " backend can listen there and no pin was made",
+                next_action=blocking_advice(survivors, context.inventory),
+            )
         facts_replies = await ask(context, [head], "facts", model.name)
         unanswered = not_answered(facts_replies, "`facts`", HEAD_UNREACHABLE)
         if unanswered is not None:

@@ -18,6 +18,7 @@ from mlx_medic.inventory import Inventory, Model
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.remediator.outcomes import StepOutcome
+from mlx_medic.survivors import SurvivorVerdict
 from mlx_medic.transport import NodeTransport
 
 HealthCheck = Callable[[Model], Awaitable[HealthVerdict]]
@@ -57,7 +58,11 @@ class StepResult:
     backend: str | None = None  # a verify that passed: the backend found serving
     unreachable: tuple[str, ...] = ()  # nodes that did not answer (counted by the engine)
     # A sweep: node -> (pid, start time) of what it found unkillable, for every node swept
+    # (the gauge, and one journal event per process no earlier run found)
     unkillable: dict[str, list[tuple[int, float]]] | None = None
+    # A sweep: the survivors it names (each with its node's reboot advice); the engine keeps
+    # them in the run's context, so the run's end names them and an escalation carries it
+    survivors: SurvivorVerdict | None = None
 
 
 @dataclass
@@ -74,8 +79,11 @@ class RunContext:
     # Lets go of the run's model lock (the start step: the serve wrapper must take it).
     release_lock: Callable[[], Awaitable[None]] = _no_lock
     nodes: tuple[str, ...] = ()  # the nodes the run's alerts named (`node` label)
-    # (node, pid, start time) of processes an earlier run found unkillable and escalated
+    # (node, pid, start time) of processes an earlier run found unkillable and named
     known_unkillable: frozenset[tuple[str, int, float]] = frozenset()
+    # What survived this run's sweep (uninterruptible: only a reboot of its node ends it),
+    # set by the engine from the sweep's result; None until a sweep found any
+    survivors: SurvivorVerdict | None = None
 
     def __post_init__(self) -> None:
         if self.helpers is None:

@@ -3,15 +3,38 @@
 Why every node, whatever the parent: the seed's orphans are ranks whose launcher died,
 often parented by sshd on a peer. The helper finds them by the model's scope, checks
 each identity again before signalling, spares a listener that serves, and reports a
-survivor in uninterruptible sleep as unkillable: only a reboot of that node clears it,
-so nothing may be started on top of it.
+survivor in uninterruptible sleep (`D` on Linux, `U` on macOS) as unkillable: only a
+reboot of its node ends it, and the helper records it in that node's protection-domain
+ledger (the node's exporter then pages `MLXUnkillableSurvivors`: reboot NODE).
+
+What a survivor means here is the seed's final fix ("those already in Us+ survive but
+stop accumulating"): the sweep did all a sweep can, so an unkillable survivor is never by
+itself a failure and never leaves the service stopped (`mlx_medic.survivors` is the one
+policy, shared with the serve wrapper):
+
+- a survivor that does not hold the model's port: the step ends ok, its detail names
+  every survivor (node, pid, state, protection domains) and its node's reboot advice, and
+  the start goes on around it (the serve wrapper starts JACCL while the ledger leaves
+  room, else ring);
+- a survivor that holds the model's port on its node: no start can listen there, but the
+  start still happens (`recover`, `finish-stop`): under KeepAlive the serve wrapper keeps
+  trying, and its own refusal names "reboot NODE" in its error and serve record, which an
+  alert reads. The step ends ok with "next action: reboot NODE ..." in its detail; the
+  verify then fails and the run escalates with that reboot advice as its next action
+  (`survivor_escalation`), not "recover by hand";
+- a killable survivor (something not in uninterruptible sleep that the sweep could not
+  end, or a helper that failed otherwise) fails the step, as does a node that did not
+  answer: nothing is started on top of what may still run.
+
+With `orphans_only` (`sweep-orphans`, the model serving), survivors an earlier run named
+(`RunContext.known_unkillable`) are counted, not named again: each is named once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlx_medic.inventory import Model
+from mlx_medic.inventory import Inventory, Model
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
 from mlx_medic.remediator.steps.facts import maintainers_report
@@ -19,12 +42,13 @@ from mlx_medic.remediator.steps.on_nodes import (
     NodeReplies,
     ask,
     document_list,
-    failed_on,
     not_answered,
 )
+from mlx_medic.survivors import SurvivorVerdict, survivors_of
 
 UNREACHABLE_NEXT = ("the sweep could not be complete, so nothing was started: check that"
                     " {nodes} is up and answers SSH, reboot it if it hangs")  # fmt: skip
+SURVIVE = "that only a reboot of its node ends: "
 
 
 def unkillable_by_node(replies: NodeReplies) -> dict[str, list[dict]]:
@@ -47,10 +71,61 @@ def describe_processes(entries: list[dict]) -> str:
                      for e in entries)  # fmt: skip
 
 
+def killable_survivors(replies: NodeReplies) -> dict[str, list[dict]]:
+    """Node -> what survived its sweep without being unkillable (a sweep could have ended
+    it, or may not: `policy.sigkill` false), for every node that answered."""
+    found = {}
+    for node, reply in replies.replies.items():
+        stuck = {identity(e) for e in document_list(reply.document, "unkillable")}
+        found[node] = [e for e in document_list(reply.document, "survivors")
+                       if identity(e) not in stuck]  # fmt: skip
+    return found
+
+
+def blocking_advice(verdict: SurvivorVerdict, inventory: Inventory) -> str:
+    """What a survivor holding the model's port needs: `reboot NODE to free ...`, why, and
+    that the service stays started (it serves once the port is free)."""
+    advice = dict(zip(verdict.nodes, verdict.advice(inventory), strict=True))
+    try:
+        label = inventory.model(verdict.model).service.label
+    except KeyError:
+        label = "its service"
+    first = "; ".join(advice[node] for node in verdict.reboot_nodes)
+    others = [advice[node] for node in verdict.nodes if node not in verdict.reboot_nodes]
+    return (f"{first}: a process there that survives SIGKILL holds {verdict.model}'s port,"
+            f" so no start can listen on it until then; {label} is left started and serves"
+            " once the port is free" + (f"; also {'; '.join(others)}" if others else ""))
+
+
+def survivor_escalation(verdict: SurvivorVerdict | None, inventory: Inventory, detail: str,
+                        next_action: str, *, after_start: bool) -> tuple[str, str]:  # fmt: skip
+    """An escalation's (detail, next action) for a run whose sweep left survivors: the
+    detail names them, the next action carries their nodes' reboot advice. After a start
+    that failed verification, a survivor holding the model's port is the reason: its reboot
+    is the next action; other survivors' reboots come first (they hold protection domains
+    a JACCL start needs). Before a start, the advice follows the escalation's own action.
+    Unchanged without survivors; said once, however often it is applied."""
+    if verdict is None or not verdict.survivors:
+        return detail, next_action
+    named = verdict.describe(inventory)
+    if named not in detail:
+        detail = f"{detail}; survivors left: {named}"
+    advice = "; ".join(verdict.advice(inventory))
+    if after_start and verdict.blocked:
+        wanted = blocking_advice(verdict, inventory)
+        return detail, next_action if next_action.startswith(wanted) else wanted
+    if advice in next_action:
+        return detail, next_action
+    if after_start:
+        return detail, f"{advice}, then {next_action}"
+    return detail, f"{next_action}; also {advice}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Sweep(Step):
     """`node sweep MODEL` on `nodes` (every node of the model by default); with
-    `orphans_only`, only what the exporter's rules call orphans."""
+    `orphans_only`, only what the exporter's rules call orphans. Unkillable survivors end
+    it ok, named with their reboot advice (in `StepResult.survivors`); see the module."""
 
     model: Model
     nodes: tuple[str, ...] = ()
@@ -64,12 +139,17 @@ class Sweep(Step):
         model = self.model
         what = ("the orphans (by the exporter's rules; never suspects or the current run)"
                 if self.orphans_only else "every process in the model's scope")
+        after = ("named once with the node to reboot, and the model keeps serving"
+                 if self.orphans_only else
+                 "named with the node to reboot, and the start goes on around them (one"
+                 f" holding :{model.port} makes the start fail until that reboot)")  # fmt: skip
         return StepDescription(
             "sweep-orphans" if self.orphans_only else "sweep", ", ".join(self.on),
             f"end {what} of {model.name} on {', '.join(self.on)}, whatever its parent:"
             f" SIGTERM, {model.policy.kill_grace:g}s grace, then SIGKILL"
             f"{'' if model.policy.sigkill else ' (not allowed by policy)'}; never a :{model.port}"
-            " listener that answers the health probe",
+            " listener that answers the health probe; what survives SIGKILL (state D/U) is"
+            f" {after}",
             targets=[f"{model.name} on {node}" for node in self.on],
         )
 
@@ -84,31 +164,29 @@ class Sweep(Step):
         output = replies.output()
         found = unkillable_by_node(replies)
         identities = {node: [identity(e) for e in entries] for node, entries in found.items()}
-        unkillable = {node: entries for node, entries in found.items() if entries}
-        if self.orphans_only:  # escalated once: an earlier run found them and said so
-            unkillable = {node: new for node, entries in unkillable.items()
-                          if (new := [e for e in entries if (node, *identity(e))
-                                      not in context.known_unkillable])}  # fmt: skip
-        if unkillable:
-            where = "; ".join(f"{node}: {describe_processes(entries)}"
-                              for node, entries in unkillable.items())  # fmt: skip
-            nodes = ", ".join(unkillable)
-            report = await maintainers_report(context, list(unkillable))
-            return StepResult(
-                StepOutcome.UNKILLABLE, output=output, unrecoverable=True, unkillable=identities,
-                detail=f"processes of {model.name} in uninterruptible sleep survive SIGKILL"
-                f" ({where}); nothing was started on top of them. {report}",
-                next_action=f"reboot {nodes} (only a reboot clears a process in state D and"
-                f" the protection domains it holds); nothing of {model.name} was started",
-            )
-        known = sum(len(entries) for entries in identities.values())
-        only_known_survive = self.orphans_only and all(
-            len(document_list(reply.document, "survivors")) <= len(found[node])
-            for node, reply in replies.replies.items())  # fmt: skip
-        failed = failed_on(replies, "survivors after the sweep")
-        if failed is not None and not only_known_survive:
-            failed.unkillable = identities
-            return failed
+        verdict = survivors_of(model.name, {node: reply.document
+                                            for node, reply in replies.replies.items()})
+        known = 0
+        if self.orphans_only:  # named once: an earlier run found them and said so
+            fresh = [s for s in verdict.survivors if s.identity not in context.known_unkillable]
+            known = len(verdict.survivors) - len(fresh)
+            verdict = SurvivorVerdict(model.name, fresh)
+        named = verdict if verdict.survivors else None
+        report = (". " + await maintainers_report(context, verdict.nodes)
+                  if verdict.survivors else "")  # fmt: skip
+        killable = killable_survivors(replies)
+        failed = [node for node, reply in replies.replies.items()
+                  if killable[node] or (not reply.ok and not found[node])]  # fmt: skip
+        if failed:
+            reasons = "; ".join(
+                f"{node}: {describe_processes(killable[node])} survived the sweep, not in"
+                " uninterruptible sleep" if killable[node] else replies.why_not(node)
+                for node in failed)  # fmt: skip
+            also = (f"; also {len(verdict.survivors)} survivor(s) {SURVIVE}"
+                    f"{verdict.describe(context.inventory)}" if named else "")  # fmt: skip
+            return StepResult(StepOutcome.FAILED, output=output, unkillable=identities,
+                              survivors=named,
+                              detail=f"survivors after the sweep: {reasons}{also}{report}")
         counts = []
         for node, reply in replies.replies.items():
             doc = reply.document
@@ -116,6 +194,27 @@ class Sweep(Step):
                           f" {len(document_list(doc, 'spared'))} spared,"
                           f" {doc.get('pd_spent', 0)} PD spent")  # fmt: skip
         if known:
-            counts.append(f"{known} unkillable process(es) an earlier run escalated, left alone")
-        return StepResult(StepOutcome.OK, detail="; ".join(counts), output=output,
-                          unkillable=identities)
+            counts.append(f"{known} unkillable process(es) an earlier run named, left alone")
+        detail, next_action = "; ".join(counts), None
+        if named is not None:
+            detail += f". {self._survivors_said(named, context.inventory)}"
+            if named.blocked and not self.orphans_only:
+                next_action = blocking_advice(named, context.inventory)
+            detail += report
+        return StepResult(StepOutcome.OK, detail=detail, output=output, unkillable=identities,
+                          survivors=named, next_action=next_action)
+
+    def _survivors_said(self, verdict: SurvivorVerdict, inventory: Inventory) -> str:
+        said = f"{len(verdict.survivors)} survivor(s) {SURVIVE}{verdict.describe(inventory)}"
+        if self.orphans_only:
+            return (f"{said}; the model keeps serving (the node's exporter pages"
+                    " MLXUnkillableSurvivors until the reboot)")
+        if not verdict.blocked:
+            return f"{said}; the start goes on around them"
+        nodes = ", ".join(verdict.reboot_nodes)
+        advice = dict(zip(verdict.nodes, verdict.advice(inventory), strict=True))
+        return (f"{said}. One holds {verdict.model}'s port, so no start can listen there until"
+                f" {nodes} reboots; the start goes on anyway (a survivor never leaves the"
+                " service stopped: the serve wrapper keeps trying and names the reboot in its"
+                " error and serve record), so its verify fails until then; next action: "
+                + "; ".join(advice[node] for node in verdict.reboot_nodes))

@@ -99,6 +99,22 @@ def test_a_pattern_must_match_the_whole_command_text(argv):
     assert role(argv) is None
 
 
+ANY_ORDER = r"serve\.py(?=.* --model \S+( |$))(?=.* --port 8080( |$))( .*)?"
+
+
+@pytest.mark.parametrize("args", [
+    ["--model", "m", "--port", "8080"],
+    ["--port", "8080", "--host", "0.0.0.0", "--model", "m"],
+    ["--host", "0.0.0.0", "--model", "m", "--port", "8080", "--pipeline"],
+])
+def test_a_pattern_written_with_lookaheads_matches_whatever_the_order_of_the_arguments(args):
+    patterns = PatternSet.of(parse_inventory(seed_inventory(f"rank: ['{ANY_ORDER}']")))
+    assert role([PYTHON, "/opt/seed/serve.py", *args], patterns=patterns) is Role.RANK
+    # ... and still only the whole command text of the model's own port
+    wrong = [a if a != "8080" else "80801" for a in args]
+    assert role([PYTHON, "/opt/seed/serve.py", *wrong], patterns=patterns) is None
+
+
 def test_a_pattern_puts_the_process_and_the_ssh_client_that_starts_it_in_the_models_scope():
     processes = [proc(10, 1, SERVE), proc(11, 1, SHARE_RANK, env={"MLX_RANK": "1"}),
                  proc(12, 1, ssh_client_argv("192.168.101.2", 1, SERVE))]

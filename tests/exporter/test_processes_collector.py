@@ -344,3 +344,61 @@ def test_promtool_accepts_a_live_scrape(tmp_path: Path):
     check = subprocess.run([promtool, "check", "metrics"], input=scrape.stdout,
                            capture_output=True, timeout=60)
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+
+
+def ledger_reader(processes: list[ProcessInfo], state_dir: Path, boot: str):
+    return ProcessesCollector(
+        node="ai002", inventory=INVENTORY, state_dir=state_dir, table=StaticTable(processes),
+        clock=lambda: 62_200.0, established=lambda sshd: sshd.pid == 300,
+        listening=lambda: lambda pid, port: False, read_file=lambda p, path: None,
+        boot_id=lambda: boot,
+    )
+
+
+def collect_with_ledger(processes: list[ProcessInfo], state_dir: Path, boot: str):
+    return list(ledger_reader(processes, state_dir, boot).collect())
+
+
+def test_an_orphan_the_ledger_records_as_a_survivor_of_sigkill_is_not_counted_as_an_orphan(
+    tmp_path: Path,
+):
+    """No sweep can end it: it is mlx_unkillable_processes' (the ledger collector), so the
+    orphan alert does not send the remediator's sweep-orphans after it again and again."""
+    from mlx_medic.node.ledger import record_spend
+
+    record_spend(tmp_path, "ai002", "unkillable", pid=201, start_time=1000.0,
+                 backend="jaccl", model="glm", boot_id="b1")  # fmt: skip
+    families = collect_with_ledger(peer_with_two_ranks(), tmp_path, "b1")
+    assert value(families, "mlx_orphan_processes", model="glm", role="rank",
+                 state="uninterruptible", rule="ssh_client_lost") == 0
+    # every other series as before: the process is still there, and still the oldest orphan
+    assert value(families, "mlx_processes", model="glm", role="rank",
+                 state="uninterruptible") == 1
+    assert value(families, "mlx_orphan_oldest_age_seconds", model="glm") == 61_200.0
+    # another boot's ledger is empty: the orphan is counted again
+    families = collect_with_ledger(peer_with_two_ranks(), tmp_path, "b2")
+    assert value(families, "mlx_orphan_processes", model="glm", role="rank",
+                 state="uninterruptible", rule="ssh_client_lost") == 1
+
+
+def test_a_reused_pid_of_a_recorded_survivor_is_an_orphan_like_any_other(tmp_path: Path):
+    from mlx_medic.node.ledger import record_spend
+
+    record_spend(tmp_path, "ai002", "unkillable", pid=201, start_time=999.0,
+                 backend="jaccl", model="glm", boot_id="b1")  # another process, gone
+    families = collect_with_ledger(peer_with_two_ranks(), tmp_path, "b1")
+    assert value(families, "mlx_orphan_processes", model="glm", role="rank",
+                 state="uninterruptible", rule="ssh_client_lost") == 1
+
+
+def test_an_unreadable_ledger_leaves_the_orphans_counted_and_the_scrape_working(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+):
+    (tmp_path / "pd-ledger.json").write_text("{not json")
+    collector = ledger_reader(peer_with_two_ranks(), tmp_path, "b1")
+    for _ in range(2):
+        families = list(collector.collect())
+        assert value(families, "mlx_orphan_processes", model="glm", role="rank",
+                     state="uninterruptible", rule="ssh_client_lost") == 1
+    warned = [r for r in caplog.records if "counted as orphans" in r.getMessage()]
+    assert len(warned) == 1  # said once while it stays the same

@@ -96,3 +96,20 @@ def test_a_pin_and_a_service_left_stopped_are_served(tmp_path: Path) -> None:
     assert value(families, "mlx_medic_backend_pinned", model="m1", backend="ring") == 1
     assert value(families, "mlx_medic_backend_pinned", model="m1", backend="jaccl") == 0
     assert value(families, "mlx_medic_service_stopped_since_seconds", model="m1") == 600
+
+
+def test_a_node_whose_reboot_the_last_start_needs_is_served_once_each(tmp_path: Path) -> None:
+    """A survivor of SIGKILL there holds the model's port: the reboot alert names the node."""
+    write_serve_record(tmp_path, "m1", me("failed", reboot=("n1", "n2", "n1")))
+    families = scrape(tmp_path)
+    reboots = {(s.labels["model"], s.labels["reboot_node"]): s.value for f in families
+               for s in getattr(f, "samples", []) if s.name == "mlx_serve_reboot_needed"}
+    assert reboots == {("m1", "n1"): 1.0, ("m1", "n2"): 1.0}
+    assert value(families, "mlx_serve_reboot_needed", model="m1", reboot_node="n2") == 1
+
+
+def test_no_reboot_needed_is_no_series(tmp_path: Path) -> None:
+    write_serve_record(tmp_path, "m1", me("serving", backend="ring"))
+    families = scrape(tmp_path)
+    assert not [s for f in families for s in getattr(f, "samples", [])
+                if s.name == "mlx_serve_reboot_needed"]  # fmt: skip

@@ -551,7 +551,9 @@ def test_the_launchers_real_pid_file_and_hostfile_count_once_the_rank_is_gone(tm
     finally:
         rank.kill()
         rank.wait()
-    assert LeftoverCounter().count([temp_dir]) == 2
+    assert LeftoverCounter().count([temp_dir]) == 1  # the dead launch's pid file at once
+    age(temp_dir.glob("tmp.*"), 600)
+    assert LeftoverCounter().count([temp_dir]) == 2  # its hostfile once it is no launch's
 
 
 def test_only_files_that_look_like_the_launchers_are_counted(tmp_path):
@@ -565,7 +567,17 @@ def test_only_files_that_look_like_the_launchers_are_counted(tmp_path):
     (temp_dir / "notes.txt").write_text("12345\n")  # not mktemp's name
     (temp_dir / "tmp.Sym1ink000").symlink_to(next(temp_dir.glob("tmp.*")))
     (temp_dir / "tmp.Dir0000000").mkdir()
-    assert LeftoverCounter().count([temp_dir]) == 2  # the real pid file and the devices file
+    assert LeftoverCounter().count([temp_dir]) == 1  # the real pid file; the devices file
+    age(temp_dir.glob("tmp.*"), 600)  # is young (a launch may be under way) until it ages
+    assert LeftoverCounter().count([temp_dir]) == 2
+
+
+def age(paths, seconds: float) -> None:
+    """Make files look `seconds` old (their mtime), never following a link."""
+    then = time.time() - seconds
+    for path in paths:
+        if not path.is_symlink():
+            os.utime(path, (then, then))
 
 
 def test_the_shared_rule_lists_exactly_the_leftovers_the_collector_counts(tmp_path):
@@ -576,7 +588,10 @@ def test_the_shared_rule_lists_exactly_the_leftovers_the_collector_counts(tmp_pa
     (temp_dir / "tmp.Host000001").write_text(RING_HOSTFILE + "\n")
     (temp_dir / "tmp.Other00001").write_text("some other program's scratch\n")
     (temp_dir / "tmp.Link000001").symlink_to(temp_dir / "tmp.Dead000001")
+    (temp_dir / "tmp.Young00001").write_text(RING_HOSTFILE + "\n")
+    age([temp_dir / "tmp.Host000001"], 600)
     scan = launcher_leftovers([temp_dir, tmp_path / "gone"])
+    # A dead launch's pid file goes whatever its age; an unowned hostfile only once old.
     assert sorted(p.name for p in scan.files) == ["tmp.Dead000001", "tmp.Host000001"]
     assert scan.read == (temp_dir,) and [d for d, _ in scan.unreadable] == [tmp_path / "gone"]
     assert LeftoverCounter().count([temp_dir, tmp_path / "gone"]) == len(scan.files)

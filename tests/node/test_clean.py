@@ -147,20 +147,27 @@ def test_the_open_files_are_looked_at_once_to_judge_and_once_before_removing_for
     assert len(looks) == 1
 
 
-def test_launch_leftovers_of_dead_launches_go_and_other_files_stay(tmp_path: Path):
+def test_a_dead_launchs_leftovers_go_whatever_their_age_and_young_unowned_files_stay(
+    tmp_path: Path,
+):
     launch = tmp_path / "launch"
     launch.mkdir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (launch / "tmp.Dead000001").write_text(f"{dead.pid}\n")  # pid file, process gone
+    hostfile = '[["127.0.0.2:5000"], ["127.0.0.3:5000"]]\n'
+    (launch / "tmp.Dead000001").write_text(f"{dead.pid}\n")  # pid file, process gone: now
     (launch / "tmp.Live000001").write_text(f"{os.getpid()}\n")  # pid file, alive
-    (launch / "tmp.Host000001").write_text('[["127.0.0.2:5000"], ["127.0.0.3:5000"]]\n')
+    (launch / "tmp.Host000001").write_text(hostfile)  # no owner, old: a dead launch's
+    old = time.time() - 600
+    os.utime(launch / "tmp.Host000001", (old, old))
+    (launch / "tmp.Young00001").write_text(hostfile)  # no owner yet: a launch under way
     (launch / "tmp.Other00001").write_text("someone else's\n")
     document = cleaner(tmp_path, tmp_path / "shared").run().to_json()
     removed = {Path(r["path"]).name for r in document["removed"]}
     assert removed == {"tmp.Dead000001", "tmp.Host000001"}
     assert {r["kind"] for r in document["removed"]} == {"launch_leftover"}
-    assert sorted(p.name for p in launch.iterdir()) == ["tmp.Live000001", "tmp.Other00001"]
+    assert sorted(p.name for p in launch.iterdir()) == [
+        "tmp.Live000001", "tmp.Other00001", "tmp.Young00001"]
 
 
 def test_a_dry_run_lists_what_would_go_and_removes_nothing(tmp_path: Path):

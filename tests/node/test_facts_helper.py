@@ -124,8 +124,12 @@ def test_the_helper_reports_the_serve_wrappers_last_failed_start_jaccl_first(
     write_serve_record(helpers.state, "m1", ServeRecord(
         "run-2", 4242, None, "starting", backend="jaccl", failures=(
             Failure("ring", "n2", "ring did not answer"),
-            Failure("jaccl", "n1", "smoke test failed", PD_ERROR))))  # fmt: skip
+            Failure("jaccl", "n1", "smoke test failed", PD_ERROR)),
+        backend_reason="jaccl: the ledger leaves room", argv=("mlx.launch", "--backend"),
+        reboot=("n2",)))  # fmt: skip
     assert helpers.document("facts", "m1")["serve"] == {
         "state": "starting", "backend": "jaccl",
+        "backend_reason": "jaccl: the ledger leaves room", "argv": ["mlx.launch", "--backend"],
+        "reboot": ["n2"],
         "failure": {"backend": "jaccl", "host": "n1", "reason": "smoke test failed",
                     "line": PD_ERROR}}  # fmt: skip

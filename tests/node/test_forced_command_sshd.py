@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from mlx_medic.inventory import parse_inventory
-from mlx_medic.node.boot_id import current_boot_id
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.node.forced_command import EXIT_REFUSED
 from mlx_medic.node.ledger import record_spend
@@ -66,13 +65,14 @@ def forced_key(cluster: Cluster) -> Iterator[ForcedKey]:
 
 def test_an_allowed_helper_runs_on_the_node_it_logged_into(forced_key: ForcedKey) -> None:
     record_spend(forced_key.node.state_dir, NODE, "sigkill", pid=4242, start_time=1.0,
-                 boot_id=current_boot_id())  # fmt: skip
+                 boot_id=forced_key.node.boot_id)  # the node's own boot
     result = forced_key.ssh("mlx-medic node ledger --json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert (document["schema"], document["command"], document["node"]) == (1, "ledger", NODE)
     assert document["debt"] == 1  # the ledger kept in that node's own state dir
-    assert document["reserves"] == {"tiny": {"reserve": 5, "jaccl_allowed": True}}
+    assert document["reserves"] == {
+        "tiny": {"reserve": 5, "devices": [], "jaccl_allowed": True, "debt": 1}}
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """`mlx-medic node ledger`: one JSON document with a schema version, the node from the
-inventory's state dir, each model's reserve; a clear error and a non-zero exit otherwise."""
+inventory's state dir, the debt per RDMA device, the survivors still alive here, each
+model's reserve and devices; a clear error and a non-zero exit otherwise."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import psutil
 
 from mlx_medic.node.boot_id import LINUX_BOOT_ID, current_boot_id
 from mlx_medic.node.ledger import record_spend
@@ -34,6 +37,7 @@ def test_the_ledger_prints_one_json_document_with_its_schema_and_the_models_rese
     write_node_id(state, "n1")
     boot = current_boot_id()
     record_spend(state, "n1", "sigkill", pid=10, start_time=1.0, devices=["rdma_en2"], boot_id=boot)
+    record_spend(state, "n1", "vanished", pid=13, start_time=4.0, boot_id=boot)
     record_spend(state, "n1", "failed_start", pid=11, start_time=2.0, boot_id=boot)
     record_spend(state, "n1", "init_teardown", pid=12, start_time=3.0, boot_id=boot)
     result = node("ledger", "--json", "--config.file", str(config))
@@ -41,25 +45,33 @@ def test_the_ledger_prints_one_json_document_with_its_schema_and_the_models_rese
     document = json.loads(result.stdout)
     assert (document["schema"], document["command"], document["node"]) == (1, "ledger", "n1")
     assert document["boot_id"] == boot
-    assert (document["debt"], document["disputed_cycles"]) == (2, 1)
+    assert (document["debt"], document["disputed_cycles"]) == (2, 2)  # failed starts: disputed
     assert document["debt_by_unit"] == {"rdma_en2": 1, "node": 1}
-    assert document["reserves"] == {"m1": {"reserve": 2, "jaccl_allowed": False}}
-    assert [e["kind"] for e in document["entries"]] == ["sigkill", "failed_start", "init_teardown"]
+    assert document["debt_by_device"] == {"rdma_en2": 2}  # the unknown one counts there too
+    assert document["reserves"] == {
+        "m1": {"reserve": 2, "devices": [], "jaccl_allowed": False, "debt": 2}}
+    assert document["survivors"] == []
+    assert [e["kind"] for e in document["entries"]] == [
+        "sigkill", "vanished", "failed_start", "init_teardown"]
+    assert [e["counted"] for e in document["entries"]] == [True, True, False, False]
 
 
 def test_the_default_reserve_is_five_of_eleven(tmp_path: Path) -> None:
     result = node("ledger", "--json", "--config.file", str(inventory(tmp_path)), "--node", "n2")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["reserves"] == {
-        "m1": {"reserve": 5, "jaccl_allowed": True}, "m2": {"reserve": 5, "jaccl_allowed": True},
+    document = json.loads(result.stdout)
+    assert document["reserves"] == {
+        "m1": {"reserve": 5, "devices": [], "jaccl_allowed": True, "debt": 0},
+        "m2": {"reserve": 5, "devices": [], "jaccl_allowed": True, "debt": 0},
     }  # fmt: skip
+    assert document["debt_by_device"] == {"node": 0}  # no device known here
 
 
 def test_without_json_the_ledger_is_a_readable_summary(tmp_path: Path) -> None:
     result = node("ledger", "--config.file", str(inventory(tmp_path)), "--node", "n1")
     assert result.returncode == 0
-    assert "0 protection domain(s) spent" in result.stdout
-    assert "model m1: reserve 5, JACCL allowed" in result.stdout
+    assert "0 process(es) counted as spending protection domains" in result.stdout
+    assert "model m1: reserve 5 per device, JACCL allowed" in result.stdout
 
 
 def test_a_node_not_in_the_inventory_is_refused_with_exit_1(tmp_path: Path) -> None:
@@ -99,3 +111,81 @@ def test_a_reserve_beyond_a_devices_eleven_domains_is_an_inventory_error(tmp_pat
     result = node("ledger", "--config.file", str(inventory(tmp_path, reserve=12)), "--node", "n1")
     assert result.returncode == 1
     assert "models.m1.policy.pd_reserve" in result.stderr
+
+
+def jaccl_inventory(tmp_path: Path) -> Path:
+    """n1 carries m1 (JACCL over n1..n3) and m2 (JACCL with n4): devices of its own each."""
+    m1 = tmp_path / "m1-jaccl.json"
+    m1.write_text(json.dumps([{"ssh": "n1", "rdma": [None, "rdma_en2", "rdma_en3"]},
+                              {"ssh": "n2", "rdma": ["rdma_en2", None, "rdma_en3"]},
+                              {"ssh": "n3", "rdma": ["rdma_en2", "rdma_en3", None]}]))
+    m2 = tmp_path / "m2-jaccl.json"
+    m2.write_text(json.dumps([{"ssh": "n1", "rdma": [None, "rdma_en4"]},
+                              {"ssh": "n4", "rdma": ["rdma_en2", None]}]))  # fmt: skip
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"""\
+state_dir: {tmp_path / "state"}
+nodes:
+  n1: {{ssh: 127.0.0.2}}
+  n2: {{ssh: 127.0.0.3}}
+  n3: {{ssh: 127.0.0.4}}
+  n4: {{ssh: 127.0.0.5}}
+models:
+  m1:
+    model: /models/m1
+    nodes: [n1, n2, n3]
+    port: 8080
+    service: {{manager: supervisord, label: m1}}
+    backends: {{jaccl: {{hostfile: {m1}}}, ring: {{hostfile: /etc/ring.json}}}}
+    policy: {{pd_reserve: 2}}
+  m2:
+    model: /models/m2
+    nodes: [n1, n4]
+    port: 8081
+    service: {{manager: supervisord, label: m2}}
+    backends: {{jaccl: {{hostfile: {m2}}}}}
+    policy: {{pd_reserve: 2}}
+""")
+    return path
+
+
+def test_the_ledger_judges_each_model_on_its_own_devices_and_lists_live_survivors_only(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes],
+) -> None:
+    config = jaccl_inventory(tmp_path)
+    state = tmp_path / "state"
+    boot = current_boot_id()
+    started = psutil.Process(sleeper.pid).create_time()
+    record_spend(state, "n1", "sigkill", pid=10, start_time=1.0, devices=["rdma_en2"],
+                 model="m1", boot_id=boot)
+    record_spend(state, "n1", "unkillable", pid=sleeper.pid, start_time=started,
+                 devices=["rdma_en2", "rdma_en3"], model="m1", backend="jaccl",
+                 cmdline=["python", "-m", "mlx_lm.server"], boot_id=boot)
+    # a survivor whose process is gone (the pid names another start): not listed, counted
+    record_spend(state, "n1", "unkillable", pid=sleeper.pid, start_time=started - 50,
+                 model="m1", backend="ring", boot_id=boot)
+    result = node("ledger", "--json", "--config.file", str(config), "--node", "n1")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["debt"] == 2
+    assert document["debt_by_device"] == {"rdma_en2": 2, "rdma_en3": 1, "rdma_en4": 0}
+    assert document["reserves"] == {
+        "m1": {"reserve": 2, "devices": ["rdma_en2", "rdma_en3"], "jaccl_allowed": False,
+               "debt": 2},
+        "m2": {"reserve": 2, "devices": ["rdma_en4"], "jaccl_allowed": True, "debt": 0},
+    }  # fmt: skip
+    [survivor] = document["survivors"]
+    assert survivor | {"at": 0} == {
+        "pid": sleeper.pid, "start_time": started, "cmdline": ["python", "-m", "mlx_lm.server"],
+        "model": "m1", "backend": "jaccl", "devices": ["rdma_en2", "rdma_en3"], "domains": 2,
+        "holds_port": False, "at": 0}  # fmt: skip
+    text = node("ledger", "--config.file", str(config), "--node", "n1").stdout
+    assert f"survivor of SIGKILL: pid {sleeper.pid} (model m1, jaccl backend, holding 2" in text
+    assert "reboot n1 to end it" in text
+    assert "model m2: reserve 2 per device, JACCL allowed (0 spent on the busiest of" \
+        " rdma_en4)" in text
+    sleeper.kill()
+    sleeper.wait()
+    document = json.loads(node("ledger", "--json", "--config.file", str(config),
+                               "--node", "n1").stdout)  # fmt: skip
+    assert document["survivors"] == [] and document["debt"] == 2  # per boot: still spent

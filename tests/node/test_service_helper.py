@@ -22,21 +22,12 @@ import pytest
 from mlx_medic.node.service_cli import already_stopped, run_manager
 from mlx_medic.service_stop import read_service_stop, record_service_stop
 from testbed import Cluster, SimNode
+from testbed.keepalive import CONTROL
 from tests.node.inventories import two_models
 from tests.tools import require_tool
 
 # supervisord's own sections, with a token in every path: each test its own daemon.
-SUPERVISORD_CONTROL = """\
-[unix_http_server]
-file=/tmp/supervisor-{token}.sock
-[supervisord]
-pidfile=/tmp/supervisord-{token}.pid
-logfile=/tmp/supervisord-{token}.log
-[rpcinterface:supervisor]
-supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
-[supervisorctl]
-serverurl=unix:///tmp/supervisor-{token}.sock
-"""
+SUPERVISORD_CONTROL = CONTROL  # supervisord's own sections (testbed.keepalive)
 SUPERVISORD_CONF = SUPERVISORD_CONTROL + """\
 [program:tiny-{token}]
 command=sleep 100000

@@ -15,7 +15,16 @@ import pytest
 
 from mlx_medic.inventory import parse_inventory
 from mlx_medic.node.ledger import read_ledger
-from mlx_medic.node.sweep import Mode, Seams, Sweep, in_sweep_scope
+from mlx_medic.node.sweep import (
+    BROKEN_WINDOW,
+    PROBE_WINDOW,
+    PROBES,
+    LedgerNotes,
+    Mode,
+    Seams,
+    Sweep,
+    in_sweep_scope,
+)
 from mlx_medic.node_identity import write_node_id
 from mlx_medic.orphan_scan import OrphanScan
 from mlx_medic.platform.process_identity import Identity
@@ -239,50 +248,179 @@ def test_a_sigkilled_jaccl_rank_is_one_ledger_spend_with_its_device(tmp_path: Pa
     world = World(jaccl, ring, dies_on=("SIGKILL",))
     matrix = '[[null, "rdma_en5"], ["rdma_en5", null]]'
     files = {"/tmp/tmp.devices": matrix}
-    from mlx_medic.node.sweep import _ledger_spender
-
-    report = sweep(world, jaccl, ring, state_dir=tmp_path,
-                   spend=_ledger_spender(tmp_path, "ai001"),
+    report = sweep(world, jaccl, ring, state_dir=tmp_path, spend=LedgerNotes(tmp_path, "ai001"),
                    read_file=lambda p, path: files.get(path))  # fmt: skip
     assert report.pd_spent == 1
-    (entry,) = read_ledger(tmp_path, "ai001").entries
-    assert (entry.kind, entry.pid, entry.devices, entry.model) == (
-        "sigkill", 10, ("rdma_en5",), "glm")
+    ledger = read_ledger(tmp_path, "ai001")
+    assert [(e.kind, e.pid, e.devices, e.model) for e in ledger.entries] == [
+        ("ended", 10, ("rdma_en5",), "glm"),  # noted before SIGTERM: a signal of ours ends it
+        ("sigkill", 10, ("rdma_en5",), "glm")]
+    assert ledger.debt == 1
 
 
-def test_a_listener_on_the_models_port_is_spared_except_by_the_start_sweep():
+def test_a_listener_on_the_models_port_that_answers_is_never_touched_by_any_sweep():
     server = rank(10)
-    for mode in (Mode.SCOPE, Mode.ORPHANS_ONLY):
+    for mode in (Mode.SCOPE, Mode.ORPHANS_ONLY, Mode.START_SWEEP):
         world = World(server)
         world.listening[10] = {8080}
-        report = sweep(world, server, mode=mode)
+        warnings: list[str] = []
+        report = sweep(world, server, mode=mode, warn=warnings.append)
         assert world.sent == []
-        if mode is Mode.SCOPE:
-            (spared,) = report.spared
-            assert "answers the health probe" in spared["reason"]
-
-    world = World(server)
-    world.listening[10] = {8080}
-    warnings: list[str] = []
-    report = sweep(world, server, mode=Mode.START_SWEEP, warn=warnings.append)
-    assert world.sent == [(10, "SIGTERM")]
-    assert report.to_json()["listeners_signalled"] == [10]
-    assert "--start-sweep" in warnings[0] and "answers the health probe" in warnings[0]
+        (spared,) = report.spared
+        assert ("not an orphan" if mode is Mode.ORPHANS_ONLY
+                else "answers the health probe") in spared["reason"]  # fmt: skip
+        document = report.to_json()
+        if mode is Mode.START_SWEEP:  # another instance serves: the wrapper must not start
+            assert document["serving_listener"]["pid"] == 10
+            assert "another instance serves the model" in warnings[0]
+        else:
+            assert document["serving_listener"] is None
 
 
-def test_a_listener_on_the_models_port_that_does_not_answer_is_ended_by_a_default_sweep():
+def test_a_listener_is_hung_only_after_several_failed_probes_over_a_window():
     hung = rank(10)
+    for mode in (Mode.SCOPE, Mode.START_SWEEP):
+        world = World(hung)
+        world.listening[10] = {8080}
+        asked: list[float] = []
+
+        def never(model, state_dir, world=world, asked=asked):
+            asked.append(world.now)
+            return False, "timed out"
+
+        report = sweep(world, hung, mode=mode, health=never)
+        assert world.sent == [(10, "SIGTERM")]  # the hung rank 0 holding the port
+        assert report.to_json()["listeners_signalled"] == [10]
+        assert len(asked) == PROBES and asked[-1] - asked[0] == pytest.approx(PROBE_WINDOW)
+
+    # Refused at once each time (an error, a closed connection): broken, not busy.
     world = World(hung)
     world.listening[10] = {8080}
-    report = sweep(world, hung, health=lambda model, state_dir: (False, "timed out"))
-    assert world.sent == [(10, "SIGTERM")]  # the hung rank 0 holding the port
-    assert report.to_json()["listeners_signalled"] == [10]
+    asked = []
+    report = sweep(world, hung, health=lambda model, state_dir: (
+        asked.append(world.now), (False, "RemoteDisconnected", False))[1])
+    assert world.sent == [(10, "SIGTERM")]
+    assert len(asked) == PROBES and asked[-1] - asked[0] == pytest.approx(BROKEN_WINDOW)
+
+    # Slow to answer once, then answering: a loaded server, spared.
+    world = World(hung)
+    world.listening[10] = {8080}
+    answers = iter([(False, "timed out"), (True, "answered")])
+    report = sweep(world, hung, health=lambda model, state_dir: next(answers))
+    assert world.sent == [] and "answers the health probe" in report.spared[0]["reason"]
 
     world = World(hung)
     world.listening[10] = {8080}
     report = sweep(world, hung, mode=Mode.ORPHANS_ONLY,
                    health=lambda model, state_dir: (False, "timed out"))  # fmt: skip
     assert world.sent == []  # the serving rank is never an orphan
+
+
+class Notes(LedgerNotes):
+    """The ledger notes a sweep writes, kept in order."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[str, dict]] = []
+        self.known: set[tuple[int, float]] = set()  # survivors an earlier sweep recorded
+
+    def spend(self, **fields) -> bool:
+        self.written.append((fields.pop("kind"), fields))
+        return True
+
+    def ended(self, processes) -> None:
+        self.written.append(("ended", {"processes": list(processes)}))
+
+    def count_gone(self) -> None:
+        self.written.append(("count_gone", {}))
+
+    def survivors(self) -> set[tuple[int, float]]:
+        return self.known
+
+
+JACCL_ENV = {"MLX_RANK": "1", "MLX_IBV_DEVICES": "/tmp/tmp.devices",
+             "MLX_JACCL_COORDINATOR": "10.0.0.1:5000"}
+DEVICES = {"/tmp/tmp.devices": '[[null, "rdma_en5"], ["rdma_en5", null]]'}
+
+
+def test_a_survivor_of_sigkill_is_recorded_once_with_its_devices_and_the_sweep_is_settled():
+    frozen = rank(10, env=JACCL_ENV)
+    world = World(frozen)
+    world.frozen.add(10)
+    notes = Notes()
+    report = sweep(world, frozen, spend=notes, read_file=lambda p, path: DEVICES.get(path))
+    assert [kind for kind, _ in notes.written] == ["count_gone", "ended", "sigkill",
+                                                   "unkillable"]  # fmt: skip
+    unkillable = notes.written[3][1]
+    assert (unkillable["pid"], unkillable["devices"], unkillable["backend"],
+            unkillable["holds_port"]) == (10, ("rdma_en5",), "jaccl", False)  # fmt: skip
+    document = report.to_json()
+    (entry,) = document["unkillable"]
+    assert (entry["domains"], entry["devices"], entry["model"]) == (1, ["rdma_en5"], "glm")
+    assert document["complete"] is False and document["settled"] is True
+
+
+def test_a_survivor_the_ledger_already_knows_is_signalled_again_but_not_waited_for():
+    frozen = rank(10, env=JACCL_ENV)
+    world = World(frozen)
+    world.frozen.add(10)
+    notes = Notes()
+    notes.known = {(10, frozen.create_time)}  # an earlier sweep recorded it unkillable
+    report = sweep(world, frozen, spend=notes, read_file=lambda p, path: DEVICES.get(path))
+    assert world.sent == [(10, "SIGTERM"), (10, "SIGKILL")]  # in case it thawed
+    assert world.now == 0.0  # no grace, no wait after SIGKILL
+    assert [u["pid"] for u in report.to_json()["unkillable"]] == [10] and report.settled
+
+
+def test_a_survivor_on_the_models_port_leaves_the_sweep_unsettled():
+    hung = rank(10)
+    world = World(hung)
+    world.frozen.add(10)
+    world.listening[10] = {8080}
+    report = sweep(world, hung, mode=Mode.START_SWEEP,
+                   health=lambda model, state_dir: (False, "timed out"))  # fmt: skip
+    (entry,) = report.to_json()["unkillable"]
+    assert entry["holds_port"] is True and entry["backend"] == "unknown"
+    assert report.settled is False
+
+
+def test_a_killable_survivor_leaves_the_sweep_unsettled():
+    stubborn = rank(10)
+    world = World(stubborn, dies_on=())  # ignores every signal but is not in D
+    report = sweep(world, stubborn)
+    assert report.to_json()["unkillable"] == [] and report.settled is False
+
+
+def test_the_callers_grace_shortens_the_wait_before_sigkill_but_never_lengthens_it():
+    for grace, waited in ((0.5, 0.5), (60.0, 2.0)):  # GLM's policy.kill_grace is 2s
+        stubborn = rank(10)
+        world = World(stubborn, dies_on=("SIGKILL",))  # an orphan that ignores SIGTERM
+        scan = OrphanScan(node="ai001", inventory=INVENTORY, state_dir=Path("/nonexistent"),
+                          established=lambda sshd: True,
+                          listening=lambda: lambda pid, port: False,
+                          read_file=lambda p, path: None)  # fmt: skip
+        Sweep(inventory=INVENTORY, model=GLM, node="ai001", state_dir=Path("/nonexistent"),
+              table=Table(stubborn), seams=world.seams(), scan=scan, spend=Notes(),
+              grace=grace).run()  # fmt: skip
+        assert world.sent == [(10, "SIGTERM"), (10, "SIGKILL")]
+        assert world.now == pytest.approx(waited, abs=0.05)
+
+
+def test_jaccl_ranks_are_noted_as_ended_by_us_before_sigterm_reaches_them():
+    jaccl, ring = rank(10, env=JACCL_ENV), rank(11, env={"MLX_RANK": "0",
+                                                          "MLX_HOSTFILE": "/tmp/h"})
+    world = World(jaccl, ring)
+    order: list[str] = []
+    notes = Notes()
+    original = world.kill
+
+    def kill(pid: int, signum: int) -> None:
+        order.append(f"{signal.Signals(signum).name} {pid}")
+        original(pid, signum)
+
+    world.kill = kill  # type: ignore[method-assign]
+    notes.ended = lambda processes: order.append(f"ended {[p[0] for p in processes]}")  # type: ignore[method-assign]
+    sweep(world, jaccl, ring, spend=notes, read_file=lambda p, path: DEVICES.get(path))
+    assert order == ["ended [10]", "SIGTERM 10", "SIGTERM 11"]
 
 
 def test_the_wrapper_ending_its_own_run_may_end_its_listener_but_no_other_run():

@@ -219,6 +219,10 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
         assert runs[1].alive()
 
         for node in (head, peer):
+            # mlx.launch's files in /tmp, aged: an unowned hostfile is a dead launch's only
+            # once it is old (a young one may be a launch under way); run 2's are in use.
+            for leftover in node.tmp.glob("tmp.*"):
+                os.utime(leftover, (OLD, OLD))
             status, document, err = helper(cluster, node.name, "clean", "tiny",
                                            "--config.file", config)  # fmt: skip
             assert status == 0, err
@@ -265,10 +269,12 @@ def solo(clean_cluster: Cluster, tmp_path_factory) -> dict[str, Any]:
 
 
 def test_guards_unkillable_ranks_and_the_ledger_on_a_node(solo: dict[str, Any]):
-    """On ai003: a server answering the health probe on the model's port survives a default
-    sweep and is ended by the start sweep; a JACCL rank that ignores SIGTERM is SIGKILLed
-    and spends one protection domain, which the exporter's ledger collector serves; a frozen
-    JACCL rank (state D) is reported unkillable with its node, once per sweep, one spend."""
+    """On ai003: a server answering the health probe on the model's port survives every
+    sweep, the start sweep too (which reports it: another instance serves); a JACCL rank
+    that ignores SIGTERM is SIGKILLed and spends one protection domain, which the
+    exporter's ledger collector serves; a frozen JACCL rank (state D) is reported
+    unkillable with its node and what frees it, recorded in the ledger once (one spend),
+    and the sweep is settled: a start may go on around it."""
     cluster, token, port, config = solo["cluster"], solo["token"], solo["port"], solo["config"]
     node = cluster.node("ai003")
     server_script = cluster.workdir / f"healthy-{token}.py"
@@ -291,11 +297,11 @@ def test_guards_unkillable_ranks_and_the_ledger_on_a_node(solo: dict[str, Any]):
         for sweep_number in (1, 2):
             status, document, err = helper(cluster, "ai003", "sweep", "solo",
                                            "--config.file", config)  # fmt: skip
-            assert status == 1
+            assert status == 0 and document["settled"] and not document["complete"], err
             (unkillable,) = document["unkillable"]
-            assert (unkillable["pid"], unkillable["state"]) == (
-                inside[stuck], "uninterruptible")
-            assert "reboot node ai003" in err and "unkillable" in err
+            assert (unkillable["pid"], unkillable["state"], unkillable["devices"],
+                    unkillable["domains"]) == (inside[stuck], "uninterruptible", ["rdma_en5"], 1)
+            assert "survives SIGKILL" in err and "reboot ai003 to free 1 protection" in err
             (spared,) = document["spared"]
             assert spared["pid"] == inside[server]
             assert "answers the health probe" in spared["reason"]
@@ -310,6 +316,7 @@ def test_guards_unkillable_ranks_and_the_ledger_on_a_node(solo: dict[str, Any]):
         assert processes.is_alive(server) and processes.is_alive(stuck)
         status, ledger, _ = helper(cluster, "ai003", "ledger", "--config.file", config)
         assert ledger["debt"] == 2 and ledger["debt_by_unit"] == {"rdma_en5": 2}
+        assert [e["pid"] for e in ledger["survivors"]] == [inside[stuck]]
         samples = scrape_ledger(cluster, config)
         assert samples["mlx_pd_debt"] == 2.0
     wait_until(lambda: not processes.is_alive(stuck), "the thawed rank to take its SIGKILL")
@@ -318,9 +325,10 @@ def test_guards_unkillable_ranks_and_the_ledger_on_a_node(solo: dict[str, Any]):
                                    "--config.file", config)  # fmt: skip
     assert status == 0 and document["complete"], err
     assert document["mode"] == "start-sweep"
-    assert document["listeners_signalled"] == [inside[server]]
-    assert "--start-sweep" in err and "answers the health probe" in err
-    wait_until(lambda: not processes.is_alive(server), "the server to end")
+    assert document["listeners_signalled"] == []
+    assert document["serving_listener"]["pid"] == inside[server]
+    assert "another instance serves the model" in err
+    assert processes.is_alive(server)
 
 
 def scrape_ledger(cluster: Cluster, config: str) -> dict[str, float]:

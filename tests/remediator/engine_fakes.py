@@ -174,15 +174,17 @@ class WaitForRelease(Touch):
 
 
 @dataclass(frozen=True, kw_only=True)
-class FindsUnkillableRanks(Touch):
-    """The sweep finds ranks that survive SIGKILL: only a reboot helps."""
+class FindsAHungNode(Touch):
+    """A node hangs: it takes SSH connections but answers no command. A restart cannot fix
+    that; a person must look at the node (what survives SIGKILL is no such state: a sweep
+    names it and the run goes on)."""
 
     async def run(self, context: RunContext) -> StepResult:
         return StepResult(
-            StepOutcome.FAILED,
-            detail="3 ranks in uninterruptible state survive SIGKILL",
+            StepOutcome.UNREACHABLE,
+            detail="ai002 did not answer the sweep: timed out after 30s",
             unrecoverable=True,
-            next_action="reboot ai002: 3 ranks in uninterruptible state survive SIGKILL",
+            next_action="check that ai002 is up and answers SSH, reboot it if it hangs",
         )
 
 
@@ -212,7 +214,7 @@ class GatedPlaybook(SucceedingPlaybook):
 
 class UnrecoverablePlaybook(SucceedingPlaybook):
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
-        return [FindsUnkillableRanks(model=model), PassingVerify(model=model)]
+        return [FindsAHungNode(model=model), PassingVerify(model=model)]
 
 
 class StartAndVerifyPlaybook(SucceedingPlaybook):

@@ -34,7 +34,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "log_errors": []},
     "service": {"exit_status": 0, "stdout": "", "stderr": ""},
     "sweep": {"signalled": [], "exited": [], "survivors": [], "unkillable": [], "spared": [],
-              "pd_spent": 0, "complete": True},
+              "pd_spent": 0, "complete": True, "settled": True, "listeners_signalled": []},
     "clean": {"removed": [], "bytes_freed": 0, "skipped": []},
     "backend": {"choice": "ring"},
     "orphans": {"orphans": [], "suspects": []},
@@ -77,3 +77,27 @@ class FakeHelpers(NodeHelpers):
 def unreachable(node: str, helper: str) -> HelperCallError:
     return HelperCallError(node, helper, "connect to 127.0.0.3 port 22: timed out",
                            unreachable=True)
+
+
+def stuck(pid: int = 4242, *, holds_port: bool = False, backend: str = "jaccl",
+          devices: tuple[str, ...] = ("rdma_en2",), role: str = "rank",
+          start_time: float = 1.0) -> dict[str, Any]:
+    """A process a sweep could not end, as `node sweep` reports it in `unkillable`: in
+    uninterruptible sleep, with the protection domains it is believed to hold."""
+    return {"pid": pid, "start_time": start_time,
+            "cmdline": ["python", "-m", "mlx_lm.server"], "role": role,
+            "state": "uninterruptible", "backend": backend, "devices": list(devices),
+            "domains": max(1, len(devices)) if backend == "jaccl" else 0,
+            "holds_port": holds_port}
+
+
+def swept(*unkillable: dict[str, Any], killable: tuple[dict[str, Any], ...] = (),
+          stderr: str = "") -> Answer:
+    """A sweep's answer with survivors, as the helper gives it: `settled` (exit 0) when every
+    survivor is unkillable and none holds the model's port, else exit 1."""
+    survivors = [{k: e[k] for k in ("pid", "start_time", "cmdline", "role", "state")}
+                 for e in (*unkillable, *killable)]
+    settled = not killable and not any(e.get("holds_port") for e in unkillable)
+    return Answer({**DEFAULTS["sweep"], "survivors": survivors, "unkillable": list(unkillable),
+                   "complete": not survivors, "settled": settled},
+                  exit_status=0 if settled else 1, stderr=stderr)

@@ -104,8 +104,8 @@ async def test_an_escalation_opens_the_circuit_counts_and_posts_to_the_notify_ur
         registry = CollectorRegistry()
         escalator = Escalator(journal, counter(registry), hostname="replica-a",
                               notify_url=f"http://127.0.0.1:{unused_tcp_port}/page")
-        next_action = "reboot ai002: 3 ranks in uninterruptible state survive SIGKILL"
-        assert escalator.escalate(MODEL, EscalationReason.UNRECOVERABLE, "ranks survive SIGKILL",
+        next_action = "check that ai002 is up and answers SSH, reboot it if it hangs"
+        assert escalator.escalate(MODEL, EscalationReason.UNRECOVERABLE, "ai002 hangs",
                                   next_action, run_id=3)
         assert not escalator.escalate(MODEL, EscalationReason.UNRECOVERABLE, "again", next_action)
         await escalator.drain()

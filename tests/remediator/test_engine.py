@@ -280,7 +280,7 @@ async def test_a_state_a_restart_cannot_fix_escalates_with_the_next_action_in_wo
     (run,) = engine.journal.list_runs()
     assert run.outcome == "escalated"
     assert run.next_action == (
-        "reboot ai002: 3 ranks in uninterruptible state survive SIGKILL;"
+        "check that ai002 is up and answers SSH, reboot it if it hangs;"
         f" then `mlx-medic resume {MODEL}`"
     )
     assert await engine.submit(alert("u2")) == Disposition.CIRCUIT_OPEN

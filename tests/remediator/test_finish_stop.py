@@ -1,7 +1,8 @@
 """At start-up the remediator finishes the work of a run that stopped a service and never
-started it again (it died between the two): it sweeps every node first, never starts on
-top of unkillable survivors, and journals why. A stop by anyone else, or on a model whose
-circuit is open, is journaled and left alone."""
+started it again (it died between the two): it sweeps every node first, and starts the
+service even when what only a reboot ends survives the sweep (named, with the node to
+reboot: a survivor never keeps the service stopped), and journals why. A stop by anyone
+else, or on a model whose circuit is open, is journaled and left alone."""
 
 from __future__ import annotations
 
@@ -22,7 +23,14 @@ from tests.remediator.engine_fakes import (
     make_engine,
     make_inventory,
 )
-from tests.remediator.fake_helpers import DEFAULTS, Answer, FakeHelpers, unreachable
+from tests.remediator.fake_helpers import (
+    DEFAULTS,
+    Answer,
+    FakeHelpers,
+    stuck,
+    swept,
+    unreachable,
+)
 
 STOPPED = {**DEFAULTS["service"], "stopped_by": {"run": "remediator run 1", "at": 1.0,
                                                  "reason": f"{MODEL} is down"}}
@@ -30,7 +38,8 @@ RUNNING = {**DEFAULTS["service"], "stopped_by": None}
 
 
 def engine_with(tmp_path: Path, engines: list[Engine], answers: dict[tuple[str, str], Any],
-                crashed: tuple[str, ...] = (MODEL,)) -> tuple[Engine, FakeHelpers]:
+                crashed: tuple[str, ...] = (MODEL,), up: bool = True,
+                ) -> tuple[Engine, FakeHelpers]:
     """An engine whose journal holds a run of each `crashed` model left in flight by a
     process that died (run 1 for the first), its helpers answering `answers`."""
     inventory = make_inventory(start_timeout="1s")
@@ -42,7 +51,8 @@ def engine_with(tmp_path: Path, engines: list[Engine], answers: dict[tuple[str, 
         journal.start_run(run_id, 2.0)
     engine = make_engine(config, inventory, transport=LocalTransport(), journal=journal,
                          playbooks={FINISH_STOP: FinishStopPlaybook()},
-                         health=Health(verdicts=[HealthVerdict.up("answered")]))
+                         health=Health(verdicts=[HealthVerdict.up("answered")] if up
+                                       else [HealthVerdict.down("refused")]))
     engines.append(engine)
     helpers = FakeHelpers(inventory, {("ai005", "service"): Answer(RUNNING), **answers})
     engine.helpers = helpers
@@ -71,20 +81,46 @@ async def test_a_service_a_dead_run_left_stopped_is_swept_for_then_started(
         f" run {run.id} sweeps every node, then starts it")
 
 
-async def test_unkillable_survivors_keep_the_service_stopped(
+async def test_unkillable_survivors_never_keep_the_service_stopped(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    rank = {"pid": 8, "start_time": 1.0, "cmdline": ["python"], "role": "rank", "state": "D"}
     engine, helpers = engine_with(tmp_path, engines, {
-        ("ai001", "service"): Answer(STOPPED),
-        ("ai004", "sweep"): Answer({**DEFAULTS["sweep"], "unkillable": [rank],
-                                    "survivors": [rank], "complete": False}, exit_status=1),
-    })
+        ("ai001", "service"): Answer(STOPPED), ("ai004", "sweep"): swept(stuck(8))})
     await engine.start()
     await engine.wait_idle()
     run, _crashed = engine.journal.list_runs()
-    assert run.outcome == "escalated" and run.next_action.startswith("reboot ai004 ")
-    assert "service start" not in calls(helpers)
+    assert run.outcome == "succeeded"
+    assert [(s.name, s.outcome) for s in run.steps] == [
+        ("sweep", "ok"), ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "ok")]
+    assert "service start" in calls(helpers)
+    assert run.detail == (
+        f"{MODEL} verified healthy; survivors left: ai004: pid 8 (rank, state uninterruptible,"
+        " holding 1 protection domain(s) on rdma_en2) survives SIGKILL: python -m"
+        " mlx_lm.server. reboot ai004 to free 1 protection domain(s) (models placed there:"
+        f" {MODEL}, {OTHER})")
+    (event,) = engine.journal.list_events(kind="unkillable")
+    assert event.detail.startswith("1 process(es) on ai004 survive SIGKILL (pids 8); reboot"
+                                   " ai004 to free 1 protection domain(s)")
+    assert engine.journal.list_events(kind="escalation") == []
+
+
+async def test_a_survivor_holding_the_port_gets_a_start_then_an_escalation_to_reboot_it(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, helpers = engine_with(tmp_path, engines, {
+        ("ai001", "service"): Answer(STOPPED),
+        ("ai001", "sweep"): swept(stuck(8, holds_port=True))}, up=False)
+    await engine.start()
+    await engine.wait_idle()
+    run, _crashed = engine.journal.list_runs()
+    assert run.outcome == "escalated"
+    assert [(s.name, s.outcome) for s in run.steps][-3:] == [
+        ("start-service", "ok"), ("verify", "failed"), ("escalate", "ok")]
+    assert "service start" in calls(helpers)  # never left stopped by a survivor
+    assert run.next_action is not None and run.next_action.startswith(
+        f"reboot ai001 to free 1 protection domain(s) (models placed there: {MODEL}): a"
+        f" process there that survives SIGKILL holds {MODEL}'s port")
+    assert "survivors left: ai001: pid 8 (rank, state uninterruptible" in run.detail
 
 
 async def test_a_stop_by_a_person_or_on_an_open_circuit_is_left_alone(

@@ -508,3 +508,34 @@ async def test_over_ssh_a_serve_wrapper_holder_on_the_head_is_judged_by_its_pid_
         if sleeper.poll() is None:
             sleeper.kill()
         await ssh.close()
+
+
+class NoHelpers(LocalTransport):
+    """A transport that fails the test if a helper process is started."""
+
+    async def run(self, node, argv, *, timeout):  # type: ignore[override]
+        raise AssertionError(f"a helper was started: {argv}")
+
+
+def test_the_serve_wrapper_takes_its_own_nodes_lock_in_process_as_the_helper_would(
+    tmp_path: Path, inventory: Inventory,
+):
+    head = inventory.model(MODEL).head
+    here = locks(inventory, NoHelpers(), "ai001", this_node=head, in_process=True)
+
+    async def scenario() -> None:
+        handle = await here.acquire(MODEL, "serve", "run-1", renew=False)
+        assert handle is not None
+        assert json.loads(lock_file(tmp_path, inventory).read_text())["run_id"] == "run-1"
+        other = locks(inventory, NoHelpers(), "ai001", this_node=head, in_process=True,
+                      pid=os.getpid())  # fmt: skip
+        assert await other.acquire(MODEL, "serve", "run-2", renew=False) is None  # held
+        assert "locked by" in other.refusals[MODEL]
+        await here.release(handle)
+        assert not lock_file(tmp_path, inventory).exists()
+        # A holder on this node whose pid is gone is stale, judged here without a helper.
+        plant(tmp_path, inventory, node=head, pid=dead_pid(), expires=2e9)
+        taken = await here.acquire(MODEL, "serve", "run-3", renew=False)
+        assert taken is not None and taken.info.run_id == "run-3"
+
+    asyncio.run(scenario())

@@ -1,7 +1,9 @@
 """`recover` run by the engine, its node helpers answering from a script: every step acts
 through a helper and is journaled with its targets and each node's answer; the lock is let
-go before the start; a JACCL failure after the start pins ring; unkillable survivors and
-an unreachable node escalate with nothing started."""
+go before the start; a JACCL failure after the start pins ring; what the sweep cannot end
+(uninterruptible: only a reboot ends it) is named with the node to reboot and the service
+is started anyway, while a survivor the sweep could have ended and an unreachable node
+escalate with nothing started."""
 
 from __future__ import annotations
 
@@ -23,7 +25,14 @@ from tests.remediator.engine_fakes import (
     make_engine,
     make_inventory,
 )
-from tests.remediator.fake_helpers import DEFAULTS, Answer, FakeHelpers, unreachable
+from tests.remediator.fake_helpers import (
+    DEFAULTS,
+    Answer,
+    FakeHelpers,
+    stuck,
+    swept,
+    unreachable,
+)
 
 NODES = ["ai001", "ai002", "ai003", "ai004"]
 JACCL_LINE = "[jaccl] Couldn't allocate protection domain"
@@ -114,19 +123,93 @@ async def test_a_jaccl_failure_after_the_start_pins_ring_restarts_and_verifies_r
     assert engine.m_last_verified_backend.labels(model=MODEL, backend="ring")._value.get() == 1
 
 
-async def test_unkillable_survivors_escalate_and_nothing_is_started(
+ADVICE_AI002 = f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL})"
+SURVIVOR_AI002 = ("ai002: pid 77 (rank, state uninterruptible, holding 1 protection domain(s)"
+                  " on rdma_en2) survives SIGKILL: python -m mlx_lm.server")
+
+
+async def test_a_survivor_on_a_peer_is_named_the_service_started_and_the_run_succeeds(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    rank = {"pid": 77, "start_time": 1.0, "cmdline": ["python"], "role": "rank", "state": "D"}
-    sweep = Answer({**DEFAULTS["sweep"], "survivors": [rank], "unkillable": [rank],
-                    "complete": False}, exit_status=1)
-    engine, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN]),
-                                         {("ai002", "sweep"): sweep})
-    assert run.outcome == "escalated" and steps(run)[-1] == ("sweep", "unkillable")
-    assert run.next_action is not None and run.next_action.startswith("reboot ai002 ")
-    assert "ai002: OS build 24G84, mlx 0.29.1, mlx-lm 0.28.0" in run.detail
-    assert [args[1] for _, args in helpers.of("service")] == ["stop"]  # never started
+    """The seed's fix: what only a reboot ends survives but stops accumulating; the model
+    serves around it and on-call reads which node to reboot, with no escalation."""
+    engine, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, UP]),
+                                         {("ai002", "sweep"): swept(stuck(77))})
+    assert run.outcome == "succeeded"
+    assert steps(run) == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
+                          ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "ok")]
+    assert [args[1] for _, args in helpers.of("service")] == ["stop", "start"]
+    assert run.detail == (f"{MODEL} verified healthy; survivors left: {SURVIVOR_AI002}."
+                          f" {ADVICE_AI002}")
+    assert run.next_action is None
+    assert f"{SURVIVOR_AI002}. {ADVICE_AI002}; the start goes on around them" in run.steps[2].detail
+    (event,) = engine.journal.list_events(kind="unkillable")
+    assert event.run_id == run.id
+    assert event.detail.startswith(
+        f"1 process(es) on ai002 survive SIGKILL (pids 77); {ADVICE_AI002}. processes: ")
+    assert engine.m_unkillable.labels(model=MODEL, node="ai002")._value.get() == 1
+    assert engine.m_unkillable.labels(model=MODEL, node="ai001")._value.get() == 0
+    assert engine.journal.list_events(kind="escalation") == []
+    assert engine.journal.blocking_control(MODEL) is None  # no circuit opened
+
+
+async def test_a_survivor_holding_the_port_on_the_head_gets_a_start_then_its_reboot_as_next(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """The service is started anyway (the serve wrapper keeps trying under KeepAlive and
+    names the reboot itself); the verify fails, no ring pin is made (no backend can listen
+    on a held port), and the escalation's next action is the head's reboot."""
+    engine, helpers, run = await recover(
+        tmp_path, engines, Health(verdicts=[DOWN, DOWN]),
+        {("ai001", "sweep"): swept(stuck(77, holds_port=True))})
+    assert run.outcome == "escalated"
+    assert steps(run) == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
+                          ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "failed"),
+                          ("pin-ring", "failed")]
+    assert [args[1] for _, args in helpers.of("service")] == ["stop", "start"]
+    assert helpers.of("backend") == []
+    advice = f"reboot ai001 to free 1 protection domain(s) (models placed there: {MODEL})"
+    assert f"next action: {advice}" in run.steps[2].detail
+    assert run.next_action == (
+        f"{advice}: a process there that survives SIGKILL holds {MODEL}'s port, so no start"
+        f" can listen on it until then; com.example.{MODEL} is left started and serves once"
+        f" the port is free; then `mlx-medic resume {MODEL}`")
+    assert "recover" not in run.next_action
+    assert "survivors left: ai001: pid 77 (rank, state uninterruptible" in run.detail
     assert engine.m_escalations.labels(model=MODEL, reason="unrecoverable")._value.get() == 1
+
+
+async def test_a_failed_start_beside_a_peer_survivor_escalates_with_its_reboot_first(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """A survivor holds protection domains a JACCL start needs: an escalation after a
+    failed verify puts its node's reboot first."""
+    _, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, DOWN]),
+                                    {("ai002", "sweep"): swept(stuck(77))})
+    assert run.outcome == "escalated"
+    assert steps(run)[-2:] == [("verify", "failed"), ("pin-ring", "failed")]
+    assert [args[1] for _, args in helpers.of("service")] == ["stop", "start"]
+    assert run.next_action is not None
+    assert run.next_action.startswith(f"{ADVICE_AI002}, then read {MODEL}'s service log on ai001")
+    assert f"survivors left: {SURVIVOR_AI002}. {ADVICE_AI002}" in run.detail
+
+
+async def test_a_survivor_the_sweep_could_have_ended_escalates_and_nothing_is_started(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    sleeping = {"pid": 78, "start_time": 1.0, "cmdline": ["python"], "role": "rank",
+                "state": "sleeping"}
+    engine, helpers, run = await recover(
+        tmp_path, engines, Health(verdicts=[DOWN]),
+        {("ai002", "sweep"): swept(stuck(77), killable=(sleeping,))})
+    assert run.outcome == "escalated" and steps(run)[-1] == ("sweep", "failed")
+    assert [args[1] for _, args in helpers.of("service")] == ["stop"]  # never started
+    assert "ai002: pid 78 (rank, state sleeping) survived the sweep" in run.detail
+    assert run.next_action is not None and run.next_action.startswith(
+        "read the step's output")
+    assert f"; also {ADVICE_AI002}; then `mlx-medic resume {MODEL}`" in run.next_action
+    assert engine.m_unkillable.labels(model=MODEL, node="ai002")._value.get() == 1
+    assert engine.m_escalations.labels(model=MODEL, reason="step_failed")._value.get() == 1
 
 
 async def test_a_node_unreachable_at_preflight_escalates_before_the_service_is_touched(

@@ -8,7 +8,10 @@ gets an answer from the model. Then, while the model serves, orphans made again 
 removed by `sweep-orphans` from the orphan alert, the model answering throughout, with no
 restart. The same scenario's recover run started by a real Alertmanager delivery to the
 real remediator; and with the model pinned to JACCL (unavailable on Linux for real), the
-recover run's fallback pins ring and the model answers across both nodes with --pipeline."""
+recover run's fallback pins ring and the model answers across both nodes with --pipeline.
+And the seed's final fix: a process of the model frozen on the peer (uninterruptible, it
+survives SIGKILL) never leaves the service stopped: the run sweeps, names it with the node
+to reboot, cleans, starts and verifies, and ends succeeded."""
 
 from __future__ import annotations
 
@@ -249,6 +252,75 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
         served.close()
 
 
+async def test_a_frozen_survivor_on_the_peer_is_named_and_the_service_is_started_anyway(
+    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
+    ssh_transports: list[SshTransport], engines: list[Engine],
+) -> None:
+    """The model down (its service stopped) beside a process of it frozen on the peer (the
+    model's MLX_RANK, MLX_MEDIC_MODEL and an older MLX_MEDIC_RUN_ID; frozen, it is in
+    uninterruptible sleep and survives SIGKILL, as the seed's `Us+` ranks did): one real
+    recover run stops, sweeps (the survivor survives), cleans, starts and verifies; the
+    service is never left stopped, and the run ends succeeded naming the survivor and the
+    node to reboot, with no escalation."""
+    require_tool("supervisord")
+    cluster = clean_cluster
+    seeded = seed_scenario(cluster, tiny_model)
+    served, token = seeded.served, seeded.served.token
+    peer = cluster.node("ai002")
+    env = cluster.env(MLX_RANK="1", MLX_MEDIC_MODEL="tiny",
+                      MLX_MEDIC_RUN_ID="20261130T000000Z-0ldrun00")  # fmt: skip
+    where = f"--config.file {served.inventory} --node ai001"
+    holder = None
+    try:
+        with supervised(served):
+            served.wait_serving()
+            assert served.supervisorctl("stop", f"tiny-{token}").returncode == 0
+            assert not answers(seeded.port)  # the model is down
+            # Made now: the wrapper's own start sweep would have ended it at its start.
+            holder = peer.spawn([cluster.python, "-c", "import time; time.sleep(3600)"],
+                                env=env)
+            survivor = peer.spawned_pid(holder)
+            inside = peer.ns_pid_of(survivor)
+            with frozen([survivor], f"survivor-{token}"):
+                _, engine = await start_engine(served, tmp_path, ssh_transports, engines)
+                assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
+                    Disposition.STARTED
+                await engine.wait_idle(600)
+                run = engine.journal.list_runs()[0]
+                steps = [(s.name, s.outcome) for s in run.steps]
+                assert run.outcome == "succeeded", (
+                    run.detail, [(s.name, s.outcome, s.detail) for s in run.steps],
+                    served.output()[-3000:])
+                assert steps == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
+                                 ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "ok")]
+                assert processes.is_alive(survivor)  # SIGKILL could not end it
+                assert f"survivors left: ai002: pid {inside} (rank, state uninterruptible" \
+                    in run.detail
+                assert "reboot ai002 " in run.detail and run.next_action is None
+                assert f"ai002: pid {inside} (rank, state uninterruptible" in run.steps[2].detail
+                assert "the start goes on around them" in run.steps[2].detail
+                (event,) = engine.journal.list_events(kind="unkillable")
+                assert event.detail.startswith(
+                    f"1 process(es) on ai002 survive SIGKILL (pids {inside}); reboot ai002 ")
+                assert engine.m_unkillable.labels(model="tiny", node="ai002")._value.get() == 1
+                assert engine.journal.list_events(kind="escalation") == []
+                assert engine.journal.blocking_control("tiny") is None
+                assert answers(seeded.port)
+                # Never left stopped: the service runs, and the head keeps no stop record.
+                assert "RUNNING" in served.supervisorctl("status", f"tiny-{token}").stdout
+                status = json.loads(served.head.run(
+                    f"{MEDIC} node service tiny status --json {where}").stdout)
+                assert status["stopped_by"] is None
+            # Thawed, the SIGKILL the sweep sent ends it (a reboot would have).
+            wait_until(lambda: not processes.is_alive(survivor), "the survivor to go")
+            assert answers(seeded.port)
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait(timeout=10)
+        served.close()
+
+
 START_SCRIPT = """\
 #!/bin/sh
 # The seed's start script: plain mlx.launch of mlx_lm.server over ring, no wrapper.
@@ -264,9 +336,10 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
     """The seed's own failure: supervisord's stop SIGTERMs mlx.launch, which has no handler
     and dies leaving its ranks; the head's rank is killed too (the model is down), the
     peer's stays under its sshd session. With every sshd of the peer frozen, the run ends
-    within its timeouts, escalated, nothing started; with the peer's rank frozen (state D),
-    it escalates naming the peer to reboot, nothing started; thawed and resumed, the next
-    notification's run stops, sweeps, starts the script again and gets a real answer."""
+    within its timeouts, escalated, nothing started; resumed, with the peer's rank frozen
+    (state D: it survives SIGKILL), the next notification's run stops, sweeps, names the
+    rank with the peer to reboot, starts the script again and gets a real answer: the
+    survivor never leaves the service stopped; thawed, the rank goes."""
     require_tool("supervisord")
     cluster = clean_cluster
     served = prepare(cluster, tiny_model)
@@ -338,22 +411,22 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
         assert program_stopped()  # nothing was started
         mlx_medic("resume", "tiny", "--config.file", str(config_file))
 
-        # The peer's rank frozen: uninterruptible, it survives SIGKILL.
+        # The peer's rank frozen: uninterruptible, it survives SIGKILL; the start goes on.
+        inside = peer.ns_pid_of(peer_rank)
         with frozen([peer_rank], f"rank-{token}"):
             run = await one_run()
-            assert run.outcome == "escalated" and run.steps[-1].name == "sweep"
-            assert run.next_action is not None and run.next_action.startswith("reboot ai002 ")
+            assert run.outcome == "succeeded", (run.detail, [(s.name, s.outcome, s.detail)
+                                                             for s in run.steps],
+                                                served.output()[-3000:])
+            assert [s.name for s in run.steps] == ["preflight", "stop-service", "sweep",
+                                                   "start-service", "verify"]
+            assert f"survivors left: ai002: pid {inside} (rank, state uninterruptible" \
+                in run.detail and "reboot ai002 " in run.detail
             assert engine.m_unkillable.labels(model="tiny", node="ai002")._value.get() == 1
-            assert program_stopped()  # nothing started on top of it
-        mlx_medic("resume", "tiny", "--config.file", str(config_file))
+            assert processes.is_alive(peer_rank) and not program_stopped()
+            assert answers(port)
 
-        # Thawed and resumed: the next notification recovers the model.
-        run = await one_run()
-        assert run.outcome == "succeeded", (run.detail, [(s.name, s.outcome, s.detail)
-                                                         for s in run.steps],
-                                            served.output()[-3000:])
-        assert [s.name for s in run.steps] == ["preflight", "stop-service", "sweep",
-                                               "start-service", "verify"]
+        # Thawed: the SIGKILL the sweep sent ends it; the model serves on.
         wait_until(lambda: not processes.is_alive(peer_rank), "the peer's orphan to go")
         assert answers(port)
     finally:

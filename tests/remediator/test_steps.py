@@ -1,7 +1,9 @@
 """Steps describe themselves (what the dry run and the journal show) and act through the
 node helpers: one helper call per node, every node at once; a node that cannot be asked
-is named and ends the run in an escalation; the verify step and recover's re-check keep
-"could not tell" apart from "down"."""
+is named and ends the run in an escalation; what a sweep cannot end (uninterruptible) is
+named with the node to reboot and ends it ok, while a survivor a sweep could have ended
+fails it; an escalation carries the survivors' reboot advice; the verify step and
+recover's re-check keep "could not tell" apart from "down"."""
 
 from __future__ import annotations
 
@@ -29,9 +31,18 @@ from mlx_medic.remediator.steps import (
     Sweep,
     Verify,
 )
+from mlx_medic.remediator.steps.sweep import survivor_escalation
+from mlx_medic.survivors import Survivor, SurvivorVerdict
 from mlx_medic.transport import LocalTransport
 from tests.remediator.engine_fakes import MODEL, Health, inventory_text, make_inventory
-from tests.remediator.fake_helpers import DEFAULTS, Answer, FakeHelpers, unreachable
+from tests.remediator.fake_helpers import (
+    DEFAULTS,
+    Answer,
+    FakeHelpers,
+    stuck,
+    swept,
+    unreachable,
+)
 
 INVENTORY = make_inventory(start_timeout="1s")
 NODES = ["ai001", "ai002", "ai003", "ai004"]
@@ -177,33 +188,122 @@ async def test_sweep_runs_on_every_node_and_counts_what_each_signalled(tmp_path:
     assert "ai002: 1 signalled, 0 spared, 1 PD spent" in result.detail
 
 
-async def test_unkillable_survivors_escalate_naming_the_node_to_reboot_with_its_facts(
-    tmp_path: Path,
+ADVICE = f"reboot ai003 to free 1 protection domain(s) (models placed there: {MODEL})"
+NAMED = ("ai003: pid 4242 (rank, state uninterruptible, holding 1 protection domain(s) on"
+         " rdma_en2) survives SIGKILL: python -m mlx_lm.server")
+
+
+@pytest.mark.parametrize("answer", [
+    swept(stuck(4242)),
+    Answer({**DEFAULTS["sweep"], "survivors": [RANK_IN_D], "unkillable": [RANK_IN_D],
+            "complete": False}, exit_status=1),
+], ids=["settled", "helper-before-settled"])
+async def test_unkillable_survivors_end_the_sweep_ok_named_with_the_node_to_reboot(
+    answer: Answer, tmp_path: Path,
 ) -> None:
+    """The seed's fix: what only a reboot ends is named, and the start goes on around it;
+    a helper from before `settled` (exit 1 for any survivor) reads the same."""
     helpers = FakeHelpers(INVENTORY, {
-        ("ai003", "sweep"): Answer({**DEFAULTS["sweep"], "survivors": [RANK_IN_D],
-                                    "unkillable": [RANK_IN_D], "complete": False},
-                                   exit_status=1),
+        ("ai003", "sweep"): answer,
         ("ai003", "facts"): facts(log_errors=[{"signature": "jaccl_qp_rtr_errno_16",
                                            "line": JACCL_LINE}]),
     })
     result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
-    assert result.outcome is StepOutcome.UNKILLABLE and result.unrecoverable
-    assert result.next_action is not None and result.next_action.startswith("reboot ai003 ")
-    assert "pid 4242 (rank, state D)" in result.detail
+    assert result.outcome is StepOutcome.OK and not result.unrecoverable
+    assert result.next_action is None
+    assert result.survivors is not None
+    assert [(s.node, s.pid, s.start_time) for s in result.survivors.survivors] == [
+        ("ai003", 4242, 1.0)]
+    assert result.unkillable == {"ai001": [], "ai002": [], "ai003": [(4242, 1.0)], "ai004": []}
+    assert "ai003: 0 signalled, 0 spared, 0 PD spent" in result.detail
+    assert "1 survivor(s) that only a reboot of its node ends: ai003: pid 4242" in result.detail
+    assert "the start goes on around them" in result.detail
     assert "ai003: OS build 24G84, mlx 0.29.1, mlx-lm 0.28.0" in result.detail
     assert f"error on ai003: {JACCL_LINE}" in result.detail
     assert helpers.of("facts") == [("ai003", (MODEL,))]  # only the node to reboot
+    if answer.exit_status == 0:
+        assert f"{NAMED}. {ADVICE}; the start goes on around them" in result.detail
+
+
+async def test_a_survivor_holding_the_port_ends_the_sweep_ok_with_its_reboot_as_next_action(
+    tmp_path: Path,
+) -> None:
+    """The start still happens (the service is never left stopped by a survivor); its
+    verify will fail until the head reboots, and the step says so."""
+    helpers = FakeHelpers(INVENTORY, {("ai001", "sweep"): swept(stuck(4242, holds_port=True))})
+    result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
+    assert result.outcome is StepOutcome.OK and not result.unrecoverable
+    assert result.survivors is not None and result.survivors.blocked
+    advice = f"reboot ai001 to free 1 protection domain(s) (models placed there: {MODEL})"
+    assert result.next_action == (
+        f"{advice}: a process there that survives SIGKILL holds {MODEL}'s port, so no start"
+        f" can listen on it until then; com.example.{MODEL} is left started and serves once"
+        " the port is free")
+    assert f"One holds {MODEL}'s port, so no start can listen there until ai001 reboots; the" \
+        " start goes on anyway (a survivor never leaves the service stopped" in result.detail
+    assert f"so its verify fails until then; next action: {advice}" in result.detail
 
 
 async def test_survivors_a_sweep_may_not_kill_fail_the_step(tmp_path: Path) -> None:
     survivor = {**RANK_IN_D, "state": "S"}
     helpers = FakeHelpers(INVENTORY, {("ai002", "sweep"): Answer(
-        {**DEFAULTS["sweep"], "survivors": [survivor], "complete": False}, exit_status=1,
+        {**DEFAULTS["sweep"], "survivors": [survivor], "complete": False, "settled": False},
+        exit_status=1,
         stderr="mlx-medic node sweep: pid 4242 (rank) survives the sweep on node ai002")})
     result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.FAILED and not result.unrecoverable
-    assert "pid 4242 (rank) survives the sweep on node ai002" in result.detail
+    assert "ai002: pid 4242 (rank, state S) survived the sweep, not in uninterruptible" \
+        " sleep" in result.detail
+    assert result.survivors is None
+
+
+async def test_a_sweep_helper_that_failed_with_no_survivor_fails_the_step(tmp_path: Path) -> None:
+    helpers = FakeHelpers(INVENTORY, {("ai004", "sweep"): Answer(
+        {**DEFAULTS["sweep"], "settled": False}, exit_status=1,
+        stderr="mlx-medic node sweep: cannot read /proc: permission denied")})
+    result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
+    assert result.outcome is StepOutcome.FAILED
+    assert "ai004: mlx-medic node sweep: mlx-medic node sweep: cannot read /proc" in result.detail
+
+
+def test_the_sweep_says_what_survivors_mean_before_it_runs() -> None:
+    sweep = Sweep(model=model()).describe().description
+    assert sweep.endswith("what survives SIGKILL (state D/U) is named with the node to reboot,"
+                          " and the start goes on around them (one holding :8080 makes the"
+                          " start fail until that reboot)")
+    orphans = Sweep(model=model(), nodes=("ai002",), orphans_only=True).describe().description
+    assert orphans.endswith("named once with the node to reboot, and the model keeps serving")
+
+
+async def test_a_killable_survivor_beside_an_unkillable_one_fails_the_step_naming_both(
+    tmp_path: Path,
+) -> None:
+    sleeping = {**RANK_IN_D, "pid": 4343, "state": "sleeping"}
+    helpers = FakeHelpers(INVENTORY, {("ai003", "sweep"): swept(
+        stuck(4242), killable=(sleeping,),
+        stderr="mlx-medic node sweep: pid 4343 (rank) survives the sweep on node ai003")})
+    result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
+    assert result.outcome is StepOutcome.FAILED and not result.unrecoverable
+    assert "ai003: pid 4343 (rank, state sleeping) survived the sweep" in result.detail
+    assert f"also 1 survivor(s) that only a reboot of its node ends: {NAMED}" in result.detail
+    assert result.survivors is not None and result.unkillable is not None
+    assert result.unkillable["ai003"] == [(4242, 1.0)]
+
+
+async def test_sweep_orphans_names_a_survivor_once_and_counts_those_named_before(
+    tmp_path: Path,
+) -> None:
+    helpers = FakeHelpers(INVENTORY, {("ai003", "sweep"): swept(stuck(4242), stuck(4343))})
+    step = Sweep(model=model(), nodes=("ai003",), orphans_only=True)
+    known = frozenset({("ai003", 4343, 1.0)})
+    result = await step.run(context(Health(), tmp_path, helpers, known_unkillable=known))
+    assert result.outcome is StepOutcome.OK and result.next_action is None
+    assert result.survivors is not None
+    assert [s.pid for s in result.survivors.survivors] == [4242]  # the new one only
+    assert result.unkillable == {"ai003": [(4242, 1.0), (4343, 1.0)]}  # the gauge: both
+    assert "1 unkillable process(es) an earlier run named, left alone" in result.detail
+    assert f"{NAMED}. {ADVICE}; the model keeps serving" in result.detail
+    assert "pid 4343" not in result.detail
 
 
 async def test_sweep_orphans_only_asks_the_named_nodes(tmp_path: Path) -> None:
@@ -300,6 +400,67 @@ async def test_escalate_for_a_start_script_says_a_pin_changes_nothing(tmp_path: 
     assert "a backend pin changes nothing" in result.detail
     assert "ai004: OS build 24G84, mlx 0.29.1, mlx-lm 0.28.0" in result.detail
     assert result.next_action is not None and "reboot all its nodes" in result.next_action
+
+
+def survivors(*entries: tuple[str, dict[str, Any]]) -> SurvivorVerdict:
+    """What a sweep left, as the engine keeps it in the run's context: (node, entry)."""
+    return SurvivorVerdict(MODEL, [Survivor.from_json(node, MODEL, e) for node, e in entries])
+
+
+async def test_escalate_names_the_survivors_and_puts_their_reboot_first(tmp_path: Path) -> None:
+    helpers = FakeHelpers(INVENTORY)
+    result = await Escalate(model=model()).run(context(
+        Health(), tmp_path, helpers, survivors=survivors(("ai002", stuck(77)))))
+    assert result.unrecoverable
+    assert result.detail.startswith(f"every backend of {MODEL} failed verification.")
+    assert "survivors left: ai002: pid 77 (rank, state uninterruptible" in result.detail
+    assert result.next_action == (
+        f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL}), then"
+        f" stop every rank of {MODEL}, check the Thunderbolt links (`ibv_devinfo`:"
+        " PORT_ACTIVE), reboot all its nodes (ai001, ai002, ai003, ai004)")
+
+
+async def test_a_survivor_holding_the_port_is_why_no_pin_is_made(tmp_path: Path) -> None:
+    helpers = FakeHelpers(INVENTORY)
+    held = survivors(("ai001", stuck(77, holds_port=True)), ("ai004", stuck(78)))
+    result = await PinRing(model=model()).run(context(Health(), tmp_path, helpers,
+                                                      survivors=held))
+    assert result.outcome is StepOutcome.FAILED and result.unrecoverable
+    assert helpers.calls == []  # no facts read, no pin made
+    assert "no pin was made" in result.detail
+    assert result.next_action is not None
+    assert result.next_action.startswith(
+        f"reboot ai001 to free 1 protection domain(s) (models placed there: {MODEL}): a"
+        f" process there that survives SIGKILL holds {MODEL}'s port")
+    assert result.next_action.endswith(
+        f"; also reboot ai004 to free 1 protection domain(s) (models placed there: {MODEL},"
+        " qwq-32b-8bit)")
+
+
+@pytest.mark.parametrize(("held", "after_start", "action"), [
+    (False, True, f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL}),"
+                  " then check it"),
+    (False, False, f"check it; also reboot ai002 to free 1 protection domain(s) (models placed"
+                   f" there: {MODEL})"),
+    (True, True, f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL}):"
+                 f" a process there that survives SIGKILL holds {MODEL}'s port, so no start"
+                 f" can listen on it until then; com.example.{MODEL} is left started and"
+                 " serves once the port is free"),
+    (True, False, f"check it; also reboot ai002 to free 1 protection domain(s) (models placed"
+                  f" there: {MODEL})"),
+], ids=["after-a-start", "before-a-start", "port-held-after-a-start", "port-held-before"])
+def test_an_escalation_of_a_run_with_survivors_carries_their_reboot_once(
+    held: bool, after_start: bool, action: str,
+) -> None:
+    verdict = survivors(("ai002", stuck(77, holds_port=held)))
+    detail, next_action = survivor_escalation(verdict, INVENTORY, "it failed", "check it",
+                                              after_start=after_start)
+    assert next_action == action
+    assert detail.startswith("it failed; survivors left: ai002: pid 77 (rank, state")
+    assert survivor_escalation(verdict, INVENTORY, detail, next_action,
+                               after_start=after_start) == (detail, next_action)
+    assert survivor_escalation(None, INVENTORY, "it failed", "check it",
+                               after_start=after_start) == ("it failed", "check it")
 
 
 async def test_escalate_names_a_node_that_gave_no_facts(tmp_path: Path) -> None:

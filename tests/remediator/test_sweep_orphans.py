@@ -1,6 +1,7 @@
 """`sweep-orphans`, run by the engine with scripted node helpers: it sweeps only the orphans
-of the nodes that report them while the model serves (no stop, no start), escalates
-unkillable ones once without opening the model's circuit, has a budget of its own, and a
+of the nodes that report them while the model serves (no stop, no start), names an
+unkillable one once with the node to reboot (a journaled warning: no escalation, no
+circuit; the node's exporter pages for the reboot), has a budget of its own, and a
 model-down alert that arrives meanwhile is queued after it, never absorbed."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.remediator.engine_fakes import (
     make_engine,
     make_inventory,
 )
-from tests.remediator.fake_helpers import DEFAULTS, Answer, FakeHelpers, unreachable
+from tests.remediator.fake_helpers import Answer, FakeHelpers, stuck, swept, unreachable
 
 ORPHAN = {"pid": 31, "start_time": 5.0, "cmdline": ["python", "-m", "mlx_lm.server"],
           "model": MODEL, "role": "rank", "state": "S", "rule": "launcher_gone"}
@@ -89,31 +90,48 @@ async def test_a_reporting_node_that_cannot_be_asked_ends_the_run_unreachable(
     assert run.outcome == "unreachable" and helpers.of("sweep") == []
 
 
-async def test_unkillable_orphans_are_escalated_once_without_opening_the_circuit(
+async def test_an_unkillable_orphan_is_named_once_with_its_reboot_and_the_model_keeps_serving(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    stuck_sweep = Answer({**DEFAULTS["sweep"], "survivors": [STUCK], "unkillable": [STUCK],
-                          "complete": False}, exit_status=1)
+    stuck_sweep = swept(stuck(32, start_time=5.0))
     engine, helpers = engine_with(tmp_path, engines, {
         ("ai002", "orphans"): orphans(STUCK), ("ai002", "sweep"): stuck_sweep})
     await engine.submit(orphan_alert("o1"))
     await engine.wait_idle()
     (first,) = engine.journal.list_runs()
-    assert first.outcome == "escalated" and first.next_action.startswith("reboot ai002 ")
-    assert "mlx-medic resume" not in first.next_action  # no circuit to resume
+    advice = f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL})"
+    assert first.outcome == "succeeded" and first.next_action is None
+    assert [(s.name, s.outcome) for s in first.steps] == [("sweep-orphans", "ok"),
+                                                          ("verify", "ok")]
+    assert first.detail == (
+        f"{MODEL} verified healthy; survivors left: ai002: pid 32 (rank, state uninterruptible,"
+        " holding 1 protection domain(s) on rdma_en2) survives SIGKILL: python -m"
+        f" mlx_lm.server. {advice}")
+    assert f"{advice}; the model keeps serving" in first.steps[0].detail
+    assert helpers.of("service") == []  # never stopped
+    assert engine.journal.list_events(kind="escalation") == []
     assert engine.journal.blocking_control(MODEL) is None  # recover may still act
-    assert engine.m_escalations.labels(model=MODEL, reason="unrecoverable")._value.get() == 0
     assert engine.m_unkillable.labels(model=MODEL, node="ai002")._value.get() == 1
-    (event,) = engine.journal.list_events(kind="unkillable")
-    assert event.detail.startswith("1 process(es) on ai002 survive SIGKILL (pids 32)")
+    (event,) = engine.journal.list_events(kind="unkillable")  # the journaled warning
+    assert event.detail.startswith(f"1 process(es) on ai002 survive SIGKILL (pids 32); {advice}")
     # Alertmanager's next notification (a new firing of the same orphan): nothing to do.
     await engine.submit(orphan_alert("o2"))
     await engine.wait_idle()
     second = engine.journal.list_runs()[0]
     assert second.outcome == "skipped"
-    assert "only 1 an earlier run found unkillable and escalated" in second.detail
+    assert "only 1 an earlier run found unkillable and named" in second.detail
     assert len(helpers.of("sweep")) == 1  # not signalled again
-    assert len(engine.journal.list_events(kind="escalation")) == 1
+    # A fresh orphan beside it: swept, and the survivor is counted, not named again.
+    helpers.answers[("ai002", "orphans")] = orphans(STUCK, ORPHAN)
+    await engine.submit(orphan_alert("o3"))
+    await engine.wait_idle()
+    third = engine.journal.list_runs()[0]
+    assert third.outcome == "succeeded" and third.detail == f"{MODEL} verified healthy"
+    assert "1 unkillable process(es) an earlier run named, left alone" in third.steps[0].detail
+    assert len(engine.journal.list_events(kind="unkillable")) == 1
+    assert engine.journal.list_events(kind="escalation") == []
+    for reason in ("unrecoverable", "step_failed", "budget_spent"):
+        assert engine.m_escalations.labels(model=MODEL, reason=reason)._value.get() == 0
 
 
 async def test_its_runs_have_a_budget_of_their_own_that_never_blocks_recover(

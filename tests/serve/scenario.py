@@ -153,7 +153,10 @@ def wait_until(predicate: Any, timeout: float, what: str) -> float:
 
 
 def prepare(cluster: Cluster, tiny_model: Path, *, ring_hostfile: Path | None = None,
-            extra_model: dict[str, Any] | None = None) -> Served:  # fmt: skip
+            extra_model: dict[str, Any] | None = None,
+            serve: dict[str, Any] | None = None) -> Served:  # fmt: skip
+    """`serve`: settings over the scenario's (which turn the wrapper's own relaunch off, so
+    a failure ends the wrapper as a test of one start expects)."""
     token = uuid.uuid4().hex[:8]
     work = cluster.workdir / f"serve-{token}"
     work.mkdir()
@@ -170,7 +173,8 @@ def prepare(cluster: Cluster, tiny_model: Path, *, ring_hostfile: Path | None = 
         "serve_args": {"prefill-step-size": 256},
         "serve": {"python": cluster.python, "starting_port": random.randrange(42000, 52000, 20),
                   "smoke_timeout": "90s", "lease": "10s",
-                  "identity_file": str(cluster.identity)},
+                  "identity_file": str(cluster.identity), "relaunch_limit": 0,
+                  **(serve or {})},
         "policy": {"kill_grace": "3s", "stop_timeout": "40s", "start_timeout": "5m"},
         **(extra_model or {}),
     }  # fmt: skip

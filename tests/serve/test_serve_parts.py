@@ -4,6 +4,7 @@ refusal of a second wrapper, and the mlx.launch command line."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.backend_choice import AUTO, BackendChoice
-from mlx_medic.inventory import parse_inventory
 from mlx_medic.model_lock import process_start_time
 from mlx_medic.node.client import HelperCallError, HelperReply
 from mlx_medic.serve.backend import candidates, ledger_refusal, smoke_can_be_skipped
@@ -35,29 +35,11 @@ from mlx_medic.serve.record import (
 )
 from mlx_medic.serve.smoke import judge
 from mlx_medic.serve.start import AlreadyServed, busy_message, refuse_if_live
+from tests.serve.inventories import BOTH, inventory, jaccl_inventory
 
 NODES = ["ai001", "ai002"]
 
 
-def inventory(tmp_path: Path, backends: str, serve: str = "{}", serve_args: str = "{}"):
-    return parse_inventory(f"""\
-state_dir: {tmp_path / "state"}
-nodes:
-  ai001: {{ssh: 127.0.0.2}}
-  ai002: {{ssh: 127.0.0.3}}
-models:
-  tiny:
-    model: /models/tiny
-    nodes: [ai001, ai002]
-    port: 8123
-    service: {{manager: supervisord, label: tiny-svc, config: /etc/supervisord.conf}}
-    backends: {backends}
-    serve: {serve}
-    serve_args: {serve_args}
-""")
-
-
-BOTH = "{jaccl: {hostfile: /etc/jaccl.json}, ring: {hostfile: /etc/ring.json, pipeline: true}}"
 
 
 # --- the smoke test's verdict -------------------------------------------------------
@@ -112,36 +94,57 @@ def test_a_pin_to_a_backend_the_model_lacks_is_a_failure_that_says_so(tmp_path: 
     assert found == [] and "pinned to jaccl" in refused[0].reason
 
 
-def reply(node: str, document: dict, status: int = 0) -> HelperReply:
-    return HelperReply(node, "ledger", [], status, {"schema": 1, "command": "ledger", **document})
+def reply(node: str, ledger: dict) -> dict:
+    """A node's ledger as its start sweep reports it (`debt_by_unit`, `boot_id`)."""
+    return {"boot_id": f"boot-{node}", "debt_by_unit": {}, **ledger}
 
 
-def test_a_node_at_its_reserve_vetoes_jaccl_and_is_named(tmp_path: Path):
-    model = inventory(tmp_path, BOTH).model("tiny")
-    room = {"reserves": {"tiny": {"reserve": 5, "jaccl_allowed": True}}, "debt": 1}
-    full = {"reserves": {"tiny": {"reserve": 5, "jaccl_allowed": False}}, "debt": 5}
-    assert ledger_refusal(model, {"ai001": reply("ai001", room),
-                                  "ai002": reply("ai002", room)}) is None  # fmt: skip
-    refusal = ledger_refusal(model, {"ai001": reply("ai001", room), "ai002": reply("ai002", full)})
-    assert refusal is not None and refusal.host == "ai002" and "at the reserve" in refusal.reason
+def test_jaccl_is_judged_per_device_each_node_needs_and_a_refusal_names_every_model_there(
+    tmp_path: Path,
+):
+    inv = jaccl_inventory(tmp_path)
+    model = inv.model("tiny")
+    # ai002's own device rdma_en5 has room; another device of the node is full: no veto.
+    room = {"debt_by_unit": {"rdma_en5": 2, "rdma_en9": 7}}
+    full = {"debt_by_unit": {"rdma_en5": 3}}
+    unknown = {"debt_by_unit": {"node": 2, "rdma_en5": 1}}  # unknown devices count on each
+    assert ledger_refusal(model, {"ai001": reply("ai001", {}),
+                                  "ai002": reply("ai002", room)}, inv) is None  # fmt: skip
+    for ledger in (full, unknown):
+        refusal = ledger_refusal(model, {"ai001": reply("ai001", {}),
+                                         "ai002": reply("ai002", ledger)}, inv)  # fmt: skip
+        assert refusal is not None and refusal.host == "ai002"
+        assert "at the reserve on rdma_en5: 3 spent (reserve 3 per device" in refusal.reason
+        assert "models placed on ai002: tiny, other" in refusal.reason
+
+
+def test_without_a_readable_hostfile_each_nodes_busiest_device_is_judged(tmp_path: Path):
+    model = inventory(tmp_path, BOTH).model("tiny")  # /etc/jaccl.json does not exist here
+    busy = {"debt_by_unit": {"rdma_en9": 5, "rdma_en5": 0}}
+    refusal = ledger_refusal(model, {"ai001": reply("ai001", {}), "ai002": reply("ai002", busy)})
+    assert refusal is not None and refusal.host == "ai002" and "rdma_en9: 5 spent" in refusal.reason
 
 
 def test_a_ledger_that_cannot_be_read_vetoes_jaccl(tmp_path: Path):
     model = inventory(tmp_path, BOTH).model("tiny")
-    room = {"reserves": {"tiny": {"reserve": 5, "jaccl_allowed": True}}, "debt": 0}
-    lost = HelperCallError("ai002", "ledger", "no answer", unreachable=True)
-    refusal = ledger_refusal(model, {"ai001": reply("ai001", room), "ai002": lost})
+    refusal = ledger_refusal(model, {"ai001": reply("ai001", {}),
+                                     "ai002": {"error": "pd-ledger.json is not a ledger"}})
     assert refusal is not None and refusal.host == "ai002"
+    assert "its ledger cannot be read (pd-ledger.json is not a ledger)" in refusal.reason
+    assert ledger_refusal(model, {"ai001": reply("ai001", {})}) is not None  # no answer
 
 
-def test_the_jaccl_smoke_test_is_skipped_only_after_a_success_this_boot_and_no_error_since():
+@pytest.mark.parametrize("backend", ["jaccl", "ring"])
+def test_a_smoke_test_is_skipped_only_after_a_success_this_boot_and_no_error_since(backend):
     boots = {"ai001": "b1", "ai002": "b1"}
-    record = ServeRecord("r1", 1, None, "starting",
-                         last_jaccl_success=JacclSuccess(dict(boots), at=100.0))  # fmt: skip
-    assert smoke_can_be_skipped(record, boots, NODES)
-    assert not smoke_can_be_skipped(record, {**boots, "ai002": "b2"}, NODES)  # it rebooted
-    errored = record.with_state("starting", jaccl_error_at=150.0)
-    assert not smoke_can_be_skipped(errored, boots, NODES)
+    record = ServeRecord("r1", 1, None, "starting", **{
+        f"last_{backend}_success": JacclSuccess(dict(boots), at=100.0)})  # fmt: skip
+    assert smoke_can_be_skipped(record, boots, NODES, backend)
+    other = "ring" if backend == "jaccl" else "jaccl"
+    assert not smoke_can_be_skipped(record, boots, NODES, other)  # each backend its own
+    assert not smoke_can_be_skipped(record, {**boots, "ai002": "b2"}, NODES, backend)  # rebooted
+    errored = record.with_state("starting", **{f"{backend}_error_at": 150.0})
+    assert not smoke_can_be_skipped(errored, boots, NODES, backend)
     assert not smoke_can_be_skipped(ServeRecord("r1", 1, None, "starting"), boots, NODES)
 
 
@@ -156,22 +159,53 @@ def sweep_reply(node: str, document: dict, status: int = 0) -> HelperReply:
 
 
 def test_an_unreachable_node_makes_the_sweep_incomplete_and_is_named():
-    outcome = judge_sweep({"ai001": sweep_reply("ai001", {}),
-                           "ai002": HelperCallError("ai002", "sweep", "connection refused",
-                                                    unreachable=True)})  # fmt: skip
+    outcome = judge_sweep("tiny", {
+        "ai001": sweep_reply("ai001", {}),
+        "ai002": HelperCallError("ai002", "sweep", "connection refused", unreachable=True)})
     assert not outcome.complete
     assert outcome.problems[0].startswith("ai002: unreachable")
 
 
-def test_an_unkillable_survivor_is_named_with_its_node_and_what_to_do():
-    frozen = {"pid": 4242, "start_time": 1.0, "cmdline": ["python", "-m", "mlx_lm", "server"],
-              "role": "rank", "state": "uninterruptible"}  # fmt: skip
-    outcome = judge_sweep({"ai002": sweep_reply("ai002", {"survivors": [frozen],
-                                                          "unkillable": [frozen]}, status=1)})
+FROZEN = {"pid": 4242, "start_time": 1.0, "cmdline": ["python", "-m", "mlx_lm", "server"],
+          "role": "rank", "state": "uninterruptible", "backend": "jaccl",
+          "devices": ["rdma_en5"], "holds_port": False}  # fmt: skip
+
+
+def test_an_unkillable_survivor_is_named_with_what_frees_it_and_the_start_goes_on():
+    outcome = judge_sweep("tiny", {"ai002": sweep_reply("ai002", {
+        "survivors": [FROZEN], "unkillable": [FROZEN], "settled": True})})
+    assert outcome.complete and not outcome.blocked and outcome.problems == []
+    assert outcome.survivors is not None
+    assert outcome.survivors.describe() == (
+        "ai002: pid 4242 (rank, state uninterruptible, holding 1 protection domain(s) on"
+        " rdma_en5) survives SIGKILL: python -m mlx_lm server. reboot ai002 to free 1"
+        " protection domain(s)")
+
+
+def test_a_survivor_on_the_models_port_blocks_the_start_with_the_reboot_it_needs():
+    on_port = {**FROZEN, "holds_port": True}
+    outcome = judge_sweep("tiny", {"ai001": sweep_reply("ai001", {
+        "survivors": [on_port], "unkillable": [on_port], "settled": False}, status=1)})
+    assert outcome.blocked and outcome.survivors is not None
+    assert outcome.survivors.reboot_nodes == ["ai001"]
+    assert "holds model tiny's port" in outcome.survivors.refusal()
+    assert "Reboot ai001" in outcome.survivors.refusal()
+
+
+def test_a_killable_survivor_leaves_the_sweep_incomplete():
+    stuck = {**FROZEN, "state": "sleeping"}
+    outcome = judge_sweep("tiny", {"ai002": sweep_reply("ai002", {
+        "survivors": [stuck], "settled": False}, status=1)})
     assert not outcome.complete
-    assert outcome.problems == [
-        "ai002: pid 4242 (rank, state uninterruptible) is unkillable: python -m mlx_lm server;"
-        " reboot ai002"]
+    assert outcome.problems == ["ai002: 1 process(es) survived the sweep and are not in"
+                                " uninterruptible sleep"]
+
+
+def test_an_answering_listener_found_by_the_start_sweep_is_reported():
+    listener = {"pid": 77, "cmdline": ["python", "-m", "mlx_lm", "server"]}
+    outcome = judge_sweep("tiny", {"ai001": sweep_reply("ai001", {
+        "serving_listener": listener})})
+    assert outcome.serving == {"ai001": listener}
 
 
 # --- the head's serve record and a second wrapper ----------------------------------
@@ -258,3 +292,17 @@ def test_the_wrapper_reaches_peers_with_its_own_key_never_the_remediators(tmp_pa
     default = inventory(tmp_path, BOTH).model("tiny")
     assert wrapper_ssh(remediators, default).ssh.identity_file is None  # the user's own keys
     assert wrapper_ssh(remediators, model).ssh.known_hosts == remediators.ssh.known_hosts
+
+
+@pytest.mark.parametrize("form", ["list", "distributed_config"])
+def test_each_nodes_devices_come_from_its_row_of_either_hostfile_form(tmp_path: Path, form: str):
+    """A bare list of hosts, or the object `mlx.distributed_config` writes: mlx.launch reads
+    both, and so does the per-device judgement."""
+    from mlx_medic.serve.backend import jaccl_devices
+
+    hosts = [{"ssh": "ai001", "ips": ["10.0.0.1"], "rdma": [None, "rdma_en3"]},
+             {"ssh": "ai002", "ips": ["10.0.0.2"], "rdma": ["rdma_en5", None]}]
+    inv = jaccl_inventory(tmp_path)
+    data = hosts if form == "list" else {"backend": "jaccl", "envs": [], "hosts": hosts}
+    Path(str(inv.model("tiny").backends.jaccl.hostfile)).write_text(json.dumps(data))
+    assert jaccl_devices(inv.model("tiny")) == {"ai001": ("rdma_en3",), "ai002": ("rdma_en5",)}

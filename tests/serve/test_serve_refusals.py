@@ -8,11 +8,13 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 from mlx_medic.inventory import parse_inventory
 from mlx_medic.model_lock import ModelLocks
+from mlx_medic.runs import read_lease
 from mlx_medic.serve.record import read_serve_record
 from mlx_medic.transport import LocalTransport
 from testbed import free_port
@@ -80,7 +82,9 @@ def test_an_unreachable_node_stops_the_start_and_is_named(tmp_path: Path):
     assert "smoke test" not in result.stderr and "launching" not in result.stderr
     record = read_serve_record(state, "m1")
     assert record is not None and (record.state, record.failed_starts) == ("failed", 1)
-    assert not (state / "runs" / "m1.current").exists()  # no run recorded before the sweep
+    # The run, recorded beside the sweep, was ended by the teardown: its lease is over.
+    lease = read_lease(state, "m1")
+    assert lease is None or lease.expired(time.time())
     # The lock is released: the next start is refused by the node, not by the lock.
     assert not (state / "locks" / "m1.lock").exists()
     again = serve(inventory_path)

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from mlx_medic.node.ledger import read_ledger, record_spend
 from mlx_medic.node_identity import read_node_id
 from mlx_medic.runs import read_current_run, read_lease
+from mlx_medic.serve.record import ServeRecord
 from testbed import Cluster, processes
-from testbed.freezer import frozen
 from testbed.launch import rank_pids, start_launch
 from tests.serve.scenario import (
     MEDIC,
@@ -167,27 +167,21 @@ def test_a_sigkilled_wrapper_leaves_no_rank_anywhere_while_a_sigkilled_mlx_launc
         plain.close()
 
 
-def test_an_earlier_runs_ranks_on_the_port_are_swept_and_a_node_at_its_reserve_gets_no_jaccl(
+def test_a_dead_launchs_broken_listener_is_swept_and_a_node_at_its_reserve_gets_no_jaccl(
     served: Served,
 ):
     cluster = served.cluster
     peer = cluster.node("ai002")
-    boot = read_ledger(peer.state_dir, "ai002").boot_id
     assert read_node_id(peer.state_dir) == "ai002"
-    for pid in range(1, 6):  # the default reserve: 5 domains spent this boot
-        record_spend(peer.state_dir, "ai002", "sigkill", pid=pid, start_time=1.0, boot_id=boot)
+    for pid in range(1, 6):  # the default reserve: 5 domains spent this boot, devices unknown
+        record_spend(peer.state_dir, "ai002", "sigkill", pid=pid, start_time=1.0,
+                     boot_id=peer.boot_id)  # fmt: skip
 
-    server = [cluster.python, "-m", "mlx_lm", "server", "--model", str(served_model(served)),
-              "--host", "127.0.0.1", "--port", str(served.port), "--pipeline"]  # fmt: skip
-    earlier = start_launch(cluster, served.ring_hostfile, server,
-                           env=cluster.env(HF_HUB_OFFLINE="1"),
-                           launch_args=["--starting-port", str(served.port % 1000 + 54000)])
+    earlier = start_earlier_run(served)
     try:
-        wait_until(lambda: answers(served.port), 300, "the earlier run answering")
         left = rank_pids(cluster.node("ai001"), "mlx_lm") + rank_pids(peer, "mlx_lm")
         assert len(left) == 2
-        earlier.kill()  # the seed's crash: SIGKILL, no teardown; rank 0 still listens
-        assert all(processes.is_alive(pid) for pid in left)
+        earlier.kill()  # mlx.launch SIGKILLed alone: its peer session goes, rank 0 listens on
         assert listening(served.port)
 
         popen, _ = served.start_direct()
@@ -195,14 +189,18 @@ def test_an_earlier_runs_ranks_on_the_port_are_swept_and_a_node_at_its_reserve_g
         assert [pid for pid in left if processes.is_alive(pid)] == []
         assert record.backend == "ring"
         output = served.output()
+        # Broken, not busy: refused at once each time, so a short window.
+        assert f"listens on model tiny's port {served.port} and does not answer (3 probes" \
+               in output, output[-3000:]  # fmt: skip
         assert "no JACCL start: jaccl failed on ai002: the protection-domain ledger is at the" \
-               " reserve" in output, output[-3000:]
+               " reserve on rdma_ai001: 5 spent (reserve 5 per device" in output, output[-3000:]
+        assert "(models placed on ai002: tiny)" in output
         assert "smoke test: jaccl" not in output
-        assert "start sweep on ai001: mlx-medic node sweep --start-sweep: pid" in output
-        assert f"listens on model tiny's port {served.port}" in output
+        assert "ring smoke test skipped: ring is the last backend to try" in output
+        assert "falling back to the ring backend with --pipeline" in output
 
         # A rank fails while serving (mlx.launch itself would exit 0): the wrapper ends
-        # every rank of its run, says which node failed and exits non-zero.
+        # every rank of its run, says which node failed, and with no relaunch left exits 1.
         (peer_rank,) = served.ranks("ai002", record.run_id)
         os.kill(peer_rank, signal.SIGKILL)
         assert popen.wait(timeout=120) == 1
@@ -215,6 +213,40 @@ def test_an_earlier_runs_ranks_on_the_port_are_swept_and_a_node_at_its_reserve_g
         earlier.close()
 
 
+def test_an_answering_listener_on_the_port_is_never_touched_and_the_start_says_who_serves(
+    served: Served,
+):
+    earlier = start_earlier_run(served)
+    try:
+        left = served.cluster.node("ai001").find_pids(f"--port {served.port}")
+        result = served.run_direct(timeout=180)
+        assert result.returncode == 3, result.stderr
+        assert f"another instance serves model tiny on port {served.port}" in result.stderr
+        assert "a serving process is never touched" in result.stderr
+        assert left and all(processes.is_alive(pid) for pid in left)
+        assert answers(served.port)
+        assert not served.ranks("ai002", (served.record() or ServeRecord("", 0, None,
+                                                                         "failed")).run_id)
+    finally:
+        earlier.close()
+
+
+def start_earlier_run(served: Served):
+    """The model served by plain mlx.launch (an earlier deployment, a person by hand)."""
+    cluster = served.cluster
+    server = [cluster.python, "-m", "mlx_lm", "server", "--model", str(served_model(served)),
+              "--host", "127.0.0.1", "--port", str(served.port), "--pipeline"]  # fmt: skip
+    earlier = start_launch(cluster, served.ring_hostfile, server,
+                           env=cluster.env(HF_HUB_OFFLINE="1"),
+                           launch_args=["--starting-port", str(served.port % 1000 + 54000)])
+    try:
+        wait_until(lambda: answers(served.port), 300, "the earlier run answering")
+    except BaseException:
+        earlier.close()
+        raise
+    return earlier
+
+
 def listening(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(5)
@@ -225,27 +257,6 @@ def served_model(served: Served) -> str:
     import yaml
 
     return yaml.safe_load(served.inventory.read_text())["models"]["tiny"]["model"]
-
-
-def test_a_frozen_rank_is_named_unkillable_and_nothing_starts(served: Served):
-    peer = served.cluster.node("ai002")
-    env = served.cluster.env(MLX_RANK="1", MLX_MEDIC_MODEL="tiny",
-                             MLX_MEDIC_RUN_ID="20261130T000000Z-0ldrun00")  # fmt: skip
-    holder = peer.spawn([served.cluster.python, "-c", "import time; time.sleep(3600)"], env=env)
-    rank = peer.spawned_pid(holder)
-    try:
-        with frozen([rank], served.token):
-            result = served.run_direct()
-            assert result.returncode == 1
-            assert f"ai002: pid {peer.ns_pid_of(rank)} (rank, state uninterruptible) is" \
-                   " unkillable" in result.stderr, result.stderr
-            assert "reboot ai002" in result.stderr
-            assert "smoke test" not in result.stderr and not served.launchers()
-            record = served.record()
-            assert record is not None and (record.state, record.failed_starts) == ("failed", 1)
-    finally:
-        holder.kill()
-        holder.wait(timeout=10)
 
 
 def test_with_the_ring_hostfile_broken_too_the_wrapper_exits_naming_each_failure(
@@ -263,10 +274,50 @@ def test_with_the_ring_hostfile_broken_too_the_wrapper_exits_naming_each_failure
         record = served.record()
         assert record is not None and record.state == "failed"
         assert [f.backend for f in record.failures] == ["jaccl", "ring"]
-        # Each JACCL rank that failed to start recorded the spend on its own node.
+        # Each JACCL rank that failed to start recorded it on its own node: disputed, no debt.
         spent = [e for node in ("ai001", "ai002")
-                 for e in read_ledger(clean_cluster.node(node).state_dir, node).entries]
+                 for e in read_ledger(clean_cluster.node(node).state_dir, node,
+                                      clean_cluster.node(node).boot_id).entries]
         assert spent and {(e.kind, e.model) for e in spent} == {("failed_start", "tiny")}
         assert served.ranks("ai001") == served.ranks("ai002") == []
+    finally:
+        served.close()
+
+
+def crash(served: Served, run_id: str) -> None:
+    """The seed's crash: mlx.launch and the head's rank SIGKILLed together, no teardown."""
+    (head_rank,) = served.ranks("ai001", run_id)
+    for pid in (*served.launchers(), head_rank):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_after_a_crash_the_wrapper_relaunches_at_once_and_leaves_no_rank_of_the_crash(
+    clean_cluster: Cluster, tiny_model: Path,
+):
+    served = prepare(clean_cluster, tiny_model,
+                     serve={"relaunch_limit": 2, "relaunch_interval": "1s"})
+    try:
+        popen, wrapper = served.start_direct()
+        first = served.wait_serving()
+        crash(served, first.run_id)
+        second = served.wait_serving(run_id=first.run_id)
+        record = served.record()
+        assert record is not None and record.pid == served.head.ns_pid_of(wrapper)  # the same
+        assert popen.poll() is None
+        assert served.ranks("ai001", first.run_id) == served.ranks("ai002", first.run_id) == []
+        output = served.output()
+        assert "relaunching at once (1 of 2 within 600s)" in output
+        assert "phase start sweep and run record" in output
+        # the crashed run's ranks went in the start sweep, before any wait for the interval
+        assert output.index("phase start sweep and run record", output.index("relaunching")) \
+            < output.index("launching on", output.index("relaunching"))  # fmt: skip
+
+        # A crash loop spends the budget, then the wrapper exits for the service manager.
+        crash(served, second.run_id)
+        third = served.wait_serving(run_id=second.run_id)
+        crash(served, third.run_id)
+        assert popen.wait(timeout=120) == 1
+        assert "2 relaunches within 600s spent (serve.relaunch_limit)" in served.output()
+        assert served.ranks("ai001") == served.ranks("ai002") == [] and not served.launchers()
     finally:
         served.close()

@@ -28,7 +28,9 @@ def run_smoke(tmp_path: Path, backend: str) -> int:
     return smoke.main(["--backend", backend, "--state-dir", str(tmp_path), "--model", "tiny"])
 
 
-def test_a_failed_jaccl_init_is_a_spend_on_this_node(tmp_path: Path, monkeypatch, capsys):
+def test_a_failed_jaccl_init_is_recorded_as_a_disputed_cycle_not_debt(
+    tmp_path: Path, monkeypatch, capsys
+):
     def refuse(**_: object) -> None:
         raise RuntimeError("Cannot initialize jaccl distributed backend.")
 
@@ -38,7 +40,7 @@ def test_a_failed_jaccl_init_is_a_spend_on_this_node(tmp_path: Path, monkeypatch
            in capsys.readouterr().out  # fmt: skip
     ledger = read_ledger(tmp_path, "ai002")
     assert [(e.kind, e.model) for e in ledger.entries] == [("failed_start", "tiny")]
-    assert ledger.debt == 1
+    assert (ledger.debt, ledger.disputed_cycles) == (0, 1)  # a failed allocation spends nothing
 
 
 def test_a_clean_jaccl_init_and_teardown_is_a_disputed_cycle_not_debt(
