@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.samples import Sample
 
 from mlx_medic.exporter.settings import read_settings
+from mlx_medic.state_layout import Owner, StateFileError, node_owner, prepare_state_dir
 
 if TYPE_CHECKING:  # the inventory's schema (pydantic) loads only when there is an inventory
     from _typeshed import DataclassInstance
@@ -38,13 +39,45 @@ class ExporterContext:
     `node` is the inventory's name for this node; None without an inventory (discovery
     mode), where nothing is named after a node because identity is never guessed.
     `settings` holds each collector's parsed settings, by settings class.
+    `state_owner` owns what the exporter makes in `state_dir`: the node's login user
+    (mlx_medic.state_layout) once `prepare_state_dir` ran; None: nobody named (discovery
+    mode), what is made belongs to the owner of the dir it is made in.
     """
 
     node: str | None = None
     inventory: Inventory | None = None
     state_dir: Path = Path("/var/lib/mlx-medic")
+    state_owner: Owner | None = None
     clock: Callable[[], float] = time.time
     settings: Mapping[type, object] = field(default_factory=dict)
+    _state_prepared: bool = field(default=False, repr=False, compare=False)
+
+    def prepare_state_dir(self) -> Owner | None:
+        """Once per exporter: make `state_dir` for the node's login user (or `state_owner`)
+        and correct what root or a wider mode left in it, before a collector writes there,
+        so the node helpers can use every dir and lock the exporter made. The owner; None
+        in discovery mode or when it cannot be done (logged: probes then stay
+        serialized within this process only)."""
+        if self._state_prepared:
+            return self.state_owner
+        self._state_prepared = True
+        try:
+            owner = self.state_owner
+            if owner is None and self.inventory is not None and self.node is not None:
+                owner = node_owner(self.inventory.node(self.node).user)
+            if owner is None:
+                return None  # discovery mode writes nothing there
+            prepared = prepare_state_dir(self.state_dir, owner)
+        except StateFileError as exc:
+            log.error("state dir %s: %s", self.state_dir, exc)
+            return None
+        self.state_owner = owner
+        for line in prepared.corrected:
+            log.warning("corrected %s: the state dir belongs to %s (the node's login user)",
+                        line, owner)
+        for line in prepared.left:
+            log.warning("state dir: %s", line)
+        return owner
 
     def models_here(self) -> list[Model]:
         if self.inventory is None or self.node is None:

@@ -27,11 +27,12 @@ import json
 import logging
 import os
 import stat
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from mlx_medic.state_files import StateFileError, read_text_nofollow, write_text_atomic
 
 log = logging.getLogger("mlx_medic.exporter.logs")
 
@@ -52,8 +53,10 @@ class LogHandle(Protocol):
 
 class FileHandle:
     def __init__(self, path: str):
-        # O_NONBLOCK: a FIFO configured as a log must not hang the scrape.
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK
+        # O_NONBLOCK: a FIFO at a log's path must not hang the scrape. O_NOFOLLOW: the
+        # service's user owns the log's dir, so a link there must not make root read a
+        # file that user may not (its size and signature counts would show on /metrics).
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK | os.O_NOFOLLOW
         self.fd = os.open(path, flags)
         try:
             mode = os.fstat(self.fd).st_mode
@@ -161,12 +164,13 @@ class LogFollower:
     def _load_state(self) -> None:
         if self.state_path is None:
             return
-        try:
-            raw = json.loads(self.state_path.read_text(encoding="utf-8"))
+        try:  # never through a link, a FIFO or a device planted in the state dir
+            text = read_text_nofollow(self.state_path)
+            if text is None:
+                return
+            raw = json.loads(text)
             files = raw["files"] if raw.get("version") == STATE_VERSION else {}
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (StateFileError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("log positions in %s unusable (%s); reading logs from the start",
                         self.state_path, exc)
             return
@@ -205,20 +209,9 @@ class LogFollower:
         text = self._state_json()
         if text == self._saved:
             return
-        try:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".logs-", dir=self.state_path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(text)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(tmp, self.state_path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except OSError as exc:
+        try:  # the state dir's layout: 0640, the node's login user's like the rest
+            write_text_atomic(self.state_path, text)
+        except StateFileError as exc:
             problem = f"cannot save log positions to {self.state_path}: {exc}"
             if problem != self._save_problem:
                 log.error("%s; a restart will re-read the logs from the saved point", problem)
@@ -347,7 +340,7 @@ class LogFollower:
 
     def _update(self, state: LogState) -> None:
         try:
-            path_stat: os.stat_result | None = os.stat(state.path)
+            path_stat: os.stat_result | None = os.lstat(state.path)
         except FileNotFoundError:
             path_stat = None
         except OSError as exc:

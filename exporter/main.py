@@ -1,4 +1,6 @@
-"""`mlx-medic exporter`: serve this node's collectors on /metrics."""
+"""`mlx-medic exporter`: serve this node's collectors on /metrics. As root it first refuses
+to run from an interpreter, virtualenv, package or inventory another user could change
+(mlx_medic.exporter.trusted_files): exit 2, each path named with its owner and mode."""
 
 from __future__ import annotations
 
@@ -92,6 +94,7 @@ def build(args: argparse.Namespace) -> tuple[ExporterContext, ScrapeCollector]:
     }
     context = ExporterContext(node=node, inventory=inventory, state_dir=state_dir,
                               settings=settings)
+    context.prepare_state_dir()  # before any collector writes there
     collectors = [registration.factory(context) for registration in enabled]
     return context, ScrapeCollector(collectors, node=node)
 
@@ -140,7 +143,20 @@ def make_registry(scrape: ScrapeCollector) -> CollectorRegistry:
     return registry
 
 
+def untrusted_files(args: argparse.Namespace) -> list[str]:
+    """Why this exporter must not run (as root, from files another user could change:
+    mlx_medic.exporter.trusted_files); checked before the inventory is read."""
+    from mlx_medic.exporter.trusted_files import refusal
+
+    return refusal(args.config_file)
+
+
 def run(args: argparse.Namespace) -> int:
+    refused = untrusted_files(args)
+    if refused:
+        for problem in refused:
+            log.error("refusing to run as root: %s", problem)
+        return 2
     try:
         host, port = parse_listen(args.listen)
         context, scrape = build(args)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+from mlx_medic.state_layout import open_lock_file
+
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 PROBE_PATHS = (CHAT_PATH, COMPLETIONS_PATH)
@@ -114,8 +116,9 @@ def _exclusive(host: str, port: int, wait: float, lock_dir: Path | None) -> Iter
         if lock_dir is None:
             yield True
             return
-        fd = os.open(lock_dir / _lock_file_name(host, port),
-                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # Owned by the state dir's owner whoever makes it (the root exporter, the node's
+        # login user): every prober on the node must be able to open and flock it.
+        fd = open_lock_file(lock_dir / _lock_file_name(host, port))
         try:
             while True:
                 try:
@@ -220,7 +223,8 @@ def probe_model(
     Waits up to `lock_wait` (default: `timeout` plus a second, the longest a
     same-timeout probe can hold the lock) for other probes of this server to
     finish. `lock_dir` adds a file lock there, so probes from the exporter and
-    the remediator on one node do not overlap either.
+    the remediator on one node do not overlap either; a lock file this process cannot
+    open is a StateFileError naming its owner (never a probe without the lock).
     """
     _check_target(host, port, timeout, path)
     wait = timeout + 1.0 if lock_wait is None else lock_wait

@@ -36,6 +36,7 @@ from mlx_medic.names import NAME_PATTERN
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 USER_NAME_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
+DEFAULT_LOGIN_USER = "mlx-medic"  # a named user of its own, never root by default
 ServiceManager = Literal["launchd", "systemd", "supervisord"]
 ServiceKind = Literal["wrapper", "script"]
 
@@ -78,6 +79,27 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*")
+
+
+def _ssh_source(value: str) -> str:
+    """An address sshd's `from=` matches: an IP, a network (CIDR) or a host name."""
+    try:
+        return str(ipaddress.ip_network(value, strict=True) if "/" in value
+                   else ipaddress.ip_address(value))  # fmt: skip
+    except ValueError as exc:
+        if "/" in value or re.fullmatch(r"[0-9.]+|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*", value):
+            raise ValueError(f"{value!r} is not an IP address or network: {exc}") from None
+    if not _HOST_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not an IP address, a network (CIDR) or a host name"
+                         " (no wildcards)")  # fmt: skip
+    return value
+
+
+SshSource = Annotated[str, AfterValidator(_ssh_source)]
+
+
 class Node(_Strict):
     """A machine in the cluster, reached over SSH."""
 
@@ -86,7 +108,12 @@ class Node(_Strict):
         " refer to it"
     )
     ssh: str = Field(description="address or host name used by ssh and in hostfiles")
-    user: str = Field(default="root", pattern=USER_NAME_PATTERN, description="SSH login user")
+    user: str = Field(
+        default=DEFAULT_LOGIN_USER, pattern=USER_NAME_PATTERN,
+        description="the SSH login user on this node: the remediator and the serve wrapper log"
+        " in as it, each key pinned to what its user sends (`mlx-medic render"
+        " authorized-keys`); default: `ssh.user`",
+    )  # fmt: skip
     port: int = Field(default=22, ge=1, le=65535, description="SSH port")
     medic_command: str = Field(
         default="mlx-medic",
@@ -94,6 +121,12 @@ class Node(_Strict):
         " use an absolute path (sshd's PATH is minimal; `mlx-medic render` requires one)",
     )
 
+    source_addresses: list[SshSource] = Field(
+        default_factory=list,
+        description="where this node's own SSH logins to the other nodes come from (the"
+        " serve wrapper on a model's head): the `from=` of the wrapper's key on its peers"
+        " (`mlx-medic render authorized-keys`); empty: `ssh`",
+    )
     medic_config: AbsolutePath = Field(
         default=Path("/etc/mlx-medic/inventory.yaml"),
         description="this inventory's path on the node: the node helpers the remediator and"
@@ -153,6 +186,13 @@ class Service(_Strict, ServiceMethods):
         default=None,
         description="supervisord: the supervisord.conf that supervisorctl reads (`-c`);"
         " null: supervisorctl's own default",
+    )
+    sudo: bool = Field(
+        default=False,
+        description="supervisord: run supervisorctl as `sudo -n /usr/bin/supervisorctl ...`"
+        " (a root-only supervisord socket; `mlx-medic render sudoers` writes the rule); false:"
+        " plain `supervisorctl`, the socket's permissions decide. launchctl and systemctl"
+        " always go through sudo",
     )
 
     user: str | None = Field(
@@ -315,8 +355,9 @@ class ServeSettings(_Strict):
     identity_file: AbsolutePath | None = Field(
         default=None,
         description="the private key the wrapper logs in to the model's other nodes with, to"
-        " run the node helpers there (the remediator's key, `ssh.identity_file`, may be"
-        " pinned to a forced command that refuses the wrapper's start sweep); host keys are"
+        " run the node helpers there (`mlx-medic render authorized-keys` pins its `.pub` on"
+        " them to what the wrapper sends, `--key serve`; the remediator's key refuses the"
+        " wrapper's start sweep); host keys are"
         " checked against `ssh.known_hosts`; null: the service user's own default keys, as"
         " mlx.launch's ssh uses",
     )
@@ -489,8 +530,27 @@ class Signature(_Strict):
         return value
 
 
+
 class SshSettings(_Strict):
     """How the remediator reaches nodes. Host keys are always checked."""
+
+    user: str = Field(
+        default=DEFAULT_LOGIN_USER, pattern=USER_NAME_PATTERN,
+        description="the SSH login user on every node (a node's own `user` overrides it): a"
+        " dedicated user, not root (`check-config` refuses root unless `allow_root_login`)",
+    )  # fmt: skip
+    allow_root_login: bool = Field(
+        default=False,
+        description="let a node's login user be root (`check-config` refuses it otherwise):"
+        " the keys' forced command then runs the helpers as root",
+    )
+    remediator_addresses: list[SshSource] = Field(
+        default_factory=list,
+        description="where the remediator's replicas log in from: IP addresses, networks"
+        " (CIDR) or host names (sshd matches names only with `UseDNS yes`). `mlx-medic render"
+        " authorized-keys` writes them as the remediator key's `from=` and refuses to render"
+        " without them",
+    )
 
     identity_file: Path | None = Field(
         default=None, description="the private key to log in with; null: ssh's own default keys"
@@ -534,6 +594,21 @@ class Inventory(_Strict, InventoryMethods[Node, Model]):
         description="where mlx.launch's mktemp files land, for every model on every node;"
         " empty: each model's `service.user`'s temp dir",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _login_user(cls, data: Any) -> Any:
+        """A node without its own `user` logs in as `ssh.user` (when that is a user name:
+        a bad one is reported once, at ssh.user)."""
+        if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+            return data
+        ssh = data.get("ssh")
+        user = ssh.get("user", DEFAULT_LOGIN_USER) if isinstance(ssh, dict) else None
+        if not isinstance(user, str) or not re.match(USER_NAME_PATTERN, user):
+            return data
+        nodes = [{"user": user, **node} if isinstance(node, dict) else node
+                 for node in data["nodes"]]  # fmt: skip
+        return {**data, "nodes": nodes}
 
     @model_validator(mode="after")
     def _consistent(self) -> Inventory:

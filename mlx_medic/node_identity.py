@@ -9,7 +9,6 @@ writes once per node (`mlx-medic` commands run over SSH read it there).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,12 +28,14 @@ def node_id_path(state_dir: Path) -> Path:
 
 def read_node_id(state_dir: Path) -> str | None:
     """The name in `<state_dir>/node-id`, or None when there is no such file."""
-    try:
-        text = node_id_path(state_dir).read_text(encoding="utf-8")
-    except FileNotFoundError:
+    from mlx_medic.state_files import StateFileError, read_text_nofollow
+
+    try:  # never through a link, a FIFO or a device: the state dir is the node user's
+        text = read_text_nofollow(node_id_path(state_dir))
+    except StateFileError as exc:
+        raise NodeIdentityError(str(exc)) from exc
+    if text is None:
         return None
-    except OSError as exc:
-        raise NodeIdentityError(f"cannot read {node_id_path(state_dir)}: {exc}") from exc
     name = text.strip()
     if not name or len(text.strip().splitlines()) != 1:
         raise NodeIdentityError(f"{node_id_path(state_dir)} must hold one node name")
@@ -42,13 +43,11 @@ def read_node_id(state_dir: Path) -> str | None:
 
 
 def write_node_id(state_dir: Path, name: str) -> Path:
-    """Record this node's name (atomically: a half-written id is never read)."""
-    path = node_id_path(state_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{NODE_ID_FILE}.{os.getpid()}")
-    tmp.write_text(name + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    """Record this node's name (atomically: a half-written id is never read), with the
+    state dir's owner and modes (mlx_medic/state_layout.py)."""
+    from mlx_medic.state_files import write_text_atomic
+
+    return write_text_atomic(node_id_path(state_dir), name + "\n")
 
 
 def resolve_node(

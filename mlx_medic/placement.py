@@ -16,6 +16,8 @@ A ssh client started by mlx.launch carries the same content in its launch script
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,8 +171,11 @@ def hostfile_hosts(path: str | Path) -> list[dict[str, Any]] | None:
     or the object `mlx.distributed_config` writes (`{"backend", "envs", "hosts": [...]}`),
     both as mlx.launch reads them (mlx/_distributed_utils/common.py); None when it cannot
     be read here or is neither."""
-    try:
-        with open(path, "rb") as handle:
+    try:  # O_NONBLOCK and a regular file only: a FIFO at the path never hangs a reader
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
             data = handle.read(HOSTFILE_LIMIT + 1)
         if len(data) > HOSTFILE_LIMIT:
             return None

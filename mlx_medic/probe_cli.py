@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from mlx_medic.health import ProbeResult, probe_model
+from mlx_medic.state_layout import StateFileError, ensure_dir
 
 EXIT_UP = 0
 EXIT_DOWN = 1
@@ -65,15 +66,13 @@ def _exit_status(result: ProbeResult) -> int:
 
 def run(args: argparse.Namespace) -> int:
     lock_dir: Path | None = args.lock_dir
-    if lock_dir is not None:
-        try:
-            lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            print(f"mlx-medic probe: cannot use --lock-dir {lock_dir}: {exc.strerror or exc}",
-                  file=sys.stderr)
-            return EXIT_BAD_ARGUMENTS
     try:
+        if lock_dir is not None:  # the state dir's layout: the exporter's and ours alike
+            ensure_dir(lock_dir)
         result = probe_model(args.host, args.port, timeout=args.timeout, lock_dir=lock_dir)
+    except StateFileError as exc:  # a lock dir or file this user may not use: no probe
+        print(f"mlx-medic probe: cannot use --lock-dir {lock_dir}: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
     except ValueError as exc:  # a host that is no host name or address
         print(f"mlx-medic probe: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS

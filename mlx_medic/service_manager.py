@@ -20,6 +20,7 @@ SUDO = ("sudo", "-n")
 LAUNCHCTL = "/bin/launchctl"
 SYSTEMCTL = "/bin/systemctl"
 SUPERVISORCTL = "supervisorctl"
+SUPERVISORCTL_PATH = "/usr/bin/supervisorctl"  # Debian's, with `service.sudo`
 
 
 def service_argv(model: Model, action: ServiceAction) -> list[str]:
@@ -43,6 +44,8 @@ def service_argv(model: Model, action: ServiceAction) -> list[str]:
             return [*SUDO, SYSTEMCTL, action, label]
         case "supervisord":
             config = ["-c", str(service.config)] if service.config is not None else []
+            if service.sudo:  # a sudoers rule names the program by its full path
+                return [*SUDO, SUPERVISORCTL_PATH, *config, action, label]
             return [SUPERVISORCTL, *config, action, label]
     raise ValueError(f"unknown service manager {service.manager!r}")
 

@@ -4,6 +4,8 @@ following a planted link.
 Every record a node keeps about a model (current run, run lease, backend choice, the
 service stopped by a run, the PD ledger) goes through these two functions, so a reader
 never sees half a file and a symlink never leads a write or a read out of the state dir.
+A record is FILE_MODE (0640) and belongs to the owner of its dir, whoever writes it
+(mlx_medic.state_layout: root's writes stay the node's login user's).
 """
 
 from __future__ import annotations
@@ -15,24 +17,31 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mlx_medic.state_layout import FILE_MODE, Owner, StateFileError, ensure_dir, settle_new_file
+
+__all__ = ["MAX_RECORD_BYTES", "StateFileError", "read_json_record", "read_text_nofollow",
+           "remove_record", "write_json_record", "write_text_atomic"]
+
 MAX_RECORD_BYTES = 1 << 20
 
 
-class StateFileError(RuntimeError):
-    """A record exists but cannot be read or written; the message names the file and why."""
-
-
-def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
-    """Write `text` to `path` through a temp file in the same dir, fsync, rename."""
+def write_text_atomic(path: Path, text: str, mode: int = FILE_MODE,
+                      owner: Owner | None = None) -> Path:  # fmt: skip
+    """Write `text` to `path` through a temp file in the same dir, fsync, rename. The file
+    is `mode`, owned by `owner` (default: the owner of its dir, so a record root writes
+    stays the login user's); missing dirs are made as the state dir's layout says."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    ensure_dir(path.parent, owner)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise StateFileError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            settle_new_file(handle.fileno(), path, owner, mode)
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)

@@ -100,7 +100,7 @@ def service_config(flag: Path | None) -> tuple[ConfigSource, RemediatorConfig]:
         raise CliError(
             f"{source} does not name the journal; the service's default is under its own"
             " user's home, which this command cannot know, so nothing was changed: add"
-            " `journal: /var/lib/mlx-medic/journal.sqlite` (the service's path) to it"
+            " `journal: /var/lib/mlx-medic-remediator/journal.sqlite` (the service's path) to it"
         )
     if not config.journal.is_absolute():
         raise CliError(

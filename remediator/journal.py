@@ -4,7 +4,9 @@ Why SQLite: the remediator, `mlx-medic log`, `pause` and `resume` are separate
 processes that must see each other's writes at once (a pause reaches a running
 service), and a crash must leave what was in flight visible. A step is written
 *before* it starts, so a killed process leaves a `running` step that start-up
-turns into `interrupted`.
+turns into `interrupted`. Commits are `synchronous=FULL` (a power cut keeps what was
+committed), and the journal with its -wal and -shm is 0640: the service's user writes
+it, its group (`mlx-medic`) may read it, nobody else.
 
 A journal that cannot record is a reason to act on nothing: a failed write raises
 JournalError (and is remembered until a write succeeds), and `problem()` also notices a
@@ -14,9 +16,11 @@ where no other process reads).
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -32,8 +36,13 @@ from mlx_medic.remediator.outcomes import (
     RunOutcome,
     StepOutcome,
 )
+from mlx_medic.state_layout import STATE_GROUP
 
 OUTPUT_CAP = 4000  # characters of command output kept per step
+JOURNAL_MODE = 0o640  # the journal and its -wal, -shm: the service's user, its group reads
+# Its dir stays searchable: the files' own mode keeps them private, and an on-call user
+# without rights then gets the refusal that names the journal's owner, not EACCES.
+JOURNAL_DIR_MODE = 0o755
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -225,13 +234,47 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _make_journal_file(path: Path) -> None:
+    """Create the journal JOURNAL_MODE (group `mlx-medic` when it is one of ours) before
+    SQLite does: SQLite makes it 0644 and gives its -wal and -shm the journal's own mode,
+    so every file of it is readable by the service's user and group only. Missing dirs
+    are made JOURNAL_DIR_MODE. A journal of ours an older version left wider is narrowed."""
+    missing = [d for d in (path.parent, *path.parent.parents) if not d.is_dir()]
+    for directory in reversed(missing):
+        with suppress(FileExistsError):
+            os.mkdir(directory, JOURNAL_DIR_MODE)
+            os.chmod(directory, JOURNAL_DIR_MODE)  # the umask may have narrowed it
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, JOURNAL_MODE)
+    except FileExistsError:
+        _narrow_modes(path)
+        return
+    except OSError:
+        return  # SQLite says why, naming the file
+    try:
+        os.fchmod(fd, JOURNAL_MODE)
+        with suppress(KeyError, PermissionError):  # not a group of ours: our own
+            os.fchown(fd, -1, grp.getgrnam(STATE_GROUP).gr_gid)
+    finally:
+        os.close(fd)
+
+
+def _narrow_modes(path: Path) -> None:
+    """The journal, -wal and -shm this user owns: readable by its group at most."""
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        with suppress(OSError):
+            info = os.stat(name)
+            if info.st_uid == os.geteuid() and info.st_mode & 0o7137:
+                os.chmod(name, stat.S_IMODE(info.st_mode) & JOURNAL_MODE)
+
+
 class Journal:
     """One SQLite file shared by the service and the CLI. Calls are short and
     synchronous (microseconds), so asyncio code calls them directly."""
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _make_journal_file(self.path)
         self._lock = threading.RLock()
         self._db = sqlite3.connect(
             str(self.path), timeout=10.0, isolation_level=None, check_same_thread=False
@@ -239,7 +282,9 @@ class Journal:
         self.write_failure: str | None = None  # why the last write failed; None once one works
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoint, never corrupt
+        # FULL: a committed step or pause survives a power cut too, not only a crash (NORMAL
+        # in WAL mode may lose the last commits); a journal write costs one more fsync.
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.execute("PRAGMA foreign_keys=ON")
         # Deferred writes (events, absorbed firings): flushed in one transaction by
@@ -251,6 +296,7 @@ class Journal:
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 self._db.execute(statement)
+        _narrow_modes(self.path)  # the -wal and -shm the schema's writes just made
         self._identity = _file_identity(self.path)  # the file this connection writes
 
     def close(self) -> None:

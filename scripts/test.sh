@@ -13,4 +13,15 @@ if [ "$rc" = 5 ]; then
   echo "test.sh: pytest collected no tests; that is a failure" >&2
   exit 1
 fi
+if [ "$rc" = 0 ] && [ "$#" = 0 ]; then
+  # The least-privilege deployment as rendered (docs/security.md): the remediator's and
+  # the serve wrapper's testbed tests again, every node with its non-root login user.
+  MLX_MEDIC_TESTBED_USERS=three .venv/bin/python -m pytest -p no:cacheprovider -m testbed \
+    tests/remediator tests/serve/test_serve_testbed.py
+  rc=$?
+  if [ "$rc" = 5 ]; then
+    echo "test.sh: the three-user run collected no tests; that is a failure" >&2
+    exit 1
+  fi
+fi
 exit "$rc"

@@ -38,9 +38,10 @@ from typing import Any
 import yaml
 
 from mlx_medic.node_identity import write_node_id
-from testbed import freezer, processes
+from testbed import freezer, node_users, processes
 from testbed.closing import ClosedOnExit
 from testbed.net import wait_listening
+from testbed.node_users import NodeUser
 
 SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
@@ -85,6 +86,7 @@ class SimNode:
     cluster_ssh_config: Path = field(repr=False)
     local_dirs: dict[str, Path] = field(default_factory=dict, repr=False)
     pid_namespace: str = field(default="", repr=False)
+    user: NodeUser | None = field(default=None, repr=False)  # the three-user mode's
     _popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     # --- paths ---------------------------------------------------------------
@@ -157,6 +159,26 @@ class SimNode:
 
     def remove_forced_key(self) -> None:
         self.authorized_keys.write_text("")
+
+    def user_ssh_argv(self, *command: str, identity: Path | None = None) -> list[str]:
+        """ssh as the node's login user (three-user mode) with `identity`, by default the
+        user's own key (what mlx.launch uses between nodes)."""
+        if self.user is None:
+            raise TestbedError(f"{self.name}: no login user (start_cluster(node_user=...))")
+        key = identity or self.cluster_ssh_config.parent / "user_ed25519"
+        return [SSH, "-F", str(self.cluster_ssh_config), "-o", f"User={self.user.name}",
+                "-o", f"IdentityFile={key}", self.name, *command]  # fmt: skip
+
+    def install_rendered(self, rendered: Path) -> list[str]:
+        """Install `mlx-medic render`'s authorized_keys and sudoers file for this node
+        (three-user mode); `visudo -c` must accept the node's whole sudo policy."""
+        if self.user is None:
+            raise TestbedError(f"{self.name}: no login user (start_cluster(node_user=...))")
+        installed = node_users.install_rendered(self.root, self.user, rendered, self.name)
+        checked = node_users.visudo_check(self.nsenter_argv(cwd="/"))
+        if checked.returncode != 0:
+            raise TestbedError(f"{self.name}: visudo -c: {checked.stdout}{checked.stderr}")
+        return installed
 
     def run(
         self, command: str, timeout: float = 30, check: bool = True
@@ -311,12 +333,19 @@ class Cluster(ClosedOnExit):
     # Called with the node after `reboot` started it again, e.g. a simulated JACCL
     # backend forgetting what the node's killed processes held (testbed/jaccl_sim.py).
     reboot_hooks: list[Callable[[SimNode], None]] = field(default_factory=list, repr=False)
+    node_user: NodeUser | None = None  # the three-user mode (testbed/node_users.py)
     _locks: list[int] = field(default_factory=list, repr=False)
     _closed: bool = field(default=False, repr=False)
 
     @property
     def head(self) -> SimNode:
         return self.nodes[0]
+
+    @property
+    def remediator_identity(self) -> Path:
+        """The remediator's key (three-user mode): only the rendered authorized_keys
+        accepts it."""
+        return self.workdir / "ssh" / "remediator_ed25519"
 
     @property
     def python(self) -> str:
@@ -370,10 +399,13 @@ class Cluster(ClosedOnExit):
         path.write_text(json.dumps(entries, indent=2) + "\n")
         return path
 
-    def inventory_yaml(self, models: list[dict[str, Any]], **top_level: Any) -> str:
+    def inventory_yaml(self, models: list[dict[str, Any]], *, login_user: str = "root",
+                       **top_level: Any) -> str:
         """An inventory naming these nodes, ssh key and pinned known_hosts, and `models`.
 
-        Each model is a dict in the inventory's model format plus its `name`.
+        Each model is a dict in the inventory's model format plus its `name`. Every node
+        logs in as `login_user`, written out (the inventory's default is not root); root,
+        the testbed's own, is allowed explicitly (`ssh.allow_root_login`).
         """
         unnamed = [index for index, model in enumerate(models) if "name" not in model]
         if unnamed:
@@ -384,9 +416,10 @@ class Cluster(ClosedOnExit):
                 "identity_file": str(self.identity),
                 "known_hosts": str(self.known_hosts),
                 "connect_timeout": "5s",
+                **({"allow_root_login": True} if login_user == "root" else {}),
             },
             "nodes": {
-                node.name: {"ssh": node.address, "user": "root", "port": node.ssh_port}
+                node.name: {"ssh": node.address, "user": login_user, "port": node.ssh_port}
                 for node in self.nodes
             },
             "models": {
@@ -395,6 +428,33 @@ class Cluster(ClosedOnExit):
         }
         data.update(top_level)
         return yaml.safe_dump(_plain(data), sort_keys=False)
+
+    def deploy(self, inventory: Path,
+               targets: tuple[str, ...] = ("authorized-keys", "sudoers")) -> Path | None:
+        """Three-user mode: `mlx-medic render` the inventory's `targets` (with the
+        remediator's and the serve wrapper's public keys) and install its authorized_keys
+        and sudoers files on every node, as a deployment does; the render dir. Root mode:
+        nothing (None)."""
+        if self.node_user is None:
+            return None
+        out = Path(inventory).parent / f"rendered-{Path(inventory).stem}"
+        shutil.rmtree(out, ignore_errors=True)
+        keys = self.workdir / "ssh"
+        models = (yaml.safe_load(Path(inventory).read_text()) or {}).get("models") or {}
+        serve_key = any((m.get("serve") or {}).get("identity_file") for m in models.values())
+        for target in targets:
+            argv = [str(Path(sys.executable).parent / "mlx-medic"), "render", target,
+                    "--config.file", str(inventory), "--out", str(out),
+                    "--ssh.public-key", str(keys / "remediator_ed25519.pub")]  # fmt: skip
+            if serve_key:
+                argv += ["--serve.public-key", str(keys / "serve_ed25519.pub")]
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                                    check=False)  # fmt: skip
+            if result.returncode != 0:
+                raise TestbedError(f"mlx-medic render {target}: {result.stderr.strip()}")
+        for node in self.nodes:
+            node.install_rendered(out)
+        return out
 
     def reboot(self, name: str, timeout: float = 30.0) -> SimNode:
         """End everything in one node (frozen processes too) and start it again.
@@ -420,6 +480,7 @@ class Cluster(ClosedOnExit):
             self.workdir,
             self.ssh_config,
             self.workdir / "ssh" / "authorized_keys",
+            node.user,
         )
         for attribute in ("unshare_pid", "init_pid", "pid_namespace", "_popen"):
             setattr(node, attribute, getattr(fresh, attribute))
@@ -523,7 +584,9 @@ def _keygen(path: Path, comment: str) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
-def _sshd_config(node_root: Path, address: str, port: int, authorized_keys: Path) -> str:
+def _sshd_config(node_root: Path, address: str, port: int, authorized_keys: Path,
+                 user: NodeUser | None = None) -> str:
+    match = node_users.sshd_match_block(user, authorized_keys.parent) if user else []
     return "\n".join(
         [
             f"ListenAddress {address}:{port}",
@@ -548,19 +611,22 @@ def _sshd_config(node_root: Path, address: str, port: int, authorized_keys: Path
             "MaxSessions 100",
             "LogLevel INFO",
             "Subsystem sftp /usr/lib/openssh/sftp-server",
+            *match,
             "",
         ]
     )
 
 
-def _ssh_config(nodes: list[tuple[str, str, int]], identity: Path, known_hosts: Path) -> str:
+def _ssh_config(nodes: list[tuple[str, str, int]], identity: Path, known_hosts: Path,
+                users: bool = False) -> str:
     lines = ["# mlx-medic testbed: client side. Used only through `ssh -F`.", ""]
     for name, address, port in nodes:
         lines += [f"Host {name} {address}", f"  HostName {address}", f"  Port {port}", ""]
+    if users:
+        lines += node_users.ssh_client_block(identity)
     lines += [
         "Host *",
-        "  User root",
-        f"  IdentityFile {identity}",
+        *([] if users else ["  User root", f"  IdentityFile {identity}"]),
         "  IdentitiesOnly yes",
         f"  UserKnownHostsFile {known_hosts}",
         "  GlobalKnownHostsFile /dev/null",
@@ -649,6 +715,7 @@ def _start_node(
     workdir: Path,
     ssh_config: Path,
     authorized_keys: Path,
+    user: NodeUser | None = None,
 ) -> SimNode:
     root = workdir / "nodes" / name
     for sub in ("tmp", *PRIVATE_DIRS):
@@ -661,7 +728,7 @@ def _start_node(
     boot_id = root / NODE_BOOT_ID
     boot_id.write_text(f"{uuid.uuid4()}\n", encoding="ascii")
     config = root / "sshd_config"
-    config.write_text(_sshd_config(root, address, port, authorized_keys))
+    config.write_text(_sshd_config(root, address, port, authorized_keys, user))
     if not (root / "ssh_host_ed25519_key").exists():
         _keygen(root / "ssh_host_ed25519_key", f"{name}-host")
     mounts = [("tmp", "/tmp")] + [(sub, str(local_dirs[sub])) for sub in PRIVATE_DIRS]
@@ -690,6 +757,13 @@ def _start_node(
         for rc in (Path.home() / n for n in (".bashrc", ".bash_profile", ".bash_login", ".profile"))
         if rc.is_file()
     ]
+    if user is not None:
+        node_users.prepare_node_root(root, user, authorized_keys.parent,
+                                     [root / sub for sub in PRIVATE_DIRS])  # fmt: skip
+        closed = node_users.closed_ancestors(node_users.python_paths())
+        binds += node_users.mount_commands(root) + node_users.open_closed_dirs(root, closed)
+        hide_rc = [line for line in hide_rc  # the opened dirs no longer hold them
+                   if not any(str(parent) in line for parent in closed)]  # fmt: skip
     script = " && ".join([*stage, *binds, *restore, *hide_rc])
     script += f" && exec {SSHD} -D -e -f {shlex.quote(str(config))}"
     argv = [
@@ -720,6 +794,7 @@ def _start_node(
         cache=root / "cache",
         cluster_ssh_config=ssh_config,
         local_dirs=local_dirs,
+        user=user,
         _popen=popen,
     )
     node.record_identity()
@@ -741,12 +816,14 @@ def start_cluster(
     ssh_port: int = 22,
     names: list[str] | None = None,
     timeout: float = 30.0,
+    node_user: NodeUser | None = None,
 ) -> Cluster:
     """Start `n` nodes named ai001.. on free loopback addresses from 127.0.0.<first_address>.
 
     Addresses held by another testbed (an flock under /var/tmp) or by any listener on
     `ssh_port` are skipped, so concurrent test sessions each get their own.
     Must be called from the main thread: a node dies with the thread that started it.
+    `node_user`: the three-user mode (testbed/node_users.py).
     """
     if n < 1:
         raise ValueError("a cluster needs at least one node")
@@ -793,8 +870,17 @@ def start_cluster(
             [(name, addr, ssh_port) for name, addr in zip(names, addresses, strict=True)],
             identity,
             known_hosts,
+            users=node_user is not None,
         )
     )
+    if node_user is not None:
+        # The user's ssh reads the config and known_hosts; the private keys stay root's.
+        node_users.make_keys(ssh_dir, _keygen)
+        user_keys = ssh_dir / "user_authorized_keys"
+        user_keys.write_text((ssh_dir / "user_ed25519.pub").read_text())
+        ssh_dir.chmod(0o711)
+        for shared in (ssh_config, user_keys):
+            shared.chmod(0o644)
     bin_dir = workdir / "bin"
     bin_dir.mkdir(exist_ok=True)
     wrapper = bin_dir / "ssh"
@@ -811,17 +897,20 @@ def start_cluster(
         known_hosts=known_hosts,
         identity=identity,
         bin_dir=bin_dir,
+        node_user=node_user,
         _locks=locks,
     )
     _live_clusters.add(cluster)
     try:
         known_lines = []
         for name, address in zip(names, addresses, strict=True):
-            node = _start_node(name, address, ssh_port, workdir, ssh_config, authorized_keys)
+            node = _start_node(name, address, ssh_port, workdir, ssh_config, authorized_keys,
+                               node_user)
             cluster.nodes.append(node)
             public = (node.root / "ssh_host_ed25519_key.pub").read_text()
             known_lines.append(_known_host_line(address, ssh_port, public))
         known_hosts.write_text("\n".join(known_lines) + "\n")
+        known_hosts.chmod(0o644)
         for node in cluster.nodes:
             _wait_listening(node.address, node.ssh_port, node, timeout)
     except BaseException:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed import processes
+from testbed import node_users, processes
 from testbed.closing import ClosedOnExit
 from testbed.cluster import Cluster, SimNode, TestbedError
 
@@ -112,6 +112,7 @@ def start_launch(
         logs.mkdir(exist_ok=True)
         log_path = logs / f"launch-{time.time_ns()}.log"
     command = [
+        *node_users.run_as(cluster.node_user),  # the service's user, in the three-user mode
         mlx_launch_path(),
         "--hostfile", str(hostfile),
         "--backend", backend,

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from testbed import Cluster, free_port, start_cluster
+from testbed.node_users import NodeUser
 from testbed.tiny_model import make_tiny_model
-from tests.tools import require_root, require_tool
+from tests.tools import require_root, require_tool, three_users
 
 __all__ = ["free_port"]
 
@@ -43,12 +44,14 @@ def tiny_model(testbed_workdir: Path) -> Path:
 def cluster(testbed_workdir: Path) -> Iterator[Cluster]:
     """Three simulated nodes ai001..ai003, each a PID+mount namespace with sshd on 127.0.0.N.
 
-    ai001 is the head: `testbed.launch.start_launch` runs mlx.launch inside it.
+    ai001 is the head: `testbed.launch.start_launch` runs mlx.launch inside it. With
+    MLX_MEDIC_TESTBED_USERS=three every node has the rendered non-root login user.
     """
     require_root()
     for tool in ("sshd", "ssh", "ssh-keygen", "unshare", "nsenter", "mount"):
         require_tool(tool)
-    started = start_cluster(CLUSTER_NODES, testbed_workdir / "cluster")
+    node_user = NodeUser() if three_users() else None
+    started = start_cluster(CLUSTER_NODES, testbed_workdir / "cluster", node_user=node_user)
     try:
         yield started
     finally:

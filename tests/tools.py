@@ -24,3 +24,14 @@ def require_root() -> None:
         if os.environ.get("CI"):
             pytest.fail("these tests need root (namespaces, cgroups)")
         pytest.skip("needs root")
+
+
+THREE_USERS_ENV = "MLX_MEDIC_TESTBED_USERS"
+
+
+def three_users() -> bool:
+    """The three-user mode (testbed/node_users.py): `MLX_MEDIC_TESTBED_USERS=three`."""
+    value = os.environ.get(THREE_USERS_ENV, "")
+    if value not in ("", "root", "three"):
+        raise pytest.UsageError(f"{THREE_USERS_ENV}={value!r}: expected 'three' or 'root'")
+    return value == "three"

@@ -113,6 +113,8 @@ def service_logs(context: ExporterContext) -> list[Path]:
           settings=LogsSettings)
 def make(context: ExporterContext) -> Collector:
     settings = context.settings_for(LogsSettings)
+    if service_logs(context):
+        context.prepare_state_dir()  # the read positions are the login user's, 0640
     collector = LogsCollector(
         service_logs(context),
         signatures_for(context.inventory),

@@ -30,6 +30,7 @@ from mlx_medic.exporter.background import PeriodicWorker
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.exporter.settings import positive_seconds, setting
 from mlx_medic.health import ProbeResult, probe_host, probe_model
+from mlx_medic.state_layout import LOCKS, StateFileError, ensure_dir
 
 log = logging.getLogger("mlx_medic.exporter.service")
 
@@ -169,14 +170,14 @@ def targets_for(context: ExporterContext) -> list[ProbeTarget]:
 
 
 def _lock_dir(context: ExporterContext) -> Path | None:
-    path = context.state_dir / "locks"
+    """`<state_dir>/locks`, the node's login user's (state_layout): the node helpers take
+    the model lock and `mlx-medic probe` its probe locks in the same dir."""
+    path = context.state_dir / LOCKS
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        log.warning("cannot create %s (%s): probes are serialized within this process only",
-                    path, exc.strerror or exc)
+        return ensure_dir(path, context.prepare_state_dir())
+    except StateFileError as exc:
+        log.warning("%s: probes are serialized within this process only", exc)
         return None
-    return path
 
 
 @register("service", help="probe each model served from this node with a real 1-token request",

@@ -1,13 +1,15 @@
 """`mlx-medic node clean MODEL [--dry-run]`: remove the model's stale tmp entries and
 mlx.launch's leftovers of dead launches on this node (see mlx_medic.node.clean); reports
 bytes freed. Exit 0 when done (an entry that changed since it was judged is skipped, not
-an error), 1 when a removal failed, 2 for bad arguments."""
+an error; another user's entry this user may not remove or read is in `not_ours` with its
+owner, left whole, not an error either), 1 when a removal failed, 2 for bad arguments."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from typing import Any
 
 from mlx_medic.node.cli import (
     EXIT_FAILED,
@@ -46,9 +48,17 @@ def run(args: argparse.Namespace) -> int:
              f" {document['bytes_freed']} bytes"]  # fmt: skip
     lines += [f"  {verb} {r['kind']} {r['path']} ({r['bytes']} bytes)" for r in document["removed"]]
     lines += [f"  skipped {s['path']}: {s['reason']}" for s in document["skipped"]]
+    lines += [f"  {not_ours_words(entry)}" for entry in document["not_ours"]]
     emit("clean", document, args.json, "\n".join(lines))
+    for entry in document["not_ours"]:
+        print(f"mlx-medic node clean: {not_ours_words(entry)}", file=sys.stderr)
     if report.failed:
         print(f"mlx-medic node clean: {report.failed} removal(s) failed on node {context.node}",
               file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def not_ours_words(entry: dict[str, Any]) -> str:
+    """`not ours: stale_dir /tmp/tmp.x is root's: may not remove it: ...; left whole`."""
+    return f"not ours: {entry['kind']} {entry['path']} is {entry['owner']}'s: {entry['why']}"

@@ -1,21 +1,27 @@
-"""`mlx-medic node forced-command --config.file INVENTORY [--node NAME]`: the `command=` of
-the remediator's key in a node's `authorized_keys`, so that key can run only the node
-helpers and the probe.
+"""`mlx-medic node forced-command --config.file INVENTORY [--key remediator|serve]
+[--node NAME]`: the `command=` of a key in a node's `authorized_keys`, so that key can run
+only what its own user's code sends (mlx_medic.node.key_table, one table per key).
 
 sshd runs it for every login with that key and puts what the client asked for in
 `SSH_ORIGINAL_COMMAND`. That line is split with shlex (no shell ever sees it) and must be
-`mlx-medic node HELPER ...` (any helper in HELPERS but this one) or `mlx-medic probe ...`
-(the inventory's `medic_command` counts as `mlx-medic`). A helper's words are parsed by
-that helper's own argparse parser (no abbreviations, no --help) and then checked
-generically: MODEL must be an inventory model placed on this node, `--config.file` this
-inventory, `--state-dir` its state dir, `--node` this node, and no other path; some flags
-are never allowed through this key (REFUSED_FLAGS: sweep's `--start-sweep`, which only the
-serve wrapper may use, locally). Then the words are executed directly with this
-interpreter's mlx-medic. Anything else is refused on stderr, exit 2. The
-`authorized_keys` line, one line (`restrict` also forbids a pty and forwarding):
+`mlx-medic node HELPER ...` or `mlx-medic probe ...` (the inventory's `medic_command`
+counts as `mlx-medic`). A helper's words are parsed by that helper's own argparse parser
+(no abbreviations, no --help), checked generically (MODEL must be an inventory model
+placed on this node, `--config.file` this inventory, `--state-dir` its state dir, `--node`
+this node, and no other path) and then against the key's table: one of its grants, exact
+in options and values (the remediator's key cannot send the serve wrapper's start sweep,
+`run set` or a lock with another holder; the serve key nothing but the wrapper's calls
+to a peer). Then the words are executed directly with this interpreter's mlx-medic.
+Anything else is refused on stderr, exit 2, saying why. `mlx-medic render
+authorized-keys` writes the lines, one per key:
 
-    command="/opt/mlx-medic/bin/mlx-medic node forced-command
-    --config.file /etc/mlx-medic/inventory.yaml",restrict ssh-ed25519 AAAA... remediator
+    restrict,no-user-rc,from="10.0.0.5",command="/opt/mlx-medic/bin/mlx-medic node
+    forced-command --config.file /etc/mlx-medic/inventory.yaml --key remediator"
+    ssh-ed25519 AAAA... remediator
+
+`--key` defaults to `remediator`: the lines written before there were two keys (no
+`--key`) were the remediator's, so they keep working for the remediator and no longer
+allow anything it does not send (a missing `--key` never grants the serve key's calls).
 
 This node is `--node NAME`, else `<state_dir>/node-id` (as every helper finds it).
 """
@@ -24,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import os
 import shlex
 import sys
@@ -34,23 +39,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from mlx_medic.node.cli import HELPERS, helper_inventory
+from mlx_medic.node.key_table import KEYS, PROBE, Grant, KeyName, Refused, Request, grants, match
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
 
 EXIT_REFUSED = 2
-MAX_PROBE_TIMEOUT = 600.0
 THIS_HELPER = "forced-command"
+# Every caller's tail (mlx_medic.node.client.helper_argv), checked for every grant.
+GENERIC_OPTIONS = ("--config.file", "--state-dir", "--node", "--json")
 
-# helper -> flag -> why this key may never pass it
-REFUSED_FLAGS: dict[str, dict[str, str]] = {
-    "sweep": {"--start-sweep": "only the serve wrapper's own start sweep, run locally, may"
-                               " touch a process serving the model's port"},
-}
-
-
-class Refused(ValueError):
-    """The requested command is not one this key may run; the message says why."""
+__all__ = ["EXIT_REFUSED", "Allowed", "Refused", "add_arguments", "checked", "helper_names",
+           "run", "validate"]
 
 
 class _Checking(argparse.ArgumentParser):
@@ -67,9 +67,9 @@ class _Checking(argparse.ArgumentParser):
         raise Refused(message or f"{self.prog} would exit")
 
 
-def helper_names() -> list[str]:
-    """Every helper this key may run: HELPERS, but this one."""
-    return sorted(set(HELPERS) - {THIS_HELPER})
+def helper_names(key: KeyName = "remediator") -> list[str]:
+    """The node helpers `key` may run (never this one)."""
+    return sorted({g.helper for g in grants(key)} - {PROBE, THIS_HELPER})
 
 
 def helper_parser(helper: str) -> argparse.ArgumentParser:
@@ -78,14 +78,26 @@ def helper_parser(helper: str) -> argparse.ArgumentParser:
     return parser
 
 
+def option_dests(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """--option -> its dest, in the parser and its subcommands' parsers."""
+    dests: dict[str, str] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                dests |= option_dests(sub)
+        dests |= {option: action.dest for option in action.option_strings}
+    return dests
+
+
 @dataclass(frozen=True)
 class Allowed:
-    """What the request may mean: this inventory, this node, the probe's targets."""
+    """What the request may mean: this inventory, this node, this key's table."""
 
     inventory: Inventory
     config_file: Path
     this_node: str | None  # None: unknown, and `unknown_node` says why (helpers refused)
     unknown_node: str = ""
+    key: KeyName = "remediator"
 
     def _same_path(self, option: str, expected: Path) -> Callable[[str], str]:
         def check(value: str) -> str:
@@ -95,18 +107,14 @@ class Allowed:
 
         return check
 
-    def probe_options(self) -> dict[str, Callable[[str], str]]:
-        state_dir = self.inventory.state_dir
-        return {"--host": _host, "--port": _port, "--timeout": _timeout,
-                "--lock-dir": self._same_path("--lock-dir", state_dir / "locks")}  # fmt: skip
+    def request(self, model: str | None = None) -> Request:
+        return Request(self.inventory, self.this_node or "",
+                       self.inventory.model(model) if model is not None else None)  # fmt: skip
 
     def programs(self) -> set[str]:
         return {"mlx-medic"} | {node.medic_command for node in self.inventory.nodes}
 
     def check_probe_target(self, options: dict[str, str]) -> None:
-        for required in ("--host", "--port"):
-            if required not in options:
-                raise Refused(f"probe needs {required}")
         from mlx_medic.health import probe_host
 
         host, port = options["--host"], int(options["--port"])
@@ -141,26 +149,6 @@ class Allowed:
                 raise Refused(f"{helper}: a path ({name} {str(value)!r}) is not allowed here")
 
 
-def _host(value: str) -> str:
-    return value  # checked with the port against the inventory's models
-
-
-def _port(value: str) -> str:
-    if not value.isdigit() or not 0 < int(value) < 65536:
-        raise Refused(f"--port {value!r} is not a TCP port")
-    return value
-
-
-def _timeout(value: str) -> str:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise Refused(f"--timeout {value!r} is not a number of seconds") from None
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_PROBE_TIMEOUT):
-        raise Refused(f"--timeout {value!r} is not between 0 and {MAX_PROBE_TIMEOUT:g} seconds")
-    return value
-
-
 def _once_each(words: list[str], command: str) -> None:
     seen: set[str] = set()
     for word in words:
@@ -171,7 +159,7 @@ def _once_each(words: list[str], command: str) -> None:
             seen.add(name)
 
 
-def _parse_probe(words: list[str], allowed: dict[str, Callable[[str], str]]) -> dict[str, str]:
+def _parse_probe(words: list[str], allowed: set[str]) -> dict[str, str]:
     """`--name value` or `--name=value`, each at most once; nothing positional."""
     found: dict[str, str] = {}
     rest = list(words)
@@ -186,33 +174,60 @@ def _parse_probe(words: list[str], allowed: dict[str, Callable[[str], str]]) -> 
             if not rest:
                 raise Refused(f"option {name!r} needs a value")
             value = rest.pop(0)
-        found[name] = allowed[name](value)
+        found[name] = value
     return found
 
 
-def _validate_helper(helper: str, words: list[str], allowed: Allowed) -> list[str]:
+def _validate_helper(helper: str, words: list[str], allowed: Allowed) -> tuple[list[str], Grant]:
     command = f"node {helper}"
-    if helper not in helper_names():
-        raise Refused(f"{command!r} is not allowed (helpers: {', '.join(helper_names())})")
-    for flag, why in REFUSED_FLAGS.get(helper, {}).items():
-        if any(word == flag or word.startswith(flag + "=") for word in words):
-            raise Refused(f"{flag} is never allowed through this key: {why}")
+    names = helper_names(allowed.key)
+    if helper not in names:
+        raise Refused(f"{command!r} is not allowed for the {allowed.key} key"
+                      f" (helpers: {', '.join(names)})")  # fmt: skip
     _once_each(words, command)
+    parser = helper_parser(helper)
     try:
-        parsed = helper_parser(helper).parse_args(words)
+        parsed = parser.parse_args(words)
     except argparse.ArgumentError as exc:
         raise Refused(f"{command}: {exc}") from None
     except Refused as exc:
         raise Refused(f"{command}: {exc}") from None
     allowed.check_helper(helper, parsed)
+    dests = option_dests(parser)
+    given = {name: getattr(parsed, dests[name])
+             for name in (w.partition("=")[0] for w in words if w.startswith("--"))
+             if name not in GENERIC_OPTIONS}  # fmt: skip
+    values = vars(parsed)
+    try:
+        grant = match(allowed.key, helper, values.get("action"), given, values,
+                      allowed.request(values.get("model")))  # fmt: skip
+    except Refused as exc:
+        raise Refused(f"{command}: {exc}") from None
     argv = ["node", helper, *words]
     if getattr(parsed, "config_file", None) is None:
         argv += ["--config.file", str(allowed.config_file)]  # the inventory this key runs with
-    return argv
+    return argv, grant
+
+
+def _validate_probe(words: list[str], allowed: Allowed) -> tuple[list[str], Grant]:
+    probes = [g for g in grants(allowed.key) if g.helper == PROBE]
+    if not probes:
+        raise Refused(f"'probe' is not allowed for the {allowed.key} key")
+    _once_each(words, PROBE)
+    names = {option for g in probes for option in (*g.options, *g.optional)}
+    options = _parse_probe(words, names)
+    grant = match(allowed.key, PROBE, None, options, {}, allowed.request())
+    allowed.check_probe_target(options)
+    return [PROBE, *(word for name, value in options.items() for word in (name, value))], grant
 
 
 def validate(original: str | None, allowed: Allowed) -> list[str]:
     """The mlx-medic arguments to run for `original` (SSH_ORIGINAL_COMMAND), or Refused."""
+    return checked(original, allowed)[0]
+
+
+def checked(original: str | None, allowed: Allowed) -> tuple[list[str], Grant]:
+    """`validate`'s arguments and the key's grant they are (Refused when none)."""
     if not original or not original.strip():
         raise Refused("no command given: this key runs only mlx-medic node helpers and probe")
     try:
@@ -228,17 +243,17 @@ def validate(original: str | None, allowed: Allowed) -> list[str]:
         if len(args) < 2 or args[1].startswith("-"):
             raise Refused("no node helper given")
         return _validate_helper(args[1], args[2:], allowed)
-    if args[0] != "probe":
+    if args[0] != PROBE:
         raise Refused(f"{args[0]!r} is not allowed (allowed: node HELPER, probe)")
-    _once_each(args[1:], "probe")
-    options = _parse_probe(args[1:], allowed.probe_options())
-    allowed.check_probe_target(options)
-    return ["probe", *(word for name, value in options.items() for word in (name, value))]
+    return _validate_probe(args[1:], allowed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config.file", dest="config_file", type=Path, required=True,
                         help="the inventory the allowed commands are checked against")  # fmt: skip
+    parser.add_argument("--key", choices=KEYS, default="remediator",
+                        help="whose key this is: the commands it may send"
+                        " (mlx_medic.node.key_table; default %(default)s)")  # fmt: skip
     parser.add_argument("--node", default=None,
                         help="this node's name (default: <state_dir>/node-id)")  # fmt: skip
 
@@ -255,9 +270,11 @@ def run(args: argparse.Namespace) -> int:
         unknown = str(exc)
     original = os.environ.get("SSH_ORIGINAL_COMMAND")
     try:
-        argv = validate(original, Allowed(inventory, config_file, this_node, unknown))
+        argv = validate(original, Allowed(inventory, config_file, this_node, unknown, args.key))
     except Refused as exc:
         print(f"mlx-medic forced command: refused {original!r}: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     sys.stdout.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "mlx_medic.cli", *argv])
+    # -I: no user site, no PYTHONPATH, no working directory on the import path, so
+    # nothing in the login user's environment chooses the code the helper runs.
+    os.execv(sys.executable, [sys.executable, "-I", "-m", "mlx_medic.cli", *argv])

@@ -41,7 +41,6 @@ def register(state_dir: Path, *, model: str, run_id: str, pid: int, start_time: 
              devices: tuple[str, ...]) -> Path:  # fmt: skip
     """Note a JACCL rank before it starts."""
     path = register_dir(state_dir) / f"{pid}-{int(start_time * 1000)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps({"model": model, "run_id": run_id, "pid": pid,
                                         "start_time": start_time,
                                         "devices": list(devices)}))  # fmt: skip

@@ -4,6 +4,8 @@ A record is always written whole (state_files); what this adds is that a compare
 write (renew a lease only if the run is current, take the model lock only if it is free,
 remove it only if it is still the one judged stale) is not interleaved with another
 helper's. An flock ends with its process, so a helper that dies never leaves it taken.
+The guard file belongs to the owner of its dir whoever makes it (state_layout), so root
+and the node's login user can both take it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mlx_medic.state_files import StateFileError
+from mlx_medic.state_layout import StateFileError, open_lock_file
 
 WAIT = 10.0  # helpers hold it for milliseconds; longer means a stuck writer
 
@@ -25,11 +27,7 @@ WAIT = 10.0  # helpers hold it for milliseconds; longer means a stuck writer
 def exclusive(guard: Path, wait: float | None = WAIT) -> Iterator[None]:
     """Hold an flock on `guard` (created, never followed through a symlink); give up with
     a StateFileError after `wait` seconds, or with None wait as long as it takes."""
-    guard.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(guard, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        raise StateFileError(f"cannot open {guard}: {exc.strerror or exc}") from None
+    fd = open_lock_file(guard)
     try:
         _lock(fd, guard, wait)
         yield

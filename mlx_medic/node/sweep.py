@@ -34,10 +34,16 @@ is recorded in the ledger (`unkillable`, once per process, with its devices) and
 reported with the domains it is believed to hold. When every survivor is unkillable and
 none holds the model's port the sweep is `settled`: it did all a sweep can, and a start
 may go on around them (mlx_medic.survivors).
+
+Not ours: the helper runs as the node's login user. A process in scope that it may not
+signal (another user's: EPERM, checked with signal 0 before anything is noted or sent,
+and again on each signal) is not the model's to end here: reported in `not_ours` with
+its owner, never a target, a survivor or a failure (mlx_medic.not_ours).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -48,6 +54,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlx_medic.not_ours import may_signal, owner_fields, process_uid
 from mlx_medic.orphan_scan import OrphanScan, ProcessReader, ScanResult, read_as_process
 from mlx_medic.orphans import run_id_of
 from mlx_medic.placement import rank_devices
@@ -81,6 +88,8 @@ HEALTH_TIMEOUT = 3.0
 PROBES = 3  # failed health probes before a listener on the model's port counts as hung
 PROBE_WINDOW = 10.0  # seconds they are spread over when one timed out (slow or hung)
 BROKEN_WINDOW = 2.0  # ... when each was refused at once (an error, a closed connection)
+
+log = logging.getLogger(__name__)
 
 
 class Mode(StrEnum):
@@ -161,6 +170,7 @@ class Target:
     state: State | None = None  # last seen, for survivors
     holds_port: bool = False  # listens on the model's port
     devices: tuple[str, ...] = ()  # a JACCL rank's RDMA devices, read when listed
+    foreign: bool = False  # a signal was refused (EPERM): another user's, not ours
 
     @property
     def role(self) -> str:
@@ -202,6 +212,7 @@ class SweepReport:
     pd_spent: int = 0
     listeners_signalled: list[int] = field(default_factory=list)  # hung ones, or its run's
     serving_listener: dict[str, Any] | None = None  # start sweep: an answering listener
+    not_ours: list[dict[str, Any]] = field(default_factory=list)  # may not signal: left alone
 
     @property
     def unkillable(self) -> list[Target]:
@@ -221,6 +232,12 @@ class SweepReport:
     def spare(self, proc: ProcessInfo, reason: str) -> None:
         self.spared.append({"pid": proc.pid, "cmdline": list(proc.cmdline), "reason": reason})
 
+    def foreign(self, proc: ProcessInfo, uid: int | None, holds_port: bool, why: str) -> None:
+        """Another user's process this helper may not signal: named, never ended."""
+        self.not_ours.append({"pid": proc.pid, "start_time": proc.create_time,
+                              "cmdline": list(proc.cmdline), "role": str(proc.role),
+                              **owner_fields(uid), "holds_port": holds_port, "why": why})
+
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model, "node": self.node, "mode": str(self.mode),
@@ -232,7 +249,7 @@ class SweepReport:
                            for s in self.unkillable],
             "spared": self.spared, "pd_spent": self.pd_spent, "complete": self.complete,
             "settled": self.settled, "listeners_signalled": self.listeners_signalled,
-            "serving_listener": self.serving_listener,
+            "serving_listener": self.serving_listener, "not_ours": self.not_ours,
         }  # fmt: skip
 
 
@@ -256,10 +273,13 @@ def answers_health_probe(model: Model, state_dir: Path) -> Health:
 def _probe_lock_dir(state_dir: Path) -> Path | None:
     """`<state_dir>/locks`, as the exporter's probe uses; None (this process only) if it
     cannot be made."""
-    path = state_dir / "locks"
+    from mlx_medic.state_layout import LOCKS, StateFileError, ensure_dir
+
+    path = state_dir / LOCKS
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError:
+        ensure_dir(path)
+    except (OSError, StateFileError) as exc:
+        log.warning("probing without the shared probe lock: %s", exc)
         return None
     return path
 
@@ -334,6 +354,8 @@ class Seams:
     health: Callable[[Model, Path], Health] = answers_health_probe
     read_file: ProcessReader = read_as_process
     lineage: Callable[[], set[int]] = own_lineage
+    may_signal: Callable[[int], bool] = may_signal  # False: another user's (EPERM)
+    owner: Callable[[int], int | None] = process_uid
     # called after the listing, before each signal: a test can end the process and give
     # its pid to another here
     before_signal: Callable[[ProcessInfo, str], None] | None = None
@@ -414,8 +436,15 @@ class Sweep:
                 continue
             if self._guarded(proc, result):
                 continue
+            holds_port = result.probe(proc.pid, self.model.port) is True
+            if not self.seams.may_signal(proc.pid):  # after the guards: a serving one is spared
+                self.report.foreign(proc, self.seams.owner(proc.pid), holds_port,
+                                    "may not signal it (another user's process): left alone")
+                if proc.pid in self.report.listeners_signalled:  # a hung one: not by us
+                    self.report.listeners_signalled.remove(proc.pid)
+                continue
             target = Target(proc, rule if isinstance(rule, str) else None,
-                            holds_port=result.probe(proc.pid, self.model.port) is True)
+                            holds_port=holds_port)
             if is_jaccl_rank(proc):
                 target.devices = self._devices(proc)
             targets.append(target)
@@ -515,7 +544,8 @@ class Sweep:
     # --- signalling ---------------------------------------------------------------------
 
     def _signal(self, target: Target, signum: signal.Signals) -> bool:
-        """Send `signum` if the process is still the one listed; False if it is not."""
+        """Send `signum` if the process is still the one listed; False if it is not, or
+        if the signal is refused (then it is not ours: `target.foreign`)."""
         proc = target.proc
         if self.seams.before_signal is not None:
             self.seams.before_signal(proc, signum.name)
@@ -524,6 +554,11 @@ class Sweep:
         try:
             self.seams.kill(proc.pid, signum)
         except ProcessLookupError:
+            return False
+        except PermissionError:  # its owner changed since the check (a setuid exec)
+            target.foreign = True
+            self.report.foreign(proc, self.seams.owner(proc.pid), target.holds_port,
+                                f"{signum.name} refused (another user's process): left alone")
             return False
         target.signals.append(signum.name)
         return True
@@ -566,7 +601,7 @@ class Sweep:
         for target in targets:
             if self._signal(target, signal.SIGTERM):
                 sent.append(target)
-            else:
+            elif not target.foreign:
                 self._changed(target)
         alive = self._wait(sent, self.grace)
         if alive and self.model.policy.sigkill:
@@ -575,15 +610,15 @@ class Sweep:
                 if self._signal(target, signal.SIGKILL):
                     killed.append(target)
                     self._record_spend(target)
-                else:
+                elif not target.foreign:
                     self._changed(target)
             alive = self._wait(killed, min(KILL_WAIT, max(self.grace, SIGKILL_WAIT)))
         report.survivors = alive
         for target in report.unkillable:
             self._record_survivor(target)
         survivors = {t.proc.pid for t in alive}
-        report.exited = [t.proc.pid for t in targets
-                         if t.proc.pid not in survivors and t.proc.pid not in self._reused]
+        report.exited = [t.proc.pid for t in targets if t.proc.pid not in survivors
+                         and t.proc.pid not in self._reused and not t.foreign]
         return report
 
     def _note_ended(self, targets: list[Target]) -> None:

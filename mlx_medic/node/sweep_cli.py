@@ -2,7 +2,9 @@
 mlx_medic.node.sweep for the scope and the guards); exit 0 when nothing targeted
 survives or the sweep is settled (only unkillable survivors, none on the model's port:
 each named, with the reboot that frees it, and recorded in the node's ledger), 1 when
-something else survived (stderr names it), 2 for bad arguments."""
+something else survived (stderr names it), 2 for bad arguments. A process in scope that
+this user may not signal (another user's) is in `not_ours` with its owner, left alone,
+and changes no exit status: it is not the model's to end here (stderr names it)."""
 
 from __future__ import annotations
 
@@ -87,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     document = report.to_json()
     document["ledger"] = ledger_after(context.state_dir, context.node)
     emit("sweep", document, args.json, _text(document))
+    for entry in document["not_ours"]:
+        print(f"mlx-medic node sweep: {not_ours_words(entry)}", file=sys.stderr)
     if report.complete:
         return EXIT_OK
     verdict = survivors_of(model.name, {context.node: document})
@@ -118,12 +122,21 @@ def ledger_after(state_dir: Path, node: str) -> dict[str, Any]:
             "debt_by_unit": ledger.debt_by_unit()}  # fmt: skip
 
 
+def not_ours_words(entry: dict[str, Any]) -> str:
+    """`pid 4242 (rank) is root's: may not signal it ...; it holds the model's port`."""
+    port = ("; it listens on the model's port, so a start there fails until its owner ends"
+            " it" if entry.get("holds_port") else "")  # fmt: skip
+    return (f"not ours: pid {entry['pid']} ({entry['role']}) is {entry['owner']}'s:"
+            f" {entry['why']}{port}")
+
+
 def _text(document: dict) -> str:
     verb = "would signal" if document["dry_run"] else "signalled"
     lines = [f"sweep of {document['model']} on {document['node']} ({document['mode']}):"
              f" {len(document['signalled'])} {verb}, {len(document['exited'])} exited,"
              f" {len(document['survivors'])} survived, {document['pd_spent']} protection"
-             " domain(s) spent"]  # fmt: skip
+             " domain(s) spent"
+             + (f", {len(document['not_ours'])} not ours" if document["not_ours"] else "")]
     for entry in document["signalled"]:
         rule = f" [{entry['rule']}]" if entry["rule"] else ""
         lines.append(f"  {verb} {entry['pid']} {entry['role']}{rule}"
@@ -132,4 +145,5 @@ def _text(document: dict) -> str:
         lines.append(f"  survivor {entry['pid']} {entry['role']} state {entry['state']}")
     for entry in document["spared"]:
         lines.append(f"  spared {entry['pid']}: {entry['reason']}")
+    lines += [f"  {not_ours_words(entry)}" for entry in document["not_ours"]]
     return "\n".join(lines)

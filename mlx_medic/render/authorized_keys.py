@@ -1,9 +1,19 @@
-"""The remediator's key in each node's `authorized_keys`, pinned to the node helpers:
-sshd runs `<medic_command> node forced-command --config.file <medic_config>` for every
-login with it (the command checks SSH_ORIGINAL_COMMAND), with no pty and no forwarding.
+"""`authorized-keys/NODE/authorized_keys`, for the node's login user: each key that logs in
+there, pinned to the forced command with that key's table (mlx_medic.node.key_table) and
+to the addresses it comes from, with no pty, forwarding or ~/.ssh/rc:
 
-The key is the remediator's public key: `--ssh.public-key FILE`, by default the
-inventory's `ssh.identity_file` with `.pub` added (what ssh-keygen writes beside it).
+    restrict,no-user-rc,from="ADDRS",command="<medic_command> node forced-command
+    --config.file <medic_config> --key remediator" ssh-ed25519 AAAA...
+
+- the remediator's key on every node, `from=` the inventory's `ssh.remediator_addresses`
+  (render refuses without them: a line without `from=` is a key usable from anywhere).
+  The key: `--ssh.public-key FILE`, by default `ssh.identity_file` with `.pub` added.
+- the serve wrapper's key (`--key serve`) on each node that is not the head of a model
+  whose wrapper logs in with `serve.identity_file`, `from=` those models' heads (their
+  `nodes.<name>.source_addresses`, by default their `ssh`). The key: `--serve.public-key
+  FILE`, by default each model's `serve.identity_file` with `.pub`; models with different
+  keys get a line each. A serve key that is the remediator's is refused: a key has one
+  table (from an address both lines name, sshd would take the first line).
 """
 
 from __future__ import annotations
@@ -18,7 +28,8 @@ from mlx_medic.render import services
 from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site
 
 TARGET = "authorized-keys"
-RESTRICTIONS = ("no-pty", "no-port-forwarding", "no-agent-forwarding", "no-X11-forwarding")
+RESTRICTIONS = ("restrict", "no-user-rc")  # restrict: no pty, no forwarding of any kind
+ADDRESSES_FIELD = "ssh.remediator_addresses"
 
 
 def check_public_key(line: str, source: str) -> str:
@@ -37,26 +48,62 @@ def check_public_key(line: str, source: str) -> str:
     return " ".join(words)
 
 
-def forced_command(medic_command: str, medic_config: str) -> str:
-    return shlex.join([medic_command, "node", "forced-command", "--config.file", medic_config])
+def forced_command(medic_command: str, medic_config: str, key: str) -> str:
+    return shlex.join([medic_command, "node", "forced-command", "--config.file", medic_config,
+                       "--key", key])  # fmt: skip
 
 
-def key_line(command: str, key: str) -> str:
-    quoted = command.replace("\\", "\\\\").replace('"', '\\"')
-    return ",".join([f'command="{quoted}"', *RESTRICTIONS]) + f" {key}"
+def _quoted(text: str) -> str:
+    """An option value as sshd reads it: in double quotes, `\\"` its only escape."""
+    return '"' + text.replace('"', '\\"') + '"'
+
+
+def key_line(command: str, addresses: list[str], key: str) -> str:
+    options = [*RESTRICTIONS, f"from={_quoted(','.join(addresses))}", f"command={_quoted(command)}"]
+    return ",".join(options) + f" {key}"
+
+
+def serve_keys(site: Site) -> dict[str, dict[str, list[str]]]:
+    """node -> the serve wrapper's key line text -> the heads it comes from, for each node
+    that is not the head of a model whose wrapper logs in with serve.identity_file."""
+    lines: dict[str, dict[str, list[str]]] = {}
+    inventory = site.inventory
+    for model in inventory.models:
+        key = site.serve_public_keys.get(model.name)
+        if key is None:
+            continue
+        head = inventory.node(model.head)
+        for peer in model.nodes[1:]:
+            heads = lines.setdefault(peer, {}).setdefault(key, [])
+            heads += [a for a in head.source_addresses or [head.ssh] if a not in heads]
+    return lines
 
 
 def render(site: Site) -> list[Rendered]:
     key = site.need(site.public_key, "--ssh.public-key (or the inventory's ssh.identity_file"
                     " with its .pub beside it)", TARGET)
+    addresses = list(site.inventory.ssh.remediator_addresses)
+    if not addresses:
+        raise RenderError(f"render {TARGET} needs {ADDRESSES_FIELD} in the inventory (where the"
+                          " remediator's replicas log in from): a key line without from= could"
+                          " be used from anywhere")  # fmt: skip
+    serve = serve_keys(site)
+    if any(line.split()[1] == key.split()[1] for keys in serve.values() for line in keys):
+        raise RenderError(f"render {TARGET}: the serve wrapper's key is the remediator's; give"
+                          " each its own key (serve.identity_file, ssh.identity_file)")
     files = []
     for node in site.inventory.nodes:
-        command = forced_command(services.medic_command(node), str(node.medic_config))
+        medic = (services.medic_command(node), str(node.medic_config))
         text = (
-            f"# {GENERATED}\n# Node {node.name}: the remediator's key, for ~{node.user}/.ssh/"
-            "authorized_keys;\n# it runs only the node helpers, the model lock's among them.\n"
-            f"{key_line(command, key)}\n"
+            f"# {GENERATED}\n# Node {node.name}, for ~{node.user}/.ssh/authorized_keys: each key"
+            " runs only what its user sends\n# (mlx-medic node forced-command --key;"
+            " mlx_medic/node/key_table.py).\n# The remediator's key:\n"
+            f"{key_line(forced_command(*medic, 'remediator'), addresses, key)}\n"
         )
+        for serve_key, heads in serve.get(node.name, {}).items():
+            text += ("# The serve wrapper's key, from the heads of the models this node is a"
+                     " peer of:\n"
+                     f"{key_line(forced_command(*medic, 'serve'), heads, serve_key)}\n")
         files.append(Rendered(PurePosixPath(TARGET) / node.name / "authorized_keys", text,
                               0o600))
     return files

@@ -29,7 +29,7 @@ alertmanager.yml and rules/ at the top).
 says what runs where (nodes, users, labels, log files, timeouts), which every rendered
 file is made from, and the file the exporter and the serve wrapper read on every node.
 What the inventory cannot know is given by flags: where the remediator and Alertmanager
-run, and the remediator's public key.
+run, and the remediator's and the serve wrappers' public keys.
 
 The inventory does not say which nodes run macOS or Linux: launchd and systemd each
 render an exporter job for every node (install the one for the node's system); a model's
@@ -68,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssh.public-key", dest="public_key", type=Path, default=None,
                         help="the remediator's public key (authorized-keys); default: the"
                         " inventory's ssh.identity_file with .pub added")
+    parser.add_argument("--serve.public-key", dest="serve_public_key", type=Path, default=None,
+                        help="the serve wrappers' public key (authorized-keys), for every model"
+                        " whose serve.identity_file is set; default: each model's"
+                        " serve.identity_file with .pub added")
     parser.add_argument("--rules.file", dest="rules_file", type=Path, default=None,
                         help="the rule file to render (default: the rules shipped with"
                         " mlx-medic, alerting-rules/mlx-medic.rules.yaml in a checkout)")
@@ -92,6 +96,35 @@ def _public_key(args: argparse.Namespace, inventory: Any, needed: bool) -> str |
         raise RenderError(f"--ssh.public-key {path}: cannot read ({exc.strerror or exc})"
                           ) from None
     return check_public_key(text, str(path))
+
+
+def _serve_public_keys(args: argparse.Namespace, inventory: Any, needed: bool) -> dict[str, str]:
+    """model -> its wrapper's key line, for the models whose wrapper logs in to its peers
+    with serve.identity_file; each file read once."""
+    from mlx_medic.render.authorized_keys import check_public_key
+    from mlx_medic.render.files import RenderError
+
+    if not needed:
+        return {}
+    models = [m for m in inventory.models if m.serve.identity_file is not None]
+    if args.serve_public_key is not None and not models:
+        raise RenderError(f"--serve.public-key {args.serve_public_key}: no model sets"
+                          " serve.identity_file (the key its wrapper logs in to peers with)")
+    read: dict[Path, str] = {}
+    keys = {}
+    for model in models:
+        path = args.serve_public_key or Path(f"{model.serve.identity_file}.pub")
+        if path not in read:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                flag = ("--serve.public-key" if args.serve_public_key else
+                        f"models.{model.name}.serve.identity_file's .pub")  # fmt: skip
+                raise RenderError(f"{flag} {path}: cannot read ({exc.strerror or exc}); give"
+                                  " it with --serve.public-key FILE") from None
+            read[path] = check_public_key(text, str(path))
+        keys[model.name] = read[path]
+    return keys
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             alertmanager=args.alertmanager, alertmanager_credentials_file=args.am_credentials,
             prometheus_credentials_file=args.prom_credentials,
             public_key=_public_key(args, inventory, "authorized-keys" in names),
+            serve_public_keys=_serve_public_keys(args, inventory, "authorized-keys" in names),
         )
         files = []
         for name in names:  # every target rendered before anything is written

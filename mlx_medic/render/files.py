@@ -34,7 +34,7 @@ class RulesOptions:
 @dataclass(frozen=True)
 class Site:
     """The inventory and what it does not say: where the remediator and Alertmanager run
-    and the remediator's public key (flags of `mlx-medic render`)."""
+    and the remediator's and serve wrappers' public keys (flags of `mlx-medic render`)."""
 
     inventory: Inventory
     rules: RulesOptions
@@ -46,6 +46,9 @@ class Site:
     alertmanager_credentials_file: str = "/etc/alertmanager/mlx-medic.token"
     prometheus_credentials_file: str = "/etc/prometheus/mlx-medic.token"
     public_key: str | None = None  # the key line itself (read by the CLI)
+    # model -> the serve wrapper's key line, for models whose wrapper logs in with
+    # serve.identity_file (read by the CLI: --serve.public-key, else identity_file.pub)
+    serve_public_keys: dict[str, str] = field(default_factory=dict)
 
     def need(self, value: str | None, flag: str, target: str) -> str:
         if not value:

@@ -9,6 +9,7 @@ from typing import Any
 
 from mlx_medic.render import services
 from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site
+from mlx_medic.state_layout import REMEDIATOR_STATE_DIR
 
 TARGET = "launchd"
 
@@ -96,12 +97,13 @@ def _remediator(site: Site) -> Rendered:
         "KeepAlive": True,
         "ThrottleInterval": services.THROTTLE_SECONDS,
         "ExitTimeOut": 60,
-        "StandardErrorPath": "/var/lib/mlx-medic/remediator.log",
+        "StandardErrorPath": str(REMEDIATOR_STATE_DIR / "remediator.log"),
     }
     comment = (
         "The remediator, on the Mac beside Alertmanager. Install root:wheel 0644 as\n"
         f"/Library/LaunchDaemons/{services.REMEDIATOR_LABEL}.plist; create its user\n"
-        "(UserName) and give it the journal's directory; then\n"
+        f"(UserName) and its own dir {REMEDIATOR_STATE_DIR} (owned by it, 0755: its\n"
+        "journal and this log, never a node's state dir); then\n"
         f"  sudo launchctl bootstrap system /Library/LaunchDaemons/{services.REMEDIATOR_LABEL}"
         ".plist\n"
         "MLX_MEDIC_CONFIG names its config, where the on-call commands (pause, resume,\n"

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-from mlx_medic.render import services
+from mlx_medic.render import services, tmpfiles
 from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site
+from mlx_medic.state_layout import REMEDIATOR_STATE_DIRECTORY
 
 TARGET = "systemd"
 _PLAIN = re.compile(r"[A-Za-z0-9_./:=,+@-]+")
@@ -54,21 +55,25 @@ def _exporters(site: Site) -> list[Rendered]:
     files = []
     for node in site.inventory.nodes:
         comment = (
-            f"The exporter of node {node.name}. Install in /etc/systemd/system, then\n"
-            "  systemctl enable --now mlx-medic-exporter"
+            f"The exporter of node {node.name}. Install in /etc/systemd/system, with\n"
+            f"tmpfiles.d/{tmpfiles.CONF_NAME} beside it (the state dir, its login user's), then\n"
+            "  systemctl enable --now mlx-medic-exporter\n"
+            "No StateDirectory=: systemd would give the state dir to root at every start.\n"
+            "ReadWritePaths= with '-': a state dir not made yet does not stop the unit."
         )
         service = [
             _exec(services.exporter_argv(node)),
             "Restart=always",
             "RestartSec=5",
-            "StateDirectory=mlx-medic",
             "NoNewPrivileges=true",
             "ProtectSystem=strict",
-            f"ReadWritePaths={quote(str(site.inventory.state_dir))}",
+            f"ReadWritePaths=-{quote(str(site.inventory.state_dir))}",
+            "UMask=0027",
         ]
         text = _unit(comment, "mlx-medic exporter", service)
         files.append(Rendered(PurePosixPath(TARGET) / node.name / "mlx-medic-exporter.service",
                               text))
+        files.append(tmpfiles.rendered(site.inventory, node, TARGET))
     return files
 
 
@@ -112,7 +117,9 @@ def _remediator(site: Site) -> Rendered:
         "and so the journal it names (MLX_MEDIC_CONFIG below). Moved elsewhere: render again\n"
         "with --remediator.config and set the same variable for on-call shells, else they\n"
         "refuse (no config at the default path). Under sudo they write the journal as its\n"
-        "owner (User= below), never as root."
+        "owner (User= below), never as root.\n"
+        f"Its state dir is its own, /var/lib/{REMEDIATOR_STATE_DIRECTORY} (the config's\n"
+        "journal), never a node's: two units with one StateDirectory= re-own it in turn."
     )
     service = [
         _environment(services.remediator_environment(site.remediator_config)),
@@ -123,7 +130,9 @@ def _remediator(site: Site) -> Rendered:
         "Restart=on-failure",
         "RestartSec=5",
         f"User={site.remediator_user}",
-        "StateDirectory=mlx-medic",
+        f"StateDirectory={REMEDIATOR_STATE_DIRECTORY}",
+        "StateDirectoryMode=0755",  # searchable; the journal's files are 0640 (UMask too)
+        "UMask=0027",
         "NoNewPrivileges=true",
         "ProtectSystem=strict",
         "ProtectHome=read-only",

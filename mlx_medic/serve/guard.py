@@ -167,8 +167,11 @@ def _watcher(args: argparse.Namespace, pid: int, started: float,
     try:
         os.setsid()
         log_path = Path(args.state_dir) / "runs" / f"{args.model}.guard.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        from mlx_medic.state_layout import FILE_MODE, ensure_dir
+
+        ensure_dir(log_path.parent)
+        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                      FILE_MODE)  # fmt: skip
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out, 1)
@@ -176,7 +179,7 @@ def _watcher(args: argparse.Namespace, pid: int, started: float,
         from mlx_medic.process_model import WATCHED_ENV
 
         env = {k: v for k, v in os.environ.items() if k not in WATCHED_ENV}
-        argv = [sys.executable, "-m", "mlx_medic.serve.guard", "--watch", str(pid),
+        argv = [sys.executable, "-I", "-m", "mlx_medic.serve.guard", "--watch", str(pid),
                 "--start", repr(started), "--model", args.model, "--run", args.run,
                 "--state-dir", str(args.state_dir), "--grace", f"{args.grace:g}",
                 "--backend", args.backend, "--devices", ",".join(devices),

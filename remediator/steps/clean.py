@@ -1,6 +1,7 @@
 """Remove a model's stale tmp entries on every node at once, after the sweep, through
 `mlx-medic node clean` (the exporter's staleness rule: no symlink followed, nothing in
-use, nothing outside the configured dirs)."""
+use, nothing outside the configured dirs). Another user's entry the node's login user may
+not remove is in the helper's `not_ours`, named here with its owner, never a failure."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ from mlx_medic.inventory import Model
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
 from mlx_medic.remediator.steps.on_nodes import ask, document_list, not_done
+
+
+def not_ours_said(document: dict) -> str:
+    """`, 1 not ours (/tmp/tmp.x, root's: left whole)`, or "" when there is none."""
+    entries = document_list(document, "not_ours")
+    if not entries:
+        return ""
+    named = ", ".join(f"{e.get('path')}, {e.get('owner', '?')}'s" for e in entries)
+    return f", {len(entries)} not ours ({named}: may not remove, left whole)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,5 +45,6 @@ class CleanTmp(Step):
         for node, reply in replies.replies.items():
             removed = document_list(reply.document, "removed")
             freed.append(f"{node}: {len(removed)} removed,"
-                         f" {reply.document.get('bytes_freed', 0)} bytes freed")  # fmt: skip
+                         f" {reply.document.get('bytes_freed', 0)} bytes freed"
+                         f"{not_ours_said(reply.document)}")  # fmt: skip
         return StepResult(StepOutcome.OK, detail="; ".join(freed), output=replies.output())

@@ -28,6 +28,10 @@ policy, shared with the serve wrapper):
 
 With `orphans_only` (`sweep-orphans`, the model serving), survivors an earlier run named
 (`RunContext.known_unkillable`) are counted, not named again: each is named once.
+
+A process the node's login user may not signal (another user's) is not the model's to
+end: the helper reports it in `not_ours` and it never fails the step; the detail names it
+with its owner, so the log says what the sweep could not do.
 """
 
 from __future__ import annotations
@@ -80,6 +84,17 @@ def killable_survivors(replies: NodeReplies) -> dict[str, list[dict]]:
         found[node] = [e for e in document_list(reply.document, "survivors")
                        if identity(e) not in stuck]  # fmt: skip
     return found
+
+
+def not_ours_said(document: dict) -> str:
+    """`, 1 not ours (pid 4242 rank, root's: left alone)`, or "" when there is none."""
+    entries = document_list(document, "not_ours")
+    if not entries:
+        return ""
+    named = ", ".join(f"pid {e.get('pid')} {e.get('role', '?')}, {e.get('owner', '?')}'s"
+                      + (", on the model's port" if e.get("holds_port") else "")
+                      for e in entries)  # fmt: skip
+    return f", {len(entries)} not ours ({named}: may not signal, left alone)"
 
 
 def blocking_advice(verdict: SurvivorVerdict, inventory: Inventory) -> str:
@@ -192,7 +207,7 @@ class Sweep(Step):
             doc = reply.document
             counts.append(f"{node}: {len(document_list(doc, 'signalled'))} signalled,"
                           f" {len(document_list(doc, 'spared'))} spared,"
-                          f" {doc.get('pd_spent', 0)} PD spent")  # fmt: skip
+                          f" {doc.get('pd_spent', 0)} PD spent{not_ours_said(doc)}")  # fmt: skip
         if known:
             counts.append(f"{known} unkillable process(es) an earlier run named, left alone")
         detail, next_action = "; ".join(counts), None

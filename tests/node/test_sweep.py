@@ -26,6 +26,7 @@ from mlx_medic.node.sweep import (
     in_sweep_scope,
 )
 from mlx_medic.node_identity import write_node_id
+from mlx_medic.not_ours import user_name
 from mlx_medic.orphan_scan import OrphanScan
 from mlx_medic.platform.process_identity import Identity
 from mlx_medic.process_model import ModelScoper, PatternSet, ProcessInfo, State, classifier
@@ -138,6 +139,7 @@ class World:
         self.dies_on = dies_on  # signals that end a process (others stay pending)
         self.frozen: set[int] = set()  # uninterruptible: nothing ends them
         self.sent: list[tuple[int, str]] = []
+        self.theirs: dict[int, int] = {}  # pid -> uid: another user's, signals refused (EPERM)
         self.now = 0.0
         self.sleeps = 0
         self.listening: dict[int, set[int]] = {}
@@ -154,6 +156,8 @@ class World:
         self.sent.append((pid, name))
         if pid not in self.live:
             raise ProcessLookupError(pid)
+        if pid in self.theirs:
+            raise PermissionError(1, "Operation not permitted")
         if name in self.dies_on and pid not in self.frozen:
             del self.live[pid]
 
@@ -164,7 +168,9 @@ class World:
     def seams(self, **extra) -> Seams:
         defaults = {"health": lambda model, state_dir: (True, "answered"),
                     "lineage": lambda: {99999}, "read_file": lambda p, path: None,
-                    "warn": lambda text: None}
+                    "warn": lambda text: None,
+                    "may_signal": lambda pid: pid not in self.theirs,
+                    "owner": lambda pid: self.theirs.get(pid, 0)}
         return Seams(identity=self.identity, kill=self.kill, sleep=self.sleep,
                      clock=lambda: self.now, **{**defaults, **extra})  # fmt: skip
 
@@ -340,6 +346,46 @@ class Notes(LedgerNotes):
 JACCL_ENV = {"MLX_RANK": "1", "MLX_IBV_DEVICES": "/tmp/tmp.devices",
              "MLX_JACCL_COORDINATOR": "10.0.0.1:5000"}
 DEVICES = {"/tmp/tmp.devices": '[[null, "rdma_en5"], ["rdma_en5", null]]'}
+
+
+def test_a_process_this_user_may_not_signal_is_not_ours_never_signalled_nor_a_survivor():
+    """The helper runs as the node's login user: another user's look-alike is named with
+    its owner and left alone, the model's own processes are ended, and the sweep is complete."""
+    ours, theirs = rank(10), rank(11)
+    world = World(ours, theirs)
+    world.theirs[11] = 4243
+    report = sweep(world, ours, theirs)
+    assert world.sent == [(10, "SIGTERM")]  # never even tried: signal 0 said no
+    assert report.exited == [10] and report.complete and report.settled
+    (entry,) = report.to_json()["not_ours"]
+    assert (entry["pid"], entry["uid"], entry["role"]) == (11, 4243, "rank")
+    assert entry["owner"] == user_name(4243)  # its name, or the uid where there is none
+    assert "may not signal" in entry["why"] and 11 in world.live
+
+
+def test_a_signal_refused_after_the_check_is_not_ours_too():
+    """Its owner changed between the check and the signal (a setuid exec): still an answer."""
+    target = rank(10)
+    world = World(target)
+    report = sweep(world, target, may_signal=lambda pid: True,
+                   before_signal=lambda proc, name: world.theirs.setdefault(10, 0))
+    assert world.sent == [(10, "SIGTERM")]
+    assert report.complete and report.exited == [] and report.spared == []
+    (entry,) = report.to_json()["not_ours"]
+    assert entry["pid"] == 10 and entry["owner"] == "root" and "SIGTERM refused" in entry["why"]
+
+
+def test_another_users_hung_listener_on_the_port_is_not_ours_and_not_counted_as_ended():
+    hung = rank(10)
+    world = World(hung)
+    world.listening[10] = {8080}
+    world.theirs[10] = 0
+    report = sweep(world, hung, mode=Mode.START_SWEEP,
+                   health=lambda model, state_dir: (False, "timed out"))
+    document = report.to_json()
+    assert world.sent == [] and document["listeners_signalled"] == []
+    (entry,) = document["not_ours"]
+    assert entry["pid"] == 10 and entry["holds_port"] is True and report.complete
 
 
 def test_a_survivor_of_sigkill_is_recorded_once_with_its_devices_and_the_sweep_is_settled():
@@ -541,6 +587,6 @@ def test_sweep_prints_the_json_contract(config: Path):
     document = json.loads(result.stdout)
     assert {"schema", "command", "model", "node", "mode", "run_id", "dry_run", "signalled",
             "exited", "survivors", "unkillable", "spared", "pd_spent",
-            "complete"} <= set(document)  # fmt: skip
+            "complete", "not_ours"} <= set(document)  # fmt: skip
     assert (document["schema"], document["command"], document["mode"]) == (1, "sweep", "scope")
     assert (document["model"], document["node"], document["complete"]) == ("m1", "n1", True)

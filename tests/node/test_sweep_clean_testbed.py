@@ -20,7 +20,9 @@ from mlx_medic.runs import record_current_run
 from testbed import Cluster, free_port, processes
 from testbed.freezer import frozen
 from testbed.launch import rank_pids
+from testbed.node_users import NodeUser
 from tests.exporter.test_seed_orphan import prepare, scrape, total, wait_ready
+from tests.tools import three_users
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
@@ -110,7 +112,19 @@ def ignores_sigterm(pid: int) -> bool:
     return False
 
 
+def service_users(path: Path) -> Path:
+    """In the three-user mode, `path` and what is in it made the service user's, as the
+    model's dirs and leftovers are on a node (root's are `not ours` to the node user)."""
+    if three_users():
+        user = NodeUser()
+        for entry in [path, *path.rglob("*")]:
+            os.chown(entry, user.uid, user.gid, follow_symlinks=False)
+    return path
+
+
 def aged(path: Path) -> Path:
+    """`path` made old (and the service user's: `service_users`)."""
+    service_users(path)
     for root, dirs, files in os.walk(path):
         for name in dirs + files:
             os.utime(Path(root) / name, (OLD, OLD))

@@ -14,6 +14,7 @@ tests.remediator.private_etc SCENARIO SCRATCH`.
 from __future__ import annotations
 
 import configparser
+import grp
 import json
 import os
 import pwd
@@ -35,7 +36,8 @@ HOST_MOUNT_NS = "PRIVATE_ETC_HOST_MOUNT_NS"
 OVERLAID = ("/etc", "/var/lib")
 CONFIG = Path("/etc/mlx-medic/remediator.yml")
 INVENTORY = Path("/etc/mlx-medic/inventory.yaml")
-STATE_DIR = Path("/var/lib/mlx-medic")
+STATE_DIR = Path("/var/lib/mlx-medic")  # the inventory's: a node's state dir
+REMEDIATOR_DIR = Path("/var/lib/mlx-medic-remediator")  # the unit's own StateDirectory=
 UNIT = REPO / "deploy" / "systemd" / "mlx-medic-remediator.service"
 
 
@@ -111,8 +113,10 @@ def _let_every_user_run_python(scratch: Path) -> None:
 
 
 def add_user(name: str, home: Path) -> pwd.struct_passwd:
-    """A system user in the private /etc/passwd and /etc/group (a free id below 1000)."""
-    taken = {p.pw_uid for p in pwd.getpwall()} | {p.pw_gid for p in pwd.getpwall()}
+    """A system user in the private /etc/passwd and /etc/group with a same-named primary
+    group, at a free id below 1000 that no user or group has (so each id names one group)."""
+    taken = ({p.pw_uid for p in pwd.getpwall()} | {p.pw_gid for p in pwd.getpwall()}
+             | {g.gr_gid for g in grp.getgrall()})
     uid = next(i for i in range(999, 100, -1) if i not in taken)
     with open("/etc/passwd", "a") as passwd:
         passwd.write(f"{name}:x:{uid}:{uid}:{name}:{home}:/usr/sbin/nologin\n")
@@ -127,6 +131,12 @@ def owners(directory: Path) -> dict[str, str]:
         entry.name: pwd.getpwuid(entry.stat().st_uid).pw_name
         for entry in sorted(directory.iterdir())
     } if directory.exists() else {}
+
+
+def modes(directory: Path) -> dict[str, str]:
+    """Each file in `directory` and its mode, as `ls -l` would say it in octal."""
+    return {entry.name: f"{entry.stat().st_mode & 0o7777:04o}"
+            for entry in sorted(directory.iterdir())} if directory.exists() else {}
 
 
 def mlx_medic(
@@ -164,19 +174,21 @@ def no_config(scratch: Path) -> dict[str, Any]:
 
 def service_host(scratch: Path) -> dict[str, Any]:
     """The remediator's host as the shipped files set it up: the config at the default
-    path, the journal in the unit's StateDirectory owned by the unit's User. On-call
+    path, the journal in the unit's own StateDirectory owned by the unit's User. On-call
     pauses with sudo before the service ever started, then while it serves alerts."""
-    service_user = add_user("mlx-medic", STATE_DIR)
+    service_user = add_user("mlx-medic", REMEDIATOR_DIR)
     alice = add_user("alice", Path("/home/alice"))
     port = _free_port()
     _install_config(port)
-    STATE_DIR.mkdir(mode=0o755)  # what systemd's StateDirectory= makes
-    os.chown(STATE_DIR, service_user.pw_uid, service_user.pw_gid)
+    mode = int(shipped_unit()["StateDirectoryMode"], 8)
+    REMEDIATOR_DIR.mkdir(mode=mode)  # what systemd's StateDirectory= makes
+    os.chmod(REMEDIATOR_DIR, mode)
+    os.chown(REMEDIATOR_DIR, service_user.pw_uid, service_user.pw_gid)
     sudo = {"SUDO_USER": "alice", "SUDO_UID": str(alice.pw_uid)}
     seen: dict[str, Any] = {"model": _model()}
 
     seen["first_pause"] = mlx_medic("pause", _model(), "--reason", "bob is on ai002", env=sudo)
-    seen["after_first_pause"] = owners(STATE_DIR)
+    seen["after_first_pause"] = owners(REMEDIATOR_DIR)
     seen["alice_without_sudo"] = mlx_medic("pause", user=alice)
 
     service = _start_like_the_unit(service_user, port, scratch / "service.log")
@@ -184,14 +196,16 @@ def service_host(scratch: Path) -> dict[str, Any]:
         seen["paused_event"] = _fire_and_wait(port, "fp-1", sudo)
         seen["resume"] = mlx_medic("resume", _model(), env=sudo)
         seen["pause_all"] = mlx_medic("pause", env=sudo)
-        seen["while_serving"] = owners(STATE_DIR)
+        seen["while_serving"] = owners(REMEDIATOR_DIR)
+        seen["modes_while_serving"] = modes(REMEDIATOR_DIR)
         seen["paused_all_event"] = _fire_and_wait(port, "fp-2", sudo)
         seen["log"] = mlx_medic("log", "--json", env=sudo)
     finally:
         service.send_signal(signal.SIGTERM)
         seen["service_exit"] = service.wait(30)
         seen["service_log"] = (scratch / "service.log").read_text(errors="replace")[-3000:]
-    seen["after_service"] = owners(STATE_DIR)
+    seen["after_service"] = owners(REMEDIATOR_DIR)
+    seen["state_dir_exists"] = STATE_DIR.exists()
     return seen
 
 

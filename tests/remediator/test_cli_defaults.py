@@ -31,7 +31,8 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 @pytest.fixture(autouse=True)
 def machine_paths_untouched() -> object:
-    before = {p: p.exists() for p in (DEFAULT_CONFIG_FILE.parent, Path("/var/lib/mlx-medic"))}
+    before = {p: p.exists() for p in (DEFAULT_CONFIG_FILE.parent, Path("/var/lib/mlx-medic"),
+                                      Path("/var/lib/mlx-medic-remediator"))}
     yield
     assert {p: p.exists() for p in before} == before
 
@@ -62,7 +63,7 @@ def test_pause_without_flags_under_sudo_writes_the_services_journal_as_its_owner
     first = service_host["first_pause"]
     assert first["code"] == 0, first
     assert first["err"].splitlines()[0] == (
-        "mlx-medic: journal /var/lib/mlx-medic/journal.sqlite (new), named by"
+        "mlx-medic: journal /var/lib/mlx-medic-remediator/journal.sqlite (new), named by"
         f" {DEFAULT_CONFIG_FILE} (the default path); written as mlx-medic, its owner"
     )
     assert f"paused automatic remediation for {service_host['model']}" in first["out"]
@@ -90,6 +91,17 @@ def test_sudo_while_the_service_runs_leaves_no_root_owned_wal_or_shm(
     assert set(service_host["after_service"].values()) == {"mlx-medic"}
 
 
+def test_the_journal_its_wal_and_shm_are_0640_in_the_remediators_own_dir(
+    service_host: dict,
+) -> None:
+    """Readable by the service's user and group only; the node's state dir (the
+    inventory's, /var/lib/mlx-medic) is not where the remediator keeps anything."""
+    modes = service_host["modes_while_serving"]
+    assert {modes[name] for name in ("journal.sqlite", "journal.sqlite-wal",
+                                     "journal.sqlite-shm")} == {"0640"}, modes
+    assert not service_host["state_dir_exists"]
+
+
 def test_who_acted_is_the_sudo_user_at_the_host(service_host: dict) -> None:
     logged = json.loads(service_host["log"]["out"])
     (control,) = logged["controls"]
@@ -103,8 +115,8 @@ def test_a_user_who_cannot_write_the_journal_is_refused_naming_its_owner(
 ) -> None:
     refused = service_host["alice_without_sudo"]
     assert refused["code"] == 2, refused
-    assert ("cannot write the journal /var/lib/mlx-medic/journal.sqlite as alice: it belongs"
-            " to mlx-medic") in refused["err"]
+    assert ("cannot write the journal /var/lib/mlx-medic-remediator/journal.sqlite as alice:"
+            " it belongs to mlx-medic") in refused["err"]
 
 
 # --- the shipped units name the default path ----------------------------------------------
@@ -124,8 +136,10 @@ def test_the_systemd_unit_sets_MLX_MEDIC_CONFIG_to_the_default_path_and_runs_wit
     source = find_config_file(args.config_file)
     assert source is not None
     assert (source.path, source.found_by) == (DEFAULT_CONFIG_FILE, f"${CONFIG_ENV}")
-    assert service["StateDirectory"] == "mlx-medic"  # /var/lib/mlx-medic, the journal's dir
-    assert str(load_config(DEPLOY / "remediator.yml").journal).startswith("/var/lib/mlx-medic/")
+    # Its own dir, /var/lib/mlx-medic-remediator, never the node's state dir (the exporter's)
+    assert service["StateDirectory"] == "mlx-medic-remediator"
+    assert str(load_config(DEPLOY / "remediator.yml").journal).startswith(
+        "/var/lib/mlx-medic-remediator/")
 
 
 def test_the_launchd_plist_runs_the_remediator_with_MLX_MEDIC_CONFIG_at_the_default_path(

@@ -33,6 +33,35 @@ def test_the_journal_creates_its_directory_and_uses_wal_mode(journal: Journal) -
     assert mode == "wal"
 
 
+def test_commits_are_synchronous_full_so_a_power_cut_keeps_them(journal: Journal) -> None:
+    assert journal._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask-022", "umask-077"])
+def test_the_journal_its_wal_and_shm_are_0640_whatever_the_umask(
+    tmp_path: Path, umask: int,
+) -> None:
+    old = os.umask(umask)
+    try:
+        journal = Journal(tmp_path / "state" / "journal.sqlite")
+        _run(journal)
+        files = [journal.path, Path(f"{journal.path}-wal"), Path(f"{journal.path}-shm")]
+        assert {oct(f.stat().st_mode & 0o7777) for f in files} == {oct(0o640)}
+        journal.close()
+    finally:
+        os.umask(old)
+
+
+def test_a_journal_an_older_version_left_world_readable_is_narrowed_on_open(
+    tmp_path: Path,
+) -> None:
+    Journal(tmp_path / "journal.sqlite").close()
+    (tmp_path / "journal.sqlite").chmod(0o644)
+    journal = Journal(tmp_path / "journal.sqlite")
+    assert (journal.path.stat().st_mode & 0o7777) == 0o640
+    assert journal.list_runs() == []
+
+
 def test_a_step_is_visible_to_another_process_as_running_before_it_ends(
     journal: Journal,
 ) -> None:

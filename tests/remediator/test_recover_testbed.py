@@ -41,8 +41,9 @@ from mlx_medic.transport import SshTransport
 from testbed import Cluster, processes
 from testbed.freezer import frozen
 from testbed.launch import LaunchHandle, mlx_launch_path, rank_pids, start_launch
+from testbed.node_users import run_as
 from tests.exporter.test_seed_orphan import RANK_SCRIPT, wait_ready
-from tests.node.test_sweep_clean_testbed import aged, wait_until
+from tests.node.test_sweep_clean_testbed import aged, service_users, wait_until
 from tests.remediator.conftest import (
     Alertmanager,
     Stack,
@@ -123,6 +124,7 @@ class Seeded:
         for node in nodes:
             here = node.host_path(self.share)
             here.mkdir(parents=True)
+            service_users(here)
             (here / "tmpstale").mkdir()
             (here / "tmpstale" / "part").write_bytes(b"w" * 20000)
             stale[node.name] = aged(here / "tmpstale")
@@ -277,8 +279,8 @@ async def test_a_frozen_survivor_on_the_peer_is_named_and_the_service_is_started
             assert served.supervisorctl("stop", f"tiny-{token}").returncode == 0
             assert not answers(seeded.port)  # the model is down
             # Made now: the wrapper's own start sweep would have ended it at its start.
-            holder = peer.spawn([cluster.python, "-c", "import time; time.sleep(3600)"],
-                                env=env)
+            holder = peer.spawn([*run_as(cluster.node_user), cluster.python, "-c",
+                                 "import time; time.sleep(3600)"], env=env)  # fmt: skip
             survivor = peer.spawned_pid(holder)
             inside = peer.ns_pid_of(survivor)
             with frozen([survivor], f"survivor-{token}"):

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.render.helpers import model, render, render_example, render_ok, run, write_inventory
 from tests.tools import require_tool
@@ -161,3 +162,93 @@ def test_the_remediator_runs_the_same_command_and_config_under_systemd_and_launc
     assert environment["MLX_MEDIC_CONFIG"] == "/srv/medic/r.yml"
     text = (out / "systemd" / "mlx-medic-remediator.service").read_text()
     assert "render again with --remediator.config" in " ".join(text.replace("#", "").split())
+
+
+# --- the state dirs: one owner each, no StateDirectory= fight --------------------------
+
+def test_no_unit_takes_the_nodes_state_dir_and_the_remediator_has_its_own(
+    linux: tuple[Path, Path],
+):
+    """systemd re-owns a StateDirectory= to its unit's User at every start: the root
+    exporter and the remediator's user naming one would take it from each other (and
+    from the node's login user). The exporter only may write the node's state dir (`-`:
+    a dir not made yet does not stop it); the remediator's journal is in a dir of its own."""
+    from mlx_medic.remediator.config import load_config
+    from mlx_medic.state_layout import REMEDIATOR_STATE_DIR, REMEDIATOR_STATE_DIRECTORY
+
+    out, _ = linux
+    exporter = unit(out / "systemd" / "n1" / "mlx-medic-exporter.service")
+    remediator = unit(out / "systemd" / "mlx-medic-remediator.service")
+    assert "StateDirectory" not in exporter
+    assert exporter["ReadWritePaths"] == "-/var/lib/mlx-medic"
+    assert exporter["ProtectSystem"] == "strict" and exporter["UMask"] == "0027"
+    assert remediator["StateDirectory"] == REMEDIATOR_STATE_DIRECTORY
+    assert (remediator["UMask"], remediator["User"]) == ("0027", "mlx-medic")
+    shipped = load_config(Path(__file__).resolve().parents[2] / "deploy" / "remediator.yml")
+    assert shipped.journal.parent == REMEDIATOR_STATE_DIR
+
+
+def tmpfiles_root(root: Path, uid: int, gid: int) -> Path:
+    """A root for `systemd-tmpfiles --root` whose own /etc names the login user and the
+    group (systemd-tmpfiles resolves names there, never in this machine's /etc)."""
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "passwd").write_text(
+        f"root:x:0:0::/root:/bin/sh\nmedic:x:{uid}:{uid}::/home/medic:/bin/sh\n")
+    (root / "etc" / "group").write_text(f"root:x:0:\nmedic:x:{uid}:\nmlx-medic:x:{gid}:medic\n")
+    return root
+
+
+def test_the_tmpfiles_line_makes_a_non_default_state_dir_for_the_login_user(tmp_path: Path):
+    """A state_dir that does not exist yet: ReadWritePaths=- does not stop the exporter,
+    and systemd-tmpfiles (at boot, before it starts) makes the dir and its dirs as the
+    layout says, and gives back one another unit re-owned."""
+    from mlx_medic.state_layout import DIR_MODE, DIRS
+
+    tmpfiles = require_tool("systemd-tmpfiles")
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(yaml.safe_dump({
+        "state_dir": "/srv/mlx/state",
+        "nodes": {"n1": {"ssh": "127.0.0.2", "user": "medic",
+                         "medic_command": "/opt/mlx-medic/.venv/bin/mlx-medic"}},
+        "models": {"m1": model("systemd", "m1")},
+    }))
+    out = render_ok("systemd", inventory, tmp_path / "out")
+    exporter = unit(out / "systemd" / "n1" / "mlx-medic-exporter.service")
+    assert exporter["ReadWritePaths"] == "-/srv/mlx/state"
+    conf = out / "systemd" / "n1" / "tmpfiles.d" / "mlx-medic.conf"
+    root = tmpfiles_root(tmp_path / "root", 4242, 4243)
+    state = root / "srv" / "mlx" / "state"
+
+    def create() -> None:
+        result = run(tmpfiles, "--create", f"--root={root}", str(conf))
+        assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+
+    create()
+    for path in (state, *(state / part for part in DIRS)):
+        info = path.stat()
+        assert (info.st_uid, info.st_gid, info.st_mode & 0o7777) == (4242, 4243, DIR_MODE), path
+    os.chown(state, 0, 0)  # a unit with StateDirectory= started and took it
+    create()
+    assert (state.stat().st_uid, state.stat().st_gid) == (4242, 4243)
+
+
+def test_a_state_dir_tmpfiles_cannot_say_is_refused_naming_the_field(tmp_path: Path):
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(yaml.safe_dump({
+        "state_dir": "/srv/my state",
+        "nodes": {"n1": {"ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}},
+        "models": {"m1": model("systemd", "m1")},
+    }))
+    code, _, err = render("systemd", inventory, tmp_path / "out")
+    assert code == 1 and "state_dir" in err and "without spaces" in err
+
+
+def test_the_launchd_remediator_logs_in_its_own_dir_not_the_nodes_state_dir(tmp_path: Path):
+    import plistlib
+
+    from mlx_medic.state_layout import REMEDIATOR_STATE_DIR
+
+    out = render_example("launchd", tmp_path / "out")
+    with (out / "launchd" / "com.mlx-medic.remediator.plist").open("rb") as handle:
+        job = plistlib.load(handle)
+    assert Path(job["StandardErrorPath"]).parent == REMEDIATOR_STATE_DIR

@@ -21,6 +21,7 @@ import yaml
 
 from mlx_medic.serve.record import ServeRecord, read_serve_record
 from testbed import Cluster, SimNode, free_port, processes
+from testbed.node_users import run_as
 from tests.node.test_service_helper import SUPERVISORD_CONTROL
 
 MEDIC = str(Path(sys.executable).parent / "mlx-medic")
@@ -60,7 +61,9 @@ class Served:
         return read_serve_record(self.head.state_dir, "tiny")
 
     def serve_argv(self) -> list[str]:
-        return [MEDIC, "serve", "tiny", "--config.file", str(self.inventory)]
+        """The wrapper as its service runs it: as the node user in the three-user mode."""
+        return [*run_as(self.cluster.node_user), MEDIC, "serve", "tiny", "--config.file",
+                str(self.inventory)]  # fmt: skip
 
     def start_direct(self, log: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
         """`mlx-medic serve tiny` inside the head, output to `log`; (nsenter, wrapper pid)."""
@@ -178,11 +181,32 @@ def prepare(cluster: Cluster, tiny_model: Path, *, ring_hostfile: Path | None = 
         "policy": {"kill_grace": "3s", "stop_timeout": "40s", "start_timeout": "5m"},
         **(extra_model or {}),
     }  # fmt: skip
-    data = yaml.safe_load(cluster.inventory_yaml([model]))
+    user = cluster.node_user
+    if user is not None:  # three-user mode: as deployed (testbed/node_users.py)
+        model["service"].update({"user": user.name, "sudo": True})
+        model["serve"]["identity_file"] = str(user.serve_identity)
+    data = yaml.safe_load(cluster.inventory_yaml([model], **login(cluster)))
     for node in data["nodes"].values():
         node.update({"medic_command": MEDIC, "medic_config": str(inventory)})
+    if user is not None:
+        as_deployed(cluster, data)
     inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    cluster.deploy(inventory)
     return Served(cluster, token, port, inventory, ring, jaccl, work / "service.log", conf=conf)
+
+
+def login(cluster: Cluster) -> dict[str, Any]:
+    """`inventory_yaml`'s login user: the node user in the three-user mode, else root."""
+    return {"login_user": cluster.node_user.name} if cluster.node_user else {}
+
+
+def as_deployed(cluster: Cluster, data: dict[str, Any]) -> None:
+    """Three-user mode: the remediator logs in with its own key from this machine
+    (127.0.0.1), and so do the heads' wrappers (the nodes share its loopback)."""
+    data["ssh"].update({"identity_file": str(cluster.remediator_identity),
+                        "remediator_addresses": ["127.0.0.1"]})  # fmt: skip
+    for node in data["nodes"].values():
+        node["source_addresses"] = ["127.0.0.1"]
 
 
 @contextlib.contextmanager
@@ -190,9 +214,12 @@ def supervised(served: Served) -> Iterator[subprocess.Popen[bytes]]:
     """supervisord inside the head's namespaces running the wrapper as KeepAlive."""
     assert served.conf is not None
     env = served.cluster.env(HF_HUB_OFFLINE="1")
-    served.conf.write_text(SUPERVISORD_CONF.format(
+    conf = SUPERVISORD_CONF.format(
         token=served.token, medic=MEDIC, inventory=served.inventory, path=env["PATH"],
-        workdir=served.cluster.workdir, stopwaitsecs=60, log=served.log))  # fmt: skip
+        workdir=served.cluster.workdir, stopwaitsecs=60, log=served.log)  # fmt: skip
+    if served.cluster.node_user is not None:  # the wrapper runs as the node user
+        conf += f"user={served.cluster.node_user.name}\n"
+    served.conf.write_text(conf)
     daemon = served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
