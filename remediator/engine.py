@@ -825,6 +825,11 @@ class Engine:
             if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.FAILED:
                 verify_failed = True
                 continue
+            if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.SKIPPED:
+                # a "still serving" check of a model that was not serving: the steps before
+                # it did their work, the model is LLMModelDown's (sweep-orphans)
+                swept = f"{', '.join(done)} done; " if done else ""
+                return _End(RunOutcome.SUCCEEDED, f"{swept}{result.detail}")
             if result.outcome in (StepOutcome.OK, StepOutcome.SKIPPED):
                 done += [where] if result.outcome == StepOutcome.OK else []
                 continue

@@ -116,6 +116,24 @@ def _lock_free(path: Path) -> bool:
     return True
 
 
+def _shared_dir(path: Path, levels: int) -> None:
+    """Make `path` and let every user write it (and the `levels - 1` dirs above it): the
+    simulator's files are shared by root on the host and the ranks, which run as the
+    node's login user in the three-user mode (test-only, in the test's own workdir)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for directory in [path, *path.parents][:levels]:
+        with contextlib.suppress(OSError):  # not ours: its owner made it writable already
+            os.chmod(directory, 0o777)
+
+
+def _shared_open(path: Path) -> int:
+    """Open (creating) a lock or slot file that every user may lock and write."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o666)
+    return fd
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Replace `path` atomically, so a reader on the host never sees half a record."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -180,8 +198,8 @@ class DevicePool:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        _shared_dir(self.path, 2)  # <node>/<device>
+        fd = _shared_open(self.path / "lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -194,7 +212,7 @@ class DevicePool:
             for index in range(self.capacity):
                 slot = self._slot(index)
                 record = slot.with_name(slot.name + HOLDER_SUFFIX)
-                fd = os.open(slot, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = _shared_open(slot)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -250,8 +268,8 @@ class World:
         return self.path / f"rank-{rank}{suffix}"
 
     def join(self, info: dict[str, Any]) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self._file(self.rank), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        _shared_dir(self.path, 1)
+        self.fd = _shared_open(self._file(self.rank))
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         _write_json(self._file(self.rank, ".json"), info)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import time
 import uuid
@@ -281,6 +282,12 @@ def start_jaccl_sim(
         killable_for=killable_for,
         settle=settle,
     )
+    if cluster.node_user is not None:  # ranks run as the node's login user (test-only)
+        for shared in (root / "pools", root / "worlds"):
+            shared.chmod(0o777)
+        for group in groups.values():  # a rank freezes itself: it writes its own pid
+            for name in ("cgroup.procs", "freezer.state"):
+                os.chown(group.path / name, cluster.node_user.uid, cluster.node_user.gid)
     sim = JacclSim(cluster, root, config, groups)
     sim.config_path.write_text(json.dumps(config.to_json(), indent=1) + "\n")
     sim.python.write_text(_SHIM.format(

@@ -80,19 +80,25 @@ class KeepAlive(ClosedOnExit):
 
 def keep_alive(node: SimNode, command: list[str], *, workdir: Path, throttle: float,
                env: dict[str, str], stopwaitsecs: float = 60.0,
-               name: str | None = None) -> KeepAlive:  # fmt: skip
-    """Start supervisord in `node` running `command` as a KeepAlive service."""
+               name: str | None = None, user: str | None = None,
+               output_dir: Path | None = None) -> KeepAlive:  # fmt: skip
+    """Start supervisord in `node` running `command` as a KeepAlive service (as `user`,
+    supervisord's `user=`, when given). The config goes to `workdir`; the program's log
+    and the throttle's stamp, which the program writes, to `output_dir` (default
+    `workdir`)."""
     token = name or f"svc-{uuid.uuid4().hex[:8]}"
     workdir.mkdir(parents=True, exist_ok=True)
-    conf, log = workdir / f"{token}.conf", workdir / f"{token}.log"
+    output_dir = output_dir or workdir
+    conf, log = workdir / f"{token}.conf", output_dir / f"{token}.log"
     throttled = [sys.executable, "-m", "testbed.throttle", "--every", f"{throttle:g}",
-                 "--stamp", str(workdir / f"{token}.stamp"), "--", *command]  # fmt: skip
+                 "--stamp", str(output_dir / f"{token}.stamp"), "--", *command]  # fmt: skip
     environment = ",".join(f'{key}="{value}"' for key, value in
                            {**env, "PYTHONPATH": str(REPO)}.items()
                            if key in ("PATH", "HF_HUB_OFFLINE", "PYTHONPATH"))  # fmt: skip
     conf.write_text(CONF.format(token=token, program=token, command=shlex.join(throttled),
                                 environment=environment, directory=workdir,
-                                stopwaitsecs=int(stopwaitsecs), log=log))  # fmt: skip
+                                stopwaitsecs=int(stopwaitsecs), log=log)
+                    + (f"user={user}\n" if user else ""))  # fmt: skip
     daemon = node.spawn(["supervisord", "-n", "-c", str(conf)], env=env,
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     return KeepAlive(node, token, conf, log, daemon)

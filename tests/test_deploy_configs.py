@@ -155,7 +155,7 @@ def test_the_launchd_plist_runs_a_command_the_cli_accepts() -> None:
     assert plist["Label"] == "com.mlx-medic.exporter"
     assert plist["KeepAlive"] is True and plist["RunAtLoad"] is True
     args = parse_args(plist["ProgramArguments"][1:])
-    assert args.command == "exporter" and args.listen == "0.0.0.0:10900"
+    assert args.command == "exporter" and args.listen == "192.168.101.1:10900"
     assert args.node == "ai001"
 
 

@@ -7,11 +7,12 @@ model served by real mlx_lm.server) with the testbed's simulated JACCL (finite p
 `--capacity` protection domains per device; an orphaned JACCL rank stays killable for
 `--killable-for` seconds, then freezes in state D until the node "reboots").
 
-- The anchor: the seed's final fix as its write-up shows it, as the service's start
-  script: its PID-file lock; on every node in turn (the head locally, each peer over
-  `ssh -o BatchMode=yes -o ConnectTimeout=5`) `pgrep -f` the model's server by its port
-  and `kill -9` each match unless something listens on the port (`lsof`); `find CACHE
-  -maxdepth 1 -name 'tmp*' -exec rm -rf {} +`; then `exec mlx.launch --backend jaccl`.
+- The anchor: the seed's final fix as its write-up shows it (testbed/seed_fixes.py), as
+  the service's start script: its PID-file lock; on every node in turn (the head
+  locally, each peer over `ssh -o BatchMode=yes -o ConnectTimeout=5`) `pgrep -f` the
+  model's server by its port and `kill -9` each match unless something listens on the
+  port (`lsof`); `find CACHE -maxdepth 1 -name 'tmp*' -exec rm -rf {} +`; then `exec
+  mlx.launch --backend jaccl`.
 - Ours: `mlx-medic serve MODEL` with the model's JACCL and ring backends, the default
   policy but `pd_reserve` (`--reserve`, against the small pool).
 
@@ -52,44 +53,13 @@ from testbed import Cluster, free_port, start_cluster  # noqa: E402
 from testbed.faults import frozen_survivor, seed_crash  # noqa: E402
 from testbed.jaccl_sim import JacclSim, start_jaccl_sim  # noqa: E402
 from testbed.keepalive import KeepAlive, keep_alive  # noqa: E402
+from testbed.seed_fixes import SeedModel, write_seed_script  # noqa: E402
 from testbed.tiny_model import make_tiny_model  # noqa: E402
 
 NODES = ["ai001", "ai002"]
 MEDIC = str(Path(sys.executable).parent / "mlx-medic")
 LAUNCH = str(Path(sys.executable).parent / "mlx.launch")
 
-ANCHOR = """\
-#!/usr/bin/env bash
-# Seed 000's final fix (mlx-preseed.sh as the write-up shows it): lock, sweep every node
-# with kill -9 unless something listens on the port, clean the tmp dirs, exec mlx.launch.
-SHORT={short}
-PORT={port}
-CACHE_DIR={cache}
-PEERS="{peers}"
-LOCKFILE="/tmp/mlx-preseed-${{SHORT}}.pid"
-if [ -f "$LOCKFILE" ] && kill -0 "$(cat "$LOCKFILE" 2>/dev/null)" 2>/dev/null; then
-    echo "[preseed] already running"
-    exit 0
-fi
-echo "$$" > "$LOCKFILE"
-SWEEP='if ! lsof -iTCP:'$PORT' -sTCP:LISTEN >/dev/null 2>&1; then
-  for pid in $(pgrep -f "mlx_lm server .*--port '$PORT'" 2>/dev/null); do
-    echo "[preseed] cleanup: killing orphaned server pid=$pid"; kill -9 "$pid" 2>/dev/null
-  done
-fi'
-bash -c "$SWEEP"
-for peer in $PEERS; do
-    ssh -o BatchMode=yes -o ConnectTimeout=5 "$peer" "$SWEEP" || true
-done
-find "$CACHE_DIR" -maxdepth 1 -name 'tmp*' -exec rm -rf {{}} + 2>/dev/null || true
-for peer in $PEERS; do
-    ssh -o BatchMode=yes -o ConnectTimeout=5 "$peer" \\
-        "find '${{CACHE_DIR}}' -maxdepth 1 -name 'tmp*' -exec rm -rf {{}} +" || true
-done
-rm -f "$LOCKFILE"
-exec {launch} --hostfile {hostfile} --backend jaccl --python {python} -- \\
-    -m mlx_lm server --model {model} --host 127.0.0.1 --port $PORT
-"""
 
 
 @dataclass
@@ -164,10 +134,9 @@ def run_one(cluster: Cluster, sim: JacclSim, contestant: str, scenario: str, arg
                         starting_port=starting_port + 100, log=work / "earlier.log")
     env = cluster.env(HF_HUB_OFFLINE="1")
     if contestant == "anchor":
-        script = work / "mlx-preseed.sh"
-        script.write_text(ANCHOR.format(
-            short="tiny", port=port, cache=cluster.head.cache_mount, peers="ai002",
-            launch=LAUNCH, hostfile=hostfile, python=sim.python, model=model))  # fmt: skip
+        script = write_seed_script(work / "mlx-preseed.sh", "final-fix", SeedModel(
+            short="tiny", model=model, port=port, hostfile=hostfile, python=str(sim.python),
+            launch=LAUNCH, cache=cluster.head.cache_mount, peers=("ai002",)))  # fmt: skip
         command = ["bash", str(script)]
     else:
         config = inventory(cluster, sim, work, model, port, starting_port, args.reserve,

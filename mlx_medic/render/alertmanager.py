@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from mlx_medic.render.files import Rendered, Site
+from mlx_medic.render.files import ONCALL_PLACEHOLDER, Rendered, Site, check_duration
 from mlx_medic.render.yaml_files import dump
 
 TARGET = "alertmanager"
@@ -25,16 +25,22 @@ REMEDIATOR_ALERTS = {
 
 def render(site: Site) -> list[Rendered]:
     url = site.need(site.remediator_url, "--remediator.url", TARGET).rstrip("/")
+    wait, interval = site.alertmanager_group_wait, site.alertmanager_group_interval
+    if wait is not None:
+        check_duration(wait, "--alertmanager.group-wait")
+    if interval is not None:
+        check_duration(interval, "--alertmanager.group-interval")
     routes: list[dict[str, object]] = [
         {"receiver": "mlx-medic", "matchers": [f'alertname="{name}"'], "group_by": group_by,
-         "group_wait": "10s", "group_interval": "1m", "repeat_interval": "30m",
-         "continue": True}
+         "group_wait": wait or "10s", "group_interval": interval or "1m",
+         "repeat_interval": "30m", "continue": True}
         for name, group_by in REMEDIATOR_ALERTS.items()
     ]
     routes.append({"receiver": "oncall"})
     data = {
         "route": {"receiver": "oncall", "group_by": ["alertname", "node", "model"],
-                  "group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h",
+                  "group_wait": wait or "30s", "group_interval": interval or "5m",
+                  "repeat_interval": "4h",
                   "routes": routes},
         "receivers": [
             {"name": "mlx-medic", "webhook_configs": [{
@@ -43,7 +49,7 @@ def render(site: Site) -> list[Rendered]:
                     "type": "Bearer",
                     "credentials_file": site.alertmanager_credentials_file}}}]},
             {"name": "oncall", "webhook_configs": [
-                {"url": "https://oncall.example/alertmanager", "send_resolved": True}]},
+                {"url": site.oncall_url, "send_resolved": True}]},
         ],
         "inhibit_rules": [
             {"source_matchers": ['alertname="MLXRDMAProtectionDomainsExhausted"'],
@@ -51,13 +57,15 @@ def render(site: Site) -> list[Rendered]:
              "equal": ["node"]},
         ],
     }
+    oncall = ("The oncall receiver is a placeholder: your pager." if site.oncall_url ==
+              ONCALL_PLACEHOLDER else f"On-call: {site.oncall_url}.")
     comment = (
         "Check with: amtool check-config alertmanager.yml\n"
         f"{', '.join(REMEDIATOR_ALERTS)} reach the remediator (it answers at once and\n"
         "ignores repeats of a firing while its run is queued or running, or after it\n"
         "succeeded; it acts on the alerts its routing.playbooks names and journals the\n"
         "others) and, through `continue`, on-call. The token is the one the remediator reads\n"
-        "from auth.bearer_token_file. The oncall receiver is a placeholder: your pager.\n"
+        "from auth.bearer_token_file. " + oncall + "\n"
         "Inhibition: an exhausted protection-domain pool mutes the 'high' warning for its\n"
         "node. Nothing mutes an alert the remediator acts on (muting is for every receiver)."
     )

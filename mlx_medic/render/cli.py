@@ -79,6 +79,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="ALERT=DURATION", help="override an alert's `for:` (repeat)")
     parser.add_argument("--rules.interval", dest="rules_interval", default=None,
                         metavar="DURATION", help="every rule group's evaluation interval")
+    parser.add_argument("--prometheus.interval", dest="prometheus_interval", default=None,
+                        metavar="DURATION", help="Prometheus's scrape and evaluation interval"
+                        " (default 15s)")
+    parser.add_argument("--alertmanager.group-wait", dest="am_group_wait", default=None,
+                        metavar="DURATION", help="every route's group_wait (default 10s for"
+                        " the remediator's routes, 30s for on-call's)")
+    parser.add_argument("--alertmanager.group-interval", dest="am_group_interval",
+                        default=None, metavar="DURATION", help="every route's group_interval"
+                        " (default 1m for the remediator's routes, 5m for on-call's)")
+    parser.add_argument("--alertmanager.oncall-url", dest="oncall_url",
+                        default=None, metavar="URL",
+                        help="on-call's webhook (default a placeholder: your pager)")
 
 
 def _public_key(args: argparse.Namespace, inventory: Any, needed: bool) -> str | None:
@@ -154,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
             prometheus_credentials_file=args.prom_credentials,
             public_key=_public_key(args, inventory, "authorized-keys" in names),
             serve_public_keys=_serve_public_keys(args, inventory, "authorized-keys" in names),
+            prometheus_interval=args.prometheus_interval,
+            alertmanager_group_wait=args.am_group_wait,
+            alertmanager_group_interval=args.am_group_interval,
+            **({"oncall_url": args.oncall_url} if args.oncall_url else {}),
         )
         files = []
         for name in names:  # every target rendered before anything is written

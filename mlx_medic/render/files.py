@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
@@ -31,6 +32,17 @@ class RulesOptions:
     interval: str | None = None  # every group's evaluation interval
 
 
+ONCALL_PLACEHOLDER = "https://oncall.example/alertmanager"
+PROM_DURATION = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
+
+
+def check_duration(value: str, flag: str) -> str:
+    """A Prometheus duration, or a RenderError naming the flag."""
+    if not PROM_DURATION.fullmatch(value):
+        raise RenderError(f"{flag}: {value!r} is not a Prometheus duration (e.g. 30s, 5m, 1h)")
+    return value
+
+
 @dataclass(frozen=True)
 class Site:
     """The inventory and what it does not say: where the remediator and Alertmanager run
@@ -49,6 +61,12 @@ class Site:
     # model -> the serve wrapper's key line, for models whose wrapper logs in with
     # serve.identity_file (read by the CLI: --serve.public-key, else identity_file.pub)
     serve_public_keys: dict[str, str] = field(default_factory=dict)
+    # test and staging overrides (the shipped defaults stay): scrape and evaluation
+    # interval; the remediator routes' group_wait and group_interval; on-call's webhook
+    prometheus_interval: str | None = None
+    alertmanager_group_wait: str | None = None
+    alertmanager_group_interval: str | None = None
+    oncall_url: str = ONCALL_PLACEHOLDER
 
     def need(self, value: str | None, flag: str, target: str) -> str:
         if not value:

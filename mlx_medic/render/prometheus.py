@@ -7,16 +7,12 @@ from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from mlx_medic.render import services
-from mlx_medic.render.files import Rendered, RenderError, Site
+from mlx_medic.render.files import Rendered, RenderError, Site, check_duration
 from mlx_medic.render.yaml_files import dump
 
 TARGET = "prometheus"
 FILE = PurePosixPath("prometheus.yml")
 RULES_GLOB = "rules/*.yaml"  # relative to this file's dir: where `render rules` writes
-
-
-def host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def remediator_target(url: str) -> tuple[str, str]:
@@ -28,16 +24,27 @@ def remediator_target(url: str) -> tuple[str, str]:
             " https://remediator.example:10901"
         )
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return parts.scheme, host_port(parts.hostname, port)
+    host = parts.hostname
+    return parts.scheme, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def global_settings(site: Site) -> dict[str, str]:
+    """15 s scrapes and evaluations, or `--prometheus.interval` for both (a test's short
+    loop); a scrape never outlasts its interval."""
+    if site.prometheus_interval is None:
+        return {"scrape_interval": "15s", "evaluation_interval": "15s"}
+    interval = check_duration(site.prometheus_interval, "--prometheus.interval")
+    return {"scrape_interval": interval, "evaluation_interval": interval,
+            "scrape_timeout": interval}
 
 
 def render(site: Site) -> list[Rendered]:
     url = site.need(site.remediator_url, "--remediator.url", TARGET)
     alertmanager = site.need(site.alertmanager, "--alertmanager.address", TARGET)
     scheme, remediator = remediator_target(url)
-    exporters = [host_port(n.ssh, services.EXPORTER_PORT) for n in site.inventory.nodes]
+    exporters = [services.exporter_listen(n) for n in site.inventory.nodes]
     data = {
-        "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
+        "global": global_settings(site),
         "rule_files": [RULES_GLOB],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [

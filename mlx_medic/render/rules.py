@@ -11,7 +11,6 @@ shipped file.
 
 from __future__ import annotations
 
-import re
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import PurePosixPath
@@ -19,20 +18,11 @@ from typing import Any
 
 import yaml
 
-from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site
+from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site, check_duration
 
 TARGET = "rules"
 DIR = PurePosixPath("rules")
 SOURCE: Traversable = files("mlx_medic.render") / "mlx-medic.rules.yaml"
-PROM_DURATION = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
-
-
-def check_duration(value: str, flag: str) -> str:
-    if not PROM_DURATION.fullmatch(value):
-        raise RenderError(f"{flag}: {value!r} is not a Prometheus duration (e.g. 30s, 5m, 1h)")
-    return value
-
-
 def _overridden(text: str, site: Site) -> str:
     rules: dict[str, Any] = yaml.safe_load(text)
     alerts = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]

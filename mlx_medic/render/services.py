@@ -33,9 +33,14 @@ def medic_command(node: Node) -> str:
     return node.medic_command
 
 
+def exporter_listen(node: Node) -> str:
+    """The node's inventory address (what Prometheus scrapes), not every interface."""
+    return f"[{node.ssh}]:{EXPORTER_PORT}" if ":" in node.ssh else f"{node.ssh}:{EXPORTER_PORT}"
+
+
 def exporter_argv(node: Node) -> list[str]:
     return [medic_command(node), "exporter", "--config.file", str(node.medic_config),
-            "--node", node.name, "--web.listen-address", f"0.0.0.0:{EXPORTER_PORT}"]
+            "--node", node.name, "--web.listen-address", exporter_listen(node)]
 
 
 def serve_argv(inventory: Inventory, model: Model) -> list[str]:

@@ -2,15 +2,18 @@
 
 Routed from the orphan alert, which names the node (the exporter's `node` label): the
 cascade is stopped while the model still answers, before the protection domains run out.
-Only the reporting nodes are swept, and only what the exporter's rules call orphans
-(`node sweep MODEL --orphans-only`): the service is not stopped, the current run and
-suspects are not touched. An orphan that survives SIGKILL (uninterruptible: only a reboot
-of its node ends it) is no failure and no escalation: the sweep names it once, with its
-node's reboot advice (the step's detail, the run's and a journal `unkillable` event, a
-warning), and the node's exporter pages `MLXUnkillableSurvivors` for the reboot; the model
-keeps serving. Orphans an earlier run named are not named again, nor a reason to act again
-(the re-check leaves them out). It has its own budget and never opens the model's circuit,
-so routine sweeps cannot stop `recover`.
+The reporting nodes are swept first, then the model's other nodes (a crash's orphans
+span them), and only what the exporter's rules call orphans (`node sweep MODEL
+--orphans-only`): the service is not stopped, the current run and suspects are not
+touched. The verify checks that a model that answered before still answers; one that was
+not answering (a start or a crash in progress) is left to LLMModelDown. An orphan that
+survives SIGKILL (uninterruptible: only a reboot of its node ends it) is no failure and
+no escalation: the sweep names it once, with its node's reboot advice (the step's
+detail, the run's and a journal `unkillable` event, a warning), and the node's exporter
+pages `MLXUnkillableSurvivors` for the reboot; the model keeps serving. Orphans an
+earlier run named are not named again, nor a reason to act again (the re-check leaves
+them out). It has its own budget and never opens the model's circuit, so routine sweeps
+cannot stop `recover`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mlx_medic.inventory import Inventory, Model
+from mlx_medic.remediator.model_health import ModelState
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict
 from mlx_medic.remediator.steps import RunContext, Step, Sweep, Verify
 from mlx_medic.remediator.steps.on_nodes import ask, document_list
@@ -36,9 +40,21 @@ class SweepOrphansPlaybook(Playbook):
 
     def plan_for(self, model: Model, inventory: Inventory, nodes: Sequence[str]) -> list[Step]:
         """Sweep the orphans of the reporting nodes (every node of the model when no alert
-        named one), then check the model still answers: one probe, no restart."""
-        return [Sweep(model=model, nodes=tuple(nodes), orphans_only=True),
-                Verify(model=model, within=0)]  # fmt: skip
+        named one), then those of the model's other nodes, then check that a model that
+        answered still answers: one probe, no restart.
+
+        A crash leaves orphans on several nodes, and a peer's rank often counts as one only
+        once the head's leftovers of the dead launch (its `ssh` clients) are gone; waiting
+        for the peer's own alert can cost the seconds in which that rank is still
+        killable (seed 000: orphans slide into `Us+`), so the other nodes are swept right
+        after, orphans only."""
+        named = tuple(nodes)
+        steps: list[Step] = [Sweep(model=model, nodes=named, orphans_only=True)]
+        others = tuple(node for node in model.nodes if node not in named) if named else ()
+        if others:
+            steps.append(Sweep(model=model, nodes=others, orphans_only=True))
+        steps.append(Verify(model=model, within=0, only_if_answered_before=True))
+        return steps
 
     async def recheck(self, context: RunContext) -> RecheckVerdict:
         """Act while the reporting nodes still report orphans other than ones an earlier
@@ -60,6 +76,7 @@ class SweepOrphansPlaybook(Playbook):
                 else:
                     fresh.append(f"{node} pid {entry.get('pid')} ({entry.get('rule', '?')})")
         if fresh:
+            context.answered_before = (await context.health(model)).state is ModelState.UP
             return RecheckVerdict.act(f"orphans of {model.name} still reported: {', '.join(fresh)}")
         also = f" (only {known} an earlier run found unkillable and named)" if known else ""
         return RecheckVerdict.skip(f"no orphans of {model.name} left on {', '.join(nodes)}{also}")

@@ -84,6 +84,9 @@ class RunContext:
     # What survived this run's sweep (uninterruptible: only a reboot of its node ends it),
     # set by the engine from the sweep's result; None until a sweep found any
     survivors: SurvivorVerdict | None = None
+    # Whether the model answered when the run's re-check ran (set by re-checks that probe
+    # it): a verify of "still serving" judges only a model that was serving
+    answered_before: bool | None = None
 
     def __post_init__(self) -> None:
         if self.helpers is None:

@@ -41,6 +41,9 @@ class Verify(Step):
     backend: BackendName | None = None
     poll_interval: float = 5.0
     within: float | None = None  # how long to ask; None: the model's start_timeout
+    # "still serving" (sweep-orphans): a model that did not answer before the run's steps
+    # (a start or a crash in progress) is not judged; LLMModelDown acts on one that stays down
+    only_if_answered_before: bool = False
 
     @property
     def wait(self) -> float:
@@ -57,6 +60,11 @@ class Verify(Step):
         )
 
     async def run(self, context: RunContext) -> StepResult:
+        if self.only_if_answered_before and context.answered_before is False:
+            return StepResult(StepOutcome.SKIPPED, detail=(
+                f"{self.model.name} was not answering before the sweep (a start or a crash"
+                " in progress), so the sweep did not take it down; LLMModelDown acts on a"
+                " model that stays down"))  # fmt: skip
         deadline = time.monotonic() + self.wait
         while True:
             verdict = await context.health(self.model)

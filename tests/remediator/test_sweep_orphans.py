@@ -53,7 +53,7 @@ def orphan_alert(fingerprint: str, node: str = "ai002") -> Any:
     return alert(fingerprint, alertname="MLXOrphanProcesses", labels={"node": node})
 
 
-async def test_it_sweeps_only_the_orphans_of_the_reporting_node_and_never_stops_the_model(
+async def test_it_sweeps_the_orphans_of_the_reporting_node_then_of_the_others_never_the_model(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
     engine, helpers = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)})
@@ -62,9 +62,13 @@ async def test_it_sweeps_only_the_orphans_of_the_reporting_node_and_never_stops_
     (run,) = engine.journal.list_runs()
     assert (run.playbook, run.outcome) == (SWEEP_ORPHANS, "succeeded")
     assert [(s.name, s.node) for s in run.steps] == [("sweep-orphans", "ai002"),
+                                                     ("sweep-orphans", "ai001, ai003, ai004"),
                                                      ("verify", "ai001")]
-    assert helpers.of("orphans") == [("ai002", (MODEL,))]
-    assert helpers.of("sweep") == [("ai002", (MODEL, "--orphans-only"))]
+    assert helpers.of("orphans") == [("ai002", (MODEL,))]  # the re-check asks who reported
+    sweeps = helpers.of("sweep")
+    assert sweeps[0] == ("ai002", (MODEL, "--orphans-only"))  # the reporting node first
+    assert sorted(sweeps[1:]) == [(node, (MODEL, "--orphans-only"))
+                                  for node in ("ai001", "ai003", "ai004")]
     assert helpers.of("service") == [] and helpers.of("clean") == []
 
 
@@ -102,6 +106,7 @@ async def test_an_unkillable_orphan_is_named_once_with_its_reboot_and_the_model_
     advice = f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL})"
     assert first.outcome == "succeeded" and first.next_action is None
     assert [(s.name, s.outcome) for s in first.steps] == [("sweep-orphans", "ok"),
+                                                          ("sweep-orphans", "ok"),
                                                           ("verify", "ok")]
     assert first.detail == (
         f"{MODEL} verified healthy; survivors left: ai002: pid 32 (rank, state uninterruptible,"
@@ -120,7 +125,7 @@ async def test_an_unkillable_orphan_is_named_once_with_its_reboot_and_the_model_
     second = engine.journal.list_runs()[0]
     assert second.outcome == "skipped"
     assert "only 1 an earlier run found unkillable and named" in second.detail
-    assert len(helpers.of("sweep")) == 1  # not signalled again
+    assert len(helpers.of("sweep")) == 4  # the first run's, on ai002 then the others: no more
     # A fresh orphan beside it: swept, and the survivor is counted, not named again.
     helpers.answers[("ai002", "orphans")] = orphans(STUCK, ORPHAN)
     await engine.submit(orphan_alert("o3"))
@@ -153,7 +158,8 @@ async def test_its_runs_have_a_budget_of_their_own_that_never_blocks_recover(
 async def test_a_model_down_alert_during_a_sweep_is_queued_after_it_not_absorbed(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    health = Health(verdicts=[HealthVerdict.up("answered"),  # the sweep's verify
+    health = Health(verdicts=[HealthVerdict.up("answered"),  # the sweep's re-check
+                              HealthVerdict.up("answered"),  # the sweep's verify
                               HealthVerdict.down("refused"),  # recover's re-check
                               HealthVerdict.up("answered")])  # recover's verify
     engine, helpers = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
@@ -189,8 +195,7 @@ async def test_an_orphan_alert_for_another_node_during_a_sweep_gets_a_sweep_of_i
     second, first = engine.journal.list_runs()
     assert (first.outcome, second.outcome) == ("succeeded", "succeeded")
     assert second.started_at >= first.ended_at
-    assert helpers.of("sweep") == [("ai002", (MODEL, "--orphans-only")),
-                                   ("ai003", (MODEL, "--orphans-only"))]
+    assert (first.steps[0].node, second.steps[0].node) == ("ai002", "ai003")
     started = engine.journal.list_events(kind="started")[0].detail
     assert f"after run {first.id} (that run acts only on the nodes it started with)" in started
     assert await engine.submit(ai003) == Disposition.DUPLICATE  # held by the run that swept it
@@ -205,8 +210,9 @@ async def test_orphan_alerts_for_two_nodes_before_the_run_starts_are_swept_by_on
     assert await engine.submit(orphan_alert("o3", "ai003")) == Disposition.ABSORBED
     await engine.wait_idle()
     (run,) = engine.journal.list_runs()
-    assert run.outcome == "succeeded"
-    assert sorted(node for node, _ in helpers.of("sweep")) == ["ai002", "ai003"]
+    assert run.outcome == "succeeded" and run.steps[0].node == "ai002, ai003"
+    assert sorted(node for node, _ in helpers.of("sweep")) == ["ai001", "ai002", "ai003",
+                                                                "ai004"]
 
 
 async def test_a_sweep_after_which_the_model_does_not_answer_escalates_in_words_that_fit(
@@ -214,12 +220,33 @@ async def test_a_sweep_after_which_the_model_does_not_answer_escalates_in_words_
 ) -> None:
     """Nothing was started and no circuit opens: no `verified start`, no resume hint."""
     engine, _ = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
-                            health=Health(verdicts=[HealthVerdict.down("refused")]))
+                            health=Health(verdicts=[HealthVerdict.up("answered"),
+                                                    HealthVerdict.down("refused")]))
     await engine.submit(orphan_alert("o1"))
     await engine.wait_idle()
     (run,) = engine.journal.list_runs()
     assert run.outcome == "escalated"
-    assert run.detail == f"{MODEL} did not answer after sweep-orphans on ai002"
+    assert run.detail == (f"{MODEL} did not answer after sweep-orphans on ai002,"
+                          " sweep-orphans on ai001, ai003, ai004")
     assert run.next_action == f"recover {MODEL} by hand"
     assert engine.journal.blocking_control(MODEL) is None
+
+
+async def test_a_model_that_was_not_answering_before_the_sweep_is_left_to_llmmodeldown(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """A crash in progress (KeepAlive restarting the model): the orphans are swept, the
+    verify judges nothing the sweep did, the run succeeds and nothing escalates."""
+    engine, _ = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
+                            health=Health(verdicts=[HealthVerdict.down("refused")]))
+    await engine.submit(orphan_alert("o1"))
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert run.outcome == "succeeded" and run.next_action is None
+    assert [(s.name, s.outcome) for s in run.steps] == [("sweep-orphans", "ok"),
+                                                        ("sweep-orphans", "ok"),
+                                                        ("verify", "skipped")]
+    assert run.detail.startswith("sweep-orphans on ai002, sweep-orphans on ai001, ai003,"
+                                 f" ai004 done; {MODEL} was not answering before the sweep")
+    assert "LLMModelDown acts on a model that stays down" in run.detail
 

@@ -47,7 +47,7 @@ def test_every_node_gets_an_exporter_that_names_its_node_and_reads_the_inventory
         args = parse_args(argv[1:])
         assert (args.command, args.node, args.config_file) == (
             "exporter", node.name, node.medic_config)
-        assert args.listen == "0.0.0.0:10900"
+        assert args.listen == f"{node.ssh}:10900"  # the address Prometheus scrapes
         assert job["KeepAlive"] is True and job["RunAtLoad"] is True
 
 

@@ -1,0 +1,134 @@
+"""The whole loop's scenarios (issue 22), each run on a fresh loop (`testbed/loop.py`) and
+reported as numbers: the end-to-end tests assert on them, bench/whole_loop prints them.
+
+A fault is the seed's crash (mlx.launch and the head's rank SIGKILLed together), made
+`--serve-for` seconds after the model answered. Per fault: the seconds to the next good
+answer (a real one-token completion asked every 0.1 s from the host), and the domains in
+use per node in the simulator's pools (the truth) beside the product's ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.cluster import Cluster
+from testbed.jaccl_sim import JacclSim
+from testbed.loop import Loop, LoopSettings, ServiceKind, start_loop
+
+PD_ERROR = "Couldn't allocate protection domain"
+
+
+@dataclass
+class Fault:
+    seconds: float | None  # None: no answer within the limit
+    pools: dict[str, int]
+    ledgers: dict[str, int]
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    service: ServiceKind
+    mode: str
+    first_answer: float | None = None
+    faults: list[Fault] = field(default_factory=list)
+    orphans_at_end: dict[str, int] = field(default_factory=dict)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    alerts: set[str] = field(default_factory=set)  # every alert on-call was sent, firing
+    service_log: str = ""
+    pd_error_logged: bool = False
+    split: dict[str, float] = field(default_factory=dict)  # the last recovery's phases
+
+    @property
+    def recovered_every_time(self) -> bool:
+        return all(f.seconds is not None for f in self.faults)
+
+    def last_seconds(self) -> float | None:
+        return self.faults[-1].seconds if self.faults else None
+
+
+def run_faults(cluster: Cluster, sim: JacclSim, model_dir: Path, *, scenario: str,
+               service: ServiceKind, faults: int, remediator: bool = True,
+               serve_for: float = 3.0, limit: float = 90.0, first_limit: float = 180.0,
+               settle: float = 30.0, on_loop: Callable[[Loop], None] | None = None,
+               on_fault: Callable[[int], None] | None = None,
+               after: Callable[[Loop], None] | None = None,
+               **settings: Any) -> Outcome:  # fmt: skip
+    """Start the loop with `service` as the model's service, make `faults` seed crashes,
+    let it settle, and report. A fault the model does not come back from ends the run.
+    `on_loop` sees the loop once it stands, `on_fault` each fault's number as it is made
+    (the demo narrates through them), `after` the loop once the faults settled."""
+    outcome = Outcome(scenario, service, sim.on_sigkill)
+    loop_settings = LoopSettings(service=service, remediator=remediator, **settings)
+    with start_loop(cluster, sim, model_dir, loop_settings) as loop:
+        if on_loop is not None:
+            on_loop(loop)
+        outcome.first_answer = loop.wait_answer(first_limit)
+        if outcome.first_answer is not None:
+            for number in range(1, faults + 1):
+                time.sleep(serve_for)
+                if on_fault is not None:
+                    on_fault(number)
+                crashed_at = time.time()
+                loop.crash()
+                took = loop.wait_answer(limit)
+                outcome.faults.append(Fault(took, loop.pools(), loop.ledgers()))
+                if took is None:
+                    break
+                outcome.split = recovery_split(loop, crashed_at, took)
+            settle_orphans(loop, settle)
+            if after is not None:
+                after(loop)
+                settle_orphans(loop, settle)
+        outcome.orphans_at_end = loop.orphans()
+        outcome.runs = loop.runs()
+        outcome.alerts = loop.oncall.alertnames()
+        outcome.service_log = loop.service.output() if loop.service else ""
+        outcome.pd_error_logged = PD_ERROR in outcome.service_log
+    return outcome
+
+
+def settle_orphans(loop: Loop, timeout: float) -> None:
+    """Wait until the exporters report no orphan of the model (or `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(loop.orphans().values()):
+            return
+        time.sleep(1.0)
+
+
+def recovery_split(loop: Loop, crashed_at: float, took: float) -> dict[str, float]:
+    """Where the last recovery's time went, when a remediator run made it: detection
+    (the fault to the alert firing in Prometheus), delivery (firing to the webhook's
+    run queued), each step, and the rest (the model's load after the start)."""
+    runs = [r for r in loop.runs() if r["queued_at"] >= crashed_at - 1]
+    if not runs:
+        return {"total": took}
+    run = runs[0]
+    split: dict[str, float] = {"total": took}
+    fired = _timestamp(run.get("starts_at"))  # the alert's startsAt: when Prometheus fired it
+    if fired is not None:
+        split["detection"] = max(0.0, fired - crashed_at)
+        split["delivery"] = max(0.0, run["queued_at"] - fired)
+    for step in run["steps"]:
+        if step.get("started_at") is not None and step.get("ended_at") is not None:
+            split[f"step {step['name']}"] = step["ended_at"] - step["started_at"]
+    return split
+
+
+def _timestamp(stamp: str | None) -> float | None:
+    from datetime import datetime
+
+    if not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+__all__ = ["PD_ERROR", "Fault", "Outcome", "recovery_split", "run_faults", "settle_orphans"]

@@ -1,0 +1,55 @@
+"""`scripts/demo.sh --short`, as a person runs it: it narrates the seed's fault against
+mlx-medic and against the seed's first fix, the model answers again under mlx-medic, and
+nothing of the testbed is left afterwards."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.tools import require_root, require_tool
+
+pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def processes_naming(path: str) -> list[int]:
+    """Pids whose command line or working directory is under `path`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            cwd = str((proc / "cwd").readlink())
+        except OSError:
+            continue
+        if path in cmdline or cwd.startswith(path):
+            found.append(int(proc.name))
+    return found
+
+
+def test_the_short_demo_narrates_the_loop_the_model_answers_and_nothing_is_left():
+    require_root()
+    for tool in ("sshd", "supervisord", "prometheus", "prometheus-alertmanager"):
+        require_tool(tool)
+    result = subprocess.run([str(REPO / "scripts" / "demo.sh"), "--short"], cwd=REPO,
+                            capture_output=True, text=True, timeout=1200, check=False)  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    ours = out[out.index("mlx-medic (serve + remediator): the loop stands"):
+               out.index("the seed's first fix: the loop stands")]  # fmt: skip
+    assert "FAULT 1: mlx.launch and the head's rank SIGKILLed together" in ours
+    after_fault = ours[ours.index("FAULT 1"):]
+    assert "the model answers" in after_fault  # back by itself
+    assert "protection domains in use:" in ours and "orphans (exporters):" in ours
+    assert "Prometheus http://127.0.0.1:" in ours and "the on-call page http://127.0.0.1:" in ours
+    assert "side by side" in out and "the seed's first fix" in out.split("side by side")[1]
+    (workdir,) = re.findall(r"cleaned up: (/var/tmp/mlx-medic-demo-[0-9a-f]+) removed", out)
+    assert not Path(workdir).exists()
+    assert processes_naming(workdir) == []
+    assert workdir not in Path("/proc/self/mountinfo").read_text()
