@@ -42,6 +42,7 @@ class Outcome:
     service_log: str = ""
     pd_error_logged: bool = False
     split: dict[str, float] = field(default_factory=dict)  # the last recovery's phases
+    workdir: Path | None = None  # the loop's files (kept for a look after the test)
 
     @property
     def recovered_every_time(self) -> bool:
@@ -65,6 +66,7 @@ def run_faults(cluster: Cluster, sim: JacclSim, model_dir: Path, *, scenario: st
     outcome = Outcome(scenario, service, sim.on_sigkill)
     loop_settings = LoopSettings(service=service, remediator=remediator, **settings)
     with start_loop(cluster, sim, model_dir, loop_settings) as loop:
+        outcome.workdir = loop.workdir
         if on_loop is not None:
             on_loop(loop)
         outcome.first_answer = loop.wait_answer(first_limit)

@@ -10,27 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.loop.leftovers import processes_naming
 from tests.tools import require_root, require_tool
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def processes_naming(path: str) -> list[int]:
-    """Pids whose command line or working directory is under `path`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-            cwd = str((proc / "cwd").readlink())
-        except OSError:
-            continue
-        if path in cmdline or cwd.startswith(path):
-            found.append(int(proc.name))
-    return found
 
 
 def test_the_short_demo_narrates_the_loop_the_model_answers_and_nothing_is_left():

@@ -21,11 +21,15 @@ from testbed.launch import rank_pids, start_launch
 from testbed.loop import Loop, LoopSettings, start_loop
 from testbed.loop_scenarios import PD_ERROR, Outcome, run_faults
 from tests.exporter.test_seed_orphan import RANK_SCRIPT
+from tests.loop.leftovers import processes_naming
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
 
 def report(outcome: Outcome) -> None:
+    """Print the scenario's numbers; and nothing the loop started outlives it."""
+    assert outcome.workdir is not None
+    assert processes_naming(outcome.workdir) == [], f"left running: {outcome.workdir}"
     print(f"\n{outcome.scenario} ({outcome.service}, {outcome.mode}): first answer"
           f" {outcome.first_answer}, per fault {[f.seconds for f in outcome.faults]},"
           f" pools {[f.pools for f in outcome.faults]}, ledgers"
