@@ -94,7 +94,7 @@ class Narrator:
         capacity = 2 * loop.sim.config.capacity  # two devices per node here
         self._changed("pools", "protection domains in use: " + ", ".join(
             f"{n} {used}/{capacity}" for n, used in pools.items()))
-        firing = sorted({a["labels"]["alertname"] for a in loop._prometheus("alerts")["alerts"]
+        firing = sorted({a["labels"]["alertname"] for a in loop.prometheus("alerts")["alerts"]
                          if a["state"] == "firing"})  # fmt: skip
         self._changed("alerts", f"alerts firing: {', '.join(firing) or 'none'}")
         for run in loop.runs():

@@ -45,13 +45,13 @@ from testbed.closing import ClosedOnExit
 from testbed.cluster import Cluster, TestbedError
 from testbed.jaccl_sim import JacclSim
 from testbed.keepalive import KeepAlive, keep_alive
-from testbed.net import free_port
+from testbed.net import free_port, wait_listening
 from testbed.seed_fixes import SeedFix, SeedModel, write_seed_script
 
 MEDIC = str(Path(sys.executable).parent / "mlx-medic")
 LAUNCH = str(Path(sys.executable).parent / "mlx.launch")
 TOKEN = "loop-" + uuid.uuid4().hex
-ServiceKind = Literal["plain", "first-fix", "final-fix", "serve"]
+ServiceKind = SeedFix | Literal["serve"]  # a seed start script, or `mlx-medic serve`
 MODEL = "tiny"
 
 # The rules' `for:` in the loop: long enough that a first start of the tiny model on three
@@ -183,7 +183,8 @@ class Loop(ClosedOnExit):
         return {node: self.sim.in_use(node) for node in self.settings.nodes}
 
     def ledgers(self) -> dict[str, int]:
-        """Domains the product believes spent per node this boot (its estimate)."""
+        """What the product's ledger counted spent per node this boot (processes holding
+        or having held domains: its estimate)."""
         from mlx_medic.node.ledger import read_ledger
 
         spent = {}
@@ -201,11 +202,11 @@ class Loop(ClosedOnExit):
         return found
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        data = self._prometheus("query", query=promql)
+        data = self.prometheus("query", query=promql)
         return list(data["result"])
 
     def firing(self, alertname: str) -> list[dict[str, Any]]:
-        return [alert for alert in self._prometheus("alerts")["alerts"]
+        return [alert for alert in self.prometheus("alerts")["alerts"]
                 if alert["labels"].get("alertname") == alertname
                 and alert["state"] == "firing"]  # fmt: skip
 
@@ -256,7 +257,7 @@ class Loop(ClosedOnExit):
             parts.append(f"--- service ({self.service.log}):\n{tail}")
         return "\n".join(parts)
 
-    def _prometheus(self, path: str, **params: str) -> Any:
+    def prometheus(self, path: str, **params: str) -> Any:
         url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
@@ -426,10 +427,7 @@ def _start_exporter(loop: Loop, name: str) -> Daemon:
     daemon = Daemon(f"exporter {name}", popen, log, pid)
     listen = argv[argv.index("--web.listen-address") + 1]
     host, _, port = listen.rpartition(":")
-    _wait(lambda: _listening(host, int(port)) or popen.poll() is not None, 60,
-          f"the exporter on {name} to listen on {listen}", loop, daemon)  # fmt: skip
-    if popen.poll() is not None:
-        raise TestbedError(f"the exporter on {name} exited:\n{daemon.tail()}")
+    _listening(daemon, host, int(port))
     return daemon
 
 
@@ -481,22 +479,23 @@ def _host_daemon(loop: Loop, name: str, argv: list[str], port: int) -> Daemon:
                                  stderr=subprocess.STDOUT)  # fmt: skip
     daemon = Daemon(name, popen, log, popen.pid)
     try:
-        _wait(lambda: _listening("127.0.0.1", port) or popen.poll() is not None, 60,
-              f"{name} to listen on 127.0.0.1:{port}", loop, daemon)  # fmt: skip
-        if popen.poll() is not None:
-            raise TestbedError(f"{name} exited {popen.returncode}:\n{daemon.tail()}")
+        _listening(daemon, "127.0.0.1", port)
     except BaseException:
         daemon.stop()
         raise
     return daemon
 
 
-def _listening(host: str, port: int) -> bool:
-    import socket
+def _listening(daemon: Daemon, host: str, port: int) -> None:
+    """Wait until `daemon` listens; its log's tail in the error if it exits or never does."""
+    def alive() -> None:
+        if daemon.popen.poll() is not None:
+            raise TestbedError(f"{daemon.name} exited {daemon.popen.returncode}:\n{daemon.tail()}")
 
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
-        return True
-    return False
+    try:
+        wait_listening(host, port, 60, check=alive)
+    except TimeoutError as exc:
+        raise TestbedError(f"{exc} ({daemon.name}):\n{daemon.tail()}") from None
 
 
 def _ready(port: int) -> bool:
@@ -508,7 +507,7 @@ def _ready(port: int) -> bool:
 
 def _targets_up(loop: Loop) -> bool:
     with contextlib.suppress(OSError, TestbedError, ValueError):
-        targets = loop._prometheus("targets")["activeTargets"]
+        targets = loop.prometheus("targets")["activeTargets"]
         exporters = [t for t in targets if t["labels"].get("job") == "mlx-medic-exporter"]
         return len(exporters) == len(loop.settings.nodes) and all(
             t["health"] == "up" for t in exporters)
@@ -525,4 +524,4 @@ def _wait(predicate: Any, timeout: float, what: str, loop: Loop,
         time.sleep(0.2)
 
 
-__all__ = ["Loop", "LoopSettings", "OncallSink", "SeedFix", "ServiceKind", "start_loop"]
+__all__ = ["Loop", "LoopSettings", "OncallSink", "ServiceKind", "start_loop"]

@@ -24,8 +24,7 @@ def remediator_target(url: str) -> tuple[str, str]:
             " https://remediator.example:10901"
         )
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = parts.hostname
-    return parts.scheme, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return parts.scheme, services.host_port(parts.hostname, port)
 
 
 def global_settings(site: Site) -> dict[str, str]:

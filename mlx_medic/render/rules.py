@@ -23,6 +23,8 @@ from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site, check
 TARGET = "rules"
 DIR = PurePosixPath("rules")
 SOURCE: Traversable = files("mlx_medic.render") / "mlx-medic.rules.yaml"
+
+
 def _overridden(text: str, site: Site) -> str:
     rules: dict[str, Any] = yaml.safe_load(text)
     alerts = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]

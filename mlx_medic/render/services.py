@@ -33,9 +33,13 @@ def medic_command(node: Node) -> str:
     return node.medic_command
 
 
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def exporter_listen(node: Node) -> str:
     """The node's inventory address (what Prometheus scrapes), not every interface."""
-    return f"[{node.ssh}]:{EXPORTER_PORT}" if ":" in node.ssh else f"{node.ssh}:{EXPORTER_PORT}"
+    return host_port(node.ssh, EXPORTER_PORT)
 
 
 def exporter_argv(node: Node) -> list[str]:
