@@ -95,10 +95,12 @@ def run_faults(cluster: Cluster, sim: JacclSim, model_dir: Path, *, scenario: st
 
 
 def settle_orphans(loop: Loop, timeout: float) -> None:
-    """Wait until the exporters report no orphan of the model (or `timeout`)."""
+    """Wait until the exporters report no orphan of the model and no remediator run is
+    still under way (or `timeout`): the outcome reads runs that ended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(loop.orphans().values()):
+        running = [r for r in loop.runs() if r["ended_at"] is None]
+        if not running and not any(loop.orphans().values()):
             return
         time.sleep(1.0)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -108,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
         if action == "stop":
             record_service_stop(state_dir, model.name, args.by, args.reason)
         argv = service_argv(model, _action(action))
+        began = time.monotonic()
         exit_status, stdout, stderr = run_manager(argv, args.timeout)
+        manager_seconds = round(time.monotonic() - began, 3)
         done = exit_status == 0 or (
             action == "stop" and exit_status is not None
             and already_stopped(model.service.manager, exit_status, stderr)
@@ -122,7 +125,10 @@ def run(args: argparse.Namespace) -> int:
         raise HelperError(str(exc)) from None
     document = {"model": model.name, "action": action, "argv": argv,
                 "exit_status": exit_status, "stdout": stdout, "stderr": stderr,
-                "stopped_by": _record(stop), "done": done}  # fmt: skip
+                "stopped_by": _record(stop), "done": done,
+                # the manager's own time (a stop waits out the job's exit, up to its stop
+                # grace): kept apart from the remediator's own time in the run log
+                "manager_seconds": manager_seconds}  # fmt: skip
     if action == "start":
         document["started_by"] = args.by
     if action != "stop":

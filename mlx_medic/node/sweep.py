@@ -213,6 +213,7 @@ class SweepReport:
     listeners_signalled: list[int] = field(default_factory=list)  # hung ones, or its run's
     serving_listener: dict[str, Any] | None = None  # start sweep: an answering listener
     not_ours: list[dict[str, Any]] = field(default_factory=list)  # may not signal: left alone
+    grace_waited: float = 0.0  # seconds of SIGTERM grace waited out (something outlived it)
 
     @property
     def unkillable(self) -> list[Target]:
@@ -250,6 +251,7 @@ class SweepReport:
             "spared": self.spared, "pd_spent": self.pd_spent, "complete": self.complete,
             "settled": self.settled, "listeners_signalled": self.listeners_signalled,
             "serving_listener": self.serving_listener, "not_ours": self.not_ours,
+            "grace_waited": round(self.grace_waited, 3),
         }  # fmt: skip
 
 
@@ -603,7 +605,10 @@ class Sweep:
                 sent.append(target)
             elif not target.foreign:
                 self._changed(target)
+        began = self.seams.clock()
         alive = self._wait(sent, self.grace)
+        if [t for t in alive if not self._known_survivor(t)]:
+            report.grace_waited = self.seams.clock() - began  # the grace ran out
         if alive and self.model.policy.sigkill:
             killed = []
             for target in alive:

@@ -36,6 +36,12 @@ def report(outcome: Outcome) -> None:
           f" {[f.ledgers for f in outcome.faults]}, orphans at end {outcome.orphans_at_end},"
           f" runs {[(r['playbook'], r['outcome']) for r in outcome.runs]},"
           f" on-call {sorted(outcome.alerts)}, last recovery {outcome.split}")  # fmt: skip
+    for run in outcome.runs:
+        if run["outcome"] != "succeeded":
+            steps = [(s["name"], s["node"], s["outcome"], s["detail"], s["output"][-1500:])
+                     for s in run["steps"]]
+            print(f"  run {run['id']} {run['playbook']} {run['outcome']}: {run['detail']}"
+                  f" steps {steps}")  # fmt: skip
 
 
 def no_duplicate_runs(outcome: Outcome) -> bool:
