@@ -53,6 +53,9 @@ LAUNCH = str(Path(sys.executable).parent / "mlx.launch")
 TOKEN = "loop-" + uuid.uuid4().hex
 ServiceKind = SeedFix | Literal["serve"]  # a seed start script, or `mlx-medic serve`
 MODEL = "tiny"
+DASHBOARD = Path(__file__).resolve().parents[1] / "grafana/dashboards/mlx-medic-cluster.json"
+DASHBOARD_VARIABLES = {"$node": ".+", "$model": ".+", "$__rate_interval": "30s",
+                       "$__range": "10m"}  # fmt: skip
 
 # The rules' `for:` in the loop: long enough that a first start of the tiny model on three
 # nodes (about 20 s here) is not a page, short enough for a test. Every expression and
@@ -200,6 +203,44 @@ class Loop(ClosedOnExit):
             node = sample["metric"].get("node", "")
             found[node] = found.get(node, 0) + int(float(sample["value"][1]))
         return found
+
+    def dashboard_orphans(self) -> dict[str, float]:
+        """Each orphan panel of the cluster dashboard (grafana/), its query with the
+        variables set to "All" as Grafana expands them: the sum of what it shows now."""
+        dashboard = json.loads(DASHBOARD.read_text())
+        shown: dict[str, float] = {}
+        panels = [p for top in dashboard["panels"] for p in (top, *top.get("panels", []))]
+        for panel in panels:
+            for target in panel.get("targets", []):
+                expr = target.get("expr", "")
+                if "mlx_orphan_processes" not in expr:
+                    continue
+                for variable, value in DASHBOARD_VARIABLES.items():
+                    expr = expr.replace(variable, value)
+                shown[expr] = sum(float(r["value"][1]) for r in self.query(expr))
+        return shown
+
+    def alerts_unjournaled(self) -> int:
+        """Alerts the remediator's webhook took in (`mlx_medic_alerts_received_total`)
+        less the journal's events that record what it did with one (each gets one): 0
+        when no record was lost."""
+        from mlx_medic.remediator.alerts import Disposition
+        from mlx_medic.remediator.journal import Journal
+
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.remediator_port}/metrics",
+            headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read().decode()
+        received = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("mlx_medic_alerts_received_total{"))  # fmt: skip
+        journal = Journal(self.journal)
+        try:
+            kinds = {str(d) for d in Disposition}
+            events = [e for e in journal.list_events(limit=100_000) if e.kind in kinds]
+        finally:
+            journal.close()
+        return int(received) - len(events)
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         data = self.prometheus("query", query=promql)

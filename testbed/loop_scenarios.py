@@ -9,6 +9,7 @@ use per node in the simulator's pools (the truth) beside the product's ledger.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ class Outcome:
     service_log: str = ""
     pd_error_logged: bool = False
     split: dict[str, float] = field(default_factory=dict)  # the last recovery's phases
+    dashboard_orphans: dict[str, float] = field(default_factory=dict)  # each panel's query
+    alerts_unjournaled: int | None = None  # webhook alerts without a journal record
     workdir: Path | None = None  # the loop's files (kept for a look after the test)
 
     @property
@@ -87,6 +90,9 @@ def run_faults(cluster: Cluster, sim: JacclSim, model_dir: Path, *, scenario: st
                 after(loop)
                 settle_orphans(loop, settle)
         outcome.orphans_at_end = loop.orphans()
+        outcome.dashboard_orphans = loop.dashboard_orphans()
+        if remediator:
+            outcome.alerts_unjournaled = loop.alerts_unjournaled()
         outcome.runs = loop.runs()
         outcome.alerts = loop.oncall.alertnames()
         outcome.service_log = loop.service.output() if loop.service else ""
@@ -121,7 +127,52 @@ def recovery_split(loop: Loop, crashed_at: float, took: float) -> dict[str, floa
     for step in run["steps"]:
         if step.get("started_at") is not None and step.get("ended_at") is not None:
             split[f"step {step['name']}"] = step["ended_at"] - step["started_at"]
+    own = remediator_seconds(run)
+    if own is not None:
+        split["remediator own"] = own
     return split
+
+
+def remediator_seconds(run: dict[str, Any]) -> float | None:
+    """The remediator's own time in a run: from the webhook's run queued to the service's
+    start command (`recover`), or to the end of its last sweep (`sweep-orphans`, which
+    starts nothing), less the graces it waited out as configured: the service manager's
+    stop (the job's exit, up to its stop grace: the helper's `manager_seconds`) and each
+    sweep's SIGTERM grace (`grace_waited`, the longest of the nodes swept at once). None
+    for a run that got to neither."""
+    steps = [s for s in run["steps"] if s.get("started_at") is not None]
+    start = next((s for s in steps if s["name"] in ("start-service", "restart-service")), None)
+    sweeps = [s for s in steps if s["name"] in ("sweep", "sweep-orphans")
+              and s.get("ended_at") is not None]  # fmt: skip
+    if start is not None:
+        end = float(start["started_at"])
+    elif sweeps:
+        end = float(sweeps[-1]["ended_at"])
+    else:
+        return None
+    waited = 0.0
+    for step in steps:
+        if step["started_at"] >= end:
+            break
+        documents = _documents(step.get("output") or "")
+        if step["name"] == "stop-service":
+            waited += sum(float(d.get("manager_seconds") or 0) for d in documents)
+        elif step["name"] in ("sweep", "sweep-orphans"):
+            waited += max((float(d.get("grace_waited") or 0) for d in documents), default=0.0)
+    return max(0.0, end - float(run["queued_at"]) - waited)
+
+
+def _documents(output: str) -> list[dict[str, Any]]:
+    """The helper documents in a step's journaled output (one JSON line per node)."""
+    documents = []
+    for line in output.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("document"), dict):
+            documents.append(entry["document"])
+    return documents
 
 
 def _timestamp(stamp: str | None) -> float | None:
@@ -135,4 +186,5 @@ def _timestamp(stamp: str | None) -> float | None:
         return None
 
 
-__all__ = ["PD_ERROR", "Fault", "Outcome", "recovery_split", "run_faults", "settle_orphans"]
+__all__ = ["PD_ERROR", "Fault", "Outcome", "recovery_split", "remediator_seconds", "run_faults",
+           "settle_orphans"]

@@ -30,6 +30,7 @@ import yaml
 
 from testbed import Cluster, free_port, processes
 from testbed.launch import start_launch
+from testbed.loop import DASHBOARD_VARIABLES
 from testbed.net import wait_listening
 from tests.exporter.macos_commands import macos_output
 from tests.exporter.test_seed_orphan import RANK_SCRIPT, wait_ready
@@ -55,7 +56,7 @@ NODES = ("ai001", "ai002")
 # must show data from the live scrape.
 EXCEPTIONS: dict[str, str] = {}
 # Grafana's variables, as a dashboard set to "All" and a short time range expands them.
-VARIABLES = {"$node": ".+", "$model": ".+", "$__rate_interval": "30s", "$__range": "10m"}
+VARIABLES = DASHBOARD_VARIABLES
 JACCL_LINE = "RuntimeError: [jaccl] Couldn't allocate protection domain"
 METAL_LINE = ("libc++abi: terminating due to uncaught exception of type std::runtime_error:"
               " [METAL] Command buffer execution failed: Caused GPU Timeout Error"

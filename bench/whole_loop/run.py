@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from testbed import start_cluster  # noqa: E402
 from testbed.jaccl_sim import start_jaccl_sim  # noqa: E402
-from testbed.loop_scenarios import Outcome, run_faults  # noqa: E402
+from testbed.loop_scenarios import Outcome, remediator_seconds, run_faults  # noqa: E402
 from testbed.node_users import NodeUser  # noqa: E402
 from testbed.tiny_model import make_tiny_model  # noqa: E402
 
@@ -66,6 +66,14 @@ def table(outcome: Outcome) -> str:
     lines += ["", f"orphans at the end: {orphans}; remediator runs: {runs};"
               " `Couldn't allocate protection domain` in the service log:"
               f" {'yes' if outcome.pd_error_logged else 'no'}"]  # fmt: skip
+    own = [(r["playbook"], remediator_seconds(r)) for r in outcome.runs]
+    if own:
+        lines.append("remediator's own time (run queued to the start command, or to the end of"
+                     " the last sweep; stop and SIGTERM graces excluded): "
+                     + ", ".join(f"{playbook} {fmt(seconds)} s" for playbook, seconds in own))
+    shown = sorted(set(outcome.dashboard_orphans.values()))
+    lines.append(f"dashboard orphan panels at the end: {shown}; alerts the webhook took"
+                 f" without a journal record: {outcome.alerts_unjournaled}")  # fmt: skip
     if outcome.split:
         split = ", ".join(f"{k} {v:.1f} s" for k, v in outcome.split.items())
         lines.append(f"last recovery: {split}")

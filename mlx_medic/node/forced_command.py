@@ -11,7 +11,7 @@ placed on this node, `--config.file` this inventory, `--state-dir` its state dir
 this node, and no other path) and then against the key's table: one of its grants, exact
 in options and values (the remediator's key cannot send the serve wrapper's start sweep,
 `run set` or a lock with another holder; the serve key nothing but the wrapper's calls
-to a peer). Then the words are executed directly with this interpreter's mlx-medic.
+to a peer). Then the helper runs in this same process (`mlx_medic.cli.main`).
 Anything else is refused on stderr, exit 2, saying why. `mlx-medic render
 authorized-keys` writes the lines, one per key:
 
@@ -274,7 +274,9 @@ def run(args: argparse.Namespace) -> int:
     except Refused as exc:
         print(f"mlx-medic forced command: refused {original!r}: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    sys.stdout.flush()
-    # -I: no user site, no PYTHONPATH, no working directory on the import path, so
-    # nothing in the login user's environment chooses the code the helper runs.
-    os.execv(sys.executable, [sys.executable, "-I", "-m", "mlx_medic.cli", *argv])
+    # In this process: the helper's code is what this forced command already runs (its
+    # interpreter and import path, which the rendered command= fixes), so a second Python
+    # would isolate nothing and only double the start-up every remediation step pays.
+    from mlx_medic.cli import main
+
+    return main(argv)

@@ -18,6 +18,7 @@ cannot stop `recover`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from mlx_medic.inventory import Inventory, Model
@@ -61,7 +62,10 @@ class SweepOrphansPlaybook(Playbook):
         run found unkillable (and named)."""
         model = context.model
         nodes = list(context.nodes or model.nodes)
-        replies = await ask(context, nodes, "orphans", model.name)
+        # the model's health is asked beside the orphans, not after them: one round trip
+        # less before the sweep, while the orphans may still be killable
+        replies, health = await asyncio.gather(ask(context, nodes, "orphans", model.name),
+                                               context.health(model))  # fmt: skip
         if replies.errors:
             node, error = next(iter(replies.errors.items()))
             return RecheckVerdict.skip(
@@ -76,7 +80,7 @@ class SweepOrphansPlaybook(Playbook):
                 else:
                     fresh.append(f"{node} pid {entry.get('pid')} ({entry.get('rule', '?')})")
         if fresh:
-            context.answered_before = (await context.health(model)).state is ModelState.UP
+            context.answered_before = health.state is ModelState.UP
             return RecheckVerdict.act(f"orphans of {model.name} still reported: {', '.join(fresh)}")
         also = f" (only {known} an earlier run found unkillable and named)" if known else ""
         return RecheckVerdict.skip(f"no orphans of {model.name} left on {', '.join(nodes)}{also}")

@@ -35,13 +35,23 @@ def report(outcome: Outcome) -> None:
           f" pools {[f.pools for f in outcome.faults]}, ledgers"
           f" {[f.ledgers for f in outcome.faults]}, orphans at end {outcome.orphans_at_end},"
           f" runs {[(r['playbook'], r['outcome']) for r in outcome.runs]},"
-          f" on-call {sorted(outcome.alerts)}, last recovery {outcome.split}")  # fmt: skip
+          f" on-call {sorted(outcome.alerts)}, last recovery {outcome.split},"
+          f" dashboard orphans {sorted(set(outcome.dashboard_orphans.values()))},"
+          f" alerts without a journal record {outcome.alerts_unjournaled}")  # fmt: skip
     for run in outcome.runs:
         if run["outcome"] != "succeeded":
             steps = [(s["name"], s["node"], s["outcome"], s["detail"], s["output"][-1500:])
                      for s in run["steps"]]
             print(f"  run {run['id']} {run['playbook']} {run['outcome']}: {run['detail']}"
                   f" steps {steps}")  # fmt: skip
+
+
+def nothing_left_and_nothing_lost(outcome: Outcome) -> bool:
+    """The dashboard's orphan panels back to zero; every alert the webhook took has its
+    journal record (None: no remediator in the scenario)."""
+    assert outcome.dashboard_orphans, "the dashboard has no orphan panel to read"
+    return (not any(outcome.dashboard_orphans.values())
+            and outcome.alerts_unjournaled in (0, None))  # fmt: skip
 
 
 def no_duplicate_runs(outcome: Outcome) -> bool:
@@ -63,6 +73,7 @@ def test_the_seeds_cascade_under_its_plain_start_script_is_healed_by_the_remedia
     assert any(r["playbook"] == "sweep-orphans" and r["outcome"] == "succeeded"
                for r in outcome.runs), outcome.runs  # fmt: skip
     assert no_duplicate_runs(outcome)
+    assert nothing_left_and_nothing_lost(outcome), outcome
 
 
 def test_the_seeds_first_fix_recovers_while_the_pool_lasts_then_stays_down(
@@ -85,6 +96,7 @@ def test_the_seeds_final_fix_recovers_from_every_fault_the_anchor(
                          service="final-fix", remediator=False, faults=2)  # fmt: skip
     report(outcome)
     assert outcome.recovered_every_time, outcome.service_log[-2000:]
+    assert nothing_left_and_nothing_lost(outcome), outcome
 
 
 def test_prevention_the_serve_wrapper_leaves_no_orphan_and_orphans_made_later_are_swept(
@@ -109,6 +121,7 @@ def test_prevention_the_serve_wrapper_leaves_no_orphan_and_orphans_made_later_ar
     assert outcome.orphans_at_end == {"ai001": 0, "ai002": 0, "ai003": 0}
     assert not [r for r in outcome.runs if r["playbook"] == "recover"], outcome.runs
     assert no_duplicate_runs(outcome)
+    assert nothing_left_and_nothing_lost(outcome), outcome
     missed, runs = found["swept"]
     print(f"orphans while serving: runs {runs}, probes missed {missed}")
     assert missed == 0, "the model stopped answering while its orphans were swept"

@@ -98,6 +98,8 @@ def test_stop_records_the_run_then_really_stops_the_program(supervised: Supervis
     assert document["stopped_by"]["reason"] == "model down"
     assert supervised.program_state() == "STOPPED"
     assert read_service_stop(supervised.state_dir, "tiny").run == "remediator run 12"
+    # the manager's own time (its wait for the job's exit), kept apart in the run log
+    assert isinstance(document["manager_seconds"], float) and document["manager_seconds"] >= 0
 
     status = json.loads(supervised.helper("status").stdout)
     assert status["stopped_by"]["run"] == "remediator run 12"

@@ -196,6 +196,7 @@ def test_sigterm_ends_the_models_processes_and_leaves_everything_else():
     assert world.sent == [(10, "SIGTERM")]
     assert report.exited == [10] and report.complete
     document = report.to_json()
+    assert document["grace_waited"] == 0  # everything went on SIGTERM: no grace ran out
     assert document["signalled"][0]["signals"] == ["SIGTERM"]
     assert set(world.live) == {1, 11, 12}
 
@@ -207,6 +208,7 @@ def test_what_ignores_sigterm_gets_sigkill_after_the_grace_period():
     assert world.sent == [(10, "SIGTERM"), (10, "SIGKILL")]
     assert world.now >= GLM.policy.kill_grace  # waited the grace first
     assert report.exited == [10] and report.complete
+    assert report.to_json()["grace_waited"] >= GLM.policy.kill_grace  # said, for the run log
 
 
 def test_without_policy_sigkill_a_survivor_of_sigterm_is_reported_not_killed():
