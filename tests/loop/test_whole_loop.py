@@ -21,7 +21,7 @@ from testbed.launch import rank_pids, start_launch
 from testbed.loop import Loop, LoopSettings, start_loop
 from testbed.loop_scenarios import PD_ERROR, Outcome, run_faults
 from tests.exporter.test_seed_orphan import RANK_SCRIPT
-from tests.loop.leftovers import processes_naming
+from tests.loop.leftovers import listeners, off_loopback, processes_naming
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
@@ -167,6 +167,14 @@ def test_jaccl_spent_the_model_serves_on_ring_and_returns_to_jaccl_after_a_reboo
     with start_loop(loop_cluster, keep_sim, tiny_model, LoopSettings(service="serve")) as loop:
         assert loop.wait_answer(180) is not None, loop.logs()
         assert loop.backend() == "jaccl"
+        # every server of the loop listens on a loopback address it names (Alertmanager's
+        # cluster port is off): Prometheus, Alertmanager, the remediator, the exporters,
+        # the model and its ranks, each node's sshd
+        listening = listeners(loop.workdir, loop.cluster.workdir, tiny_model)
+        ports = {port for _, port in listening}
+        assert {loop.prometheus_port, loop.alertmanager_port, loop.remediator_port,
+                loop.port} <= ports, listening  # fmt: skip
+        assert off_loopback(listening) == {}, listening
         for _ in range(4):
             time.sleep(3)
             loop.crash()
