@@ -186,5 +186,153 @@ def _timestamp(stamp: str | None) -> float | None:
         return None
 
 
-__all__ = ["PD_ERROR", "Fault", "Outcome", "recovery_split", "remediator_seconds", "run_faults",
-           "settle_orphans"]
+@dataclass
+class RebootOutcome:
+    """Scenarios 5 (JACCL spent) and 6 (the seed's `Us+` survivors): crashes on a loop
+    with `mlx-medic serve`, the alert that names what is wrong, then a reboot of every
+    node and the model's way back to JACCL."""
+
+    scenario: str
+    mode: str
+    first_answer: float | None = None
+    pools_at_first_answer: dict[str, int] = field(default_factory=dict)
+    crashes: list[Fault] = field(default_factory=list)
+    backends: list[str | None] = field(default_factory=list)  # after each crash
+    alert: str = ""  # the alert waited for
+    alert_after: float | None = None  # seconds from the last crash to it firing
+    alerts: list[dict[str, Any]] = field(default_factory=list)  # as Prometheus has them
+    pools_before_reboot: dict[str, int] = field(default_factory=dict)
+    back_on_jaccl: float | None = None  # seconds from the reboot to answering on JACCL
+    pools_after: dict[str, int] = field(default_factory=dict)
+    smoke_after_reboot: bool = False  # the JACCL smoke test ran again
+    survivor_pid: int | None = None
+    survivor_state_before_reboot: str | None = None
+
+
+def reboot_scenario(cluster: Cluster, sim: JacclSim, model_dir: Path, *, scenario: str,
+                    crashes: int, alert: str, until_ring: bool = False,
+                    frozen_peer: bool = False, serve_for: float = 3.0,
+                    limit: float = 90.0, alert_limit: float = 120.0,
+                    back_limit: float = 180.0,
+                    on_answer: Callable[[Loop], None] | None = None) -> RebootOutcome:  # fmt: skip
+    """`crashes` seed faults against `mlx-medic serve` (fewer when `until_ring` and the
+    wrapper moved to ring), with a real mlx.launch of the model crashed before mlx-medic
+    was deployed and its peer rank left to freeze when `frozen_peer`; then `alert` must
+    fire, every node reboots, and the model must come back on JACCL by itself.
+    `on_answer` sees the loop once the model first answers."""
+    from testbed import processes
+    from testbed.faults import frozen_survivor
+
+    outcome = RebootOutcome(scenario, sim.on_sigkill, alert=alert)
+
+    def earlier_crashed_run(loop: Loop) -> None:
+        outcome.survivor_pid = frozen_survivor(
+            loop.cluster, loop.sim, model=model_dir, port=loop.port,
+            hostfile=loop.workdir / "jaccl.json", starting_port=47700,
+            log=loop.workdir / "earlier-run.log")  # fmt: skip
+
+    settings = LoopSettings(service="serve",
+                            before_service=earlier_crashed_run if frozen_peer else None)
+    with start_loop(cluster, sim, model_dir, settings) as loop:
+        outcome.first_answer = loop.wait_answer(2 * back_limit)
+        if outcome.first_answer is None:
+            return outcome
+        outcome.pools_at_first_answer = loop.pools()
+        if on_answer is not None:
+            on_answer(loop)
+        for _ in range(crashes):
+            time.sleep(serve_for)
+            loop.crash()
+            took = loop.wait_answer(limit)
+            outcome.crashes.append(Fault(took, loop.pools(), loop.ledgers()))
+            outcome.backends.append(loop.backend())
+            if took is None or (until_ring and loop.backend() == "ring"):
+                break
+        crashed = time.monotonic()
+        while time.monotonic() - crashed < alert_limit:
+            if firing := loop.firing(alert):
+                outcome.alert_after = time.monotonic() - crashed
+                outcome.alerts = firing
+                break
+            time.sleep(0.5)
+        outcome.pools_before_reboot = loop.pools()
+        if outcome.survivor_pid is not None:
+            outcome.survivor_state_before_reboot = processes.state(outcome.survivor_pid)
+        rebooted = time.monotonic()
+        loop.reboot(*settings.nodes)
+        while time.monotonic() - rebooted < back_limit:
+            if loop.answers() and loop.backend() == "jaccl":
+                outcome.back_on_jaccl = time.monotonic() - rebooted
+                break
+            time.sleep(0.5)
+        outcome.pools_after = loop.pools()
+        output = loop.service.output() if loop.service else ""
+        outcome.smoke_after_reboot = "jaccl smoke test" in output
+    return outcome
+
+
+@dataclass
+class ServingOutcome:
+    """Scenario 7: orphans made while the model serves."""
+
+    mode: str
+    first_answer: float | None = None
+    orphans: int = 0  # the seed's ranks left behind, on every node
+    swept_after: float | None = None  # seconds from the launcher's death to none left
+    probes: int = 0  # health probes while they were swept
+    missed: int = 0  # of those, the ones the model did not answer
+    runs: list[tuple[str, str]] = field(default_factory=list)  # (playbook, outcome)
+
+
+def orphans_while_serving(loop: Loop, script: Path, model_dir: Path,
+                          outcome: ServingOutcome | None = None,
+                          limit: float = 120.0) -> ServingOutcome:  # fmt: skip
+    """Launch the seed's rank script (`script`, started with the model's port) on every
+    node of a serving loop, kill its launcher, and probe the model every 0.5 s until the
+    orphans are gone."""
+    from testbed.launch import rank_pids, start_launch
+
+    outcome = outcome or ServingOutcome(loop.sim.on_sigkill)
+    before = {r["id"] for r in loop.runs()}
+    seed = start_launch(
+        loop.cluster, loop.workdir / "ring.json",
+        [loop.cluster.python, str(script), "--model", str(model_dir), "--port", str(loop.port)],
+        launch_args=["--starting-port", "47600"])  # fmt: skip
+    deadline = time.monotonic() + limit
+    while seed.output().count("ready sum=3") < 3:
+        if not seed.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the seed's rank script did not start:\n{seed.output()}")
+        time.sleep(0.2)
+    outcome.orphans = sum(len(rank_pids(loop.cluster.node(n), str(script)))
+                          for n in loop.settings.nodes)  # fmt: skip
+    seed.kill()  # the launcher dies; its ranks are the seed's orphans
+    killed = time.monotonic()
+    while any(rank_pids(loop.cluster.node(n), str(script)) for n in loop.settings.nodes):
+        if time.monotonic() - killed > limit:
+            break
+        outcome.probes += 1
+        outcome.missed += 0 if loop.answers() else 1
+        time.sleep(0.5)
+    else:
+        outcome.swept_after = time.monotonic() - killed
+    settle_orphans(loop, 30.0)
+    outcome.runs = [(r["playbook"], r["outcome"]) for r in loop.runs() if r["id"] not in before]
+    return outcome
+
+
+def serving_scenario(cluster: Cluster, sim: JacclSim, model_dir: Path, script: Path,
+                     rank_pattern: str) -> ServingOutcome:  # fmt: skip
+    """Scenario 7 on a loop of its own: `mlx-medic serve`, the remediator, and the seed's
+    rank script named by the model's `rank_pattern` (its orphans are the model's)."""
+    outcome = ServingOutcome(sim.on_sigkill)
+    settings = LoopSettings(service="serve", rank_patterns=(rank_pattern,))
+    with start_loop(cluster, sim, model_dir, settings) as loop:
+        outcome.first_answer = loop.wait_answer(180.0)
+        if outcome.first_answer is not None:
+            orphans_while_serving(loop, script, model_dir, outcome)
+    return outcome
+
+
+__all__ = ["PD_ERROR", "Fault", "Outcome", "RebootOutcome", "ServingOutcome",
+           "orphans_while_serving", "reboot_scenario", "recovery_split",
+           "remediator_seconds", "run_faults", "serving_scenario", "settle_orphans"]

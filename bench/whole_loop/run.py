@@ -10,7 +10,13 @@ SIGKILLed together, `--serve-for` seconds after each answer):
 2. `first fix`: the seed's ppid == 1 sweep, no remediator;
 3. `final fix`: the seed's final fix (its kill -9 sweep of every node), no remediator:
    the anchor;
-4. `prevention`: `mlx-medic serve` as the service, the remediator present.
+4. `prevention`: `mlx-medic serve` as the service, the remediator present;
+5. `JACCL spent`: `serve` crashed until the ledger moves it to ring, the ring-fallback
+   alert, then every node rebooted and the way back to JACCL;
+6. `Us+ survivors`: a real mlx.launch of the model crashed before mlx-medic was deployed,
+   its peer rank frozen, then `serve` and its faults, the reboot alert, the reboot;
+7. `orphans while serving`: the seed's rank script launched on every node and its
+   launcher killed while `serve` serves: the orphans swept, the model probed meanwhile.
 
 Per fault: seconds to the next good answer ("down" past `--limit`), the domains in use
 per node in the simulator's pools (the truth) and the product's ledger (its estimate);
@@ -31,11 +37,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from testbed import start_cluster  # noqa: E402
+from testbed import Cluster, start_cluster  # noqa: E402
 from testbed.jaccl_sim import start_jaccl_sim  # noqa: E402
-from testbed.loop_scenarios import Outcome, remediator_seconds, run_faults  # noqa: E402
+from testbed.loop_scenarios import (  # noqa: E402
+    Outcome,
+    RebootOutcome,
+    ServingOutcome,
+    reboot_scenario,
+    remediator_seconds,
+    run_faults,
+    serving_scenario,
+)
 from testbed.node_users import NodeUser  # noqa: E402
 from testbed.tiny_model import make_tiny_model  # noqa: E402
+from tests.exporter.test_seed_orphan import RANK_SCRIPT  # noqa: E402
 
 SCENARIOS = {
     "cascade healed": {"service": "plain", "remediator": True},
@@ -43,6 +58,36 @@ SCENARIOS = {
     "final fix": {"service": "final-fix", "remediator": False},
     "prevention": {"service": "serve", "remediator": True},
 }
+MORE = ("JACCL spent", "Us+ survivors", "orphans while serving")
+
+
+def reboot_table(outcome: RebootOutcome) -> str:
+    after = zip(outcome.crashes, outcome.backends, strict=True)
+    crashes = ", ".join(f"{fmt(f.seconds)} s ({backend}, {pools(f.pools)})" for f, backend in after)
+    described = "; ".join(a["annotations"].get("description", "") for a in outcome.alerts)
+    return "\n".join([
+        f"### {outcome.scenario}, mode {outcome.mode}", "",
+        f"- first answer {fmt(outcome.first_answer)} s, domains in use then"
+        f" {pools(outcome.pools_at_first_answer) if outcome.pools_at_first_answer else '-'}",
+        f"- crashes: seconds to answer (backend after, domains in use): {crashes or '-'}",
+        f"- `{outcome.alert}` fired {fmt(outcome.alert_after)} s after the last crash:"
+        f" {described or '-'}",
+        f"- before the reboot: domains in use {pools(outcome.pools_before_reboot)}"
+        + (f", the frozen survivor in state {outcome.survivor_state_before_reboot}"
+           if outcome.survivor_pid is not None else ""),
+        f"- after the reboot: back on JACCL in {fmt(outcome.back_on_jaccl)} s (its smoke"
+        f" test ran: {'yes' if outcome.smoke_after_reboot else 'no'}), domains in use"
+        f" {pools(outcome.pools_after)}"])  # fmt: skip
+
+
+def serving_table(outcome: ServingOutcome) -> str:
+    runs = ", ".join(f"{playbook} {result}" for playbook, result in outcome.runs) or "none"
+    return "\n".join([
+        f"### orphans while serving, mode {outcome.mode}", "",
+        f"- first answer {fmt(outcome.first_answer)} s; {outcome.orphans} orphans of the"
+        f" seed's rank script on the three nodes; all gone {fmt(outcome.swept_after)} s after"
+        f" the launcher died; the model missed {outcome.missed} of {outcome.probes} probes"
+        f" meanwhile; remediator runs: {runs}"])  # fmt: skip
 
 
 def fmt(value: float | None) -> str:
@@ -80,20 +125,44 @@ def table(outcome: Outcome) -> str:
     return "\n".join(lines)
 
 
+def more(name: str, cluster: Cluster, mode: str, model: Path, workdir: Path,
+         args: argparse.Namespace) -> str:  # fmt: skip
+    """Scenarios 5 to 7, each with a simulator of its own (pools, frozen groups)."""
+    sim = start_jaccl_sim(cluster, on_sigkill=mode, capacity=args.capacity,  # type: ignore[arg-type]
+                          killable_for=args.killable_for)  # fmt: skip
+    try:
+        if name == "JACCL spent":
+            return reboot_table(reboot_scenario(
+                cluster, sim, model, scenario=name, crashes=6, until_ring=True,
+                alert="MLXServingOnRingFallback", serve_for=args.serve_for, limit=args.limit))
+        if name == "Us+ survivors":
+            return reboot_table(reboot_scenario(
+                cluster, sim, model, scenario=name, crashes=args.faults, frozen_peer=True,
+                alert="MLXUnkillableSurvivors", serve_for=args.serve_for, limit=args.limit))
+        script = workdir / "seed-rank-script" / "serve.py"
+        script.parent.mkdir(exist_ok=True)
+        script.write_text(RANK_SCRIPT)
+        return serving_table(serving_scenario(cluster, sim, model, script,
+                                              r"serve\.py --model \S+ --port {port}"))
+    finally:
+        sim.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", type=int, default=4)
     parser.add_argument("--modes", default="release,keep")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--scenarios", default=",".join((*SCENARIOS, *MORE)))
     parser.add_argument("--serve-for", type=float, default=3.0)
     parser.add_argument("--limit", type=float, default=90.0,
                         help="seconds to wait for an answer before calling it down")
     parser.add_argument("--capacity", type=int, default=3)
     parser.add_argument("--killable-for", type=float, default=20.0)
     args = parser.parse_args()
-    unknown = [s for s in args.scenarios.split(",") if s not in SCENARIOS]
+    unknown = [s for s in args.scenarios.split(",") if s not in (*SCENARIOS, *MORE)]
     if unknown:
-        parser.error(f"unknown scenarios {unknown}: choose from {', '.join(SCENARIOS)}")
+        parser.error(f"unknown scenarios {unknown}: choose from"
+                     f" {', '.join((*SCENARIOS, *MORE))}")
     workdir = Path("/var/tmp") / f"mlx-medic-bench-loop-{uuid.uuid4().hex[:8]}"
     workdir.mkdir()
     outcomes: list[Outcome] = []
@@ -105,6 +174,10 @@ def main() -> int:
                                       killable_for=args.killable_for)  # fmt: skip
                 try:
                     for name in args.scenarios.split(","):
+                        if name in MORE:
+                            print(more(name, cluster, mode, model, workdir, args), "\n",
+                                  flush=True)  # fmt: skip
+                            continue
                         outcome = run_faults(cluster, sim, model, scenario=name,
                                              faults=args.faults, serve_for=args.serve_for,
                                              limit=args.limit, **SCENARIOS[name])  # type: ignore[arg-type]

@@ -7,23 +7,29 @@ output (`-s`); the assertions are the issue's goals where one run can show them.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testbed import Cluster, processes
-from testbed.faults import frozen_survivor
+from testbed import Cluster
 from testbed.jaccl_sim import JacclSim
-from testbed.launch import rank_pids, start_launch
-from testbed.loop import Loop, LoopSettings, start_loop
-from testbed.loop_scenarios import PD_ERROR, Outcome, run_faults
+from testbed.loop import Loop
+from testbed.loop_scenarios import (
+    PD_ERROR,
+    Outcome,
+    ServingOutcome,
+    orphans_while_serving,
+    reboot_scenario,
+    run_faults,
+)
 from tests.exporter.test_seed_orphan import RANK_SCRIPT
 from tests.loop.leftovers import listeners, off_loopback, processes_naming
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+
+# the seed's rank script, named by the model's port (its orphans are the model's)
+SEED_RANK_PATTERN = r"serve\.py --model \S+ --port {port}"
 
 
 def report(outcome: Outcome) -> None:
@@ -107,14 +113,11 @@ def test_prevention_the_serve_wrapper_leaves_no_orphan_and_orphans_made_later_ar
     recover run; then the seed's rank script is launched on every node and its launcher
     killed while the model serves: the orphan alert routes to sweep-orphans, the orphans
     go, and the model never stops answering."""
-    script = loop_cluster.workdir / "loop-orphans" / "serve.py"
-    script.parent.mkdir(exist_ok=True)
-    script.write_text(RANK_SCRIPT)
-    pattern = r"serve\.py --model \S+ --port {port}"  # the rank script, by the model's port
-    found: dict[str, Any] = {}
+    script = seed_rank_script(loop_cluster)
+    found: dict[str, ServingOutcome] = {}
     outcome = run_faults(
         loop_cluster, release_sim, tiny_model, scenario="prevention", service="serve",
-        faults=2, rank_patterns=(pattern,),
+        faults=2, rank_patterns=(SEED_RANK_PATTERN,),
         after=lambda loop: found.update(swept=orphans_while_serving(loop, script, tiny_model)))
     report(outcome)
     assert outcome.recovered_every_time, outcome.service_log[-2000:]
@@ -122,40 +125,19 @@ def test_prevention_the_serve_wrapper_leaves_no_orphan_and_orphans_made_later_ar
     assert not [r for r in outcome.runs if r["playbook"] == "recover"], outcome.runs
     assert no_duplicate_runs(outcome)
     assert nothing_left_and_nothing_lost(outcome), outcome
-    missed, runs = found["swept"]
-    print(f"orphans while serving: runs {runs}, probes missed {missed}")
-    assert missed == 0, "the model stopped answering while its orphans were swept"
-    assert runs and {playbook for playbook, _ in runs} == {"sweep-orphans"}, runs
+    swept = found["swept"]
+    print(f"orphans while serving: {swept}")
+    assert swept.orphans >= 3 and swept.swept_after is not None, swept
+    assert swept.missed == 0, "the model stopped answering while its orphans were swept"
+    assert swept.runs and {playbook for playbook, _ in swept.runs} == {"sweep-orphans"}, swept
 
 
-def orphans_while_serving(loop: Loop, script: Path, model: Path) -> tuple[int, list[Any]]:
-    """Launch the seed's rank script on every node, kill its launcher, and probe the model
-    every 0.5 s until the orphans are gone: (probes that failed, the runs it caused)."""
-    before = {r["id"] for r in loop.runs()}
-    seed = start_launch(
-        loop.cluster, loop.workdir / "ring.json",
-        [loop.cluster.python, str(script), "--model", str(model), "--port", str(loop.port)],
-        launch_args=["--starting-port", "47600"])  # fmt: skip
-    deadline = time.monotonic() + 120
-    while seed.output().count("ready sum=3") < 3:
-        assert seed.alive() and time.monotonic() < deadline, seed.output()
-        time.sleep(0.2)
-    seed.kill()  # the launcher dies; its ranks are the seed's orphans
-    missed = 0
-    deadline = time.monotonic() + 120
-    while any(rank_pids(loop.cluster.node(n), str(script)) for n in loop.settings.nodes):
-        assert time.monotonic() < deadline, f"orphans not swept:\n{loop.logs()}"
-        missed += 0 if loop.answers() else 1
-        time.sleep(0.5)
-    return missed, [(r["playbook"], r["outcome"]) for r in loop.runs() if r["id"] not in before]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, loop: Loop) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what} not within {timeout:g}s:\n{loop.logs()}"
-        time.sleep(0.5)
-    return value
+def seed_rank_script(cluster: Cluster) -> Path:
+    """The seed's rank script (tests/exporter/test_seed_orphan.py), in the cluster's dir."""
+    script = cluster.workdir / "loop-orphans" / "serve.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(RANK_SCRIPT)
+    return script
 
 
 def test_jaccl_spent_the_model_serves_on_ring_and_returns_to_jaccl_after_a_reboot(
@@ -164,34 +146,34 @@ def test_jaccl_spent_the_model_serves_on_ring_and_returns_to_jaccl_after_a_reboo
     """Mode (b): each crash's SIGKILLed rank keeps its domains; the ledger moves the model
     to ring before the pool is gone, the ring-fallback alert fires, and once every node
     has rebooted the next start tries JACCL again by itself and serves on it."""
-    with start_loop(loop_cluster, keep_sim, tiny_model, LoopSettings(service="serve")) as loop:
-        assert loop.wait_answer(180) is not None, loop.logs()
-        assert loop.backend() == "jaccl"
+    seen: dict[str, Any] = {}
+
+    def on_answer(loop: Loop) -> None:
+        seen["backend"] = loop.backend()
         # every server of the loop listens on a loopback address it names (Alertmanager's
         # cluster port is off): Prometheus, Alertmanager, the remediator, the exporters,
         # the model and its ranks, each node's sshd
-        listening = listeners(loop.workdir, loop.cluster.workdir, tiny_model)
-        ports = {port for _, port in listening}
-        assert {loop.prometheus_port, loop.alertmanager_port, loop.remediator_port,
-                loop.port} <= ports, listening  # fmt: skip
-        assert off_loopback(listening) == {}, listening
-        for _ in range(4):
-            time.sleep(3)
-            loop.crash()
-            assert loop.wait_answer(90) is not None, loop.logs()
-            if loop.backend() == "ring":
-                break
-        assert loop.backend() == "ring", loop.logs()
-        spent = loop.pools()
-        assert all(spent[n] < 2 * keep_sim.config.capacity for n in spent), spent  # never all
-        (fallback, *_) = wait_for(lambda: loop.firing("MLXServingOnRingFallback"), 60,
-                                  "the ring-fallback alert", loop)  # fmt: skip
-        assert fallback["labels"]["model"] == "tiny"
-        loop.reboot(*LoopSettings().nodes)  # pools cleared, new boot ids, the service again
-        wait_for(lambda: loop.answers() and loop.backend() == "jaccl", 180,
-                 "the model back on JACCL after the reboot", loop)  # fmt: skip
-        print(f"\nJACCL spent: pools before the reboot {spent}, after {loop.pools()}")
-        assert "jaccl smoke test" in loop.service.output() if loop.service else False
+        seen["listening"] = listeners(loop.workdir, loop.cluster.workdir, tiny_model)
+        seen["ports"] = {loop.prometheus_port, loop.alertmanager_port, loop.remediator_port,
+                         loop.port}  # fmt: skip
+
+    outcome = reboot_scenario(loop_cluster, keep_sim, tiny_model, scenario="JACCL spent",
+                              crashes=4, until_ring=True, alert="MLXServingOnRingFallback",
+                              on_answer=on_answer)  # fmt: skip
+    print(f"\n{outcome}")
+    assert outcome.first_answer is not None
+    assert seen["backend"] == "jaccl"
+    listening = seen["listening"]
+    assert seen["ports"] <= {port for _, port in listening}, listening
+    assert off_loopback(listening) == {}, listening
+    assert all(f.seconds is not None for f in outcome.crashes), outcome.crashes
+    assert outcome.backends[-1] == "ring", outcome
+    spent = outcome.pools_before_reboot
+    assert all(spent[n] < 2 * keep_sim.config.capacity for n in spent), spent  # never all
+    (fallback, *_) = outcome.alerts
+    assert fallback["labels"]["model"] == "tiny"
+    assert outcome.back_on_jaccl is not None, outcome
+    assert outcome.smoke_after_reboot
 
 
 def test_the_seeds_us_survivors_the_model_serves_again_without_a_reboot_then_jaccl_after_one(
@@ -201,32 +183,17 @@ def test_the_seeds_us_survivors_the_model_serves_again_without_a_reboot_then_jac
     to freeze on the peers (the seed's `Us+`): the model serves anyway, the reboot alert
     names the node and the domains held, later faults add nothing, and after the reboot
     the model is back on JACCL by itself."""
-    frozen: dict[str, int] = {}
-
-    def earlier_crashed_run(loop: Loop) -> None:
-        frozen["ai002"] = frozen_survivor(
-            loop.cluster, loop.sim, model=tiny_model, port=loop.port,
-            hostfile=loop.workdir / "jaccl.json", starting_port=47700,
-            log=loop.workdir / "earlier-run.log")  # fmt: skip
-
-    settings = LoopSettings(service="serve", before_service=earlier_crashed_run)
-    with start_loop(loop_cluster, fresh_release_sim, tiny_model, settings) as loop:
-        assert loop.wait_answer(180) is not None, loop.logs()
-        after_start = loop.pools()
-        for _ in range(2):
-            time.sleep(3)
-            loop.crash()
-            assert loop.wait_answer(90) is not None, loop.logs()
-        later = loop.pools()  # nothing accumulates over later faults
-        assert all(later[n] <= after_start[n] for n in later), (after_start, later)
-        assert processes.state(frozen["ai002"]) == "D"  # the survivor is still there
-        alerts = wait_for(lambda: loop.firing("MLXUnkillableSurvivors"), 120,
-                          "the reboot alert", loop)  # fmt: skip
-        named = {alert["labels"]["node"]: alert["annotations"]["description"] for alert in alerts}
-        assert "ai002" in named, named
-        assert named["ai002"].startswith("reboot ai002 to free"), named
-        assert "protection domain(s)" in named["ai002"] and "tiny" in named["ai002"]
-        print(f"\nUs+ survivors: pools {after_start}, backend {loop.backend()}, alerts {named}")
-        loop.reboot(*LoopSettings().nodes)
-        wait_for(lambda: loop.answers() and loop.backend() == "jaccl", 180,
-                 "the model back on JACCL after the reboot", loop)  # fmt: skip
+    outcome = reboot_scenario(loop_cluster, fresh_release_sim, tiny_model,
+                              scenario="Us+ survivors", crashes=2, frozen_peer=True,
+                              alert="MLXUnkillableSurvivors")  # fmt: skip
+    print(f"\n{outcome}")
+    assert outcome.first_answer is not None
+    assert all(f.seconds is not None for f in outcome.crashes), outcome.crashes
+    later, after_start = outcome.crashes[-1].pools, outcome.pools_at_first_answer
+    assert all(later[n] <= after_start[n] for n in later), (after_start, later)
+    assert outcome.survivor_state_before_reboot == "D"  # the survivor was still there
+    named = {a["labels"]["node"]: a["annotations"]["description"] for a in outcome.alerts}
+    assert "ai002" in named, named
+    assert named["ai002"].startswith("reboot ai002 to free"), named
+    assert "protection domain(s)" in named["ai002"] and "tiny" in named["ai002"]
+    assert outcome.back_on_jaccl is not None, outcome
