@@ -54,8 +54,6 @@ TOKEN = "loop-" + uuid.uuid4().hex
 ServiceKind = SeedFix | Literal["serve"]  # a seed start script, or `mlx-medic serve`
 MODEL = "tiny"
 DASHBOARD = Path(__file__).resolve().parents[1] / "grafana/dashboards/mlx-medic-cluster.json"
-DASHBOARD_VARIABLES = {"$node": ".+", "$model": ".+", "$__rate_interval": "30s",
-                       "$__range": "10m"}  # fmt: skip
 
 # The rules' `for:` in the loop: long enough that a first start of the tiny model on three
 # nodes (about 20 s here) is not a page, short enough for a test. Every expression and
@@ -207,18 +205,11 @@ class Loop(ClosedOnExit):
     def dashboard_orphans(self) -> dict[str, float]:
         """Each orphan panel of the cluster dashboard (grafana/), its query with the
         variables set to "All" as Grafana expands them: the sum of what it shows now."""
-        dashboard = json.loads(DASHBOARD.read_text())
-        shown: dict[str, float] = {}
-        panels = [p for top in dashboard["panels"] for p in (top, *top.get("panels", []))]
-        for panel in panels:
-            for target in panel.get("targets", []):
-                expr = target.get("expr", "")
-                if "mlx_orphan_processes" not in expr:
-                    continue
-                for variable, value in DASHBOARD_VARIABLES.items():
-                    expr = expr.replace(variable, value)
-                shown[expr] = sum(float(r["value"][1]) for r in self.query(expr))
-        return shown
+        from testbed.dashboard_queries import expand, panel_targets
+
+        queries = [expand(expr) for _, expr in panel_targets(json.loads(DASHBOARD.read_text()))
+                   if "mlx_orphan_processes" in expr]  # fmt: skip
+        return {expr: sum(float(r["value"][1]) for r in self.query(expr)) for expr in queries}
 
     def alerts_unjournaled(self) -> int:
         """Alerts the remediator's webhook took in (`mlx_medic_alerts_received_total`)
@@ -232,8 +223,11 @@ class Loop(ClosedOnExit):
             headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
         with urllib.request.urlopen(request, timeout=10) as response:
             text = response.read().decode()
-        received = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("mlx_medic_alerts_received_total{"))  # fmt: skip
+        from prometheus_client.parser import text_string_to_metric_families
+
+        received = sum(sample.value for family in text_string_to_metric_families(text)
+                       if family.name == "mlx_medic_alerts_received"
+                       for sample in family.samples if sample.name.endswith("_total"))  # fmt: skip
         journal = Journal(self.journal)
         try:
             kinds = {str(d) for d in Disposition}

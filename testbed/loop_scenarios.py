@@ -21,6 +21,9 @@ from testbed.jaccl_sim import JacclSim
 from testbed.loop import Loop, LoopSettings, ServiceKind, start_loop
 
 PD_ERROR = "Couldn't allocate protection domain"
+# the seed's rank script (tests/exporter/test_seed_orphan.py), named by the model's port in
+# the model's `process_patterns.rank`, so its orphans are the model's
+SEED_RANK_PATTERN = r"serve\.py --model \S+ --port {port}"
 
 
 @dataclass
@@ -320,12 +323,12 @@ def orphans_while_serving(loop: Loop, script: Path, model_dir: Path,
     return outcome
 
 
-def serving_scenario(cluster: Cluster, sim: JacclSim, model_dir: Path, script: Path,
-                     rank_pattern: str) -> ServingOutcome:  # fmt: skip
+def serving_scenario(cluster: Cluster, sim: JacclSim, model_dir: Path,
+                     script: Path) -> ServingOutcome:  # fmt: skip
     """Scenario 7 on a loop of its own: `mlx-medic serve`, the remediator, and the seed's
-    rank script named by the model's `rank_pattern` (its orphans are the model's)."""
+    rank `script`, which the model's rank pattern names (its orphans are the model's)."""
     outcome = ServingOutcome(sim.on_sigkill)
-    settings = LoopSettings(service="serve", rank_patterns=(rank_pattern,))
+    settings = LoopSettings(service="serve", rank_patterns=(SEED_RANK_PATTERN,))
     with start_loop(cluster, sim, model_dir, settings) as loop:
         outcome.first_answer = loop.wait_answer(180.0)
         if outcome.first_answer is not None:
@@ -333,6 +336,6 @@ def serving_scenario(cluster: Cluster, sim: JacclSim, model_dir: Path, script: P
     return outcome
 
 
-__all__ = ["PD_ERROR", "Fault", "Outcome", "RebootOutcome", "ServingOutcome",
+__all__ = ["PD_ERROR", "SEED_RANK_PATTERN", "Fault", "Outcome", "RebootOutcome", "ServingOutcome",
            "orphans_while_serving", "reboot_scenario", "recovery_split",
            "remediator_seconds", "run_faults", "serving_scenario", "settle_orphans"]

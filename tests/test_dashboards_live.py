@@ -29,8 +29,9 @@ import pytest
 import yaml
 
 from testbed import Cluster, free_port, processes
+from testbed.dashboard_queries import VARIABLES, panel_targets
+from testbed.dashboard_queries import expand as expand_query
 from testbed.launch import start_launch
-from testbed.loop import DASHBOARD_VARIABLES
 from testbed.net import wait_listening
 from tests.exporter.macos_commands import macos_output
 from tests.exporter.test_seed_orphan import RANK_SCRIPT, wait_ready
@@ -55,8 +56,6 @@ NODES = ("ai001", "ai002")
 # Panel queries that may return nothing here, each with the reason. Empty: every panel
 # must show data from the live scrape.
 EXCEPTIONS: dict[str, str] = {}
-# Grafana's variables, as a dashboard set to "All" and a short time range expands them.
-VARIABLES = DASHBOARD_VARIABLES
 JACCL_LINE = "RuntimeError: [jaccl] Couldn't allocate protection domain"
 METAL_LINE = ("libc++abi: terminating due to uncaught exception of type std::runtime_error:"
               " [METAL] Command buffer execution failed: Caused GPU Timeout Error"
@@ -74,18 +73,12 @@ def _generator() -> ModuleType:
 
 def panel_queries() -> list[tuple[str, str, str]]:
     """(dashboard, panel title, query) for every target of every panel."""
-    found = []
-    for name, board in _generator().dashboards().items():
-        for panel in board["panels"]:
-            for inner in [panel, *panel.get("panels", [])]:
-                for target in inner.get("targets", []):
-                    found.append((name, inner.get("title", ""), target["expr"]))
-    return found
+    return [(name, title, expr) for name, board in _generator().dashboards().items()
+            for title, expr in panel_targets(board)]  # fmt: skip
 
 
 def expand(query: str) -> str:
-    for variable, value in VARIABLES.items():
-        query = query.replace(variable, value)
+    query = expand_query(query)
     assert "$" not in query, f"a dashboard variable this test does not set: {query}"
     return query
 

@@ -142,8 +142,7 @@ def more(name: str, cluster: Cluster, mode: str, model: Path, workdir: Path,
         script = workdir / "seed-rank-script" / "serve.py"
         script.parent.mkdir(exist_ok=True)
         script.write_text(RANK_SCRIPT)
-        return serving_table(serving_scenario(cluster, sim, model, script,
-                                              r"serve\.py --model \S+ --port {port}"))
+        return serving_table(serving_scenario(cluster, sim, model, script))
     finally:
         sim.close()
 

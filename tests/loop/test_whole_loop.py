@@ -17,6 +17,7 @@ from testbed.jaccl_sim import JacclSim
 from testbed.loop import Loop
 from testbed.loop_scenarios import (
     PD_ERROR,
+    SEED_RANK_PATTERN,
     Outcome,
     ServingOutcome,
     orphans_while_serving,
@@ -27,9 +28,6 @@ from tests.exporter.test_seed_orphan import RANK_SCRIPT
 from tests.loop.leftovers import listeners, off_loopback, processes_naming
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
-
-# the seed's rank script, named by the model's port (its orphans are the model's)
-SEED_RANK_PATTERN = r"serve\.py --model \S+ --port {port}"
 
 
 def report(outcome: Outcome) -> None:
