@@ -14,13 +14,13 @@ if [ "$rc" = 5 ]; then
   exit 1
 fi
 if [ "$rc" = 0 ] && [ "$#" = 0 ]; then
-  # The least-privilege deployment as rendered (docs/security.md): the remediator's and
-  # the serve wrapper's scenario tests again, every node with its non-root login user.
-  # (tests/loop runs the whole loop in that mode already: sweep-orphans, the model lock,
-  # the remote probe and the wrapper over the rendered keys and sudoers.)
-  MLX_MEDIC_TESTBED_USERS=three .venv/bin/python -m pytest -p no:cacheprovider -m testbed \
-    tests/remediator/test_recover_testbed.py tests/remediator/test_finish_stop_testbed.py \
-    tests/remediator/test_unreachable.py tests/serve/test_serve_testbed.py
+  # The least-privilege deployment as rendered (docs/security.md): the testbed tests marked
+  # least_privilege (recover, finish-stop, an unreachable head, the serve wrapper's teardown)
+  # again, every node with its non-root login user. (tests/loop runs the whole loop in that
+  # mode already: sweep-orphans, the model lock, the remote probe and the wrapper over the
+  # rendered keys and sudoers.)
+  MLX_MEDIC_TESTBED_USERS=three .venv/bin/python -m pytest -p no:cacheprovider \
+    -m "testbed and least_privilege"
   rc=$?
   if [ "$rc" = 5 ]; then
     echo "test.sh: the three-user run collected no tests; that is a failure" >&2

@@ -48,6 +48,9 @@ class Outcome:
     split: dict[str, float] = field(default_factory=dict)  # the last recovery's phases
     dashboard_orphans: dict[str, float] = field(default_factory=dict)  # each panel's query
     alerts_unjournaled: int | None = None  # webhook alerts without a journal record
+    # a fault the model did not come back from: seconds from it to a remediator run's
+    # escalation (on-call paged), None when none escalated
+    escalated_after: float | None = None
     workdir: Path | None = None  # the loop's files (kept for a look after the test)
 
     @property
@@ -89,6 +92,8 @@ def run_faults(cluster: Cluster, sim: JacclSim, model_dir: Path, *, scenario: st
                     break
                 outcome.split = recovery_split(loop, crashed_at, took)
             settle_orphans(loop, settle)
+            if outcome.faults and outcome.faults[-1].seconds is None:
+                outcome.escalated_after = escalated_after(loop, crashed_at)
             if after is not None:
                 after(loop)
                 settle_orphans(loop, settle)
@@ -112,6 +117,13 @@ def settle_orphans(loop: Loop, timeout: float) -> None:
         if not running and not any(loop.orphans().values()):
             return
         time.sleep(1.0)
+
+
+def escalated_after(loop: Loop, crashed_at: float) -> float | None:
+    """Seconds from the fault to the end of the first run after it that escalated."""
+    ended = [r["ended_at"] for r in loop.runs() if r["queued_at"] >= crashed_at - 1
+             and r["outcome"] == "escalated" and r["ended_at"] is not None]  # fmt: skip
+    return min(ended) - crashed_at if ended else None
 
 
 def recovery_split(loop: Loop, crashed_at: float, took: float) -> dict[str, float]:

@@ -111,6 +111,9 @@ def table(outcome: Outcome) -> str:
     lines += ["", f"orphans at the end: {orphans}; remediator runs: {runs};"
               " `Couldn't allocate protection domain` in the service log:"
               f" {'yes' if outcome.pd_error_logged else 'no'}"]  # fmt: skip
+    if outcome.escalated_after is not None:
+        lines.append(f"escalated (on-call paged) {fmt(outcome.escalated_after)} s after the"
+                     " fault it did not come back from")  # fmt: skip
     own = [(r["playbook"], remediator_seconds(r)) for r in outcome.runs]
     if own:
         lines.append("remediator's own time (run queued to the start command, or to the end of"

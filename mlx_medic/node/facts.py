@@ -87,33 +87,43 @@ def rdma_facts(runner: Runner) -> dict[str, Any] | None:
     return facts
 
 
-def _tail_lines(path: Path, limit: int) -> list[str]:
+def _tail_lines(path: Path, limit: int) -> tuple[list[tuple[int, str]], int]:
+    """The last whole lines within `limit` bytes, each with the byte offset it starts at,
+    and the file's size: the offsets tell which lines a start wrote (after its mark)."""
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
-        handle.seek(max(0, size - limit))
+        begin = max(0, size - limit)
+        handle.seek(begin)
         data = handle.read(limit)
-    lines = data.decode("utf-8", "replace").splitlines()
-    return lines[1:] if size > limit else lines  # the first may be cut
+    lines: list[tuple[int, str]] = []
+    offset = begin
+    for raw in data.splitlines(keepends=True):
+        lines.append((offset, raw.decode("utf-8", "replace").rstrip("\r\n")))
+        offset += len(raw)
+    return (lines[1:] if begin > 0 else lines), size  # the first may be cut
 
 
 def recent_errors(
     files: Sequence[Path], signatures: Sequence[LogSignature], count: int,
     tail_bytes: int = TAIL_BYTES,
-) -> tuple[list[dict[str, str]], dict[str, str]]:  # fmt: skip
-    """The last `count` lines that match a signature (oldest first, each with the file and
-    every signature it matches), and the files that could not be read, with why."""
-    found: list[dict[str, str]] = []
+) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, int]]:  # fmt: skip
+    """The last `count` lines that match a signature (oldest first, each with the file,
+    every signature it matches and the byte offset it starts at), the files that could
+    not be read, with why, and the size of each file read."""
+    found: list[dict[str, Any]] = []
     unreadable: dict[str, str] = {}
+    sizes: dict[str, int] = {}
     for path in files:
         try:
-            lines = _tail_lines(path, tail_bytes)
+            lines, sizes[str(path)] = _tail_lines(path, tail_bytes)
         except OSError as exc:
             unreadable[str(path)] = exc.strerror or str(exc)
             continue
-        for line in lines:
+        for offset, line in lines:
             for name in signatures_matching(line, signatures):
-                found.append({"file": str(path), "signature": name, "line": line})
-    return found[-count:] if count else [], unreadable
+                found.append({"file": str(path), "signature": name, "line": line,
+                              "offset": offset})  # fmt: skip
+    return found[-count:] if count else [], unreadable, sizes
 
 
 def versions() -> dict[str, Any]:
@@ -169,6 +179,8 @@ def serve_facts(state_dir: Path, model: str) -> dict[str, Any] | None:
     failures = sorted(record.failures, key=lambda f: f.backend != "jaccl")
     failure = failures[0] if failures else None
     return {"state": record.state, "backend": record.backend,
+            "failed_starts": record.failed_starts,
+            "failed_backends": [f.backend for f in record.failures],
             "backend_reason": record.backend_reason, "argv": list(record.argv),
             "reboot": list(record.reboot),
             "failure": None if failure is None else {

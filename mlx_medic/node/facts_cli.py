@@ -1,9 +1,10 @@
 """`mlx-medic node facts [MODEL]`: what a playbook reads about this node for its preflight
 and an escalation (mlx_medic.node.facts): memory, RDMA (null without it), the MLX and
 mlx-lm versions, the OS build and, with MODEL, the last matching lines of its service
-logs with the signature each matches and the serve wrapper's record of it (`serve`: state,
-backend, the last failed start's failure; null where none is kept). Exit 0 with whatever
-could be read; each part that could not is null with its reason beside it."""
+logs with the signature each matches and the byte offset it starts at, each log's size
+(`log_sizes`), and the serve wrapper's record of it (`serve`: state, backend, the last
+failed start's failure; null where none is kept). Exit 0 with whatever could be read;
+each part that could not is null with its reason beside it."""
 
 from __future__ import annotations
 
@@ -51,9 +52,10 @@ def run(args: argparse.Namespace) -> int:
         "versions": versions(), "os": os_build(run_command, sys.platform),
     }  # fmt: skip
     if model is not None:
-        errors, unreadable = recent_errors(model.log_files, signatures_for(context.inventory),
-                                           args.lines)  # fmt: skip
+        errors, unreadable, sizes = recent_errors(
+            model.log_files, signatures_for(context.inventory), args.lines)
         document["log_errors"], document["unreadable_logs"] = errors, unreadable
+        document["log_sizes"] = sizes
         document["serve"] = serve_facts(context.state_dir, model.name)
     lines = [f"node {context.node}: {document['memory']['available_bytes']} bytes available",
              f"  RDMA: {'none' if document['rdma'] is None else document['rdma']}",

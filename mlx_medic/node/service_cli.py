@@ -4,8 +4,9 @@ through the service manager's own command, and the record of who stopped it.
 `stop --by RUN` writes "stopped by RUN" BEFORE it runs the manager's stop, so a service
 left stopped (the caller crashed, gave up, or the stop half-worked) is always explained on
 the head; `start` and `restart` clear the record only after the manager's command
-succeeded. Only the manager's command goes through `sudo -n` (`service_argv`); this helper
-runs as the service user.
+succeeded, and report where the head stood just before it (`log_sizes`, the serve
+wrapper's `failed_starts`: a verify reads what this start did). Only the manager's command goes
+through `sudo -n` (`service_argv`); this helper runs as the service user.
 
 A stop of a job that is already gone counts as stopped (decided here, from the managers'
 verbatim answers, not guessed):
@@ -22,6 +23,7 @@ import argparse
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from mlx_medic.node.cli import (
@@ -32,6 +34,7 @@ from mlx_medic.node.cli import (
     emit,
     node_context,
 )
+from mlx_medic.node.log_marks import log_sizes
 from mlx_medic.node.model_arg import placed_model
 from mlx_medic.platform.commands import (
     CommandError,
@@ -39,6 +42,7 @@ from mlx_medic.platform.commands import (
     CommandTimeout,
     run_command,
 )
+from mlx_medic.serve.record import read_serve_record
 from mlx_medic.service_manager import ServiceAction, service_argv
 from mlx_medic.service_stop import (
     ServiceStop,
@@ -109,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
         if action == "stop":
             record_service_stop(state_dir, model.name, args.by, args.reason)
         argv = service_argv(model, _action(action))
+        # where the head stands before a start: a verify reads what this start did
+        marks = log_sizes(model.log_files) if action != "stop" else None
+        failed_starts = _failed_starts(state_dir, model.name) if action != "stop" else None
         began = time.monotonic()
         exit_status, stdout, stderr = run_manager(argv, args.timeout)
         manager_seconds = round(time.monotonic() - began, 3)
@@ -133,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         document["started_by"] = args.by
     if action != "stop":
         document["cleared"] = _record(cleared)
+        document["log_sizes"], document["failed_starts"] = marks, failed_starts
     verdict = "done" if done else f"failed (exit {exit_status}): {stderr.strip()[-300:]}"
     emit("service", document, args.json, f"{model.name}: {action} {verdict}")
     if not done:
@@ -140,6 +148,15 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _failed_starts(state_dir: Path, model: str) -> int | None:
+    """The serve wrapper's count of failed starts of the model; None without its record."""
+    try:
+        record = read_serve_record(state_dir, model)
+    except StateFileError:
+        return None
+    return record.failed_starts if record is not None else None
 
 
 def _action(action: str) -> ServiceAction:

@@ -65,6 +65,16 @@ class StepResult:
     survivors: SurvivorVerdict | None = None
 
 
+@dataclass(frozen=True)
+class StartMarks:
+    """Where the head stood just before a start: each service log's size (a site's start
+    script: the lines it wrote come after) and the serve wrapper's count of failed starts
+    (None: no record of the model yet)."""
+
+    log_sizes: dict[str, int | None]
+    failed_starts: int | None
+
+
 @dataclass
 class RunContext:
     """What a step (and a playbook's re-check) may use; the engine makes one per run."""
@@ -87,6 +97,9 @@ class RunContext:
     # Whether the model answered when the run's re-check ran (set by re-checks that probe
     # it): a verify of "still serving" judges only a model that was serving
     answered_before: bool | None = None
+    # The head just before this run's last start (the start helper's reply): a verify
+    # reads what that start did
+    start_marks: StartMarks | None = None
 
     def __post_init__(self) -> None:
         if self.helpers is None:

@@ -8,9 +8,10 @@ the exact error line, which host). One reading of the document serves them all.
 The keys read (`docs/node-helpers.md`; anything missing reads as unknown, never as a
 failure): `os.build`; `versions.mlx`, `versions.mlx-lm`; `memory.available_bytes`;
 `rdma.ports: [{device, port, state, active}]` (`rdma` null: no RDMA on the node);
-`log_errors: [{file, signature, line}]` (recent error signatures of the model's log files,
-with the exact line); and, where a document carries it, `serve: {state, backend,
-failure: {backend, host, reason, line}}` (the serve wrapper's record).
+`log_errors: [{file, signature, line, offset}]` (recent error signatures of the model's
+log files, with the exact line and the byte it starts at); `log_sizes: {file: bytes}`;
+and, where a document carries it, `serve: {state, backend, failed_starts,
+failed_backends, failure: {backend, host, reason, line}}` (the serve wrapper's record).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlx_medic.node.log_marks import written_after
 from mlx_medic.remediator.steps.base import RunContext
 from mlx_medic.remediator.steps.on_nodes import NodeReplies, ask, document_list
 from mlx_medic.serve.record import LIVE_STATES
@@ -43,6 +45,8 @@ class ErrorLine:
     signature: str
     line: str
     host: str
+    file: str | None = None  # a service log's line: where, and the byte offset it starts at
+    offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class NodeFacts:
     serve_failure: ErrorLine | None = None  # the wrapper's record of a failed backend
     serve_backend: str | None = None
     serve_state: str | None = None
+    serve_failed_starts: int | None = None  # the wrapper's count of failed starts
+    serve_failed_backends: tuple[str, ...] = ()  # of its last failed start
+    log_sizes: dict[str, int | None] = field(default_factory=dict)
 
     @classmethod
     def read(cls, node: str, document: dict[str, Any]) -> NodeFacts:
@@ -65,7 +72,9 @@ class NodeFacts:
         ports = [(f"{p.get('device', '?')}:{p.get('port', '?')}",
                   p["active"] if isinstance(p.get("active"), bool) else None)
                  for p in document_list(_mapping(document, "rdma"), "ports")]  # fmt: skip
-        errors = [ErrorLine(str(e.get("signature", "")), str(e.get("line", "")), node)
+        errors = [ErrorLine(str(e.get("signature", "")), str(e.get("line", "")), node,
+                            str(e["file"]) if isinstance(e.get("file"), str) else None,
+                            _number(e.get("offset")))
                   for e in document_list(document, "log_errors") if e.get("line")]  # fmt: skip
         serve = _mapping(document, "serve")
         failure = _mapping(serve, "failure")
@@ -81,6 +90,10 @@ class NodeFacts:
             _text(versions.get("mlx-lm")), _number(memory.get("available_bytes")),
             ports, errors, serve_failure,
             _text(serve.get("backend")), _text(serve.get("state")),
+            _number(serve.get("failed_starts")),
+            tuple(str(b) for b in serve.get("failed_backends") or ()
+                  if isinstance(b, str)),  # fmt: skip
+            {str(k): _number(v) for k, v in _mapping(document, "log_sizes").items()},
         )
 
     @property
@@ -104,6 +117,26 @@ class NodeFacts:
             return failure
         jaccl = [e for e in self.errors if e.signature.startswith(JACCL_SIGNATURE_PREFIX)]
         return jaccl[-1] if jaccl else None
+
+    def jaccl_error_after(self, marks: dict[str, int | None]) -> ErrorLine | None:
+        """The latest JACCL line of the service log written after `marks` (where each log
+        ended before a start, `node service start`'s `log_sizes`); None if none."""
+        for error in reversed(self.errors):
+            entry = {"file": error.file, "offset": error.offset}
+            if (error.signature.startswith(JACCL_SIGNATURE_PREFIX)
+                    and written_after(entry, marks, self.log_sizes)):
+                return error
+        return None
+
+    def jaccl_start_failed_after(self, failed_starts: int | None) -> ErrorLine | None:
+        """The serve wrapper's failure when it counted a failed start since
+        `failed_starts` (None: it had no record then) and every backend that start tried
+        was JACCL; None otherwise."""
+        if self.serve_failed_starts is None or self.serve_failed_starts <= (failed_starts or 0):
+            return None
+        if not self.serve_failed_backends or set(self.serve_failed_backends) != {"jaccl"}:
+            return None
+        return self.serve_failure
 
     def first_error(self) -> ErrorLine | None:
         return self.serve_failure or (self.errors[-1] if self.errors else None)

@@ -9,15 +9,33 @@ any remediator after a restart, by a replica and by `mlx-medic log`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from mlx_medic.inventory import Model
 from mlx_medic.remediator.outcomes import StepOutcome
-from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
+from mlx_medic.remediator.steps.base import (
+    RunContext,
+    StartMarks,
+    Step,
+    StepDescription,
+    StepResult,
+)
 from mlx_medic.remediator.steps.on_nodes import ask, not_answered, one_reply
 from mlx_medic.service_manager import ServiceAction, service_argv
 
 HEAD_UNREACHABLE = ("check that {nodes} (the head) is up and answers SSH; the service's"
                     " state there is unknown")  # fmt: skip
+
+
+def start_marks(document: dict[str, Any]) -> StartMarks:
+    """The start helper's `log_sizes` and `failed_starts`, anything else read as unknown."""
+    sizes = document.get("log_sizes")
+    failed = document.get("failed_starts")
+    return StartMarks(
+        {str(k): v if isinstance(v, int) else None for k, v in sizes.items()}
+        if isinstance(sizes, dict) else {},
+        failed if isinstance(failed, int) and not isinstance(failed, bool) else None,
+    )  # fmt: skip
 
 
 async def service_helper(context: RunContext, action: ServiceAction, *extra: str
@@ -30,6 +48,8 @@ async def service_helper(context: RunContext, action: ServiceAction, *extra: str
         return unanswered
     reply = one_reply(replies)
     document = reply.document
+    if action != "stop":
+        context.start_marks = start_marks(document)
     said = str(document.get("stderr") or document.get("stdout") or "").strip()[-500:]
     status = document.get("exit_status", reply.exit_status)
     exit_status = status if isinstance(status, int) else reply.exit_status

@@ -7,6 +7,17 @@ of the wait (the last verdicts said down) is a failed verify. A verify that expe
 backend in particular reads the one it verified from the head's serve record (`facts`),
 so `mlx_medic_last_verified_backend` follows a normal recover too; a head that cannot
 say leaves it unknown (the model answered: the verify still passed).
+
+A start that has visibly failed, where waiting cannot help, fails the verify at once, with
+the line, instead of after the whole start_timeout (read from the head's `facts` while the
+model is down, against where the head stood before the start):
+- a site's start script (`service.kind: script`) wrote a JACCL error after the start
+  (`Couldn't allocate protection domain`: a plain JACCL script fails the same way on
+  every KeepAlive restart, and has no backend to fall back to): the run escalates;
+- the serve wrapper counted a failed start after ours, every failure of it JACCL's, while
+  the model has a ring backend it did not try (JACCL pinned): the run's ring pin is what
+  helps. A wrapper that tried ring too, or failed for another reason, is waited for: its
+  own relaunch may still bring the model up.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from typing import ClassVar
 
 from mlx_medic.inventory import Model
 from mlx_medic.inventory_methods import BackendName
-from mlx_medic.remediator.model_health import ModelState
+from mlx_medic.remediator.model_health import HealthVerdict, ModelState
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import (
     RunContext,
@@ -73,6 +84,9 @@ class Verify(Step):
             if verdict.state is ModelState.UP:
                 backend = self.backend or await self._served_backend(context)
                 return StepResult(StepOutcome.OK, detail=verdict.reason, backend=backend)
+            failed = await self._start_failed(context, verdict)
+            if failed is not None:
+                return failed
             if time.monotonic() + self.poll_interval > deadline:
                 break
             await asyncio.sleep(self.poll_interval)
@@ -89,6 +103,39 @@ class Verify(Step):
             StepOutcome.INCONCLUSIVE,
             detail=f"could not tell whether {self.model.name} is up: {verdict.reason}",
         )
+
+    async def _start_failed(self, context: RunContext, verdict: HealthVerdict
+                            ) -> StepResult | None:  # fmt: skip
+        """A failed verify when the model is down and the head shows its start failed in a
+        way waiting cannot mend; None otherwise (ask again)."""
+        marks = context.start_marks
+        model = self.model
+        script = model.service.kind == "script"
+        wrapper_can_pin = (model.service.kind == "wrapper" and model.backends.ring is not None
+                           and model.backends.jaccl is not None)  # fmt: skip
+        if (verdict.state is not ModelState.DOWN or marks is None or self.backend is not None
+                or self.only_if_answered_before or not (script or wrapper_can_pin)):
+            return None
+        head = model.head
+        facts = read_facts(await ask(context, [head], "facts", model.name)).get(head)
+        if facts is None:
+            return None
+        wait = f"so the run does not wait out its start_timeout ({self.wait:g}s)"
+        if script:
+            error = facts.jaccl_error_after(marks.log_sizes)
+            if error is None:
+                return None
+            return StepResult(StepOutcome.FAILED, detail=(
+                f"{model.name} is down ({verdict.reason}) and its start script wrote a JACCL"
+                f" error after this start, on {error.host}: {error.line}; a plain JACCL"
+                f" script fails the same way on every restart, {wait}"))  # fmt: skip
+        failure = facts.jaccl_start_failed_after(marks.failed_starts)
+        if failure is None:
+            return None
+        return StepResult(StepOutcome.FAILED, detail=(
+            f"{model.name} is down ({verdict.reason}) and the serve wrapper's start after"
+            f" this one failed on JACCL alone, on {failure.host}: {failure.line}; ring was"
+            f" not tried, {wait}"))  # fmt: skip
 
     async def _served_backend(self, context: RunContext) -> BackendName | None:
         """The backend the head's serve record says the live wrapper serves on (one of the

@@ -84,7 +84,7 @@ def test_the_seeds_first_fix_recovers_while_the_pool_lasts_then_stays_down(
     loop_cluster: Cluster, release_sim: JacclSim, tiny_model: Path,
 ):
     outcome = run_faults(loop_cluster, release_sim, tiny_model, scenario="first fix",
-                         service="first-fix", remediator=False, faults=5, limit=45.0,
+                         service="first-fix", remediator=False, faults=5, limit=30.0,
                          settle=0.0)  # fmt: skip
     report(outcome)
     assert outcome.faults and outcome.faults[0].seconds is not None  # it recovered before

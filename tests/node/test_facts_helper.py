@@ -8,7 +8,10 @@ from __future__ import annotations
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
+
 from mlx_medic.node.facts import SW_VERS_ARGV, memory_facts, os_build, rdma_facts, recent_errors
+from mlx_medic.node.log_marks import written_after
 from mlx_medic.platform.commands import CommandError, CommandNotFound, CommandResult
 from mlx_medic.platform.macos_memory import PRESSURE_ARGV, VM_STAT_ARGV
 from mlx_medic.platform.macos_rdma import IBV_DEVINFO_ARGV, IOCLASSCOUNT_ARGV
@@ -90,11 +93,38 @@ def test_recent_errors_are_the_last_matching_lines_with_their_signature(tmp_path
     log = tmp_path / "server.log"
     lines = ["INFO started", *(f"{PD_ERROR} #{i}" for i in range(5)), "INFO fine"]
     log.write_text("\n".join(lines) + "\n")
-    errors, unreadable = recent_errors([log, tmp_path / "gone.log"], BUILTIN, 3)
+    errors, unreadable, sizes = recent_errors([log, tmp_path / "gone.log"], BUILTIN, 3)
     assert [e["line"] for e in errors] == [f"{PD_ERROR} #{i}" for i in (2, 3, 4)]
     assert {e["signature"] for e in errors} == {"jaccl_protection_domain"}
     assert errors[0]["file"] == str(log)
     assert list(unreadable) == [str(tmp_path / "gone.log")]
+    assert sizes == {str(log): log.stat().st_size}
+
+
+def test_each_error_line_says_the_byte_it_starts_at_even_in_a_cut_tail(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_bytes(b"INFO caf\xc3\xa9 started\r\n" + b"x" * 300 + b"\n"
+                    + f"{PD_ERROR} #1\nINFO ok\n{PD_ERROR} #2\n".encode())
+    data = log.read_bytes()
+    for tail in (1 << 20, 150):  # the whole file, and a tail that cuts a line
+        errors, _unreadable, _sizes = recent_errors([log], BUILTIN, 10, tail_bytes=tail)
+        assert [e["line"] for e in errors] == [f"{PD_ERROR} #1", f"{PD_ERROR} #2"]
+        for error in errors:
+            assert data[error["offset"]:].startswith(error["line"].encode())
+
+
+@pytest.mark.parametrize(("entry", "marks", "sizes", "new"), [
+    ({"file": "/l", "offset": 10}, {"/l": 10}, {"/l": 40}, True),  # at the mark
+    ({"file": "/l", "offset": 9}, {"/l": 10}, {"/l": 40}, False),  # before it
+    ({"file": "/l", "offset": 0}, {"/l": None}, {"/l": 40}, True),  # no log before the start
+    ({"file": "/l", "offset": 0}, {"/l": 100}, {"/l": 40}, True),  # rotated since the start
+    ({"file": "/other", "offset": 50}, {"/l": 10}, {"/other": 90}, False),  # no mark of it
+    ({"file": "/l", "line": "no offset"}, {"/l": 10}, {"/l": 40}, False),
+])
+def test_a_line_is_new_when_written_after_its_logs_start_mark(
+    entry: dict[str, object], marks: dict[str, int | None], sizes: dict[str, int], new: bool,
+) -> None:
+    assert written_after(entry, marks, sizes) is new
 
 
 def test_the_helper_reports_versions_os_and_the_models_log_errors(tmp_path: Path) -> None:
@@ -109,7 +139,8 @@ def test_the_helper_reports_versions_os_and_the_models_log_errors(tmp_path: Path
     assert document["versions"]["mlx-lm"] == version("mlx-lm")
     assert document["os"]["build"]
     assert document["log_errors"] == [{"file": str(log), "signature": "jaccl_protection_domain",
-                                       "line": PD_ERROR}]  # fmt: skip
+                                       "line": PD_ERROR, "offset": 0}]  # fmt: skip
+    assert document["log_sizes"] == {str(log): len(PD_ERROR) + 1}
     assert "log_errors" not in helpers.document("facts")  # no model: no logs
     assert helpers.run("facts", "m2").returncode == 2  # m2 is not placed on n1
 
@@ -126,9 +157,10 @@ def test_the_helper_reports_the_serve_wrappers_last_failed_start_jaccl_first(
             Failure("ring", "n2", "ring did not answer"),
             Failure("jaccl", "n1", "smoke test failed", PD_ERROR)),
         backend_reason="jaccl: the ledger leaves room", argv=("mlx.launch", "--backend"),
-        reboot=("n2",)))  # fmt: skip
+        reboot=("n2",), failed_starts=3))  # fmt: skip
     assert helpers.document("facts", "m1")["serve"] == {
-        "state": "starting", "backend": "jaccl",
+        "state": "starting", "backend": "jaccl", "failed_starts": 3,
+        "failed_backends": ["ring", "jaccl"],
         "backend_reason": "jaccl: the ledger leaves room", "argv": ["mlx.launch", "--backend"],
         "reboot": ["n2"],
         "failure": {"backend": "jaccl", "host": "n1", "reason": "smoke test failed",

@@ -42,6 +42,8 @@ class Supervised:
     conf: Path
     inventory: Path
     state_dir: Path  # the head's state dir, as the host sees it
+    log: Path  # the model's log file (the workdir: the same path inside the head)
+    log_text: str = "INFO an earlier start\n"
 
     def helper(self, *args: str, inventory: Path | None = None) -> subprocess.CompletedProcess[str]:
         line = shlex.join([sys.executable, "-m", "mlx_medic.cli", "node", "service", "tiny", *args,
@@ -59,6 +61,7 @@ def write_inventory(cluster: Cluster, token: str, config: Path) -> Path:
     path = cluster.workdir / f"service-{token}-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(cluster.inventory_yaml([{
         "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", "ai002"], "port": 8080,
+        "log_files": [str(cluster.workdir / f"service-{token}.log")],
         "service": {"manager": "supervisord", "label": f"tiny-{token}", "config": str(config)},
         "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
     }]))  # fmt: skip
@@ -75,7 +78,8 @@ def supervised(clean_cluster: Cluster) -> Iterator[Supervised]:
     daemon = head.spawn(["supervisord", "-n", "-c", str(conf)])
     try:
         setup = Supervised(head, token, conf, write_inventory(clean_cluster, token, conf),
-                           head.state_dir)  # fmt: skip
+                           head.state_dir, clean_cluster.workdir / f"service-{token}.log")
+        setup.log.write_text(setup.log_text)
         deadline = time.monotonic() + 30
         while setup.program_state() != "RUNNING":
             assert time.monotonic() < deadline, "supervisord did not start its program"
@@ -116,6 +120,8 @@ def test_start_really_starts_the_program_and_clears_the_record_after(
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["stopped_by"] is None and document["cleared"]["run"] == "run-1"
+    # where the model's log ended just before the start: a verify reads what it wrote
+    assert document["log_sizes"] == {str(supervised.log): len(supervised.log_text)}
     assert supervised.program_state() == "RUNNING"
     assert read_service_stop(supervised.state_dir, "tiny") is None
     assert json.loads(supervised.helper("status").stdout)["stopped_by"] is None

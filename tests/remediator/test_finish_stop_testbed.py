@@ -40,6 +40,7 @@ startsecs=0
 """
 
 
+@pytest.mark.least_privilege
 def test_a_remediator_killed_after_its_stop_starts_the_service_again_after_a_sweep(
     stack: Stack,
 ) -> None:

@@ -19,6 +19,7 @@ import html
 import json
 import os
 import random
+import shlex
 import signal
 import threading
 import time
@@ -40,6 +41,7 @@ from mlx_medic.remediator.journal import Journal, RunView
 from mlx_medic.transport import SshTransport
 from testbed import Cluster, processes
 from testbed.freezer import frozen
+from testbed.jaccl_rank import ALLOCATION_ERROR
 from testbed.launch import LaunchHandle, mlx_launch_path, rank_pids, start_launch
 from testbed.node_users import run_as
 from tests.exporter.test_seed_orphan import RANK_SCRIPT, wait_ready
@@ -165,6 +167,7 @@ async def start_engine(served: Served, tmp_path: Path, ssh_transports: list[SshT
     return config_file, engine
 
 
+@pytest.mark.least_privilege
 async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
     clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
     ssh_transports: list[SshTransport], engines: list[Engine],
@@ -254,6 +257,7 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
         served.close()
 
 
+@pytest.mark.least_privilege
 async def test_a_frozen_survivor_on_the_peer_is_named_and_the_service_is_started_anyway(
     clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
     ssh_transports: list[SshTransport], engines: list[Engine],
@@ -355,6 +359,7 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
     rank_script.write_text(RANK_SCRIPT)
     data = yaml.safe_load(served.inventory.read_text())
     data["models"]["tiny"]["service"]["kind"] = "script"
+    data["models"]["tiny"]["log_files"] = [str(served.log)]
     data["models"]["tiny"]["policy"]["start_timeout"] = "120s"
     data["models"]["tiny"]["process_patterns"] = {"rank": [rf"serve\.py --model \S+ --port {port}"]}
     data["models"]["tiny"]["policy"].update(restart_budget=3, backoff=0)
@@ -431,6 +436,24 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
         # Thawed: the SIGKILL the sweep sent ends it; the model serves on.
         wait_until(lambda: not processes.is_alive(peer_rank), "the peer's orphan to go")
         assert answers(port)
+
+        # JACCL spent (the seed's end state): from now on the script's every start fails
+        # with the PD error, and KeepAlive restarts it again and again. The run escalates
+        # as soon as its start wrote the error, not after the 120 s start_timeout.
+        pd_line = f"RuntimeError: {ALLOCATION_ERROR}"
+        script.write_text(f"#!/bin/sh\necho {shlex.quote(pd_line)} >&2\nsleep 2\nexit 1\n")
+        for pid in served.head.find_pids(f"--port {port}"):
+            os.kill(pid, signal.SIGKILL)  # the model crashes; its restart is the failing script
+        wait_until(lambda: not answers(port), "the model to be down")
+        started = time.monotonic()
+        run = await one_run()
+        took = time.monotonic() - started
+        outcomes = [(step.name, step.outcome) for step in run.steps]
+        assert run.outcome == "escalated" and outcomes[-2:] == [
+            ("verify", "failed"), ("escalate", "ok")], outcomes
+        assert f"on ai001: {pd_line}" in run.steps[-2].detail
+        assert "change its script (to ring with --pipeline" in run.detail
+        assert took < 60, took  # the start_timeout is 120 s
     finally:
         if seed is not None:
             seed.close()
@@ -440,6 +463,7 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
         served.close()
 
 
+@pytest.mark.least_privilege
 async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pipeline(
     clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
     ssh_transports: list[SshTransport], engines: list[Engine],

@@ -24,6 +24,7 @@ from mlx_medic.remediator.steps import (
     PinRing,
     Preflight,
     RunContext,
+    StartMarks,
     StartService,
     StepDescription,
     StepKind,
@@ -495,3 +496,82 @@ async def test_a_node_that_answers_without_a_helper_document_is_told_apart_from_
     assert result.detail.startswith("ai002 gave no helper document for the preflight")
     assert result.next_action is not None
     assert result.next_action.startswith("run `mlx-medic node facts` on ai002 by hand")
+
+
+SERVICE_LOG = "/Users/ai/logs/service.log"
+PD_LINE = "RuntimeError: [jaccl] Couldn't allocate protection domain"
+BEFORE_START = StartMarks({SERVICE_LOG: 1000}, failed_starts=4)
+
+
+def pd_error_at(offset: int, size: int = 4096) -> Answer:
+    """The head's facts: the PD error at `offset` of the service log, which is `size` long."""
+    return facts(log_errors=[{"file": SERVICE_LOG, "signature": "jaccl_protection_domain",
+                              "line": PD_LINE, "offset": offset}],
+                 log_sizes={SERVICE_LOG: size})  # fmt: skip
+
+
+def wrapper_failed(failed_starts: int, *backends: str) -> Answer:
+    """The head's facts: the serve wrapper's record after `failed_starts` failed starts, the
+    last one's failures on `backends` (JACCL's first)."""
+    return facts(serve={"state": "failed", "backend": backends[0], "failed_starts": failed_starts,
+                        "failed_backends": list(backends), "failure": {
+                            "backend": backends[0], "host": "ai002", "reason": "rank failed",
+                            "line": PD_LINE}})  # fmt: skip
+
+
+async def test_the_start_step_keeps_where_the_head_stood_before_the_start(tmp_path: Path) -> None:
+    helpers = FakeHelpers(INVENTORY, {("ai001", "service"): Answer(
+        {**DEFAULTS["service"], "log_sizes": {SERVICE_LOG: 1000}, "failed_starts": 4})})
+    run_context = context(Health(), tmp_path, helpers)
+    assert (await StartService(model=model()).run(run_context)).outcome is StepOutcome.OK
+    assert run_context.start_marks == BEFORE_START
+
+
+async def test_a_start_script_that_wrote_a_jaccl_error_after_its_start_fails_verify_at_once(
+    tmp_path: Path,
+) -> None:
+    """A plain JACCL script fails the same way on every restart: no wait for start_timeout."""
+    inventory = script_inventory()
+    helpers = FakeHelpers(inventory, {("ai001", "facts"): pd_error_at(1200)})
+    health = Health()  # down, every time
+    result = await Verify(model=model(inventory), within=600, poll_interval=0.01).run(
+        context(health, tmp_path, helpers, inventory=inventory, start_marks=BEFORE_START))
+    assert result.outcome is StepOutcome.FAILED and health.calls == 1
+    assert f"on ai001: {PD_LINE}" in result.detail and "start_timeout (600s)" in result.detail
+
+
+async def test_a_wrapper_start_that_failed_on_jaccl_alone_fails_verify_at_once(
+    tmp_path: Path,
+) -> None:
+    """JACCL pinned and failing: the ring pin that follows is what helps."""
+    helpers = FakeHelpers(INVENTORY, {("ai001", "facts"): wrapper_failed(5, "jaccl")})
+    health = Health()
+    result = await Verify(model=model(), within=600, poll_interval=0.01).run(
+        context(health, tmp_path, helpers, start_marks=BEFORE_START))
+    assert result.outcome is StepOutcome.FAILED and health.calls == 1
+    assert f"failed on JACCL alone, on ai002: {PD_LINE}; ring was not tried" in result.detail
+
+
+@pytest.mark.parametrize(("service", "answer"), [
+    ("script", pd_error_at(400)),  # the error is older than the start: it may still come up
+    ("wrapper", pd_error_at(1200)),  # a wrapper is judged by its record, not the log
+    ("wrapper", wrapper_failed(4, "jaccl")),  # no failed start since ours
+    ("wrapper", wrapper_failed(5, "jaccl", "ring")),  # it tried ring too: a pin changes nothing
+], ids=["script-old-error", "wrapper-log-line", "wrapper-no-new-failure", "wrapper-tried-ring"])
+async def test_verify_waits_out_the_start_timeout_when_waiting_may_still_help(
+    service: str, answer: Answer, tmp_path: Path,
+) -> None:
+    inventory = script_inventory() if service == "script" else INVENTORY
+    helpers = FakeHelpers(inventory, {("ai001", "facts"): answer})
+    health = Health()
+    result = await Verify(model=model(inventory), within=0.05, poll_interval=0.01).run(
+        context(health, tmp_path, helpers, inventory=inventory, start_marks=BEFORE_START))
+    assert result.outcome is StepOutcome.FAILED and health.calls > 1
+    assert result.detail == "down"
+
+
+async def test_without_a_start_of_this_run_verify_only_probes(tmp_path: Path) -> None:
+    helpers = FakeHelpers(INVENTORY, {("ai001", "facts"): wrapper_failed(5, "jaccl")})
+    result = await Verify(model=model(), within=0.03, poll_interval=0.01).run(
+        context(Health(), tmp_path, helpers))
+    assert result.detail == "down" and helpers.of("facts") == []

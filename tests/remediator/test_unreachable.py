@@ -157,6 +157,7 @@ def test_the_service_says_a_failed_start_up_lock_check_on_stderr(
 
 
 @pytest.mark.testbed
+@pytest.mark.least_privilege
 def test_a_head_whose_sshd_is_frozen_is_unreachable_warned_counted_and_red_on_the_page(
     stack: Stack,
 ) -> None:

@@ -116,6 +116,7 @@ time.sleep(3600)
 """
 
 
+@pytest.mark.least_privilege
 def test_a_sigkilled_wrapper_leaves_no_rank_anywhere_while_a_sigkilled_mlx_launch_does(
     served: Served,
 ):
