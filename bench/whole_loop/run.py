@@ -119,6 +119,11 @@ def table(outcome: Outcome) -> str:
         lines.append("remediator's own time (run queued to the start command, or to the end of"
                      " the last sweep; stop and SIGTERM graces excluded): "
                      + ", ".join(f"{playbook} {fmt(seconds)} s" for playbook, seconds in own))
+    for run in outcome.runs:
+        if run["playbook"] == "recover":
+            steps = ", ".join(f"{s['name']} {fmt(s['ended_at'] - s['started_at'])} s"
+                              for s in run["steps"] if s.get("ended_at") is not None)
+            lines.append(f"recover run {run['id']} ({run['outcome']}): {steps}")
     shown = sorted(set(outcome.dashboard_orphans.values()))
     lines.append(f"dashboard orphan panels at the end: {shown}; alerts the webhook took"
                  f" without a journal record: {outcome.alerts_unjournaled}")  # fmt: skip

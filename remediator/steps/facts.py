@@ -92,7 +92,7 @@ class NodeFacts:
             _text(serve.get("backend")), _text(serve.get("state")),
             _number(serve.get("failed_starts")),
             tuple(str(b) for b in serve.get("failed_backends") or ()
-                  if isinstance(b, str)),  # fmt: skip
+                  if isinstance(b, str)),
             {str(k): _number(v) for k, v in _mapping(document, "log_sizes").items()},
         )
 

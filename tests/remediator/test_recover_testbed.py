@@ -470,7 +470,8 @@ async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pip
 ) -> None:
     """The model pinned to JACCL on its head: the serve wrapper under supervisord tries
     only JACCL, which fails on Linux for real, and writes the error to the service log.
-    One recover run: its verify fails, its pin-ring step pins ring on the head (durable:
+    One recover run: its verify fails as soon as the wrapper counts the failed start (JACCL
+    alone, ring untried), its pin-ring step pins ring on the head (durable:
     `node backend tiny show` says so), the restart serves on ring with --pipeline on
     both nodes, and the head's exporter says ring."""
     require_tool("supervisord")
@@ -496,6 +497,9 @@ async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pip
             assert steps == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
                              ("start-service", "ok"), ("verify", "failed"), ("pin-ring", "ok"),
                              ("restart-service", "ok"), ("verify-ring", "ok")]
+            # the wrapper's failed start on JACCL alone ended the verify, not its 120 s
+            assert "failed on JACCL alone" in run.steps[4].detail, run.steps[4].detail
+            assert (run.steps[4].duration or 999) < 100
             pin = run.steps[5]
             assert pin.targets == ["backend choice of tiny on ai001"]
             assert pin.detail.startswith("pinned tiny to ring on ai001: JACCL failed on ai00")
