@@ -73,8 +73,9 @@ class ExporterContext:
             return None
         self.state_owner = owner
         for line in prepared.corrected:
-            log.warning("corrected %s: the state dir belongs to %s (the node's login user)",
-                        line, owner)
+            log.warning(
+                "corrected %s: the state dir belongs to %s (the node's login user)", line, owner
+            )
         for line in prepared.left:
             log.warning("state dir: %s", line)
         return owner
@@ -119,7 +120,10 @@ REGISTRY: dict[str, Registration] = {}
 
 
 def register(
-    name: str, *, default_enabled: bool = True, help: str = "",
+    name: str,
+    *,
+    default_enabled: bool = True,
+    help: str = "",
     settings: type[DataclassInstance] | None = None,
 ) -> Callable[[CollectorFactory], CollectorFactory]:
     """Factory decorator: makes `--collector.NAME` exist, and a flag per field of `settings`."""

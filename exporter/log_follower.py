@@ -99,8 +99,13 @@ class RangeReader(Protocol):
     """What the follower hands new bytes to (the signature scanner)."""
 
     def consume(
-        self, handle: LogHandle, pos: FilePosition, end: int, final: bool,
-        counts: dict[str, int], budget: int | None = None,
+        self,
+        handle: LogHandle,
+        pos: FilePosition,
+        end: int,
+        final: bool,
+        counts: dict[str, int],
+        budget: int | None = None,
     ) -> tuple[int, bool]:
         """Read `[pos.offset, end)` (at most about `budget` bytes), tally into `counts`,
         advance `pos`; return the bytes read and whether `end` was reached."""
@@ -171,8 +176,11 @@ class LogFollower:
             raw = json.loads(text)
             files = raw["files"] if raw.get("version") == STATE_VERSION else {}
         except (StateFileError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("log positions in %s unusable (%s); reading logs from the start",
-                        self.state_path, exc)
+            log.warning(
+                "log positions in %s unusable (%s); reading logs from the start",
+                self.state_path,
+                exc,
+            )
             return
         for path, saved in files.items():
             state = self.logs.get(path)
@@ -186,8 +194,9 @@ class LogFollower:
                     state.current = TrackedFile(FilePosition(**saved["current"]))
                 state.draining = [TrackedFile(FilePosition(**d)) for d in saved.get("draining", [])]
             except (TypeError, ValueError) as exc:
-                log.warning("saved position for %s unusable (%s); reading it from the start",
-                            path, exc)
+                log.warning(
+                    "saved position for %s unusable (%s); reading it from the start", path, exc
+                )
                 state.counts = self._zero()
                 state.current, state.draining = None, []
         self._saved = self._state_json()
@@ -272,9 +281,13 @@ class LogFollower:
         if tracked.handle is None:
             tracked.handle = self._open_by_inode(state.path, tracked.position)
             if tracked.handle is None:
-                log.warning("log %s: the file read before (inode %d) is gone; lines written "
-                            "to it after offset %d are not counted", state.path,
-                            tracked.position.ino, tracked.position.offset)
+                log.warning(
+                    "log %s: the file read before (inode %d) is gone; lines written "
+                    "to it after offset %d are not counted",
+                    state.path,
+                    tracked.position.ino,
+                    tracked.position.offset,
+                )
                 return
         st = tracked.handle.stat()
         deleted = st.st_nlink == 0
@@ -328,15 +341,19 @@ class LogFollower:
                 self.bytes_read += len(head)
                 if _digest(head) != position.head_digest:
                     continue
-                copy = TrackedFile(FilePosition(st.st_dev, st.st_ino, position.offset,
-                                                position.skipping), handle)
+                copy = TrackedFile(
+                    FilePosition(st.st_dev, st.st_ino, position.offset, position.skipping), handle
+                )
                 self._read(state, copy, handle.stat().st_size, final=True, limited=False)
                 return
             finally:
                 handle.close()
-        log.warning("log %s was truncated and no copy was found beside it; lines written "
-                    "after offset %d and before the truncation are not counted",
-                    state.path, position.offset)
+        log.warning(
+            "log %s was truncated and no copy was found beside it; lines written "
+            "after offset %d and before the truncation are not counted",
+            state.path,
+            position.offset,
+        )
 
     def _update(self, state: LogState) -> None:
         try:
@@ -348,8 +365,12 @@ class LogFollower:
             self._drain(state)
             return
         current = state.current
-        if (current is not None and current.handle is None and path_stat is not None
-                and current.position.is_file(path_stat)):
+        if (
+            current is not None
+            and current.handle is None
+            and path_stat is not None
+            and current.position.is_file(path_stat)
+        ):
             try:
                 current.handle = self.opener(state.path)
             except OSError as exc:
@@ -377,8 +398,10 @@ class LogFollower:
         self.bytes_read += len(head)
         replaced = st.st_size < position.offset or (
             position.head_len > 0
-            and (len(head) < position.head_len
-                 or _digest(head[: position.head_len]) != position.head_digest)
+            and (
+                len(head) < position.head_len
+                or _digest(head[: position.head_len]) != position.head_digest
+            )
         )
         if replaced:
             self._recover_copy(state, position)

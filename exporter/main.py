@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN})",
     )
     parser.add_argument(
-        "--node", default=None,
+        "--node",
+        default=None,
         help="this node's name in the inventory (default: <state dir>/node-id)",
     )
     parser.add_argument(
@@ -92,8 +93,9 @@ def build(args: argparse.Namespace) -> tuple[ExporterContext, ScrapeCollector]:
     settings = {
         r.settings: settings_from_args(args, r.name, r.settings) for r in enabled if r.settings
     }
-    context = ExporterContext(node=node, inventory=inventory, state_dir=state_dir,
-                              settings=settings)
+    context = ExporterContext(
+        node=node, inventory=inventory, state_dir=state_dir, settings=settings
+    )
     context.prepare_state_dir()  # before any collector writes there
     collectors = [registration.factory(context) for registration in enabled]
     return context, ScrapeCollector(collectors, node=node)
@@ -166,8 +168,7 @@ def run(args: argparse.Namespace) -> int:
     registry = make_registry(scrape)
     names = ", ".join(c.name for c in scrape.collectors) or "none"
     if context.node is None:
-        log.info("node not named (no inventory): series carry no node label; collectors: %s",
-                 names)
+        log.info("node not named (no inventory): series carry no node label; collectors: %s", names)
     else:
         log.info("node %s; collectors: %s", context.node, names)
     for model in context.models_here():
@@ -178,8 +179,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(generate_latest(registry))
         scrape.close()
         return 0
-    handler = type("Handler", (ExporterHandler,),
-                   {"registry": registry, "landing": landing_page(context, scrape)})
+    handler = type(
+        "Handler",
+        (ExporterHandler,),
+        {"registry": registry, "landing": landing_page(context, scrape)},
+    )
     server = ThreadingHTTPServer((host, port), handler)
     log.info("serving on http://%s:%d/metrics", host, server.server_port)
     try:

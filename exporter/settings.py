@@ -24,8 +24,9 @@ S = TypeVar("S", bound="DataclassInstance")
 Parse = Callable[[str], Any]
 
 
-def setting(default: Any, help: str, parse: Parse, *, env: str | None = None,
-            metavar: str = "VALUE") -> Any:
+def setting(
+    default: Any, help: str, parse: Parse, *, env: str | None = None, metavar: str = "VALUE"
+) -> Any:
     """A settings field: its default, its help, how to read a value, and its variable."""
     metadata = {"help": help, "parse": parse, "env": env, "metavar": metavar}
     return dataclasses.field(default=default, metadata=metadata)
@@ -109,7 +110,8 @@ def add_flags(
 
 
 def read_settings(
-    kind: type[S], given: Mapping[str, Any] | None = None,
+    kind: type[S],
+    given: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> S:
     """The settings: each from `given` (parsed flags), else its variable, else its default."""

@@ -27,8 +27,10 @@ from pathlib import Path
 from mlx_medic.not_ours import user_name
 
 MAX_LINKS = 40  # as the kernel's ELOOP limit
-CWD_ADVICE = ("it is the working directory: start the exporter as `python -I -m ...` or"
-              " its console script, or from a directory only root may write")
+CWD_ADVICE = (
+    "it is the working directory: start the exporter as `python -I -m ...` or"
+    " its console script, or from a directory only root may write"
+)
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,11 @@ class Untrusted:
 
     def describe(self) -> str:
         at = "" if self.path == str(self.checked) else f": {self.path}"
-        return (f"the {self.what} {self.checked}{at} {self.why} (owner {user_name(self.uid)},"
-                f" mode {stat.filemode(self.mode)} {self.mode & 0o7777:04o}): a user who can"
-                f" change it could gain root through it; {self.advice}")
+        return (
+            f"the {self.what} {self.checked}{at} {self.why} (owner {user_name(self.uid)},"
+            f" mode {stat.filemode(self.mode)} {self.mode & 0o7777:04o}): a user who can"
+            f" change it could gain root through it; {self.advice}"
+        )
 
 
 def fault(st: os.stat_result, *, sticky_ok: bool = True) -> str | None:
@@ -167,8 +171,9 @@ def untrusted(checks: Iterable[Checked]) -> list[Untrusted]:
         seen.add((path, sticky_ok))
         why = fault(st, sticky_ok=sticky_ok)
         if why is not None and all(u.path != path for u in found):
-            found.append(Untrusted(check.what, check.path, path, st.st_uid, st.st_mode, why,
-                                   check.advice))
+            found.append(
+                Untrusted(check.what, check.path, path, st.st_uid, st.st_mode, why, check.advice)
+            )
 
     for check in checks:
         components = list(chain(check.path))
@@ -180,10 +185,16 @@ def untrusted(checks: Iterable[Checked]) -> list[Untrusted]:
             except OSError:
                 continue  # missing: loading it says so
             if not stat.S_ISREG(target.st_mode):
-                found.append(Untrusted(check.what, check.path, str(check.path),
-                                       target.st_uid, target.st_mode, "is not a regular file"
-                                       " (root never reads a FIFO or a device as its"
-                                       " config)"))  # fmt: skip
+                found.append(
+                    Untrusted(
+                        check.what,
+                        check.path,
+                        str(check.path),
+                        target.st_uid,
+                        target.st_mode,
+                        "is not a regular file (root never reads a FIFO or a device as its config)",
+                    )
+                )
         if not check.tree:
             continue
         for path, st in tree(check.path):
@@ -203,14 +214,25 @@ def running_paths(inventory: Path | None = None) -> list[Checked]:
 
     checks = [Checked("interpreter", Path(sys.executable))] if sys.executable else []
     # a virtualenv is checked whole; a system prefix (/usr) only on the way to it
-    checks.append(Checked("virtualenv" if sys.prefix != sys.base_prefix else "prefix",
-                          Path(sys.prefix), tree=sys.prefix != sys.base_prefix))
+    checks.append(
+        Checked(
+            "virtualenv" if sys.prefix != sys.base_prefix else "prefix",
+            Path(sys.prefix),
+            tree=sys.prefix != sys.base_prefix,
+        )
+    )
     # `python -m` (without -I) and `-c` put the working directory on the import path: a
     # module planted there wins over the installed one.
     cwd = os.getcwd()
-    checks += [Checked("import path", Path(entry or cwd), contents=True,
-                       advice=CWD_ADVICE if (entry or cwd) == cwd else Checked.advice)
-               for entry in sys.path]
+    checks += [
+        Checked(
+            "import path",
+            Path(entry or cwd),
+            contents=True,
+            advice=CWD_ADVICE if (entry or cwd) == cwd else Checked.advice,
+        )
+        for entry in sys.path
+    ]
     checks += [Checked("package", Path(p), tree=True) for p in mlx_medic.__path__]
     if inventory is not None:
         checks.append(Checked("inventory", Path(os.path.abspath(inventory)), regular_file=True))

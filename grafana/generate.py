@@ -33,10 +33,17 @@ STUCK_ORPHANS = f'mlx_orphan_processes{{{NODE_MODEL}, state="uninterruptible"}}'
 
 # Template variables ---------------------------------------------------------------------------
 
+
 def datasource_variable() -> dict[str, Any]:
     return {
-        "name": "datasource", "label": "Data source", "type": "datasource",
-        "query": "prometheus", "current": {}, "hide": 0, "refresh": 1, "regex": "",
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+        "hide": 0,
+        "refresh": 1,
+        "regex": "",
         "options": [],
     }
 
@@ -44,15 +51,26 @@ def datasource_variable() -> dict[str, Any]:
 def query_variable(name: str, label: str, query: str) -> dict[str, Any]:
     """A multi-select variable with All, refreshed when the time range changes."""
     return {
-        "name": name, "label": label, "type": "query", "datasource": DATASOURCE,
-        "query": query, "definition": query, "refresh": 2, "sort": 1,
-        "multi": True, "includeAll": True, "allValue": ".*",
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": query,
+        "definition": query,
+        "refresh": 2,
+        "sort": 1,
+        "multi": True,
+        "includeAll": True,
+        "allValue": ".*",
         "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "hide": 0, "regex": "", "options": [],
+        "hide": 0,
+        "regex": "",
+        "options": [],
     }
 
 
 # Panels ---------------------------------------------------------------------------------------
+
 
 def target(expr: str, legend: str = "", ref: str = "A") -> dict[str, Any]:
     return {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": ref}
@@ -63,14 +81,24 @@ def thresholds(*steps: tuple[str, float | None]) -> dict[str, Any]:
 
 
 def timeseries(
-    title: str, targets: list[dict[str, Any]], *, unit: str = "short", description: str = "",
+    title: str,
+    targets: list[dict[str, Any]],
+    *,
+    unit: str = "short",
+    description: str = "",
     steps: tuple[tuple[str, float | None], ...] = (("green", None),),
-    min_value: float | None = 0, max_value: float | None = None, stepped: bool = False,
-    width: int = 12, height: int = 8,
+    min_value: float | None = 0,
+    max_value: float | None = None,
+    stepped: bool = False,
+    width: int = 12,
+    height: int = 8,
 ) -> Panel:
     """A time series; thresholds beyond the base step are drawn as dashed lines."""
     custom: dict[str, Any] = {
-        "drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never",
+        "drawStyle": "line",
+        "lineWidth": 1,
+        "fillOpacity": 10,
+        "showPoints": "never",
         "lineInterpolation": "stepAfter" if stepped else "linear",
         "thresholdsStyle": {"mode": "dashed" if len(steps) > 1 else "off"},
     }
@@ -80,8 +108,11 @@ def timeseries(
     if max_value is not None:
         defaults["max"] = max_value
     return {
-        "type": "timeseries", "title": title, "description": description,
-        "datasource": DATASOURCE, "targets": targets,
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": targets,
         "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": {
             "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
@@ -92,22 +123,38 @@ def timeseries(
 
 
 def stat(
-    title: str, targets: list[dict[str, Any]], *, unit: str = "short", description: str = "",
+    title: str,
+    targets: list[dict[str, Any]],
+    *,
+    unit: str = "short",
+    description: str = "",
     steps: tuple[tuple[str, float | None], ...] = (("green", None),),
-    mappings: list[dict[str, Any]] | None = None, text_mode: str = "value_and_name",
-    width: int = 6, height: int = 5,
+    mappings: list[dict[str, Any]] | None = None,
+    text_mode: str = "value_and_name",
+    width: int = 6,
+    height: int = 5,
 ) -> Panel:
     return {
-        "type": "stat", "title": title, "description": description,
-        "datasource": DATASOURCE, "targets": targets,
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": targets,
         "fieldConfig": {
-            "defaults": {"unit": unit, "thresholds": thresholds(*steps),
-                         "mappings": mappings or [], "color": {"mode": "thresholds"}},
+            "defaults": {
+                "unit": unit,
+                "thresholds": thresholds(*steps),
+                "mappings": mappings or [],
+                "color": {"mode": "thresholds"},
+            },
             "overrides": [],
         },
         "options": {
-            "colorMode": "background", "graphMode": "none", "justifyMode": "auto",
-            "textMode": text_mode, "orientation": "auto",
+            "colorMode": "background",
+            "graphMode": "none",
+            "justifyMode": "auto",
+            "textMode": text_mode,
+            "orientation": "auto",
             "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
         },
         "_size": (width, height),
@@ -120,17 +167,27 @@ def row(title: str) -> Panel:
 
 def flag_mappings(on: str, color: str, off: str = "no") -> list[dict[str, Any]]:
     """A 0/1 series shown as words: `off` blends in, `on` stands out in `color`."""
-    return [{"type": "value", "options": {
-        "0": {"text": off, "color": "transparent", "index": 0},
-        "1": {"text": on, "color": color, "index": 1},
-    }}]
+    return [
+        {
+            "type": "value",
+            "options": {
+                "0": {"text": off, "color": "transparent", "index": 0},
+                "1": {"text": on, "color": color, "index": 1},
+            },
+        }
+    ]
 
 
 def up_down_mappings(up: str, down: str) -> list[dict[str, Any]]:
-    return [{"type": "value", "options": {
-        "0": {"text": down, "color": "red", "index": 0},
-        "1": {"text": up, "color": "green", "index": 1},
-    }}]
+    return [
+        {
+            "type": "value",
+            "options": {
+                "0": {"text": down, "color": "red", "index": 0},
+                "1": {"text": up, "color": "green", "index": 1},
+            },
+        }
+    ]
 
 
 def layout(panels: list[Panel]) -> list[Panel]:
@@ -150,16 +207,34 @@ def layout(panels: list[Panel]) -> list[Panel]:
 
 
 def dashboard(
-    uid: str, title: str, description: str, variables: list[dict[str, Any]],
+    uid: str,
+    title: str,
+    description: str,
+    variables: list[dict[str, Any]],
     panels: list[Panel],
 ) -> dict[str, Any]:
     return {
-        "uid": uid, "title": title, "description": description,
-        "tags": ["mlx-medic"], "timezone": "browser", "editable": True,
-        "graphTooltip": 1, "schemaVersion": 39, "version": 1, "refresh": "1m",
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["mlx-medic"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "1m",
         "time": {"from": "now-6h", "to": "now"},
-        "links": [{"title": "mlx-medic", "type": "dashboards", "tags": ["mlx-medic"],
-                   "asDropdown": True, "includeVars": True, "keepTime": True}],
+        "links": [
+            {
+                "title": "mlx-medic",
+                "type": "dashboards",
+                "tags": ["mlx-medic"],
+                "asDropdown": True,
+                "includeVars": True,
+                "keepTime": True,
+            }
+        ],
         "annotations": {"list": []},
         "templating": {"list": [datasource_variable(), *variables]},
         "panels": layout(panels),
@@ -168,6 +243,7 @@ def dashboard(
 
 # Dashboards -----------------------------------------------------------------------------------
 
+
 def cluster_overview() -> dict[str, Any]:
     variables = [
         query_variable("node", "Node", "label_values(mlx_medic_collector_success, node)"),
@@ -175,126 +251,232 @@ def cluster_overview() -> dict[str, Any]:
     ]
     panels = [
         row("Models"),
-        stat("Model up", [target(f"mlx_model_up{{{NODE_MODEL}}}", "{{model}}")],
-             description="1 when the port listens and a real request succeeds (head node).",
-             mappings=up_down_mappings("Up", "Down"),
-             steps=(("red", None), ("green", 1)), width=8),
-        stat("Uninterruptible orphans",
-             [target(f"sum by (model) ({STUCK_ORPHANS})", "{{model}}")],
-             description="Orphans in U/D survive kill -9; only a reboot frees them.",
-             steps=(("green", None), ("red", 1)), width=8),
-        stat("Oldest orphan age",
-             [target(f"max by (model) (mlx_orphan_oldest_age_seconds{{{NODE_MODEL}}})",
-                     "{{model}}")],
-             unit="s", steps=(("green", None), ("orange", 300)), width=8),
-        stat("Backend serving",
-             [target(f"max by (model, backend) (mlx_medic_backend{{{NODE_MODEL}}})",
-                     "{{model}}: {{backend}}")],
-             description="The backend the current run serves on, from the serve wrapper's"
-                         " record on the head (ring after a JACCL fallback).",
-             mappings=flag_mappings("serving", "green", off="no"),
-             steps=(("transparent", None),), width=6),
-        stat("Backend pinned",
-             [target(f"max by (model, backend) (mlx_medic_backend_pinned{{{NODE_MODEL}}})",
-                     "{{model}}: {{backend}}")],
-             description="A durable pin on the head (by the remediator's fallback or"
-                         " `mlx-medic backend MODEL ring|jaccl`); `auto` pins none. Unpin with"
-                         " `mlx-medic backend MODEL auto`.",
-             mappings=flag_mappings("pinned", "orange", off="no"),
-             steps=(("transparent", None),), width=6),
-        stat("Serve wrapper state",
-             [target(f"max by (model, state) (mlx_serve_state{{{NODE_MODEL}}})",
-                     "{{model}}: {{state}}")],
-             description="What `mlx-medic serve` last recorded (starting, serving, failed,"
-                         " stopped); every state no when the wrapper has recorded nothing.",
-             mappings=flag_mappings("yes", "blue", off="no"),
-             steps=(("transparent", None),), width=4),
-        stat("Failed starts in range",
-             [target("sum by (model) "
-                     f"(increase(mlx_serve_failed_starts_total{{{NODE_MODEL}}}[$__range]))",
-                     "{{model}}")],
-             steps=(("green", None), ("red", 1)), width=4),
-        stat("Service left stopped for",
-             [target(f"max by (model) (mlx_medic_service_stopped_since_seconds{{{NODE_MODEL}}})",
-                     "{{model}}")],
-             description="How long the service has been stopped by a recorded stop (a"
-                         " remediation run's or a person's `mlx-medic node service MODEL"
-                         " stop`); 0: no stop recorded.", unit="s",
-             steps=(("green", None), ("orange", 300), ("red", 900)), width=4),
-        timeseries("Processes by model and state",
-                   [target(f"sum by (model, state) (mlx_processes{{{NODE_MODEL}}})",
-                           "{{model}} {{state}}")], width=24),
+        stat(
+            "Model up",
+            [target(f"mlx_model_up{{{NODE_MODEL}}}", "{{model}}")],
+            description="1 when the port listens and a real request succeeds (head node).",
+            mappings=up_down_mappings("Up", "Down"),
+            steps=(("red", None), ("green", 1)),
+            width=8,
+        ),
+        stat(
+            "Uninterruptible orphans",
+            [target(f"sum by (model) ({STUCK_ORPHANS})", "{{model}}")],
+            description="Orphans in U/D survive kill -9; only a reboot frees them.",
+            steps=(("green", None), ("red", 1)),
+            width=8,
+        ),
+        stat(
+            "Oldest orphan age",
+            [
+                target(
+                    f"max by (model) (mlx_orphan_oldest_age_seconds{{{NODE_MODEL}}})", "{{model}}"
+                )
+            ],
+            unit="s",
+            steps=(("green", None), ("orange", 300)),
+            width=8,
+        ),
+        stat(
+            "Backend serving",
+            [
+                target(
+                    f"max by (model, backend) (mlx_medic_backend{{{NODE_MODEL}}})",
+                    "{{model}}: {{backend}}",
+                )
+            ],
+            description="The backend the current run serves on, from the serve wrapper's"
+            " record on the head (ring after a JACCL fallback).",
+            mappings=flag_mappings("serving", "green", off="no"),
+            steps=(("transparent", None),),
+            width=6,
+        ),
+        stat(
+            "Backend pinned",
+            [
+                target(
+                    f"max by (model, backend) (mlx_medic_backend_pinned{{{NODE_MODEL}}})",
+                    "{{model}}: {{backend}}",
+                )
+            ],
+            description="A durable pin on the head (by the remediator's fallback or"
+            " `mlx-medic backend MODEL ring|jaccl`); `auto` pins none. Unpin with"
+            " `mlx-medic backend MODEL auto`.",
+            mappings=flag_mappings("pinned", "orange", off="no"),
+            steps=(("transparent", None),),
+            width=6,
+        ),
+        stat(
+            "Serve wrapper state",
+            [
+                target(
+                    f"max by (model, state) (mlx_serve_state{{{NODE_MODEL}}})",
+                    "{{model}}: {{state}}",
+                )
+            ],
+            description="What `mlx-medic serve` last recorded (starting, serving, failed,"
+            " stopped); every state no when the wrapper has recorded nothing.",
+            mappings=flag_mappings("yes", "blue", off="no"),
+            steps=(("transparent", None),),
+            width=4,
+        ),
+        stat(
+            "Failed starts in range",
+            [
+                target(
+                    "sum by (model) "
+                    f"(increase(mlx_serve_failed_starts_total{{{NODE_MODEL}}}[$__range]))",
+                    "{{model}}",
+                )
+            ],
+            steps=(("green", None), ("red", 1)),
+            width=4,
+        ),
+        stat(
+            "Service left stopped for",
+            [
+                target(
+                    f"max by (model) (mlx_medic_service_stopped_since_seconds{{{NODE_MODEL}}})",
+                    "{{model}}",
+                )
+            ],
+            description="How long the service has been stopped by a recorded stop (a"
+            " remediation run's or a person's `mlx-medic node service MODEL"
+            " stop`); 0: no stop recorded.",
+            unit="s",
+            steps=(("green", None), ("orange", 300), ("red", 900)),
+            width=4,
+        ),
+        timeseries(
+            "Processes by model and state",
+            [
+                target(
+                    f"sum by (model, state) (mlx_processes{{{NODE_MODEL}}})", "{{model}} {{state}}"
+                )
+            ],
+            width=24,
+        ),
         row("Orphans"),
-        timeseries("Orphans by model and state",
-                   [target(f"sum by (node, model, state) ({ORPHANS})",
-                           "{{node}} {{model}} {{state}}")], width=8),
-        timeseries("Orphans by model and rule",
-                   [target(f"sum by (node, model, rule) ({ORPHANS})",
-                           "{{node}} {{model}} {{rule}}")],
-                   description="Which rule found them: stale_run_id, launcher_gone, "
-                               "ssh_client_lost, duplicate_rank, excess_ranks. Suspects "
-                               "(mlx_suspected_orphan_processes) are not counted here.",
-                   width=8),
-        timeseries("Orphans by role",
-                   [target(f"sum by (node, role) ({ORPHANS})",
-                           "{{node}} {{role}}")], width=8),
+        timeseries(
+            "Orphans by model and state",
+            [target(f"sum by (node, model, state) ({ORPHANS})", "{{node}} {{model}} {{state}}")],
+            width=8,
+        ),
+        timeseries(
+            "Orphans by model and rule",
+            [target(f"sum by (node, model, rule) ({ORPHANS})", "{{node}} {{model}} {{rule}}")],
+            description="Which rule found them: stale_run_id, launcher_gone, "
+            "ssh_client_lost, duplicate_rank, excess_ranks. Suspects "
+            "(mlx_suspected_orphan_processes) are not counted here.",
+            width=8,
+        ),
+        timeseries(
+            "Orphans by role",
+            [target(f"sum by (node, role) ({ORPHANS})", "{{node}} {{role}}")],
+            width=8,
+        ),
         row("Disk and launcher leftovers"),
-        timeseries("Stale tmp bytes",
-                   [target(f"mlx_stale_tmp_bytes{{{NODE}}}", "{{node}} {{dir}}")],
-                   unit="bytes", steps=(("green", None), ("orange", STALE_TMP_BYTES)), width=8),
-        timeseries("Stale tmp dirs",
-                   [target(f"mlx_stale_tmp_dirs{{{NODE}}}", "{{node}} {{dir}}")], width=8),
-        timeseries("mlx.launch leftover files",
-                   [target(f"mlx_launch_leftover_files{{{NODE}}}", "{{node}}")],
-                   description="Pid files and hostfiles mlx.launch never deletes.", width=8),
+        timeseries(
+            "Stale tmp bytes",
+            [target(f"mlx_stale_tmp_bytes{{{NODE}}}", "{{node}} {{dir}}")],
+            unit="bytes",
+            steps=(("green", None), ("orange", STALE_TMP_BYTES)),
+            width=8,
+        ),
+        timeseries(
+            "Stale tmp dirs", [target(f"mlx_stale_tmp_dirs{{{NODE}}}", "{{node}} {{dir}}")], width=8
+        ),
+        timeseries(
+            "mlx.launch leftover files",
+            [target(f"mlx_launch_leftover_files{{{NODE}}}", "{{node}}")],
+            description="Pid files and hostfiles mlx.launch never deletes.",
+            width=8,
+        ),
         row("Service logs"),
-        timeseries("Log errors per minute by signature",
-                   [target("60 * sum by (node, signature) "
-                           f"(rate(mlx_log_errors_total{{{NODE}}}[$__rate_interval]))",
-                           "{{node}} {{signature}}")], width=24),
+        timeseries(
+            "Log errors per minute by signature",
+            [
+                target(
+                    "60 * sum by (node, signature) "
+                    f"(rate(mlx_log_errors_total{{{NODE}}}[$__rate_interval]))",
+                    "{{node}} {{signature}}",
+                )
+            ],
+            width=24,
+        ),
         row("Memory and RDMA"),
-        timeseries("Memory available",
-                   [target(f"mlx_memory_available_bytes{{{NODE}}}", "{{node}}")],
-                   unit="bytes", steps=(("green", None), ("red", MEMORY_LOW_BYTES)), width=8),
-        timeseries("RDMA ports active",
-                   [target(f"mlx_rdma_port_active{{{NODE}}}", "{{node}} {{device}}/{{port}}")],
-                   description="1 = PORT_ACTIVE. Absent on hosts without RDMA.",
-                   max_value=1, stepped=True, width=8),
-        timeseries("RDMA objects on the node (budget 11 per device)",
-                   [target(f"mlx_rdma_objects{{{NODE}}}", "{{node}} {{kind}}")],
-                   description="ioclasscount of protection domains and queue pairs: the node's"
-                               " total over all its RDMA devices, which it cannot tell apart;"
-                               " the budget is 11 per device (docs/decisions.md), so orange"
-                               " and red mark where one device may be near or at it.",
-                   steps=(("green", None), ("orange", PD_HIGH), ("red", PD_BUDGET)),
-                   stepped=True, width=8),
-        timeseries("Protection domains spent since boot, and the reserve",
-                   [target(f"mlx_pd_debt{{{NODE}}}", "{{node}} spent"),
-                    target(f"min by (node) (mlx_pd_reserve{{{NODE_MODEL}}})",
-                           "{{node}} reserve (lowest of its models)")],
-                   description="The node's ledger: each SIGKILLed JACCL rank and each failed"
-                               " JACCL start spends a domain until reboot. At a model's reserve"
-                               " no JACCL start is tried on the node.",
-                   stepped=True, width=24),
+        timeseries(
+            "Memory available",
+            [target(f"mlx_memory_available_bytes{{{NODE}}}", "{{node}}")],
+            unit="bytes",
+            steps=(("green", None), ("red", MEMORY_LOW_BYTES)),
+            width=8,
+        ),
+        timeseries(
+            "RDMA ports active",
+            [target(f"mlx_rdma_port_active{{{NODE}}}", "{{node}} {{device}}/{{port}}")],
+            description="1 = PORT_ACTIVE. Absent on hosts without RDMA.",
+            max_value=1,
+            stepped=True,
+            width=8,
+        ),
+        timeseries(
+            "RDMA objects on the node (budget 11 per device)",
+            [target(f"mlx_rdma_objects{{{NODE}}}", "{{node}} {{kind}}")],
+            description="ioclasscount of protection domains and queue pairs: the node's"
+            " total over all its RDMA devices, which it cannot tell apart;"
+            " the budget is 11 per device (docs/decisions.md), so orange"
+            " and red mark where one device may be near or at it.",
+            steps=(("green", None), ("orange", PD_HIGH), ("red", PD_BUDGET)),
+            stepped=True,
+            width=8,
+        ),
+        timeseries(
+            "Protection domains spent since boot, and the reserve",
+            [
+                target(f"mlx_pd_debt{{{NODE}}}", "{{node}} spent"),
+                target(
+                    f"min by (node) (mlx_pd_reserve{{{NODE_MODEL}}})",
+                    "{{node}} reserve (lowest of its models)",
+                ),
+            ],
+            description="The node's ledger: each SIGKILLed JACCL rank and each failed"
+            " JACCL start spends a domain until reboot. At a model's reserve"
+            " no JACCL start is tried on the node.",
+            stepped=True,
+            width=24,
+        ),
         row("Exporter health"),
-        stat("Exporters up",
-             [target('up{job="mlx-medic-exporter"}', "{{instance}}")],
-             description="By scrape target: Prometheus's own `up` has no node label, so the "
-                         "Node filter does not apply.",
-             mappings=up_down_mappings("Up", "Down"), steps=(("red", None), ("green", 1)),
-             width=8, height=8),
-        timeseries("Collector success",
-                   [target(f"mlx_medic_collector_success{{{NODE}}}",
-                           "{{node}} {{collector}}")],
-                   max_value=1, stepped=True, width=8),
-        timeseries("Collector duration",
-                   [target(f"mlx_medic_collector_duration_seconds{{{NODE}}}",
-                           "{{node}} {{collector}}")], unit="s", width=8),
+        stat(
+            "Exporters up",
+            [target('up{job="mlx-medic-exporter"}', "{{instance}}")],
+            description="By scrape target: Prometheus's own `up` has no node label, so the "
+            "Node filter does not apply.",
+            mappings=up_down_mappings("Up", "Down"),
+            steps=(("red", None), ("green", 1)),
+            width=8,
+            height=8,
+        ),
+        timeseries(
+            "Collector success",
+            [target(f"mlx_medic_collector_success{{{NODE}}}", "{{node}} {{collector}}")],
+            max_value=1,
+            stepped=True,
+            width=8,
+        ),
+        timeseries(
+            "Collector duration",
+            [target(f"mlx_medic_collector_duration_seconds{{{NODE}}}", "{{node}} {{collector}}")],
+            unit="s",
+            width=8,
+        ),
     ]
     return dashboard(
-        "mlx-medic-cluster", "mlx-medic / Cluster overview",
+        "mlx-medic-cluster",
+        "mlx-medic / Cluster overview",
         "Model health, orphaned ranks, stale tmp dirs, log signatures, memory and RDMA per node.",
-        variables, panels,
+        variables,
+        panels,
     )
 
 
@@ -303,59 +485,125 @@ def remediator() -> dict[str, Any]:
     variables = [query_variable("model", "Model", "label_values(model)")]
     panels = [
         row("Now"),
-        stat("Remediations in progress",
-             [target(f"sum by (model) (mlx_medic_remediation_in_progress{{{model}}})",
-                     "{{model}}")],
-             steps=(("green", None), ("orange", 1)), width=6),
-        stat("Last verified backend",
-             [target(f"max by (model, backend) (mlx_medic_last_verified_backend{{{model}}})",
-                     "{{model}}: {{backend}}")],
-             description="Per model and backend: verified (the backend the remediator last"
-             " saw the model answer on) or not; none verified yet shows every backend not.",
-             mappings=flag_mappings("verified", "blue", off="not"),
-             steps=(("transparent", None),), width=6),
-        stat("Escalations in range",
-             [target(f"sum by (model, reason) "
-                     f"(increase(mlx_medic_escalations_total{{{model}}}[$__range]))",
-                     "{{model}} {{reason}}")],
-             description="An escalation stops automatic action until `mlx-medic resume MODEL`.",
-             steps=(("green", None), ("red", 1)), width=6),
-        stat("Remediations in range by outcome",
-             [target(f"sum by (outcome) "
-                     f"(increase(mlx_medic_remediations_total{{{model}}}[$__range]))",
-                     "{{outcome}}")], width=6),
-        stat("Unkillable processes by node",
-             [target(f"sum by (model, node) (mlx_medic_unkillable_processes{{{model}}})",
-                     "{{model}} on {{node}}")],
-             description="What the remediator's last sweep of each node found unkillable"
-                         " (uninterruptible sleep): only a reboot of that node clears them.",
-             steps=(("green", None), ("red", 1)), width=24, height=4),
+        stat(
+            "Remediations in progress",
+            [target(f"sum by (model) (mlx_medic_remediation_in_progress{{{model}}})", "{{model}}")],
+            steps=(("green", None), ("orange", 1)),
+            width=6,
+        ),
+        stat(
+            "Last verified backend",
+            [
+                target(
+                    f"max by (model, backend) (mlx_medic_last_verified_backend{{{model}}})",
+                    "{{model}}: {{backend}}",
+                )
+            ],
+            description="Per model and backend: verified (the backend the remediator last"
+            " saw the model answer on) or not; none verified yet shows every backend not.",
+            mappings=flag_mappings("verified", "blue", off="not"),
+            steps=(("transparent", None),),
+            width=6,
+        ),
+        stat(
+            "Escalations in range",
+            [
+                target(
+                    f"sum by (model, reason) "
+                    f"(increase(mlx_medic_escalations_total{{{model}}}[$__range]))",
+                    "{{model}} {{reason}}",
+                )
+            ],
+            description="An escalation stops automatic action until `mlx-medic resume MODEL`.",
+            steps=(("green", None), ("red", 1)),
+            width=6,
+        ),
+        stat(
+            "Remediations in range by outcome",
+            [
+                target(
+                    f"sum by (outcome) "
+                    f"(increase(mlx_medic_remediations_total{{{model}}}[$__range]))",
+                    "{{outcome}}",
+                )
+            ],
+            width=6,
+        ),
+        stat(
+            "Unkillable processes by node",
+            [
+                target(
+                    f"sum by (model, node) (mlx_medic_unkillable_processes{{{model}}})",
+                    "{{model}} on {{node}}",
+                )
+            ],
+            description="What the remediator's last sweep of each node found unkillable"
+            " (uninterruptible sleep): only a reboot of that node clears them.",
+            steps=(("green", None), ("red", 1)),
+            width=24,
+            height=4,
+        ),
         row("Activity"),
-        timeseries("Alerts received per minute by status",
-                   [target("60 * sum by (status) "
-                           "(rate(mlx_medic_alerts_received_total[$__rate_interval]))",
-                           "{{status}}")], width=12),
-        timeseries("Remediations by model and outcome",
-                   [target(f"sum by (model, outcome) "
-                           f"(increase(mlx_medic_remediations_total{{{model}}}[$__rate_interval]))",
-                           "{{model}} {{outcome}}")], width=12),
-        timeseries("Remediation duration",
-                   [target("sum(rate(mlx_medic_remediation_duration_seconds_sum[$__rate_interval]))"
-                           " / sum(rate(mlx_medic_remediation_duration_seconds_count"
-                           "[$__rate_interval]))", "mean"),
-                    target("histogram_quantile(0.9, sum by (le) "
-                           "(rate(mlx_medic_remediation_duration_seconds_bucket"
-                           "[$__rate_interval])))", "p90", ref="B")],
-                   unit="s", width=12),
-        timeseries("Escalations by model and reason",
-                   [target(f"sum by (model, reason) "
-                           f"(increase(mlx_medic_escalations_total{{{model}}}[$__rate_interval]))",
-                           "{{model}} {{reason}}")], width=12),
+        timeseries(
+            "Alerts received per minute by status",
+            [
+                target(
+                    "60 * sum by (status) "
+                    "(rate(mlx_medic_alerts_received_total[$__rate_interval]))",
+                    "{{status}}",
+                )
+            ],
+            width=12,
+        ),
+        timeseries(
+            "Remediations by model and outcome",
+            [
+                target(
+                    f"sum by (model, outcome) "
+                    f"(increase(mlx_medic_remediations_total{{{model}}}[$__rate_interval]))",
+                    "{{model}} {{outcome}}",
+                )
+            ],
+            width=12,
+        ),
+        timeseries(
+            "Remediation duration",
+            [
+                target(
+                    "sum(rate(mlx_medic_remediation_duration_seconds_sum[$__rate_interval]))"
+                    " / sum(rate(mlx_medic_remediation_duration_seconds_count"
+                    "[$__rate_interval]))",
+                    "mean",
+                ),
+                target(
+                    "histogram_quantile(0.9, sum by (le) "
+                    "(rate(mlx_medic_remediation_duration_seconds_bucket"
+                    "[$__rate_interval])))",
+                    "p90",
+                    ref="B",
+                ),
+            ],
+            unit="s",
+            width=12,
+        ),
+        timeseries(
+            "Escalations by model and reason",
+            [
+                target(
+                    f"sum by (model, reason) "
+                    f"(increase(mlx_medic_escalations_total{{{model}}}[$__rate_interval]))",
+                    "{{model}} {{reason}}",
+                )
+            ],
+            width=12,
+        ),
     ]
     return dashboard(
-        "mlx-medic-remediator", "mlx-medic / Remediator",
+        "mlx-medic-remediator",
+        "mlx-medic / Remediator",
         "Alerts received, remediation runs and outcomes, escalations, last verified backends.",
-        variables, panels,
+        variables,
+        panels,
     )
 
 

@@ -49,8 +49,9 @@ class BackendChoice:
 
     def rebooted_since(self, boots: dict[str, str]) -> list[str]:
         """The nodes whose boot id differs from the one stamped with the pin."""
-        return sorted(node for node, boot in boots.items()
-                      if node in self.boots and self.boots[node] != boot)  # fmt: skip
+        return sorted(
+            node for node, boot in boots.items() if node in self.boots and self.boots[node] != boot
+        )
 
     def retry(self) -> str:
         """When JACCL will be tried again, in words."""
@@ -59,13 +60,19 @@ class BackendChoice:
         if self.choice == "jaccl":
             return "pinned to JACCL: no ring fallback until it is unpinned"
         if not self.automatic:
-            return ("JACCL is not tried again automatically (a person pinned ring):"
-                    " unpin with `mlx-medic backend MODEL auto`")  # fmt: skip
+            return (
+                "JACCL is not tried again automatically (a person pinned ring):"
+                " unpin with `mlx-medic backend MODEL auto`"
+            )
         if not self.boots:
-            return ("JACCL is tried again after a node of the model reboots (the boot ids"
-                    " are stamped at the next start)")  # fmt: skip
-        return (f"JACCL is tried again once one of {', '.join(sorted(self.boots))} has"
-                " rebooted (mlx-medic lifts its own ring pin once per reboot)")
+            return (
+                "JACCL is tried again after a node of the model reboots (the boot ids"
+                " are stamped at the next start)"
+            )
+        return (
+            f"JACCL is tried again once one of {', '.join(sorted(self.boots))} has"
+            " rebooted (mlx-medic lifts its own ring pin once per reboot)"
+        )
 
 
 AUTO = BackendChoice("auto", "", 0.0, "no choice recorded: JACCL first, then ring")
@@ -88,18 +95,29 @@ def read_backend_choice(state_dir: Path, model: str) -> BackendChoice:
         return AUTO
     try:
         boots = data.get("boots") or {}
-        return BackendChoice(parse_choice(str(data["choice"])), str(data.get("by", "")),
-                             float(data.get("at", 0.0)), str(data.get("reason", "")),
-                             {str(k): str(v) for k, v in dict(boots).items()})  # fmt: skip
+        return BackendChoice(
+            parse_choice(str(data["choice"])),
+            str(data.get("by", "")),
+            float(data.get("at", 0.0)),
+            str(data.get("reason", "")),
+            {str(k): str(v) for k, v in dict(boots).items()},
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise StateFileError(f"{path} is not a backend choice ({exc})") from None
 
 
 def write_backend_choice(
-    state_dir: Path, model: str, choice: str, *, by: str, reason: str,
-    now: float | None = None, boots: dict[str, str] | None = None,
-) -> BackendChoice:  # fmt: skip
-    record = BackendChoice(parse_choice(choice), by, time.time() if now is None else now, reason,
-                           dict(boots or {}))  # fmt: skip
+    state_dir: Path,
+    model: str,
+    choice: str,
+    *,
+    by: str,
+    reason: str,
+    now: float | None = None,
+    boots: dict[str, str] | None = None,
+) -> BackendChoice:
+    record = BackendChoice(
+        parse_choice(choice), by, time.time() if now is None else now, reason, dict(boots or {})
+    )
     write_json_record(backend_choice_path(state_dir, model), asdict(record))
     return record

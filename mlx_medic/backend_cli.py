@@ -119,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
 
         document = reply.document
         choice = BackendChoice(
-            document["choice"], document["by"], document["at"], document["reason"],
+            document["choice"],
+            document["by"],
+            document["at"],
+            document["reason"],
             dict(document.get("boots") or {}),
         )
         print(describe(args.model, choice) + f" (on {reply.node})")

@@ -30,14 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("file", type=Path, nargs="?", help="inventory YAML")
     what.add_argument(
-        "--schema", action="store_true",
+        "--schema",
+        action="store_true",
         help="print every inventory field (path, type, default, meaning) and exit",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--allow-simulated-jaccl", action="store_true",
+        "--allow-simulated-jaccl",
+        action="store_true",
         help="accept serve.simulated_jaccl (the testbed's simulated JACCL; never on a real"
         " cluster)",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,10 +55,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     simulated = [m.name for m in inventory.models if m.serve.simulated_jaccl]
     if simulated and not args.allow_simulated_jaccl:
-        print(f"{args.file}: models.{simulated[0]}.serve.simulated_jaccl: true: JACCL would be"
-              " the testbed's simulation (testbed/README.md), which a real cluster must"
-              " never run; remove it, or pass --allow-simulated-jaccl on a testbed"
-              f" (models: {', '.join(simulated)})", file=sys.stderr)  # fmt: skip
+        print(
+            f"{args.file}: models.{simulated[0]}.serve.simulated_jaccl: true: JACCL would be"
+            " the testbed's simulation (testbed/README.md), which a real cluster must"
+            " never run; remove it, or pass --allow-simulated-jaccl on a testbed"
+            f" (models: {', '.join(simulated)})",
+            file=sys.stderr,
+        )
         return 1
     refused = root_login_problem(inventory)
     if refused:
@@ -81,11 +86,15 @@ def shared_dirs_report(inventory: Inventory) -> list[str]:
                 nodes.setdefault(scope, []).append(node.name)
     if not nodes:
         return ["shared dirs: none"]
-    lines = ["shared dirs (weighed once; an entry is stale only when no process uses it and it"
-             " is older than every sharing model's stale_tmp_age):"]
+    lines = [
+        "shared dirs (weighed once; an entry is stale only when no process uses it and it"
+        " is older than every sharing model's stale_tmp_age):"
+    ]
     for scope, where in nodes.items():
-        lines.append(f"  {scope.path} on {', '.join(where)}: {', '.join(scope.models)}"
-                     f" (stale after {human_duration(scope.stale_age)})")
+        lines.append(
+            f"  {scope.path} on {', '.join(where)}: {', '.join(scope.models)}"
+            f" (stale after {human_duration(scope.stale_age)})"
+        )
     return lines
 
 
@@ -95,9 +104,11 @@ def root_login_problem(inventory: Inventory) -> str | None:
     if not roots or inventory.ssh.allow_root_login:
         return None
     where = "ssh.user" if inventory.ssh.user == "root" else "nodes.<name>.user"
-    return (f"{where}: root is the SSH login user on {', '.join(roots)}: the remediator's and"
-            " the serve wrapper's keys would run the node helpers as root; name a dedicated"
-            f" user (ssh.user, default {DEFAULT_LOGIN_USER}), or set ssh.allow_root_login: true")
+    return (
+        f"{where}: root is the SSH login user on {', '.join(roots)}: the remediator's and"
+        " the serve wrapper's keys would run the node helpers as root; name a dedicated"
+        f" user (ssh.user, default {DEFAULT_LOGIN_USER}), or set ssh.allow_root_login: true"
+    )
 
 
 def login_user_warnings(inventory: Inventory) -> list[str]:
@@ -112,5 +123,6 @@ def login_user_warnings(inventory: Inventory) -> list[str]:
                 f"models.{model.name}.service.user is {wanted}, but the login user of"
                 f" {', '.join(others)} is {', '.join(users)} (nodes.<name>.user, default"
                 f" ssh.user): the node helpers run as the login user and cannot signal"
-                f" {wanted}'s ranks, so the model's sweeps would fail")
+                f" {wanted}'s ranks, so the model's sweeps would fail"
+            )
     return warnings

@@ -25,37 +25,47 @@ class CommandInfo:
 COMMANDS: dict[str, CommandInfo] = {
     # node
     "exporter": CommandInfo(
-        "mlx_medic.exporter.main", "serve this node's Prometheus metrics", "node"),
+        "mlx_medic.exporter.main", "serve this node's Prometheus metrics", "node"
+    ),
     "probe": CommandInfo(
-        "mlx_medic.probe_cli", "probe a model's server once from this node", "node"),
+        "mlx_medic.probe_cli", "probe a model's server once from this node", "node"
+    ),
     "node": CommandInfo(
-        "mlx_medic.node.cli", "run a node helper (docs/node-helpers.md) on this node", "node"),
+        "mlx_medic.node.cli", "run a node helper (docs/node-helpers.md) on this node", "node"
+    ),
     "serve": CommandInfo(
-        "mlx_medic.serve.cli", "run a model's ranks on its head (what its service runs)",
-        "node"),
-    "check-config": CommandInfo(
-        "mlx_medic.check_config", "validate an inventory file", "node"),
+        "mlx_medic.serve.cli", "run a model's ranks on its head (what its service runs)", "node"
+    ),
+    "check-config": CommandInfo("mlx_medic.check_config", "validate an inventory file", "node"),
     # deployment
     "render": CommandInfo(
         "mlx_medic.render.cli",
         "render deployment files (launchd, systemd, sudoers, ...) from the inventory",
-        "deployment"),
+        "deployment",
+    ),
     # remediator
     "remediator": CommandInfo(
-        "mlx_medic.remediator.service", "run the Alertmanager webhook service", "remediator",
-        json_log_lines=True),
+        "mlx_medic.remediator.service",
+        "run the Alertmanager webhook service",
+        "remediator",
+        json_log_lines=True,
+    ),
     # on-call
     "backend": CommandInfo(
-        "mlx_medic.backend_cli", "show, pin or unpin a model's backend (on its head)", "on-call"),
-    "log": CommandInfo(
-        "mlx_medic.remediator.cli_log", "show the remediation journal", "on-call"),
+        "mlx_medic.backend_cli", "show, pin or unpin a model's backend (on its head)", "on-call"
+    ),
+    "log": CommandInfo("mlx_medic.remediator.cli_log", "show the remediation journal", "on-call"),
     "remediate": CommandInfo(
-        "mlx_medic.remediator.cli_remediate", "run the playbook for a model by hand", "on-call"),
+        "mlx_medic.remediator.cli_remediate", "run the playbook for a model by hand", "on-call"
+    ),
     "pause": CommandInfo(
-        "mlx_medic.remediator.cli_pause", "stop automatic action (all models or one)", "on-call"),
+        "mlx_medic.remediator.cli_pause", "stop automatic action (all models or one)", "on-call"
+    ),
     "resume": CommandInfo(
         "mlx_medic.remediator.cli_resume",
-        "allow automatic action again; closes the circuit", "on-call"),
+        "allow automatic action again; closes the circuit",
+        "on-call",
+    ),
 }
 
 
@@ -70,7 +80,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; with `command`, that command's arguments too (and only its
     module imported)."""
     parser = argparse.ArgumentParser(
-        prog="mlx-medic", description=__doc__.splitlines()[0], epilog=_overview(),
+        prog="mlx-medic",
+        description=__doc__.splitlines()[0],
+        epilog=_overview(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

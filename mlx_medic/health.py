@@ -188,9 +188,15 @@ def _request(host: str, port: int, timeout: float, path: str) -> tuple[bool, str
         if expired.is_set():  # the watchdog fired before there was a socket to shut
             raise TimeoutError
         body = _request_body(path)
-        connection.request("POST", path, body=body, headers={
-            "Content-Type": "application/json", "Connection": "close",
-        })
+        connection.request(
+            "POST",
+            path,
+            body=body,
+            headers={
+                "Content-Type": "application/json",
+                "Connection": "close",
+            },
+        )
         response = connection.getresponse()
         payload = response.read(MAX_RESPONSE_BYTES)
         if expired.is_set():
@@ -231,13 +237,16 @@ def probe_model(
     with _exclusive(host, port, wait, lock_dir) as held:
         if not held:
             return ProbeResult(
-                up=False, conclusive=False, latency_seconds=0.0,
+                up=False,
+                conclusive=False,
+                latency_seconds=0.0,
                 reason=f"not probed: another probe of {host}:{port} ran longer than {wait:g}s",
             )
         start = time.monotonic()
         up, reason, timed_out = _request(host, port, timeout, path)
-        return ProbeResult(up=up, reason=reason, latency_seconds=time.monotonic() - start,
-                           timed_out=timed_out)  # fmt: skip
+        return ProbeResult(
+            up=up, reason=reason, latency_seconds=time.monotonic() - start, timed_out=timed_out
+        )
 
 
 def _in_worker_thread(function: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:

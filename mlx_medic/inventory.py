@@ -79,21 +79,27 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
-                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*")
+_HOST_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+    r"(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"
+)
 
 
 def _ssh_source(value: str) -> str:
     """An address sshd's `from=` matches: an IP, a network (CIDR) or a host name."""
     try:
-        return str(ipaddress.ip_network(value, strict=True) if "/" in value
-                   else ipaddress.ip_address(value))  # fmt: skip
+        return str(
+            ipaddress.ip_network(value, strict=True)
+            if "/" in value
+            else ipaddress.ip_address(value)
+        )
     except ValueError as exc:
         if "/" in value or re.fullmatch(r"[0-9.]+|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*", value):
             raise ValueError(f"{value!r} is not an IP address or network: {exc}") from None
     if not _HOST_NAME.fullmatch(value):
-        raise ValueError(f"{value!r} is not an IP address, a network (CIDR) or a host name"
-                         " (no wildcards)")  # fmt: skip
+        raise ValueError(
+            f"{value!r} is not an IP address, a network (CIDR) or a host name (no wildcards)"
+        )
     return value
 
 
@@ -109,11 +115,12 @@ class Node(_Strict):
     )
     ssh: str = Field(description="address or host name used by ssh and in hostfiles")
     user: str = Field(
-        default=DEFAULT_LOGIN_USER, pattern=USER_NAME_PATTERN,
+        default=DEFAULT_LOGIN_USER,
+        pattern=USER_NAME_PATTERN,
         description="the SSH login user on this node: the remediator and the serve wrapper log"
         " in as it, each key pinned to what its user sends (`mlx-medic render"
         " authorized-keys`); default: `ssh.user`",
-    )  # fmt: skip
+    )
     port: int = Field(default=22, ge=1, le=65535, description="SSH port")
     medic_command: str = Field(
         default="mlx-medic",
@@ -147,9 +154,7 @@ class Node(_Strict):
         if value.startswith("-"):
             raise ValueError(f"{value!r} starts with '-': it would read as an option")
         if value.startswith("~"):
-            raise ValueError(
-                f"{value!r}: '~' is never expanded here; write the full path"
-            )
+            raise ValueError(f"{value!r}: '~' is never expanded here; write the full path")
         if not re.fullmatch(r"[A-Za-z0-9._/+@=,:-]{1,1024}", value):
             raise ValueError(
                 f"{value!r} is not a command name or path (one word: letters, digits, '._/+@=,:-';"
@@ -196,13 +201,14 @@ class Service(_Strict, ServiceMethods):
     )
 
     user: str | None = Field(
-        default=None, pattern=USER_NAME_PATTERN,
+        default=None,
+        pattern=USER_NAME_PATTERN,
         description="the user the service runs as (launchd: the plist's `UserName`)."
         " mlx.launch's pid files and hostfiles land in this user's temp dir on every node of"
         " the model (ssh logs in to the peers under the same name by default), and the"
         " exporter counts leftovers there (macOS: the user's `DARWIN_USER_TEMP_DIR`, asked as"
         " that user; Linux: /tmp); null: the user the exporter runs as",
-    )  # fmt: skip
+    )
 
 
 class Backend(_Strict):
@@ -220,7 +226,7 @@ class RingBackend(Backend):
         default=True,
         description="pass --pipeline to mlx_lm.server (seed 004: ring with pipeline split);"
         " false for a model whose architecture cannot pipeline (mlx_lm.server then says"
-        " \"The model does not support pipelining\")",
+        ' "The model does not support pipelining")',
     )
 
 
@@ -245,10 +251,12 @@ class Policy(_Strict):
     """Limits on automatic action, so a restart loop cannot spend the PD budget."""
 
     restart_budget: int = Field(
-        default=3, ge=0, le=100,
+        default=3,
+        ge=0,
+        le=100,
         description="automatic runs allowed per `window`; when spent, the model's circuit"
         " opens and on-call is told",
-    )  # fmt: skip
+    )
     window: Duration = Field(default=3600.0, description="the span `restart_budget` counts over")
     backoff: Duration = Field(
         default=30.0,
@@ -261,14 +269,16 @@ class Policy(_Strict):
         " step); also bounds a step's run time, with `ssh.command_timeout`",
     )
     pd_reserve: int = Field(
-        default=5, ge=0, le=11,
+        default=5,
+        ge=0,
+        le=11,
         description="no JACCL start is tried on a node where a device the start needs (its"
         " row of the JACCL hostfile) has spent this many protection domains since the boot,"
         " by the node's ledger (of about 11 per RDMA device; a SIGKILLed, vanished or"
         " unkillable JACCL rank spends one on each of its devices until reboot, a failed"
         " allocation spends nothing). 5 after dryvist/nix-ai's cap of 5 of 11, which keeps"
         " domains for a person to recover with; 0: never JACCL",
-    )  # fmt: skip
+    )
     kill_grace: Duration = Field(
         default=10.0,
         description="a sweep's wait between SIGTERM and SIGKILL, for a rank to end itself",
@@ -310,11 +320,13 @@ class ServeSettings(_Strict):
         " `mlx-medic serve`",
     )
     starting_port: int | None = Field(
-        default=None, ge=1024, le=65000,
+        default=None,
+        ge=1024,
+        le=65000,
         description="`mlx.launch --starting-port` for this model's ring (and its smoke test):"
         " two models on one node need ranges of their own; null: mlx.launch's default,"
         " which only one model per node may use",
-    )  # fmt: skip
+    )
     smoke_timeout: Duration = Field(
         default=60.0,
         description="the time limit of the smoke test (a short all-reduce over every rank"
@@ -328,16 +340,19 @@ class ServeSettings(_Strict):
     )
 
     relaunch_limit: int = Field(
-        default=5, ge=0, le=100,
+        default=5,
+        ge=0,
+        le=100,
         description="after a crash (or a start whose backends all failed) the wrapper ends"
         " what is left and launches again itself, up to this many times per"
         " relaunch_window, instead of exiting into the service manager's restart throttle"
         " (launchd: 10s); then it exits 1 and the service manager restarts it. 0: exit at"
         " once",
-    )  # fmt: skip
+    )
     relaunch_window: Duration = Field(
-        default=600.0, description="the span relaunch_limit counts over",
-    )  # fmt: skip
+        default=600.0,
+        description="the span relaunch_limit counts over",
+    )
     relaunch_interval: Duration = Field(
         default=10.0,
         description="two launches of the model (a relaunch's and the one before it) start at"
@@ -374,9 +389,17 @@ class ServeSettings(_Strict):
 # model's: a pattern that matches one of them would put shells, sshd or grep in the model's
 # scope, and the sweep acts on what is in scope.
 _NOT_A_MODEL_PROCESS = (
-    "bash", "sh -c true", "zsh -l", "sshd", "launchd", "python3", "ssh ai002 true",
-    "grep serve.py", "kill 1", "sleep 1",
-)  # fmt: skip
+    "bash",
+    "sh -c true",
+    "zsh -l",
+    "sshd",
+    "launchd",
+    "python3",
+    "ssh ai002 true",
+    "grep serve.py",
+    "kill 1",
+    "sleep 1",
+)
 
 
 def _process_regex(value: str) -> str:
@@ -463,11 +486,13 @@ class Model(_Strict, ModelMethods):
         " second (both to the only one)",
     )
     ranks_per_node: int = Field(
-        default=1, ge=1, le=64,
+        default=1,
+        ge=1,
+        le=64,
         description="live ranks the model runs on each of its nodes (raised to what a live"
         " rank's own launch places on the node); ranks beyond it are orphans (excess ranks)"
         " when the evidence tells which, else suspects",
-    )  # fmt: skip
+    )
     process_patterns: ProcessPatterns = Field(
         default_factory=ProcessPatterns,
         description="the model's own rank and share processes by command line, when they"
@@ -530,15 +555,15 @@ class Signature(_Strict):
         return value
 
 
-
 class SshSettings(_Strict):
     """How the remediator reaches nodes. Host keys are always checked."""
 
     user: str = Field(
-        default=DEFAULT_LOGIN_USER, pattern=USER_NAME_PATTERN,
+        default=DEFAULT_LOGIN_USER,
+        pattern=USER_NAME_PATTERN,
         description="the SSH login user on every node (a node's own `user` overrides it): a"
         " dedicated user, not root (`check-config` refuses root unless `allow_root_login`)",
-    )  # fmt: skip
+    )
     allow_root_login: bool = Field(
         default=False,
         description="let a node's login user be root (`check-config` refuses it otherwise):"
@@ -557,8 +582,7 @@ class SshSettings(_Strict):
     )
     known_hosts: Path | None = Field(
         default=None,
-        description="the known_hosts file host keys are checked against; null:"
-        " ~/.ssh/known_hosts",
+        description="the known_hosts file host keys are checked against; null: ~/.ssh/known_hosts",
     )
     connect_timeout: Duration = Field(default=10.0, description="time to open an SSH connection")
     command_timeout: Duration = Field(
@@ -606,8 +630,9 @@ class Inventory(_Strict, InventoryMethods[Node, Model]):
         user = ssh.get("user", DEFAULT_LOGIN_USER) if isinstance(ssh, dict) else None
         if not isinstance(user, str) or not re.match(USER_NAME_PATTERN, user):
             return data
-        nodes = [{"user": user, **node} if isinstance(node, dict) else node
-                 for node in data["nodes"]]  # fmt: skip
+        nodes = [
+            {"user": user, **node} if isinstance(node, dict) else node for node in data["nodes"]
+        ]
         return {**data, "nodes": nodes}
 
     @model_validator(mode="after")

@@ -233,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.check is not None:
         if wanted != current:
-            print(f"{path} is stale: run python -m mlx_medic.inventory_doc --write {path}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{path} is stale: run python -m mlx_medic.inventory_doc --write {path}",
+                file=sys.stderr,
+            )
             return 1
         return 0
     path.write_text(wanted, encoding="utf-8")

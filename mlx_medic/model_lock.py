@@ -160,9 +160,15 @@ def _create_exclusive(path: Path, text: str) -> bool:
     return True
 
 
-def act_on_lock(path: Path, action: str, *, info: str | None = None, token: str | None = None,
-                expected_token: str | None = None,
-                expected_sha256: str | None = None) -> bool:  # fmt: skip
+def act_on_lock(
+    path: Path,
+    action: str,
+    *,
+    info: str | None = None,
+    token: str | None = None,
+    expected_token: str | None = None,
+    expected_sha256: str | None = None,
+) -> bool:
     """One action on the lock file (`mlx-medic node lock`'s, or the serve wrapper's on its
     own head) under the lock's flock; whether it happened."""
     from mlx_medic.node.record_lock import exclusive
@@ -307,10 +313,14 @@ class ModelLocks:
         options = dict(zip(args[::2], args[1::2], strict=True))
         path = lock_path(self.inventory.state_dir, model)
         try:
-            done = act_on_lock(path, action, info=options.get("--info"),
-                               token=options.get("--token"),
-                               expected_token=options.get("--expected-token"),
-                               expected_sha256=options.get("--expected-sha256"))  # fmt: skip
+            done = act_on_lock(
+                path,
+                action,
+                info=options.get("--info"),
+                token=options.get("--token"),
+                expected_token=options.get("--expected-token"),
+                expected_sha256=options.get("--expected-sha256"),
+            )
             return {"done": done, "text": read_text_nofollow(path)}
         except (StateFileError, ValueError) as exc:
             raise LockHelperFailed(f"{self.this_node}: the model lock: {exc}") from exc
@@ -386,8 +396,9 @@ class ModelLocks:
                 await handle.renewer
         if not handle.info.token:
             return
-        released = await self._lock(handle.node, handle.model, "release",
-                                    "--token", handle.info.token)  # fmt: skip
+        released = await self._lock(
+            handle.node, handle.model, "release", "--token", handle.info.token
+        )
         if not released["done"]:
             log.warning("lock no longer ours; left in place", extra={"model": handle.model})
 
@@ -396,9 +407,15 @@ class ModelLocks:
         if not handle.info.token:
             return False
         info = LockInfo(**{**asdict(handle.info), "expires": self.clock() + self.lease})
-        replaced = await self._lock(handle.node, handle.model, "replace",
-                                    "--expected-token", handle.info.token,
-                                    "--info", info.to_json())  # fmt: skip
+        replaced = await self._lock(
+            handle.node,
+            handle.model,
+            "replace",
+            "--expected-token",
+            handle.info.token,
+            "--info",
+            info.to_json(),
+        )
         if not replaced["done"]:
             return False
         handle.info = info
@@ -440,8 +457,11 @@ class ModelLocks:
         try:
             info = LockInfo.parse(text)
         except (ValueError, KeyError, TypeError) as exc:
-            return (False, f"an unreadable lock file on {head.name} ({exc}); remove it by hand",
-                    None)
+            return (
+                False,
+                f"an unreadable lock file on {head.name} ({exc}); remove it by hand",
+                None,
+            )
         held = f"locked by {info.describe()}"
         if info.node is None:
             if info.expires < self.clock():
@@ -452,16 +472,18 @@ class ModelLocks:
         except KeyError:
             # Nobody can ask a node the inventory no longer lists: the lease decides.
             if info.expires < self.clock():
-                return (True, f"holder's node {info.node} is not in the inventory;"
-                        " its lease ran out", None)
+                return (
+                    True,
+                    f"holder's node {info.node} is not in the inventory; its lease ran out",
+                    None,
+                )
             return False, held + f"; its node {info.node} is not in the inventory", None
         if info.pid <= 0:
             return False, held + f"; pid {info.pid} is no process to ask about", None
         start = [] if info.pid_start is None else ["--start-time", repr(info.pid_start)]
         try:
             if self.in_process and node.name == self.this_node:
-                liveness, why = await asyncio.to_thread(local_liveness, info.pid,
-                                                        info.pid_start)  # fmt: skip
+                liveness, why = await asyncio.to_thread(local_liveness, info.pid, info.pid_start)
             else:
                 reply = await self.helpers.call(node.name, "pid-alive", str(info.pid), *start)
                 liveness = Liveness(reply.document["liveness"])
@@ -474,8 +496,11 @@ class ModelLocks:
         if liveness in (Liveness.DEAD, Liveness.REUSED):
             return True, f"holder pid {info.pid} on {node.name} is gone: {why}", None
         if liveness is Liveness.UNKNOWN:
-            return (False, held + f"; cannot tell whether its pid lives on {node.name}: {why}",
-                    None)
+            return (
+                False,
+                held + f"; cannot tell whether its pid lives on {node.name}: {why}",
+                None,
+            )
         return False, held, None
 
     async def _break(self, head: Node, model: str, stale_text: str) -> bool:

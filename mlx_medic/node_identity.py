@@ -73,7 +73,5 @@ def resolve_node(
             f"which inventory node is this? pass --node NAME{where} (nodes: {', '.join(known)})"
         )
     if name not in known:
-        raise NodeIdentityError(
-            f"{source} is not in the inventory (nodes: {', '.join(known)})"
-        )
+        raise NodeIdentityError(f"{source} is not in the inventory (nodes: {', '.join(known)})")
     return name

@@ -321,8 +321,9 @@ def find_orphans(
     2. duplicate_rank: live ranks with the same placement and rank number.
     3. excess_ranks (with an inventory): more ranks than the model runs here.
     """
-    judge = _Judge(table, inventory, Evidence(table, inventory, established, listening),
-                   placement_of)  # fmt: skip
+    judge = _Judge(
+        table, inventory, Evidence(table, inventory, established, listening), placement_of
+    )
     judge.per_process(scoped, current_run)
     judge.duplicates(scoped)
     judge.excess(scoped, node)
@@ -460,4 +461,3 @@ def psutil_established(proc: ProcessInfo) -> bool | None:
     except (psutil.AccessDenied, OSError):
         return None
     return any(c.status == psutil.CONN_ESTABLISHED for c in connections)
-

@@ -48,11 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", required=True, help="address the model's server listens on")
     parser.add_argument("--port", required=True, type=_port, help="the server's port")
     parser.add_argument(
-        "--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
         help=f"seconds for the whole completion request (default {DEFAULT_TIMEOUT:g})",
     )
     parser.add_argument(
-        "--lock-dir", type=Path, default=None,
+        "--lock-dir",
+        type=Path,
+        default=None,
         help="directory of the node-wide probe locks (the exporter's <state_dir>/locks), so"
         " this probe never overlaps another of the same server",
     )
@@ -76,10 +80,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a host that is no host name or address
         print(f"mlx-medic probe: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
-    print(json.dumps({
-        "up": result.up,
-        "conclusive": result.conclusive,
-        "reason": result.reason,
-        "latency_seconds": round(result.latency_seconds, 6),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "up": result.up,
+                "conclusive": result.conclusive,
+                "reason": result.reason,
+                "latency_seconds": round(result.latency_seconds, 6),
+            }
+        ),
+        flush=True,
+    )
     return _exit_status(result)

@@ -112,17 +112,21 @@ def lease_path(state_dir: Path, model: str) -> Path:
 
 
 def record_lease(
-    state_dir: Path, model: str, run_id: str, seconds: float, holder: str,
+    state_dir: Path,
+    model: str,
+    run_id: str,
+    seconds: float,
+    holder: str,
     now: float | None = None,
-) -> RunLease:  # fmt: skip
+) -> RunLease:
     """Grant or renew the run's lease for `seconds` from now."""
     if seconds <= 0:
         raise ValueError(f"a lease of {seconds:g}s has already run out")
-    lease = RunLease(check_run_id(run_id), (time.time() if now is None else now) + seconds,
-                     holder)  # fmt: skip
-    write_json_record(lease_path(state_dir, model),
-                      {"run_id": lease.run_id, "expires_at": lease.expires_at,
-                       "holder": lease.holder})  # fmt: skip
+    lease = RunLease(check_run_id(run_id), (time.time() if now is None else now) + seconds, holder)
+    write_json_record(
+        lease_path(state_dir, model),
+        {"run_id": lease.run_id, "expires_at": lease.expires_at, "holder": lease.holder},
+    )
     return lease
 
 
@@ -133,8 +137,11 @@ def read_lease(state_dir: Path, model: str) -> RunLease | None:
     if data is None:
         return None
     try:
-        return RunLease(check_run_id(str(data["run_id"])), float(data["expires_at"]),
-                        str(data.get("holder", "")))  # fmt: skip
+        return RunLease(
+            check_run_id(str(data["run_id"])),
+            float(data["expires_at"]),
+            str(data.get("holder", "")),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise StateFileError(f"{lease_path(state_dir, model)} is not a run lease ({exc})") from None
 

@@ -19,14 +19,22 @@ from typing import Any
 
 from mlx_medic.state_layout import FILE_MODE, Owner, StateFileError, ensure_dir, settle_new_file
 
-__all__ = ["MAX_RECORD_BYTES", "StateFileError", "read_json_record", "read_text_nofollow",
-           "remove_record", "write_json_record", "write_text_atomic"]
+__all__ = [
+    "MAX_RECORD_BYTES",
+    "StateFileError",
+    "read_json_record",
+    "read_text_nofollow",
+    "remove_record",
+    "write_json_record",
+    "write_text_atomic",
+]
 
 MAX_RECORD_BYTES = 1 << 20
 
 
-def write_text_atomic(path: Path, text: str, mode: int = FILE_MODE,
-                      owner: Owner | None = None) -> Path:  # fmt: skip
+def write_text_atomic(
+    path: Path, text: str, mode: int = FILE_MODE, owner: Owner | None = None
+) -> Path:
     """Write `text` to `path` through a temp file in the same dir, fsync, rename. The file
     is `mode`, owned by `owner` (default: the owner of its dir, so a record root writes
     stays the login user's); missing dirs are made as the state dir's layout says."""

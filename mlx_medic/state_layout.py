@@ -88,8 +88,10 @@ def node_owner(user: str, group: str = STATE_GROUP) -> Owner:
     try:
         account = pwd.getpwnam(user)
     except KeyError:
-        raise StateFileError(f"the node's login user {user!r} (nodes.<name>.user) is no user"
-                             " on this machine: nobody can own its state dir") from None
+        raise StateFileError(
+            f"the node's login user {user!r} (nodes.<name>.user) is no user"
+            " on this machine: nobody can own its state dir"
+        ) from None
     try:
         gid = grp.getgrnam(group).gr_gid
     except KeyError:
@@ -168,16 +170,20 @@ def _parent_owner(path: Path) -> Owner:
     return Owner.of_process()
 
 
-def _cannot(what: str, path: Path, exc: OSError, owner: Owner, mode: int,
-            where: Path) -> StateFileError:  # fmt: skip
+def _cannot(
+    what: str, path: Path, exc: OSError, owner: Owner, mode: int, where: Path
+) -> StateFileError:
     """The error for a part this process cannot create or open, naming who owns what."""
     try:
         found = describe(os.stat(where))
     except OSError:
         found = "unreadable"
-    fix = ("the exporter (root) makes the state dir and corrects its owners when it starts"
-           " (systemd: its tmpfiles.d line, at boot)" if not _is_root()
-           else "correct its owner or mode by hand")
+    fix = (
+        "the exporter (root) makes the state dir and corrects its owners when it starts"
+        " (systemd: its tmpfiles.d line, at boot)"
+        if not _is_root()
+        else "correct its owner or mode by hand"
+    )
     return StateFileError(
         f"cannot {what} {path}: {exc.strerror or exc} ({where} is {found}; this process runs"
         f" as {_user_name(os.geteuid())}); {path} should be {_expected(owner, mode)}: {fix}"
@@ -204,8 +210,7 @@ def ensure_dir(path: Path, owner: Owner | None = None) -> Path:
         except FileExistsError:
             continue  # made by another process just now
         except OSError as exc:
-            raise _cannot("create", directory, exc, target, DIR_MODE,
-                          directory.parent) from None  # fmt: skip
+            raise _cannot("create", directory, exc, target, DIR_MODE, directory.parent) from None
         try:
             fd = os.open(directory, _DIR_FLAGS)
         except OSError as exc:  # replaced by a link between the mkdir and the open
@@ -230,8 +235,11 @@ def _usable_dir(path: Path, owner: Owner | None) -> None:
             finally:
                 os.close(fd)
             if changed:
-                log.warning("corrected %s: %s (root made it; the node's login user writes"
-                            " it)", path, changed)
+                log.warning(
+                    "corrected %s: %s (root made it; the node's login user writes it)",
+                    path,
+                    changed,
+                )
         return
     if not os.access(path, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
         error = PermissionError(errno.EACCES, os.strerror(errno.EACCES))
@@ -270,16 +278,16 @@ def open_lock_file(path: Path, owner: Owner | None = None) -> int:
         elif _is_root() and info.st_uid == 0 and target.uid != 0:
             changed = _correct(fd, info, target, FILE_MODE)
             if changed:
-                log.warning("corrected %s: %s (root made it; the node's login user locks"
-                            " it)", path, changed)
+                log.warning(
+                    "corrected %s: %s (root made it; the node's login user locks it)", path, changed
+                )
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def settle_new_file(fd: int, path: Path, owner: Owner | None = None,
-                    mode: int = FILE_MODE) -> None:  # fmt: skip
+def settle_new_file(fd: int, path: Path, owner: Owner | None = None, mode: int = FILE_MODE) -> None:
     """Give a file this process just created at `path` (a temp file before its rename) to
     `owner` (default: the owner of its dir) with `mode`."""
     _settle(fd, owner or _parent_owner(Path(path)), mode)
@@ -332,8 +340,9 @@ def prepare_state_dir(state_dir: Path, owner: Owner) -> Prepared:
     return prepared
 
 
-def _repair(dir_fd: int, where: Path, owner: Owner, prepared: Prepared, depth: int,
-            seen: list[int]) -> None:  # fmt: skip
+def _repair(
+    dir_fd: int, where: Path, owner: Owner, prepared: Prepared, depth: int, seen: list[int]
+) -> None:
     """Correct the entries of one dir (by fd, so a rename under us cannot redirect it)."""
     try:
         names = sorted(os.listdir(dir_fd))
@@ -355,8 +364,11 @@ def _repair(dir_fd: int, where: Path, owner: Owner, prepared: Prepared, depth: i
             if info.st_uid == 0 and not stat.S_ISLNK(info.st_mode):
                 prepared.left.append(f"{path}: not a file or a dir ({describe(info)}); left")
             continue  # a link is never followed, nor re-owned
-        flags = (_DIR_FLAGS if is_dir else
-                 os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        flags = (
+            _DIR_FLAGS
+            if is_dir
+            else os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        )
         try:
             fd = os.open(name, flags, dir_fd=dir_fd)
         except OSError as exc:

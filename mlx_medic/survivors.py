@@ -51,41 +51,60 @@ class Survivor:
         return self.node, self.pid, self.start_time
 
     def describe(self) -> str:
-        held = (f", holding {self.domains} protection domain(s)"
-                f"{' on ' + ', '.join(self.devices) if self.devices else ''}"
-                if self.domains else "")  # fmt: skip
+        held = (
+            f", holding {self.domains} protection domain(s)"
+            f"{' on ' + ', '.join(self.devices) if self.devices else ''}"
+            if self.domains
+            else ""
+        )
         port = ", listening on the model's port" if self.holds_port else ""
         command = " ".join(self.cmdline)[:160]
-        return (f"{self.node}: pid {self.pid} ({self.role}, state {self.state}{held}{port})"
-                f" survives SIGKILL: {command}")  # fmt: skip
+        return (
+            f"{self.node}: pid {self.pid} ({self.role}, state {self.state}{held}{port})"
+            f" survives SIGKILL: {command}"
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "start_time": self.start_time, "cmdline": list(self.cmdline),
-                "role": self.role, "state": self.state, "model": self.model,
-                "backend": self.backend, "devices": list(self.devices),
-                "domains": self.domains, "holds_port": self.holds_port}  # fmt: skip
+        return {
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "cmdline": list(self.cmdline),
+            "role": self.role,
+            "state": self.state,
+            "model": self.model,
+            "backend": self.backend,
+            "devices": list(self.devices),
+            "domains": self.domains,
+            "holds_port": self.holds_port,
+        }
 
     @classmethod
     def from_json(cls, node: str, model: str, entry: Mapping[str, Any]) -> Survivor:
         """A sweep document's `unkillable` entry (fields it lacks take their defaults)."""
         return cls(
-            node=node, pid=int(entry.get("pid", -1)),
+            node=node,
+            pid=int(entry.get("pid", -1)),
             start_time=float(entry.get("start_time", 0.0)),
             cmdline=tuple(str(word) for word in entry.get("cmdline", ())),
-            role=str(entry.get("role", "?")), state=str(entry.get("state", "?")),
+            role=str(entry.get("role", "?")),
+            state=str(entry.get("state", "?")),
             model=str(entry.get("model") or model),
             backend=str(entry.get("backend", "unknown")),
             devices=tuple(str(d) for d in entry.get("devices", ())),
             holds_port=bool(entry.get("holds_port", False)),
-        )  # fmt: skip
+        )
 
 
-def reboot_advice(node: str, survivors: Sequence[Survivor],
-                  models_on_node: Sequence[str] = ()) -> str:  # fmt: skip
+def reboot_advice(
+    node: str, survivors: Sequence[Survivor], models_on_node: Sequence[str] = ()
+) -> str:
     """`reboot ai002 to free 2 protection domain(s) (models placed there: glm, qwq)`."""
     domains = sum(s.domains for s in survivors if s.node == node)
-    freed = (f" to free {domains} protection domain(s)" if domains
-             else " to end what survives SIGKILL there")  # fmt: skip
+    freed = (
+        f" to free {domains} protection domain(s)"
+        if domains
+        else " to end what survives SIGKILL there"
+    )
     placed = f" (models placed there: {', '.join(models_on_node)})" if models_on_node else ""
     return f"reboot {node}{freed}{placed}"
 
@@ -117,25 +136,34 @@ class SurvivorVerdict:
 
     def advice(self, inventory: Inventory | None = None) -> list[str]:
         """One `reboot NODE ...` per node with survivors, naming every model placed there."""
-        return [reboot_advice(node, self.survivors, _models_on(inventory, node))
-                for node in self.nodes]  # fmt: skip
+        return [
+            reboot_advice(node, self.survivors, _models_on(inventory, node)) for node in self.nodes
+        ]
 
     def describe(self, inventory: Inventory | None = None) -> str:
         """Every survivor, then what frees them; "" when there is none."""
         if not self.survivors:
             return ""
-        return ("; ".join(s.describe() for s in self.survivors) + ". "
-                + "; ".join(self.advice(inventory)))  # fmt: skip
+        return (
+            "; ".join(s.describe() for s in self.survivors)
+            + ". "
+            + "; ".join(self.advice(inventory))
+        )
 
     def refusal(self, inventory: Inventory | None = None) -> str:
         """Why a blocked start stops, with the one action in it."""
         blocking = self.blocking
         nodes = ", ".join(self.reboot_nodes)
-        return (f"a process that survives SIGKILL holds model {self.model}'s port, so no start"
-                f" can listen there: {'; '.join(s.describe() for s in blocking)}. Reboot"
-                f" {nodes}: only a reboot ends it (" + "; ".join(
-                    reboot_advice(n, self.survivors, _models_on(inventory, n))
-                    for n in self.reboot_nodes) + ")")  # fmt: skip
+        return (
+            f"a process that survives SIGKILL holds model {self.model}'s port, so no start"
+            f" can listen there: {'; '.join(s.describe() for s in blocking)}. Reboot"
+            f" {nodes}: only a reboot ends it ("
+            + "; ".join(
+                reboot_advice(n, self.survivors, _models_on(inventory, n))
+                for n in self.reboot_nodes
+            )
+            + ")"
+        )
 
 
 def _models_on(inventory: Inventory | None, node: str) -> list[str]:
@@ -149,6 +177,7 @@ def survivors_of(model: str, documents: Mapping[str, Mapping[str, Any]]) -> Surv
     verdict = SurvivorVerdict(model)
     for node, document in documents.items():
         entries: Iterable[Any] = document.get("unkillable") or ()
-        verdict.survivors += [Survivor.from_json(node, model, e) for e in entries
-                              if isinstance(e, Mapping)]  # fmt: skip
+        verdict.survivors += [
+            Survivor.from_json(node, model, e) for e in entries if isinstance(e, Mapping)
+        ]
     return verdict

@@ -90,8 +90,11 @@ def scope_dirs(models: Iterable[Model]) -> list[ScopeDir]:
             if seen is None:
                 found[path] = ScopeDir(path, model.policy.stale_tmp_age, (model.name,))
             elif model.name not in seen.models:
-                found[path] = ScopeDir(path, max(seen.stale_age, model.policy.stale_tmp_age),
-                                       (*seen.models, model.name))
+                found[path] = ScopeDir(
+                    path,
+                    max(seen.stale_age, model.policy.stale_tmp_age),
+                    (*seen.models, model.name),
+                )
     return list(found.values())
 
 
@@ -163,10 +166,16 @@ def stale_entries(
             usage = weighing.usages.get(name)
             if usage is None or now - usage.newest_mtime < stale_age:
                 continue
-            entries.append(StaleEntry(
-                directory / name, stat.S_ISDIR(st.st_mode), usage.blocks * 512,
-                usage.newest_mtime, st.st_dev, st.st_ino,
-            ))
+            entries.append(
+                StaleEntry(
+                    directory / name,
+                    stat.S_ISDIR(st.st_mode),
+                    usage.blocks * 512,
+                    usage.newest_mtime,
+                    st.st_dev,
+                    st.st_ino,
+                )
+            )
         return StaleScan(directory, tuple(entries), skipped + weighing.skipped)
     except OSError as exc:
         return StaleScan(directory, error=f"cannot list: {exc.strerror or exc}")
@@ -270,6 +279,7 @@ def launcher_leftovers(
     if hostfiles:
         in_use = referenced_paths()
         in_use |= {os.path.realpath(p) for p in in_use}
-        files += [p for p in hostfiles
-                  if str(p) not in in_use and os.path.realpath(p) not in in_use]
+        files += [
+            p for p in hostfiles if str(p) not in in_use and os.path.realpath(p) not in in_use
+        ]
     return LeftoverScan(tuple(files), tuple(read), tuple(unreadable))

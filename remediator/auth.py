@@ -62,11 +62,13 @@ class Credentials:
     def load(cls, config: AuthConfig) -> Credentials:
         token = (
             _read_secret(config.bearer_token_file, "bearer token")
-            if config.bearer_token_file is not None else None
+            if config.bearer_token_file is not None
+            else None
         )
         password = (
             _read_secret(config.basic_password_file, "basic auth password")
-            if config.basic_password_file is not None else None
+            if config.basic_password_file is not None
+            else None
         )
         username = config.basic_username.encode() if config.basic_username is not None else None
         return cls(bearer_token=token, basic_username=username, basic_password=password)

@@ -60,8 +60,9 @@ class Budget:
         self.journal = journal
         self.clock = clock
 
-    def check(self, model: Model, *, playbook: str | None = None,
-              exclude: Sequence[str] = ()) -> BudgetDecision:
+    def check(
+        self, model: Model, *, playbook: str | None = None, exclude: Sequence[str] = ()
+    ) -> BudgetDecision:
         """`playbook`: count only its runs (a playbook with a budget of its own); `exclude`:
         leave out the runs of playbooks that have their own."""
         policy, now = model.policy, self.clock()
@@ -69,14 +70,18 @@ class Budget:
         reset = self.journal.budget_reset_time(model.name)
         if reset is not None:
             since = max(since, reset)
-        times = self.journal.counted_run_times(model.name, since, playbook=playbook,
-                                               exclude=exclude)
+        times = self.journal.counted_run_times(
+            model.name, since, playbook=playbook, exclude=exclude
+        )
         runs = len(times)
         window = human_duration(policy.window)
         of = f"{playbook} " if playbook is not None else ""
         if runs >= policy.restart_budget:
             return BudgetDecision(
-                False, True, 0.0, runs,
+                False,
+                True,
+                0.0,
+                runs,
                 f"restart budget spent: {runs} {of}run(s) of {model.name} in the last {window}"
                 f" (budget {policy.restart_budget})",
             )
@@ -85,7 +90,10 @@ class Budget:
             wait = times[-1] + gap - now
             if wait > 0:
                 return BudgetDecision(
-                    False, False, wait, runs,
+                    False,
+                    False,
+                    wait,
+                    runs,
                     f"backoff: {runs} run(s) in the last {window}; next run allowed in"
                     f" {wait:.0f}s (backoff {human_duration(gap)})",
                 )
@@ -133,24 +141,36 @@ class Escalator:
         reason = EscalationReason(reason)
         now = self.clock()
         opened = open_circuit and self.journal.open_circuit(
-            model, reason=f"{reason}: {detail}", next_action=next_action,
-            by_whom=f"remediator@{self.hostname}", now=now,
+            model,
+            reason=f"{reason}: {detail}",
+            next_action=next_action,
+            by_whom=f"remediator@{self.hostname}",
+            now=now,
         )
         self.journal.add_event(
-            "escalation", now=now, model=model, run_id=run_id,
+            "escalation",
+            now=now,
+            model=model,
+            run_id=run_id,
             detail=f"{reason}: {detail}. Next: {next_action}",
         )
         if open_circuit:
             self.escalations.labels(model=model, reason=reason).inc()
         log.error(
-            "escalation: %s", detail,
+            "escalation: %s",
+            detail,
             extra={"model": model, "reason": reason, "next_action": next_action, "run_id": run_id},
         )
         if self.notify_url:
             payload = {
-                "kind": "mlx-medic-escalation", "model": model, "reason": reason,
-                "detail": detail, "next_action": next_action, "run_id": run_id,
-                "time": now, "host": self.hostname,
+                "kind": "mlx-medic-escalation",
+                "model": model,
+                "reason": reason,
+                "detail": detail,
+                "next_action": next_action,
+                "run_id": run_id,
+                "time": now,
+                "host": self.hostname,
             }
             task = asyncio.get_running_loop().create_task(self._notify(payload))
             self._tasks.add(task)
@@ -164,9 +184,10 @@ class Escalator:
         model, run_id = payload["model"], payload["run_id"]
         try:
             timeout = aiohttp.ClientTimeout(total=self.notify_timeout)
-            async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
-                self.notify_url, json=payload
-            ) as response:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.post(self.notify_url, json=payload) as response,
+            ):
                 if response.status >= 300:
                     raise RuntimeError(f"HTTP {response.status}")
         except Exception as exc:  # journaled, never raised: a notifier must not stop a run
@@ -177,7 +198,10 @@ class Escalator:
             )
             return
         self.journal.add_event(
-            "notified", now=self.clock(), model=model, run_id=run_id,
+            "notified",
+            now=self.clock(),
+            model=model,
+            run_id=run_id,
             detail=f"POST {self.notify_url}: escalation delivered",
         )
 

@@ -50,7 +50,10 @@ class CliError(Exception):
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--config.file", dest="config_file", type=Path, default=None,
+        "--config.file",
+        dest="config_file",
+        type=Path,
+        default=None,
         help=f"the remediator config the service runs with (default: ${CONFIG_ENV}, else"
         f" {DEFAULT_CONFIG_FILE}, the shipped units' path; neither: refused)",
     )
@@ -139,9 +142,7 @@ def open_oncall(args: argparse.Namespace, *, writes: bool) -> OnCall:
     return OnCall(config, source, journal, actor)
 
 
-def run_oncall(
-    args: argparse.Namespace, body: Callable[[OnCall], int], *, writes: bool
-) -> int:
+def run_oncall(args: argparse.Namespace, body: Callable[[OnCall], int], *, writes: bool) -> int:
     """Open the service's journal, run `body`, close; a problem is a named error, exit 2."""
     try:
         oncall = open_oncall(args, writes=writes)

@@ -37,13 +37,23 @@ FOLLOW_INTERVAL = 1.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--model", default=None, help="only this model's runs")
-    parser.add_argument("--since", default=None, metavar="DURATION",
-                        help="only runs queued within this long, e.g. 30m, 2h, 1d")
+    parser.add_argument(
+        "--since",
+        default=None,
+        metavar="DURATION",
+        help="only runs queued within this long, e.g. 30m, 2h, 1d",
+    )
     parser.add_argument("--limit", type=int, default=20, help="at most this many runs (20)")
-    parser.add_argument("--json", action="store_true",
-                        help="JSON: {controls, runs, events}; with --follow one run per line")
-    parser.add_argument("--follow", action="store_true",
-                        help="keep printing runs as they start, change and end (Ctrl-C stops)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON: {controls, runs, events}; with --follow one run per line",
+    )
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep printing runs as they start, change and end (Ctrl-C stops)",
+    )
 
 
 def _clock(stamp: float | None) -> str:
@@ -75,8 +85,12 @@ def _wrapped(label: str, text: str, indent: int = 6) -> list[str]:
     prefix = " " * indent + label
     glued = _COMMAND.sub(lambda m: m.group(0).replace(" ", "\0"), " ".join(text.split()))
     lines = textwrap.wrap(
-        glued, WIDTH, initial_indent=prefix,
-        subsequent_indent=" " * len(prefix), break_on_hyphens=False, break_long_words=False,
+        glued,
+        WIDTH,
+        initial_indent=prefix,
+        subsequent_indent=" " * len(prefix),
+        break_on_hyphens=False,
+        break_long_words=False,
     )
     return [line.replace("\0", " ") for line in lines]
 
@@ -117,9 +131,7 @@ def bare_command(*words: str) -> str:
     return " ".join(["mlx-medic", *words])
 
 
-def format_control(
-    control: ControlView, command: Callable[..., str] = bare_command
-) -> list[str]:
+def format_control(control: ControlView, command: Callable[..., str] = bare_command) -> list[str]:
     """The pause or open circuit; `command` spells the undo (OnCall.command: with the
     `--config.file` this run needed)."""
     scope = control.model or "ALL MODELS"
@@ -140,9 +152,7 @@ QUIET_EVENTS = (Disposition.DUPLICATE, Disposition.ABSORBED)
 EVENTS_SHOWN = 10
 
 
-def recent_decisions(
-    journal: Journal, model: str | None, since: float | None
-) -> list[EventView]:
+def recent_decisions(journal: Journal, model: str | None, since: float | None) -> list[EventView]:
     events = journal.list_events(model=model, since=since, limit=EVENTS_SHOWN * 20)
     return [e for e in events if e.kind not in QUIET_EVENTS][:EVENTS_SHOWN]
 
@@ -213,9 +223,15 @@ def _show(oncall: OnCall, args: argparse.Namespace, since: float | None) -> int:
         ]
         events = recent_decisions(journal, args.model, since)
         if args.json:
-            json.dump({"controls": [c.to_dict() for c in controls],
-                       "runs": [r.to_dict() for r in runs],
-                       "events": [e.to_dict() for e in events]}, sys.stdout, indent=2)
+            json.dump(
+                {
+                    "controls": [c.to_dict() for c in controls],
+                    "runs": [r.to_dict() for r in runs],
+                    "events": [e.to_dict() for e in events],
+                },
+                sys.stdout,
+                indent=2,
+            )
             sys.stdout.write("\n")
         else:
             sys.stdout.write(render(runs, controls, events, oncall.command))

@@ -20,8 +20,9 @@ from mlx_medic.remediator.cli_common import CliError, OnCall, add_config_argumen
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
-    parser.add_argument("model", nargs="?", default=None,
-                        help="the model to pause (default: every model)")
+    parser.add_argument(
+        "model", nargs="?", default=None, help="the model to pause (default: every model)"
+    )
     parser.add_argument("--reason", default="paused by hand", help="recorded in the journal")
 
 
@@ -42,17 +43,19 @@ def pause(oncall: OnCall, model: str | None, reason: str) -> int:
     scope = model or "all models"
     journal, by, now = oncall.journal, oncall.actor, time.time()
     if journal.set_pause(model, reason=reason, by_whom=by, now=now):
-        journal.add_event("paused", now=now, model=model,
-                          detail=f"{scope} paused by {by}: {reason}")
+        journal.add_event(
+            "paused", now=now, model=model, detail=f"{scope} paused by {by}: {reason}"
+        )
         print(f"paused automatic remediation for {scope} (journal {oncall.config.journal})")
     else:
-        print(f"{scope}: already paused in the journal {oncall.config.journal};"
-              " nothing to change")
+        print(f"{scope}: already paused in the journal {oncall.config.journal}; nothing to change")
     print(f"undo with: {oncall.command('resume', *([model] if model else []))}")
     if unchecked:
-        print(f"mlx-medic: warning: the pause of {model!r} is written, but the name could not"
-              f" be checked against the inventory ({unchecked}); a name the service does not"
-              f" know pauses nothing: `{oncall.command('pause')}` pauses every model",
-              file=sys.stderr)
+        print(
+            f"mlx-medic: warning: the pause of {model!r} is written, but the name could not"
+            f" be checked against the inventory ({unchecked}); a name the service does not"
+            f" know pauses nothing: `{oncall.command('pause')}` pauses every model",
+            file=sys.stderr,
+        )
         return 1
     return 0

@@ -34,7 +34,9 @@ from mlx_medic.remediator.outcomes import RunOutcome
 from mlx_medic.transport import SshTransport
 
 EXIT_BY_OUTCOME: dict[str, int] = {
-    RunOutcome.SUCCEEDED: 0, RunOutcome.PLANNED: 0, RunOutcome.LOCKED: 3,
+    RunOutcome.SUCCEEDED: 0,
+    RunOutcome.PLANNED: 0,
+    RunOutcome.LOCKED: 3,
 }
 EXIT_PAUSED = 4
 
@@ -42,10 +44,14 @@ EXIT_PAUSED = 4
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("model", help="the model's name in the inventory")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="plan and journal every step, execute nothing")
-    parser.add_argument("--force", action="store_true",
-                        help="run even though the model is paused (journaled as an override)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="plan and journal every step, execute nothing"
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="run even though the model is paused (journaled as an override)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,17 +81,20 @@ def _paused_by(model: str, control: ControlView) -> str:
 
 
 def _refuse_paused(oncall: OnCall, model: str, control: ControlView) -> int:
-    fail(CliError(
-        f"{model} is paused: {_paused_by(model, control)}; nothing was run. Add --force"
-        " to run it anyway (journaled as an override), or resume first:"
-        f" `{oncall.command('resume', *([control.model] if control.model else []))}`"
-    ))
+    fail(
+        CliError(
+            f"{model} is paused: {_paused_by(model, control)}; nothing was run. Add --force"
+            " to run it anyway (journaled as an override), or resume first:"
+            f" `{oncall.command('resume', *([control.model] if control.model else []))}`"
+        )
+    )
     return EXIT_PAUSED
 
 
 def _record_override(oncall: OnCall, model: str, control: ControlView) -> None:
-    detail = (f"{oncall.actor} ran the playbook by hand with --force while"
-              f" {_paused_by(model, control)}")
+    detail = (
+        f"{oncall.actor} ran the playbook by hand with --force while {_paused_by(model, control)}"
+    )
     oncall.journal.add_event("override", now=time.time(), model=model, detail=detail)
     print(f"mlx-medic: override journaled: {detail}", file=sys.stderr)
 

@@ -20,9 +20,12 @@ from mlx_medic.remediator.cli_common import CliError, OnCall, add_config_argumen
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
-    parser.add_argument("model", nargs="?", default=None,
-                        help="the model to resume; closes its circuit too (default: the"
-                        " pause of all models only)")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="the model to resume; closes its circuit too (default: the pause of all models only)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,8 +50,10 @@ def resume(oncall: OnCall, model: str | None) -> int:
     if not done:
         if model is not None:
             status = _check_name(oncall, model)
-        print(f"{model or 'all models'}: nothing was paused or open in the journal"
-              f" {oncall.config.journal}; nothing changed")
+        print(
+            f"{model or 'all models'}: nothing was paused or open in the journal"
+            f" {oncall.config.journal}; nothing changed"
+        )
     remaining = [c for c in journal.controls() if model is None or c.model in (None, model)]
     for control in remaining:
         scope = control.model or "all models"
@@ -64,8 +69,10 @@ def _check_name(oncall: OnCall, model: str) -> int:
     try:
         names = oncall.model_names()
     except CliError as exc:
-        print(f"mlx-medic: warning: could not check {model!r} against the inventory: {exc}",
-              file=sys.stderr)
+        print(
+            f"mlx-medic: warning: could not check {model!r} against the inventory: {exc}",
+            file=sys.stderr,
+        )
         return 1
     if model not in names:
         raise oncall.unknown_model(model, names)

@@ -135,7 +135,8 @@ def check_routing(routing: RoutingConfig, playbooks: Iterable[str]) -> None:
     known = sorted(playbooks)
     unknown = [
         f"{alertname}: unknown playbook {name!r}"
-        for alertname, name in routing.playbooks.items() if name not in known
+        for alertname, name in routing.playbooks.items()
+        if name not in known
     ]
     if unknown:
         raise ConfigError(

@@ -110,8 +110,7 @@ FLUSH_DELAY = 0.05
 # is on disk before submit returns.
 _DEFERRED = {Disposition.DUPLICATE, Disposition.ABSORBED}
 # Run endings worth a warning: nothing was fixed and the reason is not another holder.
-_WARN = {RunOutcome.UNREACHABLE, RunOutcome.INCONCLUSIVE, RunOutcome.FAILED,
-         RunOutcome.INTERRUPTED}
+_WARN = {RunOutcome.UNREACHABLE, RunOutcome.INCONCLUSIVE, RunOutcome.FAILED, RunOutcome.INTERRUPTED}
 
 
 @dataclass
@@ -183,7 +182,11 @@ class Engine:
         self._health_check = health_check
         self.helpers = NodeHelpers(transport, inventory, timeout=inventory.ssh.command_timeout)
         self.locks = ModelLocks(
-            inventory, transport, this_node=self.this_node, hostname=self.hostname, clock=clock,
+            inventory,
+            transport,
+            this_node=self.this_node,
+            hostname=self.hostname,
+            clock=clock,
             lease=lock_lease,
         )
         self.budget = Budget(journal, clock)
@@ -196,28 +199,36 @@ class Engine:
         self._unjournaled_ends: list[tuple[int, RunOutcome, float, str, str | None]] = []
 
         self.m_remediations = Counter(
-            "mlx_medic_remediations_total", "Remediation runs by final outcome.",
-            ["model", "outcome"], registry=registry,
+            "mlx_medic_remediations_total",
+            "Remediation runs by final outcome.",
+            ["model", "outcome"],
+            registry=registry,
         )
         self.m_duration = Histogram(
-            "mlx_medic_remediation_duration_seconds", "Wall time of remediation runs.",
-            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600), registry=registry,
+            "mlx_medic_remediation_duration_seconds",
+            "Wall time of remediation runs.",
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+            registry=registry,
         )
         self.m_in_progress = Gauge(
-            "mlx_medic_remediation_in_progress", "1 while a run acts on the model.",
-            ["model"], registry=registry,
+            "mlx_medic_remediation_in_progress",
+            "1 while a run acts on the model.",
+            ["model"],
+            registry=registry,
         )
         self.m_last_verified_backend = Gauge(
             "mlx_medic_last_verified_backend",
             "1 for the backend the last remediation run verified the model serving on,"
             " 0 for its other backends (all 0 until a run verified one).",
-            ["model", "backend"], registry=registry,
+            ["model", "backend"],
+            registry=registry,
         )
         self.m_escalations = Counter(
             "mlx_medic_escalations_total",
             "Escalations to a person that opened the model's circuit, by reason (a playbook"
             " with its own budget, such as sweep-orphans, pages through its own alert).",
-            ["model", "reason"], registry=registry,
+            ["model", "reason"],
+            registry=registry,
         )
         self.m_unreachable = Counter(
             "mlx_medic_node_unreachable_total",
@@ -225,7 +236,8 @@ class Engine:
             " or checking the model lock, the re-check on the head, the start-up check of a"
             " crashed run's lock (nothing was done then), or a playbook step's node helper"
             " (the run then escalated).",
-            ["model", "node"], registry=registry,
+            ["model", "node"],
+            registry=registry,
         )
         self.m_unkillable = Gauge(
             "mlx_medic_unkillable_processes",
@@ -233,7 +245,8 @@ class Engine:
             " unkillable (uninterruptible sleep survives SIGKILL; only a reboot of the node"
             " clears them and the protection domains they hold; the run goes on around"
             " them).",
-            ["model", "node"], registry=registry,
+            ["model", "node"],
+            registry=registry,
         )
         for model in inventory.models:
             self.m_in_progress.labels(model=model.name).set(0)
@@ -242,8 +255,11 @@ class Engine:
             for backend, _spec in model.backends.in_order():
                 self.m_last_verified_backend.labels(model=model.name, backend=backend).set(0)
         self.escalator = Escalator(
-            journal, self.m_escalations, notify_url=config.notify_url,
-            hostname=self.hostname, clock=clock,
+            journal,
+            self.m_escalations,
+            notify_url=config.notify_url,
+            hostname=self.hostname,
+            clock=clock,
         )
 
     # --- lifecycle --------------------------------------------------------
@@ -255,7 +271,10 @@ class Engine:
         for run_id in self.journal.mark_interrupted(now, hostname=self.hostname):
             run = self.journal.get_run(run_id)
             self.journal.add_event(
-                "interrupted", now=now, model=run.model if run else None, run_id=run_id,
+                "interrupted",
+                now=now,
+                model=run.model if run else None,
+                run_id=run_id,
                 detail="found in flight at start-up; its process is gone",
             )
             log.warning("run %s was interrupted by a crash", run_id)
@@ -271,20 +290,30 @@ class Engine:
                     self.inventory.ssh.connect_timeout + 10,
                 )
             except (TransportError, TimeoutError) as exc:
-                detail = (f"could not check the lock of interrupted run {run.id} on"
-                          f" {model.head} at start-up: {exc or 'no answer'}; a lock it left"
-                          " there is broken by the next run that finds its holder gone or"
-                          " its lease run out")
-                log.warning("start-up lock check failed: %s", detail,
-                            extra={"model": model.name, "node": model.head})
+                detail = (
+                    f"could not check the lock of interrupted run {run.id} on"
+                    f" {model.head} at start-up: {exc or 'no answer'}; a lock it left"
+                    " there is broken by the next run that finds its holder gone or"
+                    " its lease run out"
+                )
+                log.warning(
+                    "start-up lock check failed: %s",
+                    detail,
+                    extra={"model": model.name, "node": model.head},
+                )
                 self.m_unreachable.labels(model=model.name, node=model.head).inc()
                 self.journal.add_event(
-                    "lock_check_failed", now=self.clock(), model=model.name, detail=detail,
+                    "lock_check_failed",
+                    now=self.clock(),
+                    model=model.name,
+                    detail=detail,
                 )
                 return
             if info is not None:
                 self.journal.add_event(
-                    "lock_released", now=self.clock(), model=model.name,
+                    "lock_released",
+                    now=self.clock(),
+                    model=model.name,
                     detail=f"released a stale lock of dead pid {info.pid} (run {info.run_id})",
                 )
 
@@ -308,7 +337,9 @@ class Engine:
                 if exc.unreachable:
                     self.m_unreachable.labels(model=model.name, node=model.head).inc()
                 self.journal.add_event(
-                    "service_check_failed", now=self.clock(), model=model.name,
+                    "service_check_failed",
+                    now=self.clock(),
+                    model=model.name,
                     detail=f"could not read whether a run left {model.service.label} stopped"
                     f" on {model.head} at start-up: {exc}",
                 )
@@ -318,22 +349,34 @@ class Engine:
             said = f"{model.service.label} on {model.head} was left stopped by {record.by}"
             control = self.journal.blocking_control(model.name)
             if record.by != ours[model.name] or control is not None:
-                why = (f"not by {ours[model.name]}, which was interrupted" if control is None
-                       else "the model is paused" if control.kind == "pause"
-                       else "the model's circuit is open")
+                why = (
+                    f"not by {ours[model.name]}, which was interrupted"
+                    if control is None
+                    else "the model is paused"
+                    if control.kind == "pause"
+                    else "the model's circuit is open"
+                )
                 self.journal.add_event(
-                    "service_left_stopped", now=self.clock(), model=model.name,
+                    "service_left_stopped",
+                    now=self.clock(),
+                    model=model.name,
                     detail=f"{said} ({record.reason}); {why}: left stopped for a person to"
                     f" start (`mlx-medic remediate {model.name}` sweeps first)",
                 )
                 log.warning("%s; left stopped (%s)", said, why, extra={"model": model.name})
                 return
             run_id = self.journal.create_run(
-                model=model.name, playbook=FINISH_STOP, trigger_kind="startup",
-                owner=self.owner, now=self.clock(),
+                model=model.name,
+                playbook=FINISH_STOP,
+                trigger_kind="startup",
+                owner=self.owner,
+                now=self.clock(),
             )
             self.journal.add_event(
-                "service_left_stopped", now=self.clock(), model=model.name, run_id=run_id,
+                "service_left_stopped",
+                now=self.clock(),
+                model=model.name,
+                run_id=run_id,
                 detail=f"{said} ({record.reason}); run {run_id} sweeps every node, then starts it",
             )
             log.warning("%s; run %s finishes its work", said, run_id, extra={"model": model.name})
@@ -378,9 +421,13 @@ class Engine:
         fingerprint: str | None = None,
     ) -> None:
         self.journal.add_event(
-            str(disposition), now=self.clock(), model=model,
-            fingerprint=event.fingerprint if event else fingerprint, run_id=run_id,
-            detail=detail, defer=disposition in _DEFERRED,
+            str(disposition),
+            now=self.clock(),
+            model=model,
+            fingerprint=event.fingerprint if event else fingerprint,
+            run_id=run_id,
+            detail=detail,
+            defer=disposition in _DEFERRED,
         )
         if self.journal.pending:
             self._schedule_flush()
@@ -410,7 +457,8 @@ class Engine:
                 with contextlib.suppress(JournalError):
                     if was is not None:
                         self.journal.add_event(
-                            "journal_recovered", now=self.clock(),
+                            "journal_recovered",
+                            now=self.clock(),
                             detail=f"the journal records again; it had failed: {was}",
                         )
                     self._journal_ends()
@@ -438,9 +486,13 @@ class Engine:
         if invalid.model and named is None:
             parts.append(f"model={invalid.model[:100]!r}")
         what = " ".join(parts) or "an alert"
-        self._event(Disposition.INVALID, None, model=named,
-                    fingerprint=invalid.fingerprint[:128] or None,
-                    detail=f"{what} is not acted on: {invalid.reason}")
+        self._event(
+            Disposition.INVALID,
+            None,
+            model=named,
+            fingerprint=invalid.fingerprint[:128] or None,
+            detail=f"{what} is not acted on: {invalid.reason}",
+        )
         return Disposition.INVALID
 
     def _remember(self, key: tuple[str, str]) -> None:
@@ -473,14 +525,16 @@ class Engine:
         playbook_name = self.config.routing.playbooks.get(event.alertname)
         if playbook_name is None:
             self._event(
-                Disposition.UNROUTED, event,
+                Disposition.UNROUTED,
+                event,
                 detail=f"no playbook for alert {event.alertname[:100]!r}",
             )
             return Disposition.UNROUTED
         if model is None:
             shown = "missing" if model_name is None else repr(model_name[:100])
             self._event(
-                Disposition.UNKNOWN_MODEL, event,
+                Disposition.UNKNOWN_MODEL,
+                event,
                 detail=f"label {label}={shown} names no model in the inventory",
             )
             return Disposition.UNKNOWN_MODEL
@@ -488,14 +542,20 @@ class Engine:
         key = event.dedupe_key
         if key in self._seen or self.journal.firing_seen(*key):
             self._remember(key)
-            self._event(Disposition.DUPLICATE, event, model=model.name,
-                        detail=f"firing since {key[1]} already handled")
+            self._event(
+                Disposition.DUPLICATE,
+                event,
+                model=model.name,
+                detail=f"firing since {key[1]} already handled",
+            )
             return Disposition.DUPLICATE
 
         age = self.clock() - event.starts_at.timestamp()
         if age > self.config.max_alert_age:
             self._event(
-                Disposition.STALE, event, model=model.name,
+                Disposition.STALE,
+                event,
+                model=model.name,
                 detail=f"alert is {age / 3600:.1f}h old (max_alert_age"
                 f" {self.config.max_alert_age / 3600:g}h): not acting on old news",
             )
@@ -521,8 +581,13 @@ class Engine:
             self._remember(key)
             current.fingerprints.add(event.fingerprint)
             current.firings.add(key)
-            self._event(Disposition.ABSORBED, event, model=model.name, run_id=current.run_id,
-                        detail=f"run {current.run_id} is already {current.phase}")
+            self._event(
+                Disposition.ABSORBED,
+                event,
+                model=model.name,
+                run_id=current.run_id,
+                detail=f"run {current.run_id} is already {current.phase}",
+            )
             return Disposition.ABSORBED
 
         control = self.journal.blocking_control(model.name)
@@ -530,52 +595,89 @@ class Engine:
             paused = control.kind == "pause"
             disposition = Disposition.PAUSED if paused else Disposition.CIRCUIT_OPEN
             scope = "all models" if control.model is None else model.name
-            self._event(disposition, event, model=model.name,
-                        detail=f"{control.kind} on {scope} since"
-                        f" {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(control.since))}:"
-                        f" {control.reason}".rstrip(": "))
+            self._event(
+                disposition,
+                event,
+                model=model.name,
+                detail=f"{control.kind} on {scope} since"
+                f" {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(control.since))}:"
+                f" {control.reason}".rstrip(": "),
+            )
             return disposition
 
         dry_run = self.config.dry_run
         if not dry_run:
             own = [name for name, p in self.playbooks.items() if p.own_budget]
-            decision = (self.budget.check(model, playbook=playbook_name) if playbook.own_budget
-                        else self.budget.check(model, exclude=own))
+            decision = (
+                self.budget.check(model, playbook=playbook_name)
+                if playbook.own_budget
+                else self.budget.check(model, exclude=own)
+            )
             if decision.spent and playbook.own_budget:  # never opens recover's circuit
-                self._event(Disposition.BACKOFF, event, model=model.name,
-                            detail=f"{playbook_name}: {decision.reason}")
+                self._event(
+                    Disposition.BACKOFF,
+                    event,
+                    model=model.name,
+                    detail=f"{playbook_name}: {decision.reason}",
+                )
                 return Disposition.BACKOFF
             if decision.spent:
                 self.escalator.escalate(
-                    model.name, EscalationReason.BUDGET_SPENT, decision.reason,
+                    model.name,
+                    EscalationReason.BUDGET_SPENT,
+                    decision.reason,
                     f"find out why {model.name} keeps failing (`mlx-medic log --model"
                     f" {model.name}`) and fix it; {resume_hint(model.name)}",
                 )
-                self._event(Disposition.CIRCUIT_OPEN, event, model=model.name,
-                            detail=decision.reason)
+                self._event(
+                    Disposition.CIRCUIT_OPEN, event, model=model.name, detail=decision.reason
+                )
                 return Disposition.CIRCUIT_OPEN
             if not decision.allowed:
                 self._event(Disposition.BACKOFF, event, model=model.name, detail=decision.reason)
                 return Disposition.BACKOFF
 
         run_id = self.journal.create_alert_run(
-            model=model.name, playbook=playbook_name, owner=self.owner, now=self.clock(),
-            alertname=event.alertname, fingerprint=event.fingerprint, starts_at=key[1],
-            labels=dict(event.labels), dry_run=dry_run,
+            model=model.name,
+            playbook=playbook_name,
+            owner=self.owner,
+            now=self.clock(),
+            alertname=event.alertname,
+            fingerprint=event.fingerprint,
+            starts_at=key[1],
+            labels=dict(event.labels),
+            dry_run=dry_run,
         )
         self._remember(key)
         if run_id is None:  # another process recorded this firing first
-            self._event(Disposition.DUPLICATE, event, model=model.name,
-                        detail="firing recorded by another process")
+            self._event(
+                Disposition.DUPLICATE,
+                event,
+                model=model.name,
+                detail="firing recorded by another process",
+            )
             return Disposition.DUPLICATE
-        run = _Run(run_id, model.name, playbook, dry_run, "alert", {event.fingerprint},
-                   firings={key}, nodes=named,
-                   after=waits_for.task if waits_for is not None else None)
+        run = _Run(
+            run_id,
+            model.name,
+            playbook,
+            dry_run,
+            "alert",
+            {event.fingerprint},
+            firings={key},
+            nodes=named,
+            after=waits_for.task if waits_for is not None else None,
+        )
         self._runs[model.name] = run
         self._spawn(run)
-        self._event(Disposition.STARTED, event, model=model.name, run_id=run_id,
-                    detail=f"run {run_id} queued ({playbook_name}{', dry run' if dry_run else ''})"
-                    + (f" after run {waits_for.run_id} ({why_after})" if waits_for else ""))
+        self._event(
+            Disposition.STARTED,
+            event,
+            model=model.name,
+            run_id=run_id,
+            detail=f"run {run_id} queued ({playbook_name}{', dry run' if dry_run else ''})"
+            + (f" after run {waits_for.run_id} ({why_after})" if waits_for else ""),
+        )
         return Disposition.STARTED
 
     def _known_model(self, name: str | None) -> Model | None:
@@ -611,8 +713,13 @@ class Engine:
             self._journal_ends()
             self.journal.end_run(run.run_id, outcome, now, detail, next_action)
         except JournalError as exc:
-            log.error("could not journal the end of run %s (%s): %s", run.run_id, outcome, exc,
-                      extra={"model": run.model, "run_id": run.run_id})
+            log.error(
+                "could not journal the end of run %s (%s): %s",
+                run.run_id,
+                outcome,
+                exc,
+                extra={"model": run.model, "run_id": run.run_id},
+            )
             self._unjournaled_ends.append((run.run_id, outcome, now, detail, next_action))
         if outcome not in RUN_HOLDS_FIRING:
             for key in run.firings:
@@ -624,10 +731,20 @@ class Engine:
                 self.m_duration.observe(max(0.0, now - view.started_at))
         if self._runs.get(run.model) is run:
             del self._runs[run.model]
-        log.log(logging.WARNING if outcome in _WARN else logging.INFO,
-                "run %s of %s ended: %s", run.run_id, run.model, outcome,
-                extra={"model": run.model, "run_id": run.run_id, "outcome": outcome,
-                       "detail": detail, "next_action": next_action})
+        log.log(
+            logging.WARNING if outcome in _WARN else logging.INFO,
+            "run %s of %s ended: %s",
+            run.run_id,
+            run.model,
+            outcome,
+            extra={
+                "model": run.model,
+                "run_id": run.run_id,
+                "outcome": outcome,
+                "detail": detail,
+                "next_action": next_action,
+            },
+        )
 
     # --- runs -------------------------------------------------------------
 
@@ -643,8 +760,12 @@ class Engine:
         if playbook_name not in self.playbooks:
             raise KeyError(f"no playbook {playbook_name!r} (playbooks: {sorted(self.playbooks)})")
         run_id = self.journal.create_run(
-            model=model.name, playbook=playbook_name, trigger_kind="manual", owner=self.owner,
-            now=self.clock(), dry_run=dry_run,
+            model=model.name,
+            playbook=playbook_name,
+            trigger_kind="manual",
+            owner=self.owner,
+            now=self.clock(),
+            dry_run=dry_run,
         )
         run = _Run(run_id, model.name, self.playbooks[playbook_name], dry_run, "manual")
         self._runs.setdefault(model.name, run)
@@ -659,8 +780,11 @@ class Engine:
             if self._health_check is not None:
                 return await self._health_check(model)
             return await probe_model_health(
-                model, self.inventory, transport=self.transport,
-                probe_from=self.config.probe_from, this_node=self.this_node,
+                model,
+                self.inventory,
+                transport=self.transport,
+                probe_from=self.config.probe_from,
+                this_node=self.this_node,
             )
         except Exception as exc:
             log.warning("health check of %s failed: %s", model.name, exc)
@@ -695,6 +819,7 @@ class Engine:
 
     async def _attempt(self, run: _Run, model: Model, holding: list[LockHandle]) -> _End:
         """Re-check (the playbook's), lock, walk the plan."""
+
         async def release_lock() -> None:
             """The start step lets go of the lock, so the wrapper it starts can take it."""
             while holding:
@@ -702,9 +827,15 @@ class Engine:
 
         run.nodes_fixed = True
         context = RunContext(
-            model=model, inventory=self.inventory, transport=self.transport,
-            run_id=run.run_id, health=self._health, log=log, helpers=self.helpers,
-            release_lock=release_lock, nodes=tuple(n for n in model.nodes if n in run.nodes),
+            model=model,
+            inventory=self.inventory,
+            transport=self.transport,
+            run_id=run.run_id,
+            health=self._health,
+            log=log,
+            helpers=self.helpers,
+            release_lock=release_lock,
+            nodes=tuple(n for n in model.nodes if n in run.nodes),
             known_unkillable=self._known_unkillable(model.name),
         )
         alert = run.trigger in ("alert", "startup")  # both re-check before they act
@@ -718,8 +849,9 @@ class Engine:
         holder = "manual" if run.trigger == "manual" else "remediator"
         run.phase = "starting"  # no longer cancellable: a half-taken lock must not leak
         # A person waits at a terminal for a manual run: it never waits for the lock.
-        handle = await self.locks.acquire(model.name, holder, str(run.run_id),
-                                          wait=self.config.lock_wait if alert else 0.0)
+        handle = await self.locks.acquire(
+            model.name, holder, str(run.run_id), wait=self.config.lock_wait if alert else 0.0
+        )
         if handle is None:
             why = self.locks.refusals.get(model.name, "locked")
             silent = self.locks.unreachable.get(model.name)
@@ -740,14 +872,20 @@ class Engine:
         """The playbook's re-check: None to act, else how the run ends."""
         verdict = await run.playbook.recheck(context)
         if verdict.should_act:
-            log.info("run %s of %s acts: %s", run.run_id, model.name, verdict.reason,
-                     extra={"model": model.name, "run_id": run.run_id})
+            log.info(
+                "run %s of %s acts: %s",
+                run.run_id,
+                model.name,
+                verdict.reason,
+                extra={"model": model.name, "run_id": run.run_id},
+            )
             return None
         if verdict.unreachable_node is not None:
             return self._unreachable(model, verdict.unreachable_node, f"re-check: {verdict.reason}")
         if not verdict.undecided:
-            self._event(Disposition.STALE, None, model=model.name, run_id=run.run_id,
-                        detail=verdict.reason)
+            self._event(
+                Disposition.STALE, None, model=model.name, run_id=run.run_id, detail=verdict.reason
+            )
         return _End(RunOutcome.SKIPPED, verdict.reason)
 
     def _unreachable(self, model: Model, node_name: str, detail: str) -> _End:
@@ -755,7 +893,8 @@ class Engine:
         self.m_unreachable.labels(model=model.name, node=node_name).inc()
         node = self.inventory.node(node_name)
         return _End(
-            RunOutcome.UNREACHABLE, f"{node_name} did not answer over SSH ({detail})",
+            RunOutcome.UNREACHABLE,
+            f"{node_name} did not answer over SSH ({detail})",
             f"nothing was done to {model.name}: check that {node_name} is up and answers SSH"
             f" (`ssh -p {node.port} {node.user}@{node.ssh} true`) and that"
             f" {self.inventory.state_dir / 'locks'} there is writable; the next notification"
@@ -767,8 +906,12 @@ class Engine:
             view = self.journal.get_run(run.run_id)
             for step in view.steps if view else []:
                 if step.outcome == StepOutcome.RUNNING:
-                    self.journal.end_step(step.id, StepOutcome.INTERRUPTED, self.clock(),
-                                          detail="the run stopped while this step ran")
+                    self.journal.end_step(
+                        step.id,
+                        StepOutcome.INTERRUPTED,
+                        self.clock(),
+                        detail="the run stopped while this step ran",
+                    )
 
     async def _walk(self, run: _Run, model: Model, context: RunContext) -> _End:
         """Walk the plan: each step journaled before it starts, its result deciding what
@@ -780,9 +923,7 @@ class Engine:
         if run.dry_run:
             for seq, about in enumerate(described, 1):
                 self._begin_step(run, seq, about, outcome=StepOutcome.PLANNED)
-            return _End(
-                RunOutcome.PLANNED, f"dry run: {len(plan)} steps planned, nothing executed"
-            )
+            return _End(RunOutcome.PLANNED, f"dry run: {len(plan)} steps planned, nothing executed")
 
         self.journal.mark_counted(run.run_id)
         step_timeout = max(model.policy.start_timeout, self.inventory.ssh.command_timeout) + 60
@@ -794,8 +935,12 @@ class Engine:
             step_id = self._begin_step(run, seq, about)
             result = await self._run_step(run.run_id, step, about, context, step_timeout)
             self.journal.end_step(
-                step_id, result.outcome, self.clock(), exit_status=result.exit_status,
-                output=result.output, detail=result.detail,
+                step_id,
+                result.outcome,
+                self.clock(),
+                exit_status=result.exit_status,
+                output=result.output,
+                detail=result.detail,
             )
             where = f"{about.name} on {about.node}"
             for node_name in result.unreachable:
@@ -807,11 +952,18 @@ class Engine:
             if result.unrecoverable:
                 detail = result.detail or f"{where} found a state a restart cannot fix"
                 action = result.next_action or f"recover {model.name} by hand"
-                return self._escalate(run, EscalationReason.UNRECOVERABLE, detail, action,
-                                      context, after_start=verify_failed)
+                return self._escalate(
+                    run,
+                    EscalationReason.UNRECOVERABLE,
+                    detail,
+                    action,
+                    context,
+                    after_start=verify_failed,
+                )
             if result.outcome == StepOutcome.INCONCLUSIVE:
                 return _End(
-                    RunOutcome.INCONCLUSIVE, f"step {where}: {result.detail}",
+                    RunOutcome.INCONCLUSIVE,
+                    f"step {where}: {result.detail}",
                     f"find out by hand whether {model.name} serves on {model.head}"
                     f" ({model.host}:{model.port}); the run: `mlx-medic log --model {model.name}`",
                 )
@@ -819,8 +971,11 @@ class Engine:
                 self._verified(model, result.backend)
                 on = f" on {result.backend}" if result.backend else ""
                 left = context.survivors
-                said = (f"; survivors left: {left.describe(self.inventory)}"
-                        if left is not None and left.survivors else "")  # fmt: skip
+                said = (
+                    f"; survivors left: {left.describe(self.inventory)}"
+                    if left is not None and left.survivors
+                    else ""
+                )
                 return _End(RunOutcome.SUCCEEDED, f"{model.name} verified healthy{on}{said}")
             if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.FAILED:
                 verify_failed = True
@@ -835,18 +990,35 @@ class Engine:
                 continue
             ended = "failed" if result.outcome == StepOutcome.FAILED else f"ended {result.outcome}"
             detail = f"step {where} {ended}: {result.detail}".rstrip(": ")
-            action = (f"read the step's output (`mlx-medic log --model {model.name}`), recover"
-                      " by hand")
-            return self._escalate(run, EscalationReason.STEP_FAILED, detail, action, context,
-                                  after_start=verify_failed)
+            action = (
+                f"read the step's output (`mlx-medic log --model {model.name}`), recover by hand"
+            )
+            return self._escalate(
+                run,
+                EscalationReason.STEP_FAILED,
+                detail,
+                action,
+                context,
+                after_start=verify_failed,
+            )
         ended = "the playbook ended without a verified start"
         if verify_failed:
             ended = f"{model.name} did not answer" + (f" after {', '.join(done)}" if done else "")
-        return self._escalate(run, EscalationReason.STEP_FAILED, ended,
-                              f"recover {model.name} by hand", context, after_start=verify_failed)
+        return self._escalate(
+            run,
+            EscalationReason.STEP_FAILED,
+            ended,
+            f"recover {model.name} by hand",
+            context,
+            after_start=verify_failed,
+        )
 
     async def _run_step(
-        self, run_id: int, step: Step, about: StepDescription, context: RunContext,
+        self,
+        run_id: int,
+        step: Step,
+        about: StepDescription,
+        context: RunContext,
         timeout: float,
     ) -> StepResult:
         """The step's own result; a step that raised or overran has failed."""
@@ -869,20 +1041,28 @@ class Engine:
             )
 
     def _escalate(
-        self, run: _Run, reason: EscalationReason, detail: str, next_action: str,
-        context: RunContext, *, after_start: bool,
+        self,
+        run: _Run,
+        reason: EscalationReason,
+        detail: str,
+        next_action: str,
+        context: RunContext,
+        *,
+        after_start: bool,
     ) -> _End:
         """Tell on-call; open the model's circuit (and say how to close it) unless the
         playbook has its own budget. A run whose sweep left survivors names them and
         carries their reboot advice (after a failed verify, a survivor holding the port
         makes its reboot the next action: `survivor_escalation`)."""
-        detail, next_action = survivor_escalation(context.survivors, self.inventory, detail,
-                                                  next_action, after_start=after_start)
+        detail, next_action = survivor_escalation(
+            context.survivors, self.inventory, detail, next_action, after_start=after_start
+        )
         opens = not run.playbook.own_budget
         if opens:
             next_action = f"{next_action}; {resume_hint(run.model)}"
-        self.escalator.escalate(run.model, reason, detail, next_action, run_id=run.run_id,
-                                open_circuit=opens)  # fmt: skip
+        self.escalator.escalate(
+            run.model, reason, detail, next_action, run_id=run.run_id, open_circuit=opens
+        )
         return _End(RunOutcome.ESCALATED, detail, next_action)
 
     def _known_unkillable(self, model: str) -> frozenset[tuple[str, int, float]]:
@@ -892,12 +1072,14 @@ class Engine:
         for event in self.journal.list_events(model=model, kind="unkillable", limit=10_000):
             with contextlib.suppress(ValueError, TypeError, KeyError):
                 data = json.loads(event.detail.partition(UNKILLABLE_DATA)[2])
-                found |= {(data["node"], int(pid), float(start))
-                          for pid, start in data["processes"]}  # fmt: skip
+                found |= {
+                    (data["node"], int(pid), float(start)) for pid, start in data["processes"]
+                }
         return frozenset(found)
 
-    def _record_unkillable(self, run: _Run, model: Model, result: StepResult,
-                           context: RunContext) -> None:  # fmt: skip
+    def _record_unkillable(
+        self, run: _Run, model: Model, result: StepResult, context: RunContext
+    ) -> None:
         """A sweep's unkillable processes: the gauge per node swept, and a journal event
         (a warning, with the node's reboot advice) for those no earlier run found. Neither
         escalates: the sweep's step decided what they mean for the run, and the node's
@@ -914,21 +1096,39 @@ class Engine:
             placed = [m.name for m in self.inventory.models_on(node_name)]
             advice = reboot_advice(node_name, named, placed)
             self.journal.add_event(
-                "unkillable", now=self.clock(), model=model.name, run_id=run.run_id,
+                "unkillable",
+                now=self.clock(),
+                model=model.name,
+                run_id=run.run_id,
                 detail=f"{len(new)} process(es) on {node_name} survive SIGKILL (pids"
                 f" {pids}); {advice}. {UNKILLABLE_DATA}{data}",
             )
-            log.warning("%s process(es) of %s on %s survive SIGKILL (pids %s); %s", len(new),
-                        model.name, node_name, pids, advice,
-                        extra={"model": model.name, "node": node_name, "run_id": run.run_id})
+            log.warning(
+                "%s process(es) of %s on %s survive SIGKILL (pids %s); %s",
+                len(new),
+                model.name,
+                node_name,
+                pids,
+                advice,
+                extra={"model": model.name, "node": node_name, "run_id": run.run_id},
+            )
 
     def _begin_step(
-        self, run: _Run, seq: int, about: StepDescription,
+        self,
+        run: _Run,
+        seq: int,
+        about: StepDescription,
         outcome: StepOutcome = StepOutcome.RUNNING,
     ) -> int:
         return self.journal.begin_step(
-            run.run_id, seq=seq, name=about.name, node=about.node, command=about.argv,
-            description=about.description, targets=list(about.targets), now=self.clock(),
+            run.run_id,
+            seq=seq,
+            name=about.name,
+            node=about.node,
+            command=about.argv,
+            description=about.description,
+            targets=list(about.targets),
+            now=self.clock(),
             outcome=outcome,
         )
 
@@ -938,5 +1138,6 @@ def _merged(found: SurvivorVerdict | None, more: SurvivorVerdict) -> SurvivorVer
     if found is None:
         return more
     again = {s.identity for s in more.survivors}
-    return SurvivorVerdict(more.model, [s for s in found.survivors if s.identity not in again]
-                           + more.survivors)  # fmt: skip
+    return SurvivorVerdict(
+        more.model, [s for s in found.survivors if s.identity not in again] + more.survivors
+    )

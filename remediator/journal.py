@@ -361,13 +361,17 @@ class Journal:
         try:
             identity = _file_identity(self.path)
         except FileNotFoundError:
-            return (f"the journal file {self.path} is gone (removed, or its directory was):"
-                    " this process writes where no other process reads; restart the service")
+            return (
+                f"the journal file {self.path} is gone (removed, or its directory was):"
+                " this process writes where no other process reads; restart the service"
+            )
         except OSError as exc:
             return f"cannot check the journal file {self.path}: {exc.strerror or exc}"
         if identity != self._identity:
-            return (f"the journal file {self.path} was replaced by another file:"
-                    " this process still writes to the old one; restart the service")
+            return (
+                f"the journal file {self.path} was replaced by another file:"
+                " this process still writes to the old one; restart the service"
+            )
         return self.write_failure
 
     def _query(
@@ -396,8 +400,17 @@ class Journal:
     ) -> int:
         with self._tx() as db:
             return _insert_run(
-                db, model, playbook, trigger_kind, alertname, fingerprint, starts_at,
-                labels or {}, dry_run, owner, now,
+                db,
+                model,
+                playbook,
+                trigger_kind,
+                alertname,
+                fingerprint,
+                starts_at,
+                labels or {},
+                dry_run,
+                owner,
+                now,
             )
 
     def start_run(self, run_id: int, now: float) -> None:
@@ -450,9 +463,15 @@ class Journal:
                 "INSERT INTO steps (run_id, seq, name, node, command, description, targets,"
                 " outcome, started_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (
-                    run_id, seq, name, node,
+                    run_id,
+                    seq,
+                    name,
+                    node,
                     None if command is None else json.dumps(command),
-                    description, json.dumps(targets), StepOutcome(outcome).value, now,
+                    description,
+                    json.dumps(targets),
+                    StepOutcome(outcome).value,
+                    now,
                     None if outcome == StepOutcome.RUNNING else now,
                 ),
             )
@@ -538,13 +557,23 @@ class Journal:
     def _with_steps(self, rows: list[sqlite3.Row]) -> list[RunView]:
         runs = [
             RunView(
-                id=r["id"], model=r["model"], playbook=r["playbook"],
-                trigger_kind=r["trigger_kind"], alertname=r["alertname"],
-                fingerprint=r["fingerprint"], starts_at=r["starts_at"],
-                labels=_loads(r["labels"], {}), dry_run=bool(r["dry_run"]), owner=r["owner"],
-                outcome=r["outcome"], detail=r["detail"], next_action=r["next_action"],
-                counted=bool(r["counted"]), queued_at=r["queued_at"],
-                started_at=r["started_at"], ended_at=r["ended_at"],
+                id=r["id"],
+                model=r["model"],
+                playbook=r["playbook"],
+                trigger_kind=r["trigger_kind"],
+                alertname=r["alertname"],
+                fingerprint=r["fingerprint"],
+                starts_at=r["starts_at"],
+                labels=_loads(r["labels"], {}),
+                dry_run=bool(r["dry_run"]),
+                owner=r["owner"],
+                outcome=r["outcome"],
+                detail=r["detail"],
+                next_action=r["next_action"],
+                counted=bool(r["counted"]),
+                queued_at=r["queued_at"],
+                started_at=r["started_at"],
+                ended_at=r["ended_at"],
             )
             for r in rows
         ]
@@ -558,17 +587,30 @@ class Journal:
         ):
             by_id[s["run_id"]].steps.append(
                 StepView(
-                    id=s["id"], run_id=s["run_id"], seq=s["seq"], name=s["name"],
-                    node=s["node"], command=_loads(s["command"], None),
-                    description=s["description"], targets=_loads(s["targets"], []),
-                    outcome=s["outcome"], exit_status=s["exit_status"], output=s["output"],
-                    detail=s["detail"], started_at=s["started_at"], ended_at=s["ended_at"],
+                    id=s["id"],
+                    run_id=s["run_id"],
+                    seq=s["seq"],
+                    name=s["name"],
+                    node=s["node"],
+                    command=_loads(s["command"], None),
+                    description=s["description"],
+                    targets=_loads(s["targets"], []),
+                    outcome=s["outcome"],
+                    exit_status=s["exit_status"],
+                    output=s["output"],
+                    detail=s["detail"],
+                    started_at=s["started_at"],
+                    ended_at=s["ended_at"],
                 )
             )
         return runs
 
     def counted_run_times(
-        self, model: str, since: float, *, playbook: str | None = None,
+        self,
+        model: str,
+        since: float,
+        *,
+        playbook: str | None = None,
         exclude: Sequence[str] = (),
     ) -> list[float]:
         """Start times of runs that acted on the model's nodes since `since`, oldest first:
@@ -635,8 +677,13 @@ class Journal:
         params.append(max(0, int(limit)))
         return [
             EventView(
-                id=r["id"], time=r["time"], kind=r["kind"], model=r["model"],
-                fingerprint=r["fingerprint"], run_id=r["run_id"], detail=r["detail"],
+                id=r["id"],
+                time=r["time"],
+                kind=r["kind"],
+                model=r["model"],
+                fingerprint=r["fingerprint"],
+                run_id=r["run_id"],
+                detail=r["detail"],
             )
             for r in self._query(sql, params)
         ]
@@ -649,7 +696,8 @@ class Journal:
                 return True
             rows = self._query(
                 "SELECT 1 FROM firings WHERE fingerprint=? AND starts_at=?",
-                (fingerprint, starts_at), flush=False,
+                (fingerprint, starts_at),
+                flush=False,
             )
         return bool(rows)
 
@@ -692,8 +740,17 @@ class Journal:
             if not _insert_firing(db, fingerprint, starts_at, model, None, now):
                 return None
             run_id = _insert_run(
-                db, model, playbook, "alert", alertname, fingerprint, starts_at,
-                labels, dry_run, owner, now,
+                db,
+                model,
+                playbook,
+                "alert",
+                alertname,
+                fingerprint,
+                starts_at,
+                labels,
+                dry_run,
+                owner,
+                now,
             )
             db.execute(
                 "UPDATE firings SET run_id=? WHERE fingerprint=? AND starts_at=?",
@@ -750,8 +807,12 @@ class Journal:
     def controls(self) -> list[ControlView]:
         return [
             ControlView(
-                kind=r["kind"], model=r["model"], reason=r["reason"],
-                next_action=r["next_action"], by_whom=r["by_whom"], since=r["since"],
+                kind=r["kind"],
+                model=r["model"],
+                reason=r["reason"],
+                next_action=r["next_action"],
+                by_whom=r["by_whom"],
+                since=r["since"],
             )
             for r in self._query("SELECT * FROM controls ORDER BY since")
         ]
@@ -767,8 +828,12 @@ class Journal:
             return None
         r = rows[0]
         return ControlView(
-            kind=r["kind"], model=r["model"], reason=r["reason"],
-            next_action=r["next_action"], by_whom=r["by_whom"], since=r["since"],
+            kind=r["kind"],
+            model=r["model"],
+            reason=r["reason"],
+            next_action=r["next_action"],
+            by_whom=r["by_whom"],
+            since=r["since"],
         )
 
 
@@ -824,8 +889,17 @@ def _insert_run(
         " starts_at, labels, dry_run, owner, outcome, queued_at)"
         " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
         (
-            model, playbook, trigger_kind, alertname, fingerprint, starts_at,
-            json.dumps(labels, sort_keys=True), int(dry_run), owner, RunOutcome.QUEUED.value, now,
+            model,
+            playbook,
+            trigger_kind,
+            alertname,
+            fingerprint,
+            starts_at,
+            json.dumps(labels, sort_keys=True),
+            int(dry_run),
+            owner,
+            RunOutcome.QUEUED.value,
+            now,
         ),
     )
     return int(cursor.lastrowid or 0)

@@ -131,8 +131,16 @@ async def _probe_on_head(
     unknown (nothing acts on it)."""
     host = health.probe_host(model.host)
     argv = [
-        head.medic_command, "probe", "--host", host, "--port", str(model.port),
-        "--timeout", f"{PROBE_TIMEOUT:g}", "--lock-dir", str(inventory.state_dir / "locks"),
+        head.medic_command,
+        "probe",
+        "--host",
+        host,
+        "--port",
+        str(model.port),
+        "--timeout",
+        f"{PROBE_TIMEOUT:g}",
+        "--lock-dir",
+        str(inventory.state_dir / "locks"),
     ]
     where = f"on {head.name}"
     try:
@@ -143,8 +151,7 @@ async def _probe_on_head(
         return HealthVerdict.unknown(f"could not probe {where}: {exc}")
     if result.timed_out:
         return HealthVerdict.unknown(
-            f"`{head.medic_command} probe` {where} gave no answer within"
-            f" {REMOTE_PROBE_TIMEOUT:g}s"
+            f"`{head.medic_command} probe` {where} gave no answer within {REMOTE_PROBE_TIMEOUT:g}s"
         )
     answer = _parse_probe_output(result.stdout)
     if answer is not None and result.exit_status in (0, 1, 3):

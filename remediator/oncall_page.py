@@ -20,13 +20,21 @@ OUTPUT_EXCERPT_CHARS = 2000
 
 # Outcomes map to a closed set of CSS classes; a value is never used as a class name.
 _OUTCOME_CLASS: dict[str, str] = {
-    RunOutcome.SUCCEEDED: "good", StepOutcome.OK: "good",
-    RunOutcome.PLANNED: "info", RunOutcome.SKIPPED: "info", RunOutcome.QUEUED: "info",
+    RunOutcome.SUCCEEDED: "good",
+    StepOutcome.OK: "good",
+    RunOutcome.PLANNED: "info",
+    RunOutcome.SKIPPED: "info",
+    RunOutcome.QUEUED: "info",
     StepOutcome.NOT_IMPLEMENTED: "info",
     RunOutcome.RUNNING: "busy",
-    RunOutcome.FAILED: "bad", RunOutcome.ESCALATED: "bad", RunOutcome.INTERRUPTED: "bad",
-    RunOutcome.INCONCLUSIVE: "bad", RunOutcome.UNREACHABLE: "bad", StepOutcome.UNKILLABLE: "bad",
-    RunOutcome.CANCELLED: "muted", RunOutcome.LOCKED: "muted",
+    RunOutcome.FAILED: "bad",
+    RunOutcome.ESCALATED: "bad",
+    RunOutcome.INTERRUPTED: "bad",
+    RunOutcome.INCONCLUSIVE: "bad",
+    RunOutcome.UNREACHABLE: "bad",
+    StepOutcome.UNKILLABLE: "bad",
+    RunOutcome.CANCELLED: "muted",
+    RunOutcome.LOCKED: "muted",
 }
 
 _CSS = """
@@ -197,19 +205,23 @@ def _render_run(run: Mapping[str, Any]) -> str:
         ("Duration", format_duration(run.get("duration"))),
         ("Why", _first(run, "detail")),
         ("Playbook", _first(run, "playbook")),
-        ("Mode", "dry run: planned and journaled, nothing executed" if run.get("dry_run")
-         else None),
+        (
+            "Mode",
+            "dry run: planned and journaled, nothing executed" if run.get("dry_run") else None,
+        ),
         ("Run", f"#{run['id']} by {run.get('owner') or '?'}" if run.get("id") else None),
     ]
     rows = "".join(f"<dt>{name}</dt><dd>{_text(value)}</dd>" for name, value in meta if value)
     steps = run.get("steps") or []
     step_html = (
         '<ol class="steps">' + "".join(_render_step(s) for s in steps) + "</ol>"
-        if steps else '<p class="empty">no steps recorded</p>'
+        if steps
+        else '<p class="empty">no steps recorded</p>'
     )
     next_html = (
         f'<p class="next"><strong>Next action for on-call</strong>{_text(next_action)}</p>'
-        if next_action else ""
+        if next_action
+        else ""
     )
     return (
         f'<article class="run {klass}"><h2><span class="model">{_text(run.get("model"))}</span>'
@@ -267,7 +279,7 @@ def render_page(
         or f'<p class="empty">No remediations recorded{scope}.</p>'
     )
     return (
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">'
         f"<title>mlx-medic remediations{scope}</title><style>{_CSS}</style></head><body>"

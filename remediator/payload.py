@@ -105,8 +105,9 @@ def parse_payload(body: bytes) -> WebhookPayload:
     except UnicodeDecodeError as exc:
         raise PayloadError(f"body is not UTF-8: {exc.reason} at byte {exc.start}") from exc
     except json.JSONDecodeError as exc:
-        raise PayloadError(f"body is not valid JSON: {exc.msg} at line {exc.lineno}"
-                           f" column {exc.colno}") from exc
+        raise PayloadError(
+            f"body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
     except RecursionError as exc:
         raise PayloadError("body is not valid JSON: nested too deeply") from exc
     if not isinstance(raw, dict):
@@ -145,11 +146,12 @@ def _read_alert(
         return _invalid(index, raw, routing, _problems(exc, ("alerts", index)))
     alertname = alert.labels.get("alertname")
     if not alertname:
-        return _invalid(index, raw, routing,
-                        f"{place}.labels.alertname: required label is missing")
+        return _invalid(index, raw, routing, f"{place}.labels.alertname: required label is missing")
     if alertname in routing.playbooks and not alert.labels.get(routing.model_label):
         return _invalid(
-            index, raw, routing,
+            index,
+            raw,
+            routing,
             f"{place}.labels.{routing.model_label}: alert {json.dumps(alertname)[:80]} needs"
             f" the {routing.model_label!r} label naming the model",
         )
@@ -175,7 +177,10 @@ def _invalid(index: int, raw: Any, routing: RoutingConfig, reason: str) -> Inval
         return value[:FIELD_CAP] if isinstance(value, str) else ""
 
     return InvalidAlert(
-        index=index, reason=reason, alertname=text(labels.get("alertname")),
-        fingerprint=text(alert.get("fingerprint")), model=text(labels.get(routing.model_label)),
+        index=index,
+        reason=reason,
+        alertname=text(labels.get("alertname")),
+        fingerprint=text(alert.get("fingerprint")),
+        model=text(labels.get(routing.model_label)),
         status=text(alert.get("status")),
     )

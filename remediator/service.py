@@ -41,16 +41,33 @@ log = logging.getLogger("mlx_medic.remediator.service")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config.file", dest="config_file", type=Path, default=None,
-                        help="remediator config (YAML); default: $MLX_MEDIC_CONFIG, else"
-                        " /etc/mlx-medic/remediator.yml if it exists, else embedded defaults")
-    parser.add_argument("--web.listen-address", dest="listen", default=None,
-                        metavar="HOST:PORT", help="overrides the config's listen (default"
-                        " 127.0.0.1:10901); port 0 picks a free one")
-    parser.add_argument("--dry-run", action="store_true", default=None,
-                        help="plan and journal every step, execute nothing")
-    parser.add_argument("--insecure-no-auth", action="store_true", default=None,
-                        help="serve without credentials (only behind something that checks them)")
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        type=Path,
+        default=None,
+        help="remediator config (YAML); default: $MLX_MEDIC_CONFIG, else"
+        " /etc/mlx-medic/remediator.yml if it exists, else embedded defaults",
+    )
+    parser.add_argument(
+        "--web.listen-address",
+        dest="listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="overrides the config's listen (default 127.0.0.1:10901); port 0 picks a free one",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=None,
+        help="plan and journal every step, execute nothing",
+    )
+    parser.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        default=None,
+        help="serve without credentials (only behind something that checks them)",
+    )
 
 
 class StartupError(Exception):
@@ -117,8 +134,15 @@ async def serve(
     registry = CollectorRegistry()
     transport = SshTransport(inventory)
     try:
-        engine = Engine(config, inventory, journal, transport, playbooks=playbooks,
-                        registry=registry, hostname=socket.gethostname())
+        engine = Engine(
+            config,
+            inventory,
+            journal,
+            transport,
+            playbooks=playbooks,
+            registry=registry,
+            hostname=socket.gethostname(),
+        )
     except ConfigError as exc:
         await transport.close()
         journal.close()
@@ -139,16 +163,22 @@ async def serve(
             await site.start()
         except OSError as exc:
             raise StartupError(f"cannot listen on {config.listen}: {exc.strerror or exc}") from exc
-        log.info("listening", extra={
-            "addresses": [f"{a[0]}:{a[1]}" for a in runner.addresses],
-            "tls": ssl_context is not None,
-            "mutual_tls": bool(config.tls and config.tls.client_ca_file),
-            "auth": "none (insecure)" if credentials is None else ", ".join(
-                s.split()[0].lower() for s in credentials.challenge()),
-            "dry_run": config.dry_run, "inventory": str(config.inventory),
-            "journal": str(config.journal), "models": [m.name for m in inventory.models],
-            "node": engine.this_node,
-        })
+        log.info(
+            "listening",
+            extra={
+                "addresses": [f"{a[0]}:{a[1]}" for a in runner.addresses],
+                "tls": ssl_context is not None,
+                "mutual_tls": bool(config.tls and config.tls.client_ca_file),
+                "auth": "none (insecure)"
+                if credentials is None
+                else ", ".join(s.split()[0].lower() for s in credentials.challenge()),
+                "dry_run": config.dry_run,
+                "inventory": str(config.inventory),
+                "journal": str(config.journal),
+                "models": [m.name for m in inventory.models],
+                "node": engine.this_node,
+            },
+        )
         await stop.wait()
         log.info("stopping", extra={"reason": "signal"})
     finally:
@@ -173,8 +203,10 @@ def run(args: argparse.Namespace, playbooks: Mapping[str, Playbook] | None = Non
         config = effective_config(args)
         credentials = load_credentials(config.auth, config.insecure_no_auth)
         if credentials is None:
-            log.warning("serving WITHOUT authentication (insecure_no_auth): anyone who can"
-                        " reach the port can trigger remediations")
+            log.warning(
+                "serving WITHOUT authentication (insecure_no_auth): anyone who can"
+                " reach the port can trigger remediations"
+            )
         asyncio.run(serve(config, credentials, playbooks))
     except (StartupError, AuthError) as exc:
         print(f"mlx-medic remediator: {exc}", file=sys.stderr)

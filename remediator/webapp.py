@@ -60,7 +60,10 @@ class JournalLike(Protocol):
     ) -> Sequence[RecordLike]: ...
 
     def list_events(
-        self, model: str | None = None, since: float | None = None, kind: str | None = None,
+        self,
+        model: str | None = None,
+        since: float | None = None,
+        kind: str | None = None,
         limit: int = 100,
     ) -> Sequence[RecordLike]: ...
 
@@ -85,9 +88,11 @@ class AlertsReceived:
 
     def collect(self) -> list[Metric]:
         family = CounterMetricFamily(
-            "mlx_medic_alerts_received", "Alerts received on the webhook, by status;"
+            "mlx_medic_alerts_received",
+            "Alerts received on the webhook, by status;"
             " invalid counts alerts that could not be read and deliveries refused whole.",
-            labels=["status"])
+            labels=["status"],
+        )
         for status, count in self.counts.items():
             family.add_metric([status], count)
         return [family]
@@ -173,29 +178,41 @@ async def post_alerts(request: web.Request) -> web.Response:
             if isinstance(alert, InvalidAlert):
                 received.inc("invalid")
                 disposition = engine.reject(alert)
-                results.append({
-                    "index": index, "alertname": alert.alertname,
-                    "fingerprint": alert.fingerprint, "model": alert.model,
-                    "status": alert.status, "disposition": disposition.value,
-                    "reason": alert.reason,
-                })
+                results.append(
+                    {
+                        "index": index,
+                        "alertname": alert.alertname,
+                        "fingerprint": alert.fingerprint,
+                        "model": alert.model,
+                        "status": alert.status,
+                        "disposition": disposition.value,
+                        "reason": alert.reason,
+                    }
+                )
                 continue
             received.inc(alert.status.value)
             disposition = await engine.submit(alert)
-            results.append({
-                "index": index, "alertname": alert.alertname,
-                "fingerprint": alert.fingerprint,
-                "model": alert.labels.get(config.routing.model_label, ""),
-                "status": alert.status.value, "disposition": disposition.value,
-            })
+            results.append(
+                {
+                    "index": index,
+                    "alertname": alert.alertname,
+                    "fingerprint": alert.fingerprint,
+                    "model": alert.labels.get(config.routing.model_label, ""),
+                    "status": alert.status.value,
+                    "disposition": disposition.value,
+                }
+            )
     except JournalError as exc:
         # Whatever acted so far was journaled first (a run it started makes the retry a
         # repeat); nothing after the failed write acts.
         _decide(request, dispositions=[r["disposition"] for r in results])
         return _unavailable(request, str(exc))
-    _decide(request, alerts=len(alerts),
-            dispositions=[r["disposition"] for r in results],
-            fingerprints=[r["fingerprint"] for r in results][:20])
+    _decide(
+        request,
+        alerts=len(alerts),
+        dispositions=[r["disposition"] for r in results],
+        fingerprints=[r["fingerprint"] for r in results][:20],
+    )
     return web.json_response({"status": "accepted", "alerts": results}, status=202)
 
 
@@ -203,8 +220,8 @@ async def get_healthz(request: web.Request) -> web.Response:
     """Unauthenticated: says whether the service can do its job, never the details."""
     if request.app[ENGINE_KEY].journal_problem() is not None:
         return web.json_response(
-            {"status": "failing", "problem": "the journal cannot record; see the page"},
-            status=503)
+            {"status": "failing", "problem": "the journal cannot record; see the page"}, status=503
+        )
     return web.json_response({"status": "ok"})
 
 
@@ -262,8 +279,11 @@ async def _events(request: web.Request, limit: int | None = None) -> list[dict[s
     journal = request.app[JOURNAL_KEY]
     query = run_query(request)
     events = await asyncio.to_thread(
-        journal.list_events, model=query["model"], since=query["since"],
-        limit=query["limit"] if limit is None else limit)
+        journal.list_events,
+        model=query["model"],
+        since=query["since"],
+        limit=query["limit"] if limit is None else limit,
+    )
     return [event.to_dict() for event in events]
 
 
@@ -291,14 +311,25 @@ async def get_page(request: web.Request) -> web.Response:
             raise
         log.warning("the page could not read the journal: %s", exc)
         runs, events = [], []  # the banner still says what is wrong
-    html = render_page(runs, now=datetime.now(UTC), model=request.query.get("model") or None,
-                       events=events, journal_problem=problem)
-    return web.Response(text=html, content_type="text/html", charset="utf-8",
-                        headers={"Cache-Control": "no-store",
-                                 "Content-Security-Policy": "default-src 'none';"
-                                 " style-src 'unsafe-inline'; img-src 'none'",
-                                 "X-Content-Type-Options": "nosniff",
-                                 "Referrer-Policy": "no-referrer"})
+    html = render_page(
+        runs,
+        now=datetime.now(UTC),
+        model=request.query.get("model") or None,
+        events=events,
+        journal_problem=problem,
+    )
+    return web.Response(
+        text=html,
+        content_type="text/html",
+        charset="utf-8",
+        headers={
+            "Cache-Control": "no-store",
+            "Content-Security-Policy": "default-src 'none';"
+            " style-src 'unsafe-inline'; img-src 'none'",
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+        },
+    )
 
 
 def _dumps(value: Any) -> str:

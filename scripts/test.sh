@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test || exit 1
 mkdir -p artifacts
 .venv/bin/python -m ruff check . || exit 1
+.venv/bin/python -m ruff format --check . || exit 1
 .venv/bin/python -m mypy mlx_medic testbed || exit 1
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
 rc=$?

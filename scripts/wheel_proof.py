@@ -49,9 +49,13 @@ class Installed:
 
 def _run(argv: list[str | Path], cwd: Path | None = None, timeout: float = 300) -> str:
     result = subprocess.run(
-        [str(a) for a in argv], cwd=cwd, env=_clean_env(), capture_output=True, text=True,
+        [str(a) for a in argv],
+        cwd=cwd,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
     if result.returncode != 0:
         raise ProofFailed(
             f"{' '.join(map(str, argv))} exited {result.returncode}\n{result.stdout}{result.stderr}"
@@ -207,8 +211,9 @@ def check_render_rules(installed: Installed) -> None:
     inventory = installed.outside / "inventory.yaml"
     shutil.copy2(REPO / "examples" / "inventory.yaml", inventory)
     out = installed.outside / "rendered"
-    installed_output(installed, ["mlx-medic", "render", "rules", "--config.file", inventory,
-                                 "--out", out])
+    installed_output(
+        installed, ["mlx-medic", "render", "rules", "--config.file", inventory, "--out", out]
+    )
     rendered = out / "rules" / "mlx-medic.rules.yaml"
     shipped = REPO / "alerting-rules" / "mlx-medic.rules.yaml"
     if not rendered.is_file() or rendered.read_bytes() != shipped.read_bytes():

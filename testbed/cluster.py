@@ -166,8 +166,17 @@ class SimNode:
         if self.user is None:
             raise TestbedError(f"{self.name}: no login user (start_cluster(node_user=...))")
         key = identity or self.cluster_ssh_config.parent / "user_ed25519"
-        return [SSH, "-F", str(self.cluster_ssh_config), "-o", f"User={self.user.name}",
-                "-o", f"IdentityFile={key}", self.name, *command]  # fmt: skip
+        return [
+            SSH,
+            "-F",
+            str(self.cluster_ssh_config),
+            "-o",
+            f"User={self.user.name}",
+            "-o",
+            f"IdentityFile={key}",
+            self.name,
+            *command,
+        ]
 
     def install_rendered(self, rendered: Path) -> list[str]:
         """Install `mlx-medic render`'s authorized_keys and sudoers file for this node
@@ -399,8 +408,9 @@ class Cluster(ClosedOnExit):
         path.write_text(json.dumps(entries, indent=2) + "\n")
         return path
 
-    def inventory_yaml(self, models: list[dict[str, Any]], *, login_user: str = "root",
-                       **top_level: Any) -> str:
+    def inventory_yaml(
+        self, models: list[dict[str, Any]], *, login_user: str = "root", **top_level: Any
+    ) -> str:
         """An inventory naming these nodes, ssh key and pinned known_hosts, and `models`.
 
         Each model is a dict in the inventory's model format plus its `name`. Every node
@@ -429,8 +439,9 @@ class Cluster(ClosedOnExit):
         data.update(top_level)
         return yaml.safe_dump(_plain(data), sort_keys=False)
 
-    def deploy(self, inventory: Path,
-               targets: tuple[str, ...] = ("authorized-keys", "sudoers")) -> Path | None:
+    def deploy(
+        self, inventory: Path, targets: tuple[str, ...] = ("authorized-keys", "sudoers")
+    ) -> Path | None:
         """Three-user mode: `mlx-medic render` the inventory's `targets` (with the
         remediator's and the serve wrapper's public keys) and install its authorized_keys
         and sudoers files on every node, as a deployment does; the render dir. Root mode:
@@ -443,13 +454,20 @@ class Cluster(ClosedOnExit):
         models = (yaml.safe_load(Path(inventory).read_text()) or {}).get("models") or {}
         serve_key = any((m.get("serve") or {}).get("identity_file") for m in models.values())
         for target in targets:
-            argv = [str(Path(sys.executable).parent / "mlx-medic"), "render", target,
-                    "--config.file", str(inventory), "--out", str(out),
-                    "--ssh.public-key", str(keys / "remediator_ed25519.pub")]  # fmt: skip
+            argv = [
+                str(Path(sys.executable).parent / "mlx-medic"),
+                "render",
+                target,
+                "--config.file",
+                str(inventory),
+                "--out",
+                str(out),
+                "--ssh.public-key",
+                str(keys / "remediator_ed25519.pub"),
+            ]
             if serve_key:
                 argv += ["--serve.public-key", str(keys / "serve_ed25519.pub")]
-            result = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                                    check=False)  # fmt: skip
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
             if result.returncode != 0:
                 raise TestbedError(f"mlx-medic render {target}: {result.stderr.strip()}")
         for node in self.nodes:
@@ -584,8 +602,9 @@ def _keygen(path: Path, comment: str) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
-def _sshd_config(node_root: Path, address: str, port: int, authorized_keys: Path,
-                 user: NodeUser | None = None) -> str:
+def _sshd_config(
+    node_root: Path, address: str, port: int, authorized_keys: Path, user: NodeUser | None = None
+) -> str:
     match = node_users.sshd_match_block(user, authorized_keys.parent) if user else []
     return "\n".join(
         [
@@ -617,8 +636,9 @@ def _sshd_config(node_root: Path, address: str, port: int, authorized_keys: Path
     )
 
 
-def _ssh_config(nodes: list[tuple[str, str, int]], identity: Path, known_hosts: Path,
-                users: bool = False) -> str:
+def _ssh_config(
+    nodes: list[tuple[str, str, int]], identity: Path, known_hosts: Path, users: bool = False
+) -> str:
     lines = ["# mlx-medic testbed: client side. Used only through `ssh -F`.", ""]
     for name, address, port in nodes:
         lines += [f"Host {name} {address}", f"  HostName {address}", f"  Port {port}", ""]
@@ -758,18 +778,32 @@ def _start_node(
         if rc.is_file()
     ]
     if user is not None:
-        node_users.prepare_node_root(root, user, authorized_keys.parent,
-                                     [root / sub for sub in PRIVATE_DIRS])  # fmt: skip
+        node_users.prepare_node_root(
+            root, user, authorized_keys.parent, [root / sub for sub in PRIVATE_DIRS]
+        )
         closed = node_users.closed_ancestors(node_users.python_paths())
         binds += node_users.mount_commands(root) + node_users.open_closed_dirs(root, closed)
-        hide_rc = [line for line in hide_rc  # the opened dirs no longer hold them
-                   if not any(str(parent) in line for parent in closed)]  # fmt: skip
+        hide_rc = [
+            line
+            for line in hide_rc  # the opened dirs no longer hold them
+            if not any(str(parent) in line for parent in closed)
+        ]
     script = " && ".join([*stage, *binds, *restore, *hide_rc])
     script += f" && exec {SSHD} -D -e -f {shlex.quote(str(config))}"
     argv = [
-        "unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
-        "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script,
-    ]  # fmt: skip
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ]
     log = (root / "sshd.log").open("ab")
     try:
         popen = subprocess.Popen(
@@ -904,8 +938,9 @@ def start_cluster(
     try:
         known_lines = []
         for name, address in zip(names, addresses, strict=True):
-            node = _start_node(name, address, ssh_port, workdir, ssh_config, authorized_keys,
-                               node_user)
+            node = _start_node(
+                name, address, ssh_port, workdir, ssh_config, authorized_keys, node_user
+            )
             cluster.nodes.append(node)
             public = (node.root / "ssh_host_ed25519_key.pub").read_text()
             known_lines.append(_known_host_line(address, ssh_port, public))

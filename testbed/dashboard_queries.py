@@ -12,9 +12,12 @@ VARIABLES = {"$node": ".+", "$model": ".+", "$__rate_interval": "30s", "$__range
 
 def panel_targets(board: dict[str, Any]) -> list[tuple[str, str]]:
     """(panel title, query) for every target of every panel, rows' panels included."""
-    return [(inner.get("title", ""), target["expr"])
-            for panel in board["panels"] for inner in [panel, *panel.get("panels", [])]
-            for target in inner.get("targets", [])]  # fmt: skip
+    return [
+        (inner.get("title", ""), target["expr"])
+        for panel in board["panels"]
+        for inner in [panel, *panel.get("panels", [])]
+        for target in inner.get("targets", [])
+    ]
 
 
 def expand(query: str) -> str:

@@ -47,11 +47,16 @@ class Narrator:
 
     def attach(self, loop: Loop) -> None:
         self.loop = loop
-        self.say(f"the loop stands: Prometheus http://127.0.0.1:{loop.prometheus_port}/graph"
-                 f"?g0.expr=mlx_orphan_processes, Alertmanager"
-                 f" http://127.0.0.1:{loop.alertmanager_port}/"
-                 + (f", the on-call page http://127.0.0.1:{loop.remediator_port}/"
-                    if loop.settings.remediator else ""))  # fmt: skip
+        self.say(
+            f"the loop stands: Prometheus http://127.0.0.1:{loop.prometheus_port}/graph"
+            f"?g0.expr=mlx_orphan_processes, Alertmanager"
+            f" http://127.0.0.1:{loop.alertmanager_port}/"
+            + (
+                f", the on-call page http://127.0.0.1:{loop.remediator_port}/"
+                if loop.settings.remediator
+                else ""
+            )
+        )
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
 
@@ -78,43 +83,81 @@ class Narrator:
     def _look(self) -> None:
         loop = self.loop
         assert loop is not None
-        self._changed("answers", "the model answers" if loop.answers()
-                      else "the model does NOT answer")  # fmt: skip
+        self._changed(
+            "answers", "the model answers" if loop.answers() else "the model does NOT answer"
+        )
         by_state: dict[str, dict[str, int]] = {}
         for sample in loop.query('mlx_orphan_processes{model="tiny"} > 0'):
             labels = sample["metric"]
-            by_state.setdefault(labels.get("node", "?"), {}).setdefault(
-                labels.get("state", "?"), 0)
+            by_state.setdefault(labels.get("node", "?"), {}).setdefault(labels.get("state", "?"), 0)
             by_state[labels.get("node", "?")][labels.get("state", "?")] += int(
-                float(sample["value"][1]))
-        orphans = "; ".join(f"{node}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
-                            for node, states in sorted(by_state.items())) or "none"  # fmt: skip
+                float(sample["value"][1])
+            )
+        orphans = (
+            "; ".join(
+                f"{node}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+                for node, states in sorted(by_state.items())
+            )
+            or "none"
+        )
         self._changed("orphans", f"orphans (exporters): {orphans}")
         pools = loop.pools()
         capacity = 2 * loop.sim.config.capacity  # two devices per node here
-        self._changed("pools", "protection domains in use: " + ", ".join(
-            f"{n} {used}/{capacity}" for n, used in pools.items()))
-        firing = sorted({a["labels"]["alertname"] for a in loop.prometheus("alerts")["alerts"]
-                         if a["state"] == "firing"})  # fmt: skip
+        self._changed(
+            "pools",
+            "protection domains in use: "
+            + ", ".join(f"{n} {used}/{capacity}" for n, used in pools.items()),
+        )
+        firing = sorted(
+            {
+                a["labels"]["alertname"]
+                for a in loop.prometheus("alerts")["alerts"]
+                if a["state"] == "firing"
+            }
+        )
         self._changed("alerts", f"alerts firing: {', '.join(firing) or 'none'}")
         for run in loop.runs():
             key = f"run {run['id']}"
-            self._changed(key, f"remediation run {run['id']} ({run['playbook']}, from"
-                               f" {run['labels'].get('alertname', run['trigger'])}):"
-                               f" {run['outcome']}")  # fmt: skip
+            self._changed(
+                key,
+                f"remediation run {run['id']} ({run['playbook']}, from"
+                f" {run['labels'].get('alertname', run['trigger'])}):"
+                f" {run['outcome']}",
+            )
             for step in run["steps"]:
-                self._changed(f"{key} step {step['seq']}",
-                              f"  step {step['name']} on {step['node']}: {step['outcome']}"
-                              + (f" ({step['detail'][:120]})" if step["detail"] else ""))
+                self._changed(
+                    f"{key} step {step['seq']}",
+                    f"  step {step['name']} on {step['node']}: {step['outcome']}"
+                    + (f" ({step['detail'][:120]})" if step["detail"] else ""),
+                )
 
 
-def contest(cluster: Any, sim: Any, model: Path, title: str, service: str, remediator: bool,
-            faults: int, limit: float, started: float) -> Outcome:  # fmt: skip
+def contest(
+    cluster: Any,
+    sim: Any,
+    model: Path,
+    title: str,
+    service: str,
+    remediator: bool,
+    faults: int,
+    limit: float,
+    started: float,
+) -> Outcome:
     narrator = Narrator(title, started)
     try:
-        return run_faults(cluster, sim, model, scenario=title, service=service,  # type: ignore[arg-type]
-                          remediator=remediator, faults=faults, limit=limit, settle=10.0,
-                          on_loop=narrator.attach, on_fault=narrator.fault)  # fmt: skip
+        return run_faults(
+            cluster,
+            sim,
+            model,
+            scenario=title,
+            service=service,  # type: ignore[arg-type]
+            remediator=remediator,
+            faults=faults,
+            limit=limit,
+            settle=10.0,
+            on_loop=narrator.attach,
+            on_fault=narrator.fault,
+        )
     finally:
         narrator.close()
 
@@ -122,19 +165,25 @@ def contest(cluster: Any, sim: Any, model: Path, title: str, service: str, remed
 def summary(outcomes: list[Outcome]) -> str:
     lines = ["", "side by side (seconds from each fault to the next good answer):"]
     for outcome in outcomes:
-        seconds = ", ".join("down" if f.seconds is None else f"{f.seconds:.1f}"
-                            for f in outcome.faults)  # fmt: skip
+        seconds = ", ".join(
+            "down" if f.seconds is None else f"{f.seconds:.1f}" for f in outcome.faults
+        )
         pools = outcome.faults[-1].pools if outcome.faults else {}
-        lines.append(f"  {outcome.scenario:<32} {seconds or '-':<24} domains in use at the"
-                     f" end {pools}, orphans left {outcome.orphans_at_end}")  # fmt: skip
+        lines.append(
+            f"  {outcome.scenario:<32} {seconds or '-':<24} domains in use at the"
+            f" end {pools}, orphans left {outcome.orphans_at_end}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/demo.sh", description=__doc__.splitlines()[0])
     parser.add_argument("--faults", type=int, default=3)
-    parser.add_argument("--short", action="store_true",
-                        help="one fault each and shorter limits (what the test runs)")
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="one fault each and shorter limits (what the test runs)",
+    )
     args = parser.parse_args(argv)
     faults, limit = (1, 45.0) if args.short else (args.faults, 90.0)
     from testbed import start_cluster
@@ -148,29 +197,52 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     outcomes: list[Outcome] = []
     try:
-        print("mlx-medic demo: three simulated nodes, simulated JACCL (3 domains per device),"
-              " the seed's fault", flush=True)
+        print(
+            "mlx-medic demo: three simulated nodes, simulated JACCL (3 domains per device),"
+            " the seed's fault",
+            flush=True,
+        )
         model = make_tiny_model(workdir / "tiny-model")
         with start_cluster(3, workdir / "cluster", node_user=NodeUser()) as cluster:
             sim = start_jaccl_sim(cluster, on_sigkill="release", capacity=3, killable_for=20.0)
             try:
-                outcomes.append(contest(cluster, sim, model, "mlx-medic (serve + remediator)",
-                                        "serve", True, faults, limit, started))  # fmt: skip
+                outcomes.append(
+                    contest(
+                        cluster,
+                        sim,
+                        model,
+                        "mlx-medic (serve + remediator)",
+                        "serve",
+                        True,
+                        faults,
+                        limit,
+                        started,
+                    )
+                )
                 # the first fix goes down once the pool is spent: two more faults show it
-                outcomes.append(contest(cluster, sim, model, "the seed's first fix",
-                                        "first-fix", False, faults + 2, limit, started))
+                outcomes.append(
+                    contest(
+                        cluster,
+                        sim,
+                        model,
+                        "the seed's first fix",
+                        "first-fix",
+                        False,
+                        faults + 2,
+                        limit,
+                        started,
+                    )
+                )
             finally:
                 sim.close()
         print(summary(outcomes), flush=True)
         return 0
     except KeyboardInterrupt:
-        print("\ninterrupted: cleaning up (a second Ctrl-C does not stop the cleanup)",
-              flush=True)  # fmt: skip
+        print("\ninterrupted: cleaning up (a second Ctrl-C does not stop the cleanup)", flush=True)
         return 130
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        print(f"cleaned up: {workdir} removed, every process the demo started ended",
-              flush=True)  # fmt: skip
+        print(f"cleaned up: {workdir} removed, every process the demo started ended", flush=True)
 
 
 _interrupted = threading.Event()

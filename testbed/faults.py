@@ -32,8 +32,11 @@ def environ(pid: int) -> bytes:
 
 def launchers(node: SimNode) -> list[int]:
     """Host pids of the node's mlx.launch processes."""
-    return [pid for pid in node.host_pids()
-            if any(part.endswith("mlx.launch") for part in processes.cmdline(pid)[:2])]
+    return [
+        pid
+        for pid in node.host_pids()
+        if any(part.endswith("mlx.launch") for part in processes.cmdline(pid)[:2])
+    ]
 
 
 def model_ranks(node: SimNode, port: int) -> list[int]:
@@ -56,20 +59,42 @@ def seed_crash(cluster: Cluster, port: int) -> list[int]:
     return hit
 
 
-def frozen_survivor(cluster: Cluster, sim: JacclSim, *, model: Path, port: int,
-                    hostfile: Path, starting_port: int, log: Path,
-                    peer: str = "ai002", timeout: float = 180.0) -> int:  # fmt: skip
+def frozen_survivor(
+    cluster: Cluster,
+    sim: JacclSim,
+    *,
+    model: Path,
+    port: int,
+    hostfile: Path,
+    starting_port: int,
+    log: Path,
+    peer: str = "ai002",
+    timeout: float = 180.0,
+) -> int:
     """A real mlx.launch of the model on simulated JACCL, answering, then crashed; returns
     the host pid of its peer rank once that is frozen (state D)."""
     from mlx_medic.health import probe_model
 
-    server = ["-m", "mlx_lm", "server", "--model", str(model), "--host", "127.0.0.1",
-              "--port", str(port)]  # fmt: skip
-    earlier = start_launch(cluster, hostfile, server, backend="jaccl",
-                           env=cluster.env(HF_HUB_OFFLINE="1"),
-                           launch_args=["--python", str(sim.python),
-                                        "--starting-port", str(starting_port)],
-                           log_path=log)  # fmt: skip
+    server = [
+        "-m",
+        "mlx_lm",
+        "server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    earlier = start_launch(
+        cluster,
+        hostfile,
+        server,
+        backend="jaccl",
+        env=cluster.env(HF_HUB_OFFLINE="1"),
+        launch_args=["--python", str(sim.python), "--starting-port", str(starting_port)],
+        log_path=log,
+    )
     try:
         deadline = time.monotonic() + timeout
         while not probe_model("127.0.0.1", port, timeout=5.0).up:

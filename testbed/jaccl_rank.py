@@ -68,10 +68,15 @@ class Config:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "root": str(self.root), "keep_on_sigkill": self.keep_on_sigkill,
-            "capacity": self.capacity, "capacities": self.capacities, "ips": self.ips,
-            "freezer": self.freezer, "killable_for": self.killable_for, "settle": self.settle,
-        }  # fmt: skip
+            "root": str(self.root),
+            "keep_on_sigkill": self.keep_on_sigkill,
+            "capacity": self.capacity,
+            "capacities": self.capacities,
+            "ips": self.ips,
+            "freezer": self.freezer,
+            "killable_for": self.killable_for,
+            "settle": self.settle,
+        }
 
     @classmethod
     def load(cls, path: str | Path) -> Config:
@@ -338,9 +343,7 @@ class SimulatedRank:
         env = dict(os.environ if environ is None else environ)
         self.config = config
         self.rank = int(env["MLX_RANK"])
-        self.matrix: list[list[str | None]] = json.loads(
-            Path(env["MLX_IBV_DEVICES"]).read_text()
-        )
+        self.matrix: list[list[str | None]] = json.loads(Path(env["MLX_IBV_DEVICES"]).read_text())
         self.coordinator = env["MLX_JACCL_COORDINATOR"]
         self.port = int(self.coordinator.rpartition(":")[2])
         self.size = len(self.matrix)
@@ -363,7 +366,7 @@ class SimulatedRank:
         for k, row in enumerate(self.matrix):
             cell = row[rank] if k != rank else None
             if isinstance(cell, str) and cell.startswith(DEVICE_PREFIX):
-                return cell[len(DEVICE_PREFIX):]
+                return cell[len(DEVICE_PREFIX) :]
         raise RuntimeError(f"[jaccl] simulated: no node name for rank {rank} in {self.matrix}")
 
     # --- init ---------------------------------------------------------------------------
@@ -402,14 +405,24 @@ class SimulatedRank:
     def _allocate(self) -> list[Domain]:
         """One domain per device in row order; all or nothing, as MeshGroup's constructor
         (a throw destroys the connections made so far: ~Connection deallocates)."""
-        holder = {"pid": os.getpid(), "start_ticks": start_ticks(), "node": self.node,
-                  "rank": self.rank, "coordinator": self.coordinator,
-                  "argv": list(sys.argv), "since": time.time()}  # fmt: skip
+        holder = {
+            "pid": os.getpid(),
+            "start_ticks": start_ticks(),
+            "node": self.node,
+            "rank": self.rank,
+            "coordinator": self.coordinator,
+            "argv": list(sys.argv),
+            "since": time.time(),
+        }
         taken: list[Domain] = []
         for device in self.devices:
-            pool = DevicePool(self.config.root, self.node, device,
-                              self.config.capacity_of(self.node, device),
-                              self.config.keep_on_sigkill)  # fmt: skip
+            pool = DevicePool(
+                self.config.root,
+                self.node,
+                device,
+                self.config.capacity_of(self.node, device),
+                self.config.keep_on_sigkill,
+            )
             domain = pool.take(holder)
             if domain is None:
                 for given_back in taken:
@@ -442,8 +455,9 @@ class SimulatedRank:
                 os.environ["MLX_HOSTFILE"] = before
 
     def _join(self, world_id: int, info: dict[str, Any]) -> None:
-        world = World(self.config.root / "worlds" / f"{self.port}-{world_id:08x}",
-                      self.rank, self.size)  # fmt: skip
+        world = World(
+            self.config.root / "worlds" / f"{self.port}-{world_id:08x}", self.rank, self.size
+        )
         world.join(info)
         self.world = world
 
@@ -477,8 +491,9 @@ class SimulatedRank:
                     _send(conn, {"joined": self.rank})
                     _receive(conn)  # go
                 except (OSError, ValueError) as exc:
-                    raise RuntimeError(f"[jaccl] simulated side channel: rank 0 left during"
-                                       f" initialization ({exc})") from None  # fmt: skip
+                    raise RuntimeError(
+                        f"[jaccl] simulated side channel: rank 0 left during initialization ({exc})"
+                    ) from None
                 return
 
     def _coordinate(self, address: tuple[str, int], info: dict[str, Any]) -> None:
@@ -521,8 +536,9 @@ class SimulatedRank:
                 for conn in ordered:
                     _send(conn, {"go": True})
             except (OSError, ValueError) as exc:
-                raise RuntimeError(f"[jaccl] simulated side channel: a peer left during"
-                                   f" initialization ({exc})") from None  # fmt: skip
+                raise RuntimeError(
+                    f"[jaccl] simulated side channel: a peer left during initialization ({exc})"
+                ) from None
             finally:
                 for _, conn in peers.values():
                     conn.close()
@@ -602,8 +618,9 @@ def _patch(module: Any, config: Config) -> None:
                 try:
                     ranks.append(SimulatedRank(config))
                 except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-                    raise RuntimeError(f"[jaccl] simulated: this rank's JACCL environment "
-                                       f"cannot be read ({exc})") from None  # fmt: skip
+                    raise RuntimeError(
+                        f"[jaccl] simulated: this rank's JACCL environment cannot be read ({exc})"
+                    ) from None
         return ranks[0].init(real_init)
 
     init.__doc__ = real_init.__doc__
@@ -616,7 +633,11 @@ def install(module: Any, config_path: str) -> None:
     try:
         config = Config.load(config_path)
     except ConfigError as exc:
-        print(f"mlx-medic testbed: refusing to simulate JACCL: the simulator's config "
-              f"cannot be read ({exc})", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"mlx-medic testbed: refusing to simulate JACCL: the simulator's config "
+            f"cannot be read ({exc})",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(2)
     _patch(module, config)

@@ -119,8 +119,13 @@ class JacclSim(ClosedOnExit):
         return [f"{DEVICE_PREFIX}{n.name}" for n in self.cluster.nodes if n.name != node]
 
     def pool(self, node: str, device: str) -> DevicePool:
-        return DevicePool(self.root, node, device, self.config.capacity_of(node, device),
-                          self.config.keep_on_sigkill)  # fmt: skip
+        return DevicePool(
+            self.root,
+            node,
+            device,
+            self.config.capacity_of(node, device),
+            self.config.keep_on_sigkill,
+        )
 
     def usage(self, node: str) -> dict[str, int]:
         """Domains in use per device of the node."""
@@ -145,8 +150,18 @@ class JacclSim(ClosedOnExit):
                     continue
                 record = slot.record
                 pid, ticks = int(record["pid"]), int(record["start_ticks"])
-                found.append(Holder(node, device, slot.index, pid, ticks, int(record["rank"]),
-                                    slot.held, self._host_pid(node, pid, ticks)))  # fmt: skip
+                found.append(
+                    Holder(
+                        node,
+                        device,
+                        slot.index,
+                        pid,
+                        ticks,
+                        int(record["rank"]),
+                        slot.held,
+                        self._host_pid(node, pid, ticks),
+                    )
+                )
         return found
 
     def orphans(self, node: str | None = None) -> list[Orphan]:
@@ -158,10 +173,18 @@ class JacclSim(ClosedOnExit):
                 continue
             rank = int(marker.name.removeprefix("rank-").removesuffix(".orphan"))
             pid, ticks = int(record["pid"]), int(record["start_ticks"])
-            found.append(Orphan(
-                str(record["node"]), marker.parent.name, rank, pid, ticks, float(record["at"]),
-                marker.with_suffix(".stuck").exists(), self._host_pid(record["node"], pid, ticks),
-            ))  # fmt: skip
+            found.append(
+                Orphan(
+                    str(record["node"]),
+                    marker.parent.name,
+                    rank,
+                    pid,
+                    ticks,
+                    float(record["at"]),
+                    marker.with_suffix(".stuck").exists(),
+                    self._host_pid(record["node"], pid, ticks),
+                )
+            )
         return found
 
     def wait_for_orphan(self, node: str, timeout: float = 60.0) -> Orphan:
@@ -180,8 +203,11 @@ class JacclSim(ClosedOnExit):
         sim_node = self.cluster.node(node)
         for host_pid in sim_node.host_pids():
             with contextlib.suppress(OSError, ProcessLookupError, ValueError, IndexError):
-                if (processes.ns_pid(host_pid) == pid and start_ticks(host_pid) == ticks
-                        and processes.is_alive(host_pid)):  # fmt: skip
+                if (
+                    processes.ns_pid(host_pid) == pid
+                    and start_ticks(host_pid) == ticks
+                    and processes.is_alive(host_pid)
+                ):
                     return host_pid
         return None
 
@@ -258,8 +284,7 @@ def start_jaccl_sim(
     if on_sigkill not in ("release", "keep"):
         raise ValueError(f"on_sigkill {on_sigkill!r}: 'release' or 'keep'")
     if not freezer.available():
-        raise TestbedError(f"no cgroup v1 freezer at {freezer.FREEZER_ROOT}: orphans cannot"
-                           " freeze")  # fmt: skip
+        raise TestbedError(f"no cgroup v1 freezer at {freezer.FREEZER_ROOT}: orphans cannot freeze")
     token = uuid.uuid4().hex[:8]
     root = cluster.workdir / "jaccl-sim" / token
     (root / "pools").mkdir(parents=True)
@@ -290,10 +315,14 @@ def start_jaccl_sim(
                 os.chown(group.path / name, cluster.node_user.uid, cluster.node_user.gid)
     sim = JacclSim(cluster, root, config, groups)
     sim.config_path.write_text(json.dumps(config.to_json(), indent=1) + "\n")
-    sim.python.write_text(_SHIM.format(
-        config=shlex.quote(str(sim.config_path)), env=CONFIG_ENV,
-        path=shlex.quote(f"{SITE_DIR}:{REPO}"), python=shlex.quote(cluster.python),
-    ))  # fmt: skip
+    sim.python.write_text(
+        _SHIM.format(
+            config=shlex.quote(str(sim.config_path)),
+            env=CONFIG_ENV,
+            path=shlex.quote(f"{SITE_DIR}:{REPO}"),
+            python=shlex.quote(cluster.python),
+        )
+    )
     sim.python.chmod(0o755)
     cluster.reboot_hooks.append(sim._on_reboot)
     return sim

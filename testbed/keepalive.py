@@ -33,7 +33,9 @@ supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 [supervisorctl]
 serverurl=unix:///tmp/supervisor-{token}.sock
 """
-CONF = CONTROL + """\
+CONF = (
+    CONTROL
+    + """\
 [program:{program}]
 command={command}
 environment={environment}
@@ -47,6 +49,7 @@ redirect_stderr=true
 stdout_logfile={log}
 stdout_logfile_maxbytes=0
 """
+)
 
 
 @dataclass
@@ -59,8 +62,9 @@ class KeepAlive(ClosedOnExit):
 
     def ctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """supervisorctl inside the node (through its sshd, as a person would)."""
-        return self.node.run(shlex.join(["supervisorctl", "-c", str(self.conf), *args]),
-                             timeout=timeout, check=False)  # fmt: skip
+        return self.node.run(
+            shlex.join(["supervisorctl", "-c", str(self.conf), *args]), timeout=timeout, check=False
+        )
 
     def output(self) -> str:
         try:
@@ -78,10 +82,18 @@ class KeepAlive(ClosedOnExit):
             self.daemon.wait(timeout=10)
 
 
-def keep_alive(node: SimNode, command: list[str], *, workdir: Path, throttle: float,
-               env: dict[str, str], stopwaitsecs: float = 60.0,
-               name: str | None = None, user: str | None = None,
-               output_dir: Path | None = None) -> KeepAlive:  # fmt: skip
+def keep_alive(
+    node: SimNode,
+    command: list[str],
+    *,
+    workdir: Path,
+    throttle: float,
+    env: dict[str, str],
+    stopwaitsecs: float = 60.0,
+    name: str | None = None,
+    user: str | None = None,
+    output_dir: Path | None = None,
+) -> KeepAlive:
     """Start supervisord in `node` running `command` as a KeepAlive service (as `user`,
     supervisord's `user=`, when given). The config goes to `workdir`; the program's log
     and the throttle's stamp, which the program writes, to `output_dir` (default
@@ -90,15 +102,38 @@ def keep_alive(node: SimNode, command: list[str], *, workdir: Path, throttle: fl
     workdir.mkdir(parents=True, exist_ok=True)
     output_dir = output_dir or workdir
     conf, log = workdir / f"{token}.conf", output_dir / f"{token}.log"
-    throttled = [sys.executable, "-m", "testbed.throttle", "--every", f"{throttle:g}",
-                 "--stamp", str(output_dir / f"{token}.stamp"), "--", *command]  # fmt: skip
-    environment = ",".join(f'{key}="{value}"' for key, value in
-                           {**env, "PYTHONPATH": str(REPO)}.items()
-                           if key in ("PATH", "HF_HUB_OFFLINE", "PYTHONPATH"))  # fmt: skip
-    conf.write_text(CONF.format(token=token, program=token, command=shlex.join(throttled),
-                                environment=environment, directory=workdir,
-                                stopwaitsecs=int(stopwaitsecs), log=log)
-                    + (f"user={user}\n" if user else ""))  # fmt: skip
-    daemon = node.spawn(["supervisord", "-n", "-c", str(conf)], env=env,
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    throttled = [
+        sys.executable,
+        "-m",
+        "testbed.throttle",
+        "--every",
+        f"{throttle:g}",
+        "--stamp",
+        str(output_dir / f"{token}.stamp"),
+        "--",
+        *command,
+    ]
+    environment = ",".join(
+        f'{key}="{value}"'
+        for key, value in {**env, "PYTHONPATH": str(REPO)}.items()
+        if key in ("PATH", "HF_HUB_OFFLINE", "PYTHONPATH")
+    )
+    conf.write_text(
+        CONF.format(
+            token=token,
+            program=token,
+            command=shlex.join(throttled),
+            environment=environment,
+            directory=workdir,
+            stopwaitsecs=int(stopwaitsecs),
+            log=log,
+        )
+        + (f"user={user}\n" if user else "")
+    )
+    daemon = node.spawn(
+        ["supervisord", "-n", "-c", str(conf)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return KeepAlive(node, token, conf, log, daemon)

@@ -114,11 +114,14 @@ def start_launch(
     command = [
         *node_users.run_as(cluster.node_user),  # the service's user, in the three-user mode
         mlx_launch_path(),
-        "--hostfile", str(hostfile),
-        "--backend", backend,
+        "--hostfile",
+        str(hostfile),
+        "--backend",
+        backend,
         *(launch_args or []),
-        "--", *argv,
-    ]  # fmt: skip
+        "--",
+        *argv,
+    ]
     with log_path.open("ab") as log:
         popen = head_node.spawn(
             command,

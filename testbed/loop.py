@@ -58,9 +58,13 @@ DASHBOARD = Path(__file__).resolve().parents[1] / "grafana/dashboards/mlx-medic-
 # The rules' `for:` in the loop: long enough that a first start of the tiny model on three
 # nodes (about 20 s here) is not a page, short enough for a test. Every expression and
 # label stays the shipped one.
-SHORT_FOR = {"LLMModelDown": "30s", "MLXOrphanProcesses": "5s",
-             "MLXOrphanProcessesUninterruptible": "5s", "MLXServingOnRingFallback": "5s",
-             "MLXUnkillableSurvivors": "5s"}  # fmt: skip
+SHORT_FOR = {
+    "LLMModelDown": "30s",
+    "MLXOrphanProcesses": "5s",
+    "MLXOrphanProcessesUninterruptible": "5s",
+    "MLXServingOnRingFallback": "5s",
+    "MLXUnkillableSurvivors": "5s",
+}
 
 
 @dataclass
@@ -109,8 +113,12 @@ class OncallSink:
         return f"http://127.0.0.1:{self.server.server_address[1]}/oncall"
 
     def alertnames(self) -> set[str]:
-        return {alert["labels"].get("alertname", "") for note in self.received
-                for alert in note.get("alerts", []) if alert.get("status") == "firing"}  # fmt: skip
+        return {
+            alert["labels"].get("alertname", "")
+            for note in self.received
+            for alert in note.get("alerts", [])
+            if alert.get("status") == "firing"
+        }
 
     def close(self) -> None:
         self.server.shutdown()
@@ -207,8 +215,11 @@ class Loop(ClosedOnExit):
         variables set to "All" as Grafana expands them: the sum of what it shows now."""
         from testbed.dashboard_queries import expand, panel_targets
 
-        queries = [expand(expr) for _, expr in panel_targets(json.loads(DASHBOARD.read_text()))
-                   if "mlx_orphan_processes" in expr]  # fmt: skip
+        queries = [
+            expand(expr)
+            for _, expr in panel_targets(json.loads(DASHBOARD.read_text()))
+            if "mlx_orphan_processes" in expr
+        ]
         return {expr: sum(float(r["value"][1]) for r in self.query(expr)) for expr in queries}
 
     def alerts_unjournaled(self) -> int:
@@ -220,14 +231,19 @@ class Loop(ClosedOnExit):
 
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.remediator_port}/metrics",
-            headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             text = response.read().decode()
         from prometheus_client.parser import text_string_to_metric_families
 
-        received = sum(sample.value for family in text_string_to_metric_families(text)
-                       if family.name == "mlx_medic_alerts_received"
-                       for sample in family.samples if sample.name.endswith("_total"))  # fmt: skip
+        received = sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "mlx_medic_alerts_received"
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        )
         journal = Journal(self.journal)
         try:
             kinds = {str(d) for d in Disposition}
@@ -241,9 +257,11 @@ class Loop(ClosedOnExit):
         return list(data["result"])
 
     def firing(self, alertname: str) -> list[dict[str, Any]]:
-        return [alert for alert in self.prometheus("alerts")["alerts"]
-                if alert["labels"].get("alertname") == alertname
-                and alert["state"] == "firing"]  # fmt: skip
+        return [
+            alert
+            for alert in self.prometheus("alerts")["alerts"]
+            if alert["labels"].get("alertname") == alertname and alert["state"] == "firing"
+        ]
 
     def runs(self) -> list[dict[str, Any]]:
         """The remediator's journaled runs with their steps, oldest first."""
@@ -318,8 +336,10 @@ class Loop(ClosedOnExit):
 
 # --- standing it up ---------------------------------------------------------------------
 
-def start_loop(cluster: Cluster, sim: JacclSim, model_dir: Path,
-               settings: LoopSettings | None = None) -> Loop:  # fmt: skip
+
+def start_loop(
+    cluster: Cluster, sim: JacclSim, model_dir: Path, settings: LoopSettings | None = None
+) -> Loop:
     """Every part of the loop, ready: the exporters scraped, the service started (the model
     may still be loading). The caller closes it (or uses it as a context manager)."""
     settings = settings or LoopSettings()
@@ -336,9 +356,18 @@ def start_loop(cluster: Cluster, sim: JacclSim, model_dir: Path,
     service_dir = workdir / "service"
     service_dir.mkdir()
     os.chown(service_dir, user.uid, user.gid)
-    loop = Loop(cluster, sim, settings, workdir, free_port(), workdir / "inventory.yaml",
-                workdir / "rendered", workdir / "journal.sqlite", OncallSink(),
-                service_dir)  # fmt: skip
+    loop = Loop(
+        cluster,
+        sim,
+        settings,
+        workdir,
+        free_port(),
+        workdir / "inventory.yaml",
+        workdir / "rendered",
+        workdir / "journal.sqlite",
+        OncallSink(),
+        service_dir,
+    )
     try:
         loop.remediator_port, loop.alertmanager_port = free_port(), free_port()
         loop.prometheus_port = free_port()
@@ -371,10 +400,16 @@ def _start_service(loop: Loop) -> KeepAlive:
     user, its log and throttle stamp in the user's service dir."""
     user = loop.cluster.node_user
     assert user is not None
-    return keep_alive(loop.cluster.head, loop.command, workdir=loop.workdir,
-                      throttle=loop.settings.throttle,
-                      env=loop.cluster.env(HF_HUB_OFFLINE="1"), name=loop.program,
-                      user=user.name, output_dir=loop.service_dir)  # fmt: skip
+    return keep_alive(
+        loop.cluster.head,
+        loop.command,
+        workdir=loop.workdir,
+        throttle=loop.settings.throttle,
+        env=loop.cluster.env(HF_HUB_OFFLINE="1"),
+        name=loop.program,
+        user=user.name,
+        output_dir=loop.service_dir,
+    )
 
 
 def _write_inventory(loop: Loop, model_dir: Path, program: str, conf: Path) -> None:
@@ -386,49 +421,102 @@ def _write_inventory(loop: Loop, model_dir: Path, program: str, conf: Path) -> N
     ring = cluster.hostfile(loop.workdir / "ring.json", nodes)
     wrapper = settings.service == "serve"
     model: dict[str, Any] = {
-        "name": MODEL, "model": str(model_dir), "nodes": nodes, "port": loop.port,
-        "service": {"manager": "supervisord", "label": program, "config": str(conf),
-                    "user": user.name, "sudo": True,
-                    "kind": "wrapper" if wrapper else "script"},
-        "backends": {"jaccl": {"hostfile": str(jaccl)},
-                     "ring": {"hostfile": str(ring), "pipeline": True}},
+        "name": MODEL,
+        "model": str(model_dir),
+        "nodes": nodes,
+        "port": loop.port,
+        "service": {
+            "manager": "supervisord",
+            "label": program,
+            "config": str(conf),
+            "user": user.name,
+            "sudo": True,
+            "kind": "wrapper" if wrapper else "script",
+        },
+        "backends": {
+            "jaccl": {"hostfile": str(jaccl)},
+            "ring": {"hostfile": str(ring), "pipeline": True},
+        },
         "serve_args": {"prefill-step-size": 256},
         "log_files": [str(loop.service_dir / f"{program}.log")],
         "tmp_dirs": [str(cluster.head.cache_mount)],  # what the seed's final fix cleans
-        "serve": {**sim.serve_settings(), "starting_port": 42000 + (os.getpid() % 200) * 20,
-                  "identity_file": str(user.serve_identity),
-                  "relaunch_interval": settings.throttle},
-        **({"process_patterns": {"rank": [p.replace("{port}", str(loop.port))
-                                          for p in settings.rank_patterns]}}
-           if settings.rank_patterns else {}),
-        "policy": {"pd_reserve": settings.reserve, "kill_grace": "3s", "stop_timeout": "40s",
-                   "start_timeout": "3m", "backoff": 0, **settings.policy},
-    }  # fmt: skip
+        "serve": {
+            **sim.serve_settings(),
+            "starting_port": 42000 + (os.getpid() % 200) * 20,
+            "identity_file": str(user.serve_identity),
+            "relaunch_interval": settings.throttle,
+        },
+        **(
+            {
+                "process_patterns": {
+                    "rank": [p.replace("{port}", str(loop.port)) for p in settings.rank_patterns]
+                }
+            }
+            if settings.rank_patterns
+            else {}
+        ),
+        "policy": {
+            "pd_reserve": settings.reserve,
+            "kill_grace": "3s",
+            "stop_timeout": "40s",
+            "start_timeout": "3m",
+            "backoff": 0,
+            **settings.policy,
+        },
+    }
     data = yaml.safe_load(cluster.inventory_yaml([model], login_user=user.name))
-    data["ssh"].update({"identity_file": str(cluster.remediator_identity),
-                        "remediator_addresses": ["127.0.0.1"]})  # fmt: skip
+    data["ssh"].update(
+        {"identity_file": str(cluster.remediator_identity), "remediator_addresses": ["127.0.0.1"]}
+    )
     for node in data["nodes"].values():
-        node.update({"medic_command": MEDIC, "medic_config": str(loop.inventory),
-                     "source_addresses": ["127.0.0.1"]})  # fmt: skip
+        node.update(
+            {
+                "medic_command": MEDIC,
+                "medic_config": str(loop.inventory),
+                "source_addresses": ["127.0.0.1"],
+            }
+        )
     loop.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def _render(loop: Loop) -> None:
     settings, keys = loop.settings, loop.cluster.workdir / "ssh"
-    argv = [MEDIC, "render", "all", "--config.file", str(loop.inventory),
-            "--out", str(loop.rendered),
-            "--remediator.url", f"http://127.0.0.1:{loop.remediator_port}",
-            "--alertmanager.address", f"127.0.0.1:{loop.alertmanager_port}",
-            "--alertmanager.credentials-file", str(loop.workdir / "token"),
-            "--prometheus.credentials-file", str(loop.workdir / "token"),
-            "--ssh.public-key", str(keys / "remediator_ed25519.pub"),
-            "--serve.public-key", str(keys / "serve_ed25519.pub"),
-            "--prometheus.interval", settings.interval, "--rules.interval", settings.interval,
-            "--alertmanager.group-wait", settings.group_wait,
-            "--alertmanager.group-interval", settings.group_interval,
-            "--alertmanager.oncall-url", loop.oncall.url,
-            *[arg for alert, duration in settings.rules_for.items()
-              for arg in ("--rules.for", f"{alert}={duration}")]]  # fmt: skip
+    argv = [
+        MEDIC,
+        "render",
+        "all",
+        "--config.file",
+        str(loop.inventory),
+        "--out",
+        str(loop.rendered),
+        "--remediator.url",
+        f"http://127.0.0.1:{loop.remediator_port}",
+        "--alertmanager.address",
+        f"127.0.0.1:{loop.alertmanager_port}",
+        "--alertmanager.credentials-file",
+        str(loop.workdir / "token"),
+        "--prometheus.credentials-file",
+        str(loop.workdir / "token"),
+        "--ssh.public-key",
+        str(keys / "remediator_ed25519.pub"),
+        "--serve.public-key",
+        str(keys / "serve_ed25519.pub"),
+        "--prometheus.interval",
+        settings.interval,
+        "--rules.interval",
+        settings.interval,
+        "--alertmanager.group-wait",
+        settings.group_wait,
+        "--alertmanager.group-interval",
+        settings.group_interval,
+        "--alertmanager.oncall-url",
+        loop.oncall.url,
+        *[
+            arg
+            for alert, duration in settings.rules_for.items()
+            for arg in ("--rules.for", f"{alert}={duration}")
+        ],
+    ]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
         raise TestbedError(f"mlx-medic render all: {result.stderr.strip()}")
@@ -439,12 +527,20 @@ def _service_command(loop: Loop, model_dir: Path) -> list[str]:
         return [MEDIC, "serve", MODEL, "--config.file", str(loop.inventory)]
     head = loop.cluster.head
     script = write_seed_script(
-        loop.workdir / "start.sh", loop.settings.service,  # type: ignore[arg-type]
-        SeedModel(short=MODEL, model=model_dir, port=loop.port,
-                  hostfile=loop.workdir / "jaccl.json", python=str(loop.sim.python),
-                  launch=LAUNCH, cache=head.cache_mount,
-                  peers=tuple(loop.settings.nodes[1:]),
-                  starting_port=42000 + (os.getpid() % 200) * 20))  # fmt: skip
+        loop.workdir / "start.sh",
+        loop.settings.service,  # type: ignore[arg-type]
+        SeedModel(
+            short=MODEL,
+            model=model_dir,
+            port=loop.port,
+            hostfile=loop.workdir / "jaccl.json",
+            python=str(loop.sim.python),
+            launch=LAUNCH,
+            cache=head.cache_mount,
+            peers=tuple(loop.settings.nodes[1:]),
+            starting_port=42000 + (os.getpid() % 200) * 20,
+        ),
+    )
     return ["bash", str(script)]
 
 
@@ -468,14 +564,30 @@ def _start_exporter(loop: Loop, name: str) -> Daemon:
 
 def _start_remediator(loop: Loop) -> Daemon:
     config = loop.workdir / "remediator.yml"
-    config.write_text(yaml.safe_dump({
-        "inventory": str(loop.inventory), "journal": str(loop.journal),
-        "auth": {"bearer_token_file": str(loop.workdir / "token")},
-    }))  # fmt: skip
-    return _host_daemon(loop, "remediator", [
-        sys.executable, "-m", "mlx_medic.cli", "remediator", "--config.file", str(config),
-        "--web.listen-address", f"127.0.0.1:{loop.remediator_port}"],
-        loop.remediator_port)  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "inventory": str(loop.inventory),
+                "journal": str(loop.journal),
+                "auth": {"bearer_token_file": str(loop.workdir / "token")},
+            }
+        )
+    )
+    return _host_daemon(
+        loop,
+        "remediator",
+        [
+            sys.executable,
+            "-m",
+            "mlx_medic.cli",
+            "remediator",
+            "--config.file",
+            str(config),
+            "--web.listen-address",
+            f"127.0.0.1:{loop.remediator_port}",
+        ],
+        loop.remediator_port,
+    )
 
 
 def _start_alertmanager(loop: Loop) -> Daemon:
@@ -485,11 +597,18 @@ def _start_alertmanager(loop: Loop) -> Daemon:
     if binary is None:
         raise TestbedError("prometheus-alertmanager is not installed (scripts/setup.sh --test)")
     data = loop.workdir / "alertmanager-data"
-    return _host_daemon(loop, "alertmanager", [
-        binary, f"--config.file={loop.rendered / 'alertmanager.yml'}",
-        f"--storage.path={data}",
-        f"--web.listen-address=127.0.0.1:{loop.alertmanager_port}",
-        "--cluster.listen-address="], loop.alertmanager_port)  # fmt: skip
+    return _host_daemon(
+        loop,
+        "alertmanager",
+        [
+            binary,
+            f"--config.file={loop.rendered / 'alertmanager.yml'}",
+            f"--storage.path={data}",
+            f"--web.listen-address=127.0.0.1:{loop.alertmanager_port}",
+            "--cluster.listen-address=",
+        ],
+        loop.alertmanager_port,
+    )
 
 
 def _start_prometheus(loop: Loop) -> Daemon:
@@ -498,11 +617,17 @@ def _start_prometheus(loop: Loop) -> Daemon:
     binary = which("prometheus")
     if binary is None:
         raise TestbedError("prometheus is not installed (scripts/setup.sh --test)")
-    daemon = _host_daemon(loop, "prometheus", [
-        binary, f"--config.file={loop.rendered / 'prometheus.yml'}",
-        f"--storage.tsdb.path={loop.workdir / 'prometheus-data'}",
-        f"--web.listen-address=127.0.0.1:{loop.prometheus_port}"],
-        loop.prometheus_port)  # fmt: skip
+    daemon = _host_daemon(
+        loop,
+        "prometheus",
+        [
+            binary,
+            f"--config.file={loop.rendered / 'prometheus.yml'}",
+            f"--storage.tsdb.path={loop.workdir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{loop.prometheus_port}",
+        ],
+        loop.prometheus_port,
+    )
     _wait(lambda: _ready(loop.prometheus_port), 60, "Prometheus to be ready", loop, daemon)
     return daemon
 
@@ -510,8 +635,9 @@ def _start_prometheus(loop: Loop) -> Daemon:
 def _host_daemon(loop: Loop, name: str, argv: list[str], port: int) -> Daemon:
     log = loop.workdir / f"{name}.log"
     with log.open("wb") as out:
-        popen = subprocess.Popen(argv, cwd=loop.workdir, stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=subprocess.STDOUT)  # fmt: skip
+        popen = subprocess.Popen(
+            argv, cwd=loop.workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
     daemon = Daemon(name, popen, log, popen.pid)
     try:
         _listening(daemon, "127.0.0.1", port)
@@ -523,6 +649,7 @@ def _host_daemon(loop: Loop, name: str, argv: list[str], port: int) -> Daemon:
 
 def _listening(daemon: Daemon, host: str, port: int) -> None:
     """Wait until `daemon` listens; its log's tail in the error if it exits or never does."""
+
     def alive() -> None:
         if daemon.popen.poll() is not None:
             raise TestbedError(f"{daemon.name} exited {daemon.popen.returncode}:\n{daemon.tail()}")
@@ -545,12 +672,14 @@ def _targets_up(loop: Loop) -> bool:
         targets = loop.prometheus("targets")["activeTargets"]
         exporters = [t for t in targets if t["labels"].get("job") == "mlx-medic-exporter"]
         return len(exporters) == len(loop.settings.nodes) and all(
-            t["health"] == "up" for t in exporters)
+            t["health"] == "up" for t in exporters
+        )
     return False
 
 
-def _wait(predicate: Any, timeout: float, what: str, loop: Loop,
-          daemon: Daemon | None = None) -> None:  # fmt: skip
+def _wait(
+    predicate: Any, timeout: float, what: str, loop: Loop, daemon: Daemon | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

@@ -61,13 +61,24 @@ class Outcome:
         return self.faults[-1].seconds if self.faults else None
 
 
-def run_faults(cluster: Cluster, sim: JacclSim, model_dir: Path, *, scenario: str,
-               service: ServiceKind, faults: int, remediator: bool = True,
-               serve_for: float = 3.0, limit: float = 90.0, first_limit: float = 180.0,
-               settle: float = 30.0, on_loop: Callable[[Loop], None] | None = None,
-               on_fault: Callable[[int], None] | None = None,
-               after: Callable[[Loop], None] | None = None,
-               **settings: Any) -> Outcome:  # fmt: skip
+def run_faults(
+    cluster: Cluster,
+    sim: JacclSim,
+    model_dir: Path,
+    *,
+    scenario: str,
+    service: ServiceKind,
+    faults: int,
+    remediator: bool = True,
+    serve_for: float = 3.0,
+    limit: float = 90.0,
+    first_limit: float = 180.0,
+    settle: float = 30.0,
+    on_loop: Callable[[Loop], None] | None = None,
+    on_fault: Callable[[int], None] | None = None,
+    after: Callable[[Loop], None] | None = None,
+    **settings: Any,
+) -> Outcome:
     """Start the loop with `service` as the model's service, make `faults` seed crashes,
     let it settle, and report. A fault the model does not come back from ends the run.
     `on_loop` sees the loop once it stands, `on_fault` each fault's number as it is made
@@ -121,8 +132,13 @@ def settle_orphans(loop: Loop, timeout: float) -> None:
 
 def escalated_after(loop: Loop, crashed_at: float) -> float | None:
     """Seconds from the fault to the end of the first run after it that escalated."""
-    ended = [r["ended_at"] for r in loop.runs() if r["queued_at"] >= crashed_at - 1
-             and r["outcome"] == "escalated" and r["ended_at"] is not None]  # fmt: skip
+    ended = [
+        r["ended_at"]
+        for r in loop.runs()
+        if r["queued_at"] >= crashed_at - 1
+        and r["outcome"] == "escalated"
+        and r["ended_at"] is not None
+    ]
     return min(ended) - crashed_at if ended else None
 
 
@@ -157,8 +173,11 @@ def remediator_seconds(run: dict[str, Any]) -> float | None:
     for a run that got to neither."""
     steps = [s for s in run["steps"] if s.get("started_at") is not None]
     start = next((s for s in steps if s["name"] in ("start-service", "restart-service")), None)
-    sweeps = [s for s in steps if s["name"] in ("sweep", "sweep-orphans")
-              and s.get("ended_at") is not None]  # fmt: skip
+    sweeps = [
+        s
+        for s in steps
+        if s["name"] in ("sweep", "sweep-orphans") and s.get("ended_at") is not None
+    ]
     if start is not None:
         end = float(start["started_at"])
     elif sweeps:
@@ -224,12 +243,22 @@ class RebootOutcome:
     survivor_state_before_reboot: str | None = None
 
 
-def reboot_scenario(cluster: Cluster, sim: JacclSim, model_dir: Path, *, scenario: str,
-                    crashes: int, alert: str, until_ring: bool = False,
-                    frozen_peer: bool = False, serve_for: float = 3.0,
-                    limit: float = 90.0, alert_limit: float = 120.0,
-                    back_limit: float = 180.0,
-                    on_answer: Callable[[Loop], None] | None = None) -> RebootOutcome:  # fmt: skip
+def reboot_scenario(
+    cluster: Cluster,
+    sim: JacclSim,
+    model_dir: Path,
+    *,
+    scenario: str,
+    crashes: int,
+    alert: str,
+    until_ring: bool = False,
+    frozen_peer: bool = False,
+    serve_for: float = 3.0,
+    limit: float = 90.0,
+    alert_limit: float = 120.0,
+    back_limit: float = 180.0,
+    on_answer: Callable[[Loop], None] | None = None,
+) -> RebootOutcome:
     """`crashes` seed faults against `mlx-medic serve` (fewer when `until_ring` and the
     wrapper moved to ring), with a real mlx.launch of the model crashed before mlx-medic
     was deployed and its peer rank left to freeze when `frozen_peer`; then `alert` must
@@ -242,12 +271,18 @@ def reboot_scenario(cluster: Cluster, sim: JacclSim, model_dir: Path, *, scenari
 
     def earlier_crashed_run(loop: Loop) -> None:
         outcome.survivor_pid = frozen_survivor(
-            loop.cluster, loop.sim, model=model_dir, port=loop.port,
-            hostfile=loop.workdir / "jaccl.json", starting_port=47700,
-            log=loop.workdir / "earlier-run.log")  # fmt: skip
+            loop.cluster,
+            loop.sim,
+            model=model_dir,
+            port=loop.port,
+            hostfile=loop.workdir / "jaccl.json",
+            starting_port=47700,
+            log=loop.workdir / "earlier-run.log",
+        )
 
-    settings = LoopSettings(service="serve",
-                            before_service=earlier_crashed_run if frozen_peer else None)
+    settings = LoopSettings(
+        service="serve", before_service=earlier_crashed_run if frozen_peer else None
+    )
     with start_loop(cluster, sim, model_dir, settings) as loop:
         outcome.first_answer = loop.wait_answer(2 * back_limit)
         if outcome.first_answer is None:
@@ -299,9 +334,13 @@ class ServingOutcome:
     runs: list[tuple[str, str]] = field(default_factory=list)  # (playbook, outcome)
 
 
-def orphans_while_serving(loop: Loop, script: Path, model_dir: Path,
-                          outcome: ServingOutcome | None = None,
-                          limit: float = 120.0) -> ServingOutcome:  # fmt: skip
+def orphans_while_serving(
+    loop: Loop,
+    script: Path,
+    model_dir: Path,
+    outcome: ServingOutcome | None = None,
+    limit: float = 120.0,
+) -> ServingOutcome:
     """Launch the seed's rank script (`script`, started with the model's port) on every
     node of a serving loop, kill its launcher, and probe the model every 0.5 s until the
     orphans are gone."""
@@ -310,16 +349,19 @@ def orphans_while_serving(loop: Loop, script: Path, model_dir: Path,
     outcome = outcome or ServingOutcome(loop.sim.on_sigkill)
     before = {r["id"] for r in loop.runs()}
     seed = start_launch(
-        loop.cluster, loop.workdir / "ring.json",
+        loop.cluster,
+        loop.workdir / "ring.json",
         [loop.cluster.python, str(script), "--model", str(model_dir), "--port", str(loop.port)],
-        launch_args=["--starting-port", "47600"])  # fmt: skip
+        launch_args=["--starting-port", "47600"],
+    )
     deadline = time.monotonic() + limit
     while seed.output().count("ready sum=3") < 3:
         if not seed.alive() or time.monotonic() > deadline:
             raise RuntimeError(f"the seed's rank script did not start:\n{seed.output()}")
         time.sleep(0.2)
-    outcome.orphans = sum(len(rank_pids(loop.cluster.node(n), str(script)))
-                          for n in loop.settings.nodes)  # fmt: skip
+    outcome.orphans = sum(
+        len(rank_pids(loop.cluster.node(n), str(script))) for n in loop.settings.nodes
+    )
     seed.kill()  # the launcher dies; its ranks are the seed's orphans
     killed = time.monotonic()
     while any(rank_pids(loop.cluster.node(n), str(script)) for n in loop.settings.nodes):
@@ -335,8 +377,9 @@ def orphans_while_serving(loop: Loop, script: Path, model_dir: Path,
     return outcome
 
 
-def serving_scenario(cluster: Cluster, sim: JacclSim, model_dir: Path,
-                     script: Path) -> ServingOutcome:  # fmt: skip
+def serving_scenario(
+    cluster: Cluster, sim: JacclSim, model_dir: Path, script: Path
+) -> ServingOutcome:
     """Scenario 7 on a loop of its own: `mlx-medic serve`, the remediator, and the seed's
     rank `script`, which the model's rank pattern names (its orphans are the model's)."""
     outcome = ServingOutcome(sim.on_sigkill)
@@ -348,6 +391,18 @@ def serving_scenario(cluster: Cluster, sim: JacclSim, model_dir: Path,
     return outcome
 
 
-__all__ = ["PD_ERROR", "SEED_RANK_PATTERN", "Fault", "Outcome", "RebootOutcome", "ServingOutcome",
-           "orphans_while_serving", "reboot_scenario", "recovery_split",
-           "remediator_seconds", "run_faults", "serving_scenario", "settle_orphans"]
+__all__ = [
+    "PD_ERROR",
+    "SEED_RANK_PATTERN",
+    "Fault",
+    "Outcome",
+    "RebootOutcome",
+    "ServingOutcome",
+    "orphans_while_serving",
+    "reboot_scenario",
+    "recovery_split",
+    "remediator_seconds",
+    "run_faults",
+    "serving_scenario",
+    "settle_orphans",
+]

@@ -61,8 +61,16 @@ def run_as(user: NodeUser | None) -> list[str]:
     HOME); none for root mode."""
     if user is None:
         return []
-    return ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups",
-            "env", f"HOME={user.home}", f"USER={user.name}", f"LOGNAME={user.name}"]  # fmt: skip
+    return [
+        "setpriv",
+        f"--reuid={user.uid}",
+        f"--regid={user.gid}",
+        "--init-groups",
+        "env",
+        f"HOME={user.home}",
+        f"USER={user.name}",
+        f"LOGNAME={user.name}",
+    ]
 
 
 def make_keys(ssh_dir: Path, keygen: Callable[[Path, str], str]) -> None:
@@ -75,8 +83,9 @@ def make_keys(ssh_dir: Path, keygen: Callable[[Path, str], str]) -> None:
 def _etc_text(name: str, user: NodeUser) -> str:
     host = Path("/etc") / name
     text = host.read_text() if host.exists() else ""
-    lines = [line for line in text.splitlines()
-             if line.partition(":")[0] not in (user.name, user.group)]  # fmt: skip
+    lines = [
+        line for line in text.splitlines() if line.partition(":")[0] not in (user.name, user.group)
+    ]
     added = {
         # bash: mlx.launch's remote script is bash (`[[ -d DIR ]]`)
         "passwd": f"{user.name}:x:{user.uid}:{user.gid}:node user:{user.home}:/bin/bash",
@@ -86,8 +95,7 @@ def _etc_text(name: str, user: NodeUser) -> str:
     return "\n".join([*lines, added[name]]) + "\n"
 
 
-def prepare_node_root(root: Path, user: NodeUser, ssh_dir: Path,
-                      owned: Iterable[Path]) -> None:  # fmt: skip
+def prepare_node_root(root: Path, user: NodeUser, ssh_dir: Path, owned: Iterable[Path]) -> None:
     """Write the node's private /etc files and the user's home; `owned`: the node's dirs
     (state, cache, log) the user owns."""
     etc = root / "etc"
@@ -117,12 +125,13 @@ def mount_commands(root: Path) -> list[str]:
     """Shell commands, run inside the node's mount namespace, that put the private files
     in place."""
     binds = [(root / "etc" / name, Path("/etc") / name) for name in ETC_FILES]
-    binds += [(root / "etc" / "sudoers.d", Path("/etc/sudoers.d")),
-              (root / "home", Path("/home"))]  # fmt: skip
+    binds += [(root / "etc" / "sudoers.d", Path("/etc/sudoers.d")), (root / "home", Path("/home"))]
     made = ("/home",)  # a minimal root file system may lack it
-    return [("mkdir -p /home && " if str(target) in made else "") + "mount --bind"
-            f" {shlex.quote(str(source))} {shlex.quote(str(target))}"
-            for source, target in binds]  # fmt: skip
+    return [
+        ("mkdir -p /home && " if str(target) in made else "") + "mount --bind"
+        f" {shlex.quote(str(source))} {shlex.quote(str(target))}"
+        for source, target in binds
+    ]
 
 
 def closed_ancestors(paths: Iterable[Path]) -> dict[Path, set[str]]:
@@ -154,28 +163,39 @@ def open_closed_dirs(root: Path, closed: dict[Path, set[str]]) -> list[str]:
         staged = []
         for child in sorted(children):
             (stage / child).mkdir(parents=True, exist_ok=True)
-            commands.append(f"mount --bind {shlex.quote(str(parent / child))}"
-                            f" {shlex.quote(str(stage / child))}")  # fmt: skip
+            commands.append(
+                f"mount --bind {shlex.quote(str(parent / child))} {shlex.quote(str(stage / child))}"
+            )
             staged.append(child)
         commands.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(parent))}")
         for child in staged:
-            commands.append(f"mkdir -p {shlex.quote(str(parent / child))} && mount --bind"
-                            f" {shlex.quote(str(stage / child))}"
-                            f" {shlex.quote(str(parent / child))}")  # fmt: skip
+            commands.append(
+                f"mkdir -p {shlex.quote(str(parent / child))} && mount --bind"
+                f" {shlex.quote(str(stage / child))}"
+                f" {shlex.quote(str(parent / child))}"
+            )
     return commands
 
 
 def sshd_match_block(user: NodeUser, ssh_dir: Path) -> list[str]:
     """The user's keys: its own (mlx.launch), then the rendered file in its home."""
-    return [f"Match User {user.name}",
-            f"  AuthorizedKeysFile {ssh_dir / 'user_authorized_keys'} .ssh/authorized_keys"]
+    return [
+        f"Match User {user.name}",
+        f"  AuthorizedKeysFile {ssh_dir / 'user_authorized_keys'} .ssh/authorized_keys",
+    ]
 
 
 def ssh_client_block(identity: Path) -> list[str]:
     """Client side: root logs in as root with the testbed key, the node user as itself
     with its own key (`Host *` follows and adds what both share)."""
-    return ["Match localuser root", "  User root", f"  IdentityFile {identity}",
-            "Match localuser *,!root", "  IdentityFile ~/.ssh/id_ed25519", ""]  # fmt: skip
+    return [
+        "Match localuser root",
+        "  User root",
+        f"  IdentityFile {identity}",
+        "Match localuser *,!root",
+        "  IdentityFile ~/.ssh/id_ed25519",
+        "",
+    ]
 
 
 def install_rendered(node_root: Path, user: NodeUser, rendered: Path, node: str) -> list[str]:
@@ -202,5 +222,6 @@ def install_rendered(node_root: Path, user: NodeUser, rendered: Path, node: str)
 
 def visudo_check(nsenter: list[str]) -> subprocess.CompletedProcess[str]:
     """`visudo -c` inside the node: the whole policy, the installed file included."""
-    return subprocess.run([*nsenter, "visudo", "-c"], capture_output=True, text=True,
-                          timeout=30, check=False)  # fmt: skip
+    return subprocess.run(
+        [*nsenter, "visudo", "-c"], capture_output=True, text=True, timeout=30, check=False
+    )

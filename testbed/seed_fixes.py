@@ -74,9 +74,11 @@ rm -f "$LOCKFILE"
 _BODIES = {
     "plain": ("start script before the incident (no sweep)", ""),
     "first-fix": ("first fix (a ppid == 1 sweep with SIGTERM on every node)", _FIRST_FIX),
-    "final-fix": ("final fix (lock, kill -9 sweep of every node unless the port listens,"
-                  " clean)", _FINAL_FIX),
-}  # fmt: skip
+    "final-fix": (
+        "final fix (lock, kill -9 sweep of every node unless the port listens, clean)",
+        _FINAL_FIX,
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -99,15 +101,22 @@ def seed_script(fix: SeedFix, model: SeedModel) -> str:
     if fix not in _BODIES:
         raise ValueError(f"seed fix {fix!r}: one of {', '.join(SEED_FIXES)}")
     what, body = _BODIES[fix]
-    values = {"short": shlex.quote(model.short), "port": model.port,
-              "cache": shlex.quote(str(model.cache)),
-              "peers": shlex.quote(" ".join(model.peers)), "what": what}  # fmt: skip
-    launch = _LAUNCH.format(launch=shlex.quote(model.launch),
-                            hostfile=shlex.quote(str(model.hostfile)),
-                            python=shlex.quote(model.python),
-                            starting_port=("" if model.starting_port is None else
-                                           f" --starting-port {model.starting_port}"),
-                            model=shlex.quote(str(model.model)))  # fmt: skip
+    values = {
+        "short": shlex.quote(model.short),
+        "port": model.port,
+        "cache": shlex.quote(str(model.cache)),
+        "peers": shlex.quote(" ".join(model.peers)),
+        "what": what,
+    }
+    launch = _LAUNCH.format(
+        launch=shlex.quote(model.launch),
+        hostfile=shlex.quote(str(model.hostfile)),
+        python=shlex.quote(model.python),
+        starting_port=(
+            "" if model.starting_port is None else f" --starting-port {model.starting_port}"
+        ),
+        model=shlex.quote(str(model.model)),
+    )
     return _HEAD.format(**values) + body.format() + launch
 
 

@@ -20,8 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def wait_for_turn(stamp: Path, every: float, clock: Callable[[], float] = time.time,
-                  sleep: Callable[[float], None] = time.sleep) -> float:  # fmt: skip
+def wait_for_turn(
+    stamp: Path,
+    every: float,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
     """Sleep until `every` seconds after the last recorded spawn; record this one. Returns
     the seconds slept."""
     try:
@@ -36,8 +40,9 @@ def wait_for_turn(stamp: Path, every: float, clock: Callable[[], float] = time.t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testbed.throttle",
-                                     description=__doc__.splitlines()[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m testbed.throttle", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--every", type=float, required=True, help="seconds between spawns")
     parser.add_argument("--stamp", type=Path, required=True, help="the last spawn's time")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
@@ -47,8 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command after --")
     waited = wait_for_turn(args.stamp, args.every)
     if waited:
-        print(f"testbed.throttle: waited {waited:.1f}s (at most one spawn every"
-              f" {args.every:g}s)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"testbed.throttle: waited {waited:.1f}s (at most one spawn every {args.every:g}s)",
+            file=sys.stderr,
+            flush=True,
+        )
     os.execvp(command[0], command)
     return 70  # not reached
 

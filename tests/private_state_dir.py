@@ -43,14 +43,18 @@ MODEL = "m1"
 
 # --- the host -------------------------------------------------------------------------
 
+
 def _host(scratch: Path) -> dict[str, Any]:
     """The users, the inventory and the remediator's config; a port nothing listens on
     (the probes read `down`, having taken their lock)."""
     remediator = _add_user("mlx-medic", REMEDIATOR_DIR)
     medic = _add_user("medic", Path("/home/medic"))
     group = Path("/etc/group")
-    group.write_text(group.read_text().replace(
-        f"mlx-medic:x:{remediator.pw_gid}:\n", f"mlx-medic:x:{remediator.pw_gid}:medic\n"))
+    group.write_text(
+        group.read_text().replace(
+            f"mlx-medic:x:{remediator.pw_gid}:\n", f"mlx-medic:x:{remediator.pw_gid}:medic\n"
+        )
+    )
     port = _closed_port()
     INVENTORY.parent.mkdir(exist_ok=True)
     INVENTORY.write_text(f"""\
@@ -66,10 +70,15 @@ models:
     service: {{manager: supervisord, label: m1}}
     backends: {{ring: {{hostfile: /etc/ring.json}}}}
 """)
-    REMEDIATOR_CONFIG.write_text(f"inventory: {INVENTORY}\n"
-                                 f"journal: {REMEDIATOR_DIR / 'journal.sqlite'}\n")
-    return {"port": port, "medic": medic.pw_uid, "group": remediator.pw_gid,
-            "scratch": str(scratch)}
+    REMEDIATOR_CONFIG.write_text(
+        f"inventory: {INVENTORY}\njournal: {REMEDIATOR_DIR / 'journal.sqlite'}\n"
+    )
+    return {
+        "port": port,
+        "medic": medic.pw_uid,
+        "group": remediator.pw_gid,
+        "scratch": str(scratch),
+    }
 
 
 def _closed_port() -> int:
@@ -83,13 +92,23 @@ def _as(user: str, *args: str) -> dict[str, Any]:
     account = pwd.getpwnam(user)
     env = {"PATH": "/usr/bin:/bin", "HOME": account.pw_dir, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
-        [sys.executable, "-m", "mlx_medic.cli", *args], cwd="/", env=env,
-        user=account.pw_uid, group=account.pw_gid,
-        extra_groups=os.getgrouplist(user, account.pw_gid), capture_output=True, text=True,
-        timeout=120, check=False,
+        [sys.executable, "-m", "mlx_medic.cli", *args],
+        cwd="/",
+        env=env,
+        user=account.pw_uid,
+        group=account.pw_gid,
+        extra_groups=os.getgrouplist(user, account.pw_gid),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
-    return {"argv": list(args), "code": result.returncode, "out": result.stdout,
-            "err": result.stderr}
+    return {
+        "argv": list(args),
+        "code": result.returncode,
+        "out": result.stdout,
+        "err": result.stderr,
+    }
 
 
 def layout(directory: Path) -> dict[str, str]:
@@ -106,6 +125,7 @@ def layout(directory: Path) -> dict[str, str]:
 
 
 # --- the components, by the code paths that create things -----------------------------
+
 
 class _Logged(logging.Handler):
     def __init__(self) -> None:
@@ -153,14 +173,31 @@ def remediator_pauses() -> dict[str, Any]:
         REMEDIATOR_DIR.chmod(mode)
         account = pwd.getpwnam("mlx-medic")
         os.chown(REMEDIATOR_DIR, account.pw_uid, account.pw_gid)
-    return _as("mlx-medic", "pause", MODEL, "--reason", "order test", "--config.file",
-               str(REMEDIATOR_CONFIG))
+    return _as(
+        "mlx-medic",
+        "pause",
+        MODEL,
+        "--reason",
+        "order test",
+        "--config.file",
+        str(REMEDIATOR_CONFIG),
+    )
 
 
 def remediator_probes_on_the_head(port: int) -> dict[str, Any]:
     """What the remediator runs on the head over SSH, as the node's login user."""
-    return _as("medic", "probe", "--host", "127.0.0.1", "--port", str(port), "--timeout",
-               "2", "--lock-dir", str(STATE_DIR / "locks"))
+    return _as(
+        "medic",
+        "probe",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--timeout",
+        "2",
+        "--lock-dir",
+        str(STATE_DIR / "locks"),
+    )
 
 
 def helper_takes_the_model_lock(token: str) -> dict[str, Any]:
@@ -168,8 +205,17 @@ def helper_takes_the_model_lock(token: str) -> dict[str, Any]:
     then released, so the next one may take it."""
     from mlx_medic.model_lock import LockInfo
 
-    info = LockInfo(node=None, pid=1, pid_start=None, host="remediator", time=1.0,
-                    holder="remediator", run_id="r1", expires=4e9, token=token).to_json()
+    info = LockInfo(
+        node=None,
+        pid=1,
+        pid_start=None,
+        host="remediator",
+        time=1.0,
+        holder="remediator",
+        run_id="r1",
+        expires=4e9,
+        token=token,
+    ).to_json()
     node = ("--config.file", str(INVENTORY), "--node", "n1", "--json")
     taken = _as("medic", "node", "lock", MODEL, "take", "--info", info, *node)
     released = _as("medic", "node", "lock", MODEL, "release", "--token", token, *node)
@@ -180,14 +226,29 @@ def tmpfiles_applies_the_rendered_line(scratch: Path) -> dict[str, Any]:
     """`mlx-medic render systemd`'s tmpfiles.d file for n1, applied as systemd does at boot."""
     out = scratch / "rendered"
     render = subprocess.run(
-        [sys.executable, "-m", "mlx_medic.cli", "render", "systemd", "--config.file",
-         str(INVENTORY), "--out", str(out), "--remediator.command",
-         f"{REPO}/.venv/bin/mlx-medic"], capture_output=True, text=True, check=False)
+        [
+            sys.executable,
+            "-m",
+            "mlx_medic.cli",
+            "render",
+            "systemd",
+            "--config.file",
+            str(INVENTORY),
+            "--out",
+            str(out),
+            "--remediator.command",
+            f"{REPO}/.venv/bin/mlx-medic",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert render.returncode == 0, render.stderr
     conf = out / "systemd" / "n1" / "tmpfiles.d" / "mlx-medic.conf"
     tmpfiles = shutil.which("systemd-tmpfiles") or "systemd-tmpfiles"
-    result = subprocess.run([tmpfiles, "--create", str(conf)], capture_output=True,
-                            text=True, check=False)
+    result = subprocess.run(
+        [tmpfiles, "--create", str(conf)], capture_output=True, text=True, check=False
+    )
     return {"code": result.returncode, "err": result.stderr}
 
 
@@ -200,9 +261,11 @@ def what_an_older_version_left() -> None:
     port = load_inventory(INVENTORY).model(MODEL).port
     STATE_DIR.mkdir(mode=0o755)
     (STATE_DIR / "locks").mkdir(mode=0o700)
-    for path, mode in [(STATE_DIR / "locks" / _lock_file_name("127.0.0.1", port), 0o600),
-                       (STATE_DIR / "locks" / f"{MODEL}.lock.guard", 0o644),
-                       (STATE_DIR / "pd-ledger.lock", 0o644)]:
+    for path, mode in [
+        (STATE_DIR / "locks" / _lock_file_name("127.0.0.1", port), 0o600),
+        (STATE_DIR / "locks" / f"{MODEL}.lock.guard", 0o644),
+        (STATE_DIR / "pd-ledger.lock", 0o644),
+    ]:
         path.touch(mode)
         path.chmod(mode)
     (STATE_DIR / "runs").mkdir(mode=0o755)
@@ -210,6 +273,7 @@ def what_an_older_version_left() -> None:
 
 
 # --- scenarios ------------------------------------------------------------------------
+
 
 def exporter_first(scratch: Path) -> dict[str, Any]:
     host = _host(scratch)
@@ -258,7 +322,8 @@ def after_an_older_version(scratch: Path) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
-    "exporter_first": exporter_first, "remediator_first": remediator_first,
+    "exporter_first": exporter_first,
+    "remediator_first": remediator_first,
     "after_an_older_version": after_an_older_version,
 }
 

@@ -27,8 +27,22 @@ _GROUPING = re.compile(
 # Numbers and durations first, so the `h` of `1h` is never read as a name.
 _TOKENS = re.compile(r"\d[\w.]*|([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?")
 _KEYWORDS = frozenset(
-    {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
-     "offset", "bool", "inf", "nan", "atan2"}
+    {
+        "and",
+        "or",
+        "unless",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "offset",
+        "bool",
+        "inf",
+        "nan",
+        "atan2",
+    }
 )
 
 

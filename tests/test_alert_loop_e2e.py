@@ -66,19 +66,28 @@ class Daemon:
         stop_child(self.proc)
 
 
-def start_daemon(name: str, argv: list[str], workdir: Path, port: int,
-                 env: dict[str, str] | None = None) -> Daemon:
+def start_daemon(
+    name: str, argv: list[str], workdir: Path, port: int, env: dict[str, str] | None = None
+) -> Daemon:
     log_path = workdir / f"{name}.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     daemon = Daemon(name, proc, port, log_path)
     try:
         wait_for_port(port, proc, timeout=60)
     except Exception as exc:
         daemon.stop()
-        raise RuntimeError(f"{name} did not listen on {port} ({exc}):\n"
-                           + log_path.read_text(errors="replace")[-3000:]) from None
+        raise RuntimeError(
+            f"{name} did not listen on {port} ({exc}):\n"
+            + log_path.read_text(errors="replace")[-3000:]
+        ) from None
     return daemon
 
 
@@ -104,8 +113,7 @@ class Loop:
         parts = []
         for name, path in named:
             text = path.read_text(errors="replace") if path.exists() else "(no log)"
-            parts.append(f"--- {name} ({path}), last lines:\n"
-                         + "\n".join(text.splitlines()[-15:]))
+            parts.append(f"--- {name} ({path}), last lines:\n" + "\n".join(text.splitlines()[-15:]))
         return "\n".join(parts)
 
     def wait(self, predicate: Callable[[], Any], what: str) -> Any:
@@ -128,29 +136,38 @@ class Loop:
         return [sample["value"][1] for sample in result]
 
     def scrape_health(self) -> dict[str, str]:
-        return {target["labels"]["job"]: target["health"]
-                for target in self.prometheus_api("targets")["activeTargets"]}
+        return {
+            target["labels"]["job"]: target["health"]
+            for target in self.prometheus_api("targets")["activeTargets"]
+        }
 
     def rule(self) -> dict[str, Any]:
         groups = self.prometheus_api("rules", type="alert")["groups"]
         return next(rule for group in groups for rule in group["rules"] if rule["name"] == ALERT)
 
     def alertmanager_fingerprints(self) -> list[str]:
-        status, alerts = http("GET", f"{self.alertmanager.url}/api/v2/alerts?"
-                              + urllib.parse.urlencode({"filter": f'alertname="{ALERT}"'}))
+        status, alerts = http(
+            "GET",
+            f"{self.alertmanager.url}/api/v2/alerts?"
+            + urllib.parse.urlencode({"filter": f'alertname="{ALERT}"'}),
+        )
         assert status == 200, (status, alerts)
         return [alert["fingerprint"] for alert in alerts if alert["labels"].get("model") == "m1"]
 
     def firing(self) -> list[dict[str, Any]]:
-        return [alert for alert in self.prometheus_api("alerts")["alerts"]
-                if alert["labels"]["alertname"] == ALERT and alert["state"] == "firing"]
+        return [
+            alert
+            for alert in self.prometheus_api("alerts")["alerts"]
+            if alert["labels"]["alertname"] == ALERT and alert["state"] == "firing"
+        ]
 
 
 def rules_with_short_for(workdir: Path) -> Path:
     """The repo's rules with only LLMModelDown's `for:` shortened."""
     groups = yaml.safe_load(RULES.read_text())
-    rules = [rule for group in groups["groups"] for rule in group["rules"]
-             if rule.get("alert") == ALERT]
+    rules = [
+        rule for group in groups["groups"] for rule in group["rules"] if rule.get("alert") == ALERT
+    ]
     assert len(rules) == 1, f"{RULES} should define {ALERT} once"
     rules[0]["for"] = SHORT_FOR
     path = workdir / "mlx-medic.rules.yaml"
@@ -158,19 +175,27 @@ def rules_with_short_for(workdir: Path) -> Path:
     return path
 
 
-def prometheus_config(rules: Path, alertmanager: Alertmanager, exporter_port: int,
-                      remediator: Service, token_file: Path) -> dict[str, Any]:
+def prometheus_config(
+    rules: Path,
+    alertmanager: Alertmanager,
+    exporter_port: int,
+    remediator: Service,
+    token_file: Path,
+) -> dict[str, Any]:
     """deploy/prometheus.yml, its jobs and relabelling kept, pointed at this test's parts."""
     config = yaml.safe_load(DEPLOYED_PROMETHEUS.read_text())
-    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s",
-                        "scrape_timeout": "1s"}
+    config["global"] = {
+        "scrape_interval": "1s",
+        "evaluation_interval": "1s",
+        "scrape_timeout": "1s",
+    }
     config["rule_files"] = [str(rules)]
-    config["alerting"] = {"alertmanagers": [
-        {"static_configs": [{"targets": [f"127.0.0.1:{alertmanager.port}"]}]}]}
+    config["alerting"] = {
+        "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager.port}"]}]}]
+    }
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert set(jobs) == {"mlx-medic-exporter", "mlx-medic-remediator"}, set(jobs)
-    jobs["mlx-medic-exporter"]["static_configs"] = [
-        {"targets": [f"127.0.0.1:{exporter_port}"]}]
+    jobs["mlx-medic-exporter"]["static_configs"] = [{"targets": [f"127.0.0.1:{exporter_port}"]}]
     remediator_job = jobs["mlx-medic-remediator"]
     remediator_job["scheme"] = "http"  # the test's remediator listens without TLS
     remediator_job["authorization"]["credentials_file"] = str(token_file)
@@ -195,8 +220,9 @@ def daemons() -> Iterator[list[Daemon | Alertmanager]]:
 
 
 @pytest.fixture
-def loop(stack: Stack, model_server: RealServer, tmp_path: Path,
-         daemons: list[Daemon | Alertmanager]) -> Loop:
+def loop(
+    stack: Stack, model_server: RealServer, tmp_path: Path, daemons: list[Daemon | Alertmanager]
+) -> Loop:
     prometheus_binary = require_tool("prometheus")
     require_tool("prometheus-alertmanager")
     require_tool("sshd")
@@ -210,8 +236,8 @@ def loop(stack: Stack, model_server: RealServer, tmp_path: Path,
 
     remediator = stack.start("--dry-run")
     alertmanager = start_alertmanager(
-        tmp_path / "alertmanager", alertmanager_config(remediator.url + "/alerts",
-                                                       stack.token_file))
+        tmp_path / "alertmanager", alertmanager_config(remediator.url + "/alerts", stack.token_file)
+    )
     daemons.append(alertmanager)
 
     exporter_dir = tmp_path / "exporter"
@@ -220,29 +246,61 @@ def loop(stack: Stack, model_server: RealServer, tmp_path: Path,
     only_service = [f"--no-collector.{name}" for name in sorted(REGISTRY) if name != "service"]
     exporter = start_daemon(
         "exporter",
-        [sys.executable, "-m", "mlx_medic.cli", "exporter", "--config.file",
-         str(stack.inventory), "--node", "ai001", "--state-dir", str(exporter_dir / "state"),
-         "--web.listen-address", f"127.0.0.1:{exporter_port}", *only_service],
-        exporter_dir, exporter_port, env=subprocess_env(MLX_MEDIC_SERVICE_INTERVAL="0.5"))
+        [
+            sys.executable,
+            "-m",
+            "mlx_medic.cli",
+            "exporter",
+            "--config.file",
+            str(stack.inventory),
+            "--node",
+            "ai001",
+            "--state-dir",
+            str(exporter_dir / "state"),
+            "--web.listen-address",
+            f"127.0.0.1:{exporter_port}",
+            *only_service,
+        ],
+        exporter_dir,
+        exporter_port,
+        env=subprocess_env(MLX_MEDIC_SERVICE_INTERVAL="0.5"),
+    )
     daemons.append(exporter)
 
     prometheus_dir = tmp_path / "prometheus"
     prometheus_dir.mkdir()
     config_file = prometheus_dir / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(prometheus_config(
-        rules_with_short_for(prometheus_dir), alertmanager, exporter_port, remediator,
-        stack.token_file)))
+    config_file.write_text(
+        yaml.safe_dump(
+            prometheus_config(
+                rules_with_short_for(prometheus_dir),
+                alertmanager,
+                exporter_port,
+                remediator,
+                stack.token_file,
+            )
+        )
+    )
     prometheus_port = free_port()
     prometheus = start_daemon(
         "prometheus",
-        [prometheus_binary, f"--config.file={config_file}",
-         f"--storage.tsdb.path={prometheus_dir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{prometheus_port}"],
-        prometheus_dir, prometheus_port)
+        [
+            prometheus_binary,
+            f"--config.file={config_file}",
+            f"--storage.tsdb.path={prometheus_dir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prometheus_port}",
+        ],
+        prometheus_dir,
+        prometheus_port,
+    )
     daemons.append(prometheus)
     # Prometheus listens before its storage is open and answers 503 until then.
-    wait_until(lambda: http("GET", f"http://127.0.0.1:{prometheus_port}/-/ready")[0] == 200,
-               timeout=60, interval=0.2, what="Prometheus to be ready")
+    wait_until(
+        lambda: http("GET", f"http://127.0.0.1:{prometheus_port}/-/ready")[0] == 200,
+        timeout=60,
+        interval=0.2,
+        what="Prometheus to be ready",
+    )
     return Loop(model_server, stack, remediator, alertmanager, exporter, prometheus)
 
 
@@ -266,12 +324,15 @@ def test_a_model_that_stops_answering_is_remediated_through_prometheus_and_alert
 ) -> None:
     # Phase 1: the server answers, Prometheus sees it up, nothing fires, nothing runs.
     loop.wait(lambda: loop.model_up() == ["1"], 'Prometheus to scrape mlx_model_up{model="m1"} 1')
-    loop.wait(lambda: loop.scrape_health() == {"mlx-medic-exporter": "up",
-                                               "mlx-medic-remediator": "up"},
-              "Prometheus to scrape the exporter and the remediator (bearer from a file)")
+    loop.wait(
+        lambda: loop.scrape_health() == {"mlx-medic-exporter": "up", "mlx-medic-remediator": "up"},
+        "Prometheus to scrape the exporter and the remediator (bearer from a file)",
+    )
     up_seen = loop.rule()["lastEvaluation"]
-    rule = loop.wait(lambda: (r := loop.rule())["lastEvaluation"] != up_seen and r,
-                     f"Prometheus to evaluate {ALERT} with the model up")
+    rule = loop.wait(
+        lambda: (r := loop.rule())["lastEvaluation"] != up_seen and r,
+        f"Prometheus to evaluate {ALERT} with the model up",
+    )
     assert rule["health"] == "ok", rule
     assert rule["state"] == "inactive" and not rule["alerts"], rule
     assert loop.model_up() == ["1"] and not loop.firing()
@@ -284,7 +345,8 @@ def test_a_model_that_stops_answering_is_remediated_through_prometheus_and_alert
     assert alert["labels"]["model"] == "m1" and alert["labels"]["severity"] == "critical"
     run = loop.wait(
         lambda: [r for r in runs_of(loop.stack, "m1") if r["outcome"] not in ("queued", "running")],
-        "Alertmanager to deliver the firing and the remediator to journal a finished run")[0]
+        "Alertmanager to deliver the firing and the remediator to journal a finished run",
+    )[0]
     assert run["alertname"] == ALERT and run["trigger_kind"] != "manual"
     assert run["fingerprint"] in loop.alertmanager_fingerprints()  # Alertmanager's alert
     assert run["dry_run"] and run["outcome"] == "planned", run
@@ -293,7 +355,10 @@ def test_a_model_that_stops_answering_is_remediated_through_prometheus_and_alert
     assert run["labels"]["job"] == "mlx-medic-exporter"  # Prometheus's labels, kept
     assert run["labels"]["severity"] == "critical"
 
-    logged = json.loads(mlx_medic("log", "--model", "m1", "--json", "--config.file",
-                                  str(loop.remediator.config_file)).stdout)
+    logged = json.loads(
+        mlx_medic(
+            "log", "--model", "m1", "--json", "--config.file", str(loop.remediator.config_file)
+        ).stdout
+    )
     assert [entry["id"] for entry in logged["runs"]] == [run["id"]]
     assert logged["runs"][0]["alertname"] == ALERT and logged["runs"][0]["dry_run"]

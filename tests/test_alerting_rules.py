@@ -25,9 +25,7 @@ RULES_DIR = Path(__file__).resolve().parent.parent / "alerting-rules"
 RULE_FILES = sorted(RULES_DIR.glob("*.yaml"))
 UNIT_TESTS = sorted((RULES_DIR / "tests").glob("*.yaml"))
 RUNBOOKS = RULES_DIR / "runbooks"
-RUNBOOK_PATTERN = (
-    "https://github.com/mlx-medic/mlx-medic/blob/main/alerting-rules/runbooks/{}.md"
-)
+RUNBOOK_PATTERN = "https://github.com/mlx-medic/mlx-medic/blob/main/alerting-rules/runbooks/{}.md"
 SEVERITIES = {"critical", "warning", "info"}
 
 
@@ -59,7 +57,10 @@ def test_promtool_accepts_every_rule_file() -> None:
     promtool = require_tool("promtool")
     result = subprocess.run(
         [promtool, "check", "rules", *map(str, RULE_FILES)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -68,7 +69,10 @@ def test_promtool_unit_tests_pass() -> None:
     promtool = require_tool("promtool")
     result = subprocess.run(
         [promtool, "test", "rules", *map(str, UNIT_TESTS)],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -145,7 +149,8 @@ def test_the_alert_the_remediator_routes_on_exists_and_keeps_its_model_label() -
     assert "node" in by_name["MLXOrphanProcesses"]["expr"]
     model_down_tests = [
         expected["exp_labels"]
-        for case in _rule_tests() if case["alertname"] in routing.playbooks
+        for case in _rule_tests()
+        if case["alertname"] in routing.playbooks
         for expected in case.get("exp_alerts") or []
     ]
     assert model_down_tests
@@ -219,11 +224,22 @@ def scraped_ledger_series(tmp_path: Path, pid: int, started: float) -> list[str]
     from mlx_medic.node.ledger import record_spend
 
     hostfile = tmp_path / "glm-jaccl.json"
-    hostfile.write_text('[{"ssh": "ai001", "rdma": [null, "rdma_en2"]},'
-                        ' {"ssh": "ai002", "rdma": ["rdma_en2", null]}]')  # fmt: skip
-    record_spend(tmp_path, "ai002", "unkillable", pid=pid, start_time=started,
-                 devices=["rdma_en2", "rdma_en3"], backend="jaccl", model="glm-4_6-5b",
-                 cmdline=["python", "-m", "mlx_lm.server"], boot_id="b1")  # fmt: skip
+    hostfile.write_text(
+        '[{"ssh": "ai001", "rdma": [null, "rdma_en2"]},'
+        ' {"ssh": "ai002", "rdma": ["rdma_en2", null]}]'
+    )
+    record_spend(
+        tmp_path,
+        "ai002",
+        "unkillable",
+        pid=pid,
+        start_time=started,
+        devices=["rdma_en2", "rdma_en3"],
+        backend="jaccl",
+        model="glm-4_6-5b",
+        cmdline=["python", "-m", "mlx_lm.server"],
+        boot_id="b1",
+    )
     inventory = parse_inventory(SURVIVOR_INVENTORY.format(hostfile=hostfile))
     context = ExporterContext(node="ai002", inventory=inventory, state_dir=tmp_path)
     registry = CollectorRegistry()
@@ -241,6 +257,16 @@ def scraped_ledger_series(tmp_path: Path, pid: int, started: float) -> list[str]
     return series
 
 
+SURVIVORS_SUMMARY = "Processes on a node survive SIGKILL; only a reboot of the node ends them."
+SURVIVORS_DESCRIPTION = (
+    "reboot ai002 to free 2 protection domain(s) (models placed there: glm-4_6-5b,"
+    " qwq-32b-8bit): 1 process(es) there survive SIGKILL in uninterruptible sleep, as a sweep"
+    " recorded them in the node's ledger. Starts go on around them (JACCL while each device"
+    " they need is below the reserve, else ring); only one holding a model's port stops that"
+    " model's start."
+)
+
+
 def test_the_reboot_alert_fires_from_the_series_the_ledger_collector_scrapes(
     tmp_path: Path,
 ) -> None:
@@ -256,44 +282,62 @@ def test_the_reboot_alert_fires_from_the_series_the_ledger_collector_scrapes(
         child.wait()
     pairs = list(zip(flat[::2], flat[1::2], strict=True))
     names = {series.split("{")[0] for series, _ in pairs}
-    assert {"mlx_unkillable_processes", "mlx_unkillable_domains", "mlx_node_models_info",
-            "mlx_pd_device_debt", "mlx_pd_debt", "mlx_pd_reserve"} <= names
-    assert ('mlx_unkillable_domains{instance="192.168.101.2:10900",job="mlx-medic-exporter",'
-            'model="glm-4_6-5b",node="ai002"}', "2x10") in pairs
+    assert {
+        "mlx_unkillable_processes",
+        "mlx_unkillable_domains",
+        "mlx_node_models_info",
+        "mlx_pd_device_debt",
+        "mlx_pd_debt",
+        "mlx_pd_reserve",
+    } <= names
+    assert (
+        'mlx_unkillable_domains{instance="192.168.101.2:10900",job="mlx-medic-exporter",'
+        'model="glm-4_6-5b",node="ai002"}',
+        "2x10",
+    ) in pairs
     url = RUNBOOK_PATTERN.format("mlxunkillablesurvivors")
     unit = {
         "rule_files": [str(RULE_FILES[0])],
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [{"series": s, "values": v} for s, v in pairs],
-            "alert_rule_test": [
-                {"eval_time": "0m", "alertname": "MLXUnkillableSurvivors", "exp_alerts": []},
-                {"eval_time": "3m", "alertname": "MLXUnkillableSurvivors", "exp_alerts": [{
-                    "exp_labels": {"severity": "critical", "node": "ai002",
-                                   "models": "glm-4_6-5b,qwq-32b-8bit"},
-                    "exp_annotations": {
-                        "summary": "Processes on a node survive SIGKILL; only a reboot of"
-                                   " the node ends them.",
-                        "description": (
-                            "reboot ai002 to free 2 protection domain(s) (models placed"
-                            " there: glm-4_6-5b, qwq-32b-8bit): 1 process(es) there survive"
-                            " SIGKILL in uninterruptible sleep, as a sweep recorded them in"
-                            " the node's ledger. Starts go on around them (JACCL while each"
-                            " device they need is below the reserve, else ring); only one"
-                            " holding a model's port stops that model's start."),
-                        "runbook_url": url,
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in pairs],
+                "alert_rule_test": [
+                    {"eval_time": "0m", "alertname": "MLXUnkillableSurvivors", "exp_alerts": []},
+                    {
+                        "eval_time": "3m",
+                        "alertname": "MLXUnkillableSurvivors",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "node": "ai002",
+                                    "models": "glm-4_6-5b,qwq-32b-8bit",
+                                },
+                                "exp_annotations": {
+                                    "summary": SURVIVORS_SUMMARY,
+                                    "description": SURVIVORS_DESCRIPTION,
+                                    "runbook_url": url,
+                                },
+                            }
+                        ],
                     },
-                }]},
-                # the same scrape: the device debt of the survivor, below glm's reserve of 5
-                {"eval_time": "3m", "alertname": "MLXPDDebtAtReserve", "exp_alerts": []},
-            ],
-        }],
-    }  # fmt: skip
+                    # the same scrape: the device debt of the survivor, below glm's reserve of 5
+                    {"eval_time": "3m", "alertname": "MLXPDDebtAtReserve", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
     path = tmp_path / "scraped.yaml"
     path.write_text(yaml.safe_dump(unit, sort_keys=False))
-    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
-                            text=True, timeout=120, check=False)  # fmt: skip
+    result = subprocess.run(
+        [promtool, "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -302,9 +346,17 @@ def test_the_reboot_alert_fires_from_the_series_the_ledger_collector_scrapes(
 ROOT = RULES_DIR.parent
 # Every page on-call reads a command from: every runbook, and the ring fallback guide.
 COMMAND_PAGES = (*sorted(RUNBOOKS.glob("*.md")), ROOT / "docs" / "ring-fallback.md")
-PLACEHOLDERS = {"MODEL": "glm-4_6-5b", "NODE": "ai002", "INVENTORY": "/etc/mlx-medic/inv.yaml",
-                "FILE": "/etc/mlx-medic/remediator.yml", "WHY": "why", "TEXT": "text",
-                "HOST": "127.0.0.1", "PORT": "8080", "NAME": "oncall"}
+PLACEHOLDERS = {
+    "MODEL": "glm-4_6-5b",
+    "NODE": "ai002",
+    "INVENTORY": "/etc/mlx-medic/inv.yaml",
+    "FILE": "/etc/mlx-medic/remediator.yml",
+    "WHY": "why",
+    "TEXT": "text",
+    "HOST": "127.0.0.1",
+    "PORT": "8080",
+    "NAME": "oncall",
+}
 MLX_MEDIC = ROOT / ".venv" / "bin" / "mlx-medic"
 
 
@@ -317,7 +369,7 @@ def page_commands(path: Path) -> list[list[str]]:
         if "..." in span:
             continue  # an elision (`mlx-medic node ...`) or a quoted log line, no command
         words = [PLACEHOLDERS.get(w, w) for w in span.split()]
-        found.append(words[words.index("mlx-medic") + 1:])
+        found.append(words[words.index("mlx-medic") + 1 :])
     return found
 
 
@@ -362,8 +414,9 @@ def test_every_mlx_medic_command_line_in_the_runbook_parses(path: Path) -> None:
         try:
             parsed_command(words)
         except SystemExit as exc:
-            raise AssertionError(f"{path.name}: `mlx-medic {' '.join(words)}` does not parse"
-                                 f" (exit {exc.code})") from None
+            raise AssertionError(
+                f"{path.name}: `mlx-medic {' '.join(words)}` does not parse (exit {exc.code})"
+            ) from None
 
 
 # `remediate --dry-run` journals the plan but still takes the model lock on the head over
@@ -395,8 +448,11 @@ RUN_INVENTORY = Path("<the test's inventory>")  # replaced by the fixture's when
 
 def distinct_command_lines() -> list[tuple[str, ...]]:
     """Every line as it is run (`how_to_run`), each once."""
-    return list(dict.fromkeys(tuple(how_to_run(w, RUN_INVENTORY))
-                              for p in COMMAND_PAGES for w in command_lines(p)))  # fmt: skip
+    return list(
+        dict.fromkeys(
+            tuple(how_to_run(w, RUN_INVENTORY)) for p in COMMAND_PAGES for w in command_lines(p)
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -430,19 +486,33 @@ def test_every_mlx_medic_command_line_in_the_runbooks_runs(
     argv = [str(inventory) if w == str(RUN_INVENTORY) else w for w in run]
     if not MLX_MEDIC.exists():
         pytest.skip(f"{MLX_MEDIC} is not installed (scripts/test.sh makes the venv)")
-    result = subprocess.run([str(MLX_MEDIC), *argv], capture_output=True, text=True,
-                            timeout=60, env=env, check=False)  # fmt: skip
+    result = subprocess.run(
+        [str(MLX_MEDIC), *argv], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
     said = result.stdout + result.stderr
     assert result.returncode == 0 and "Traceback" not in said, (
-        f"`mlx-medic {' '.join(argv)}`: exit {result.returncode}\n{said[-2000:]}")
+        f"`mlx-medic {' '.join(argv)}`: exit {result.returncode}\n{said[-2000:]}"
+    )
 
 
 def test_a_command_that_would_act_is_run_dry_and_the_others_ask_for_help(tmp_path: Path) -> None:
     inventory = tmp_path / "inventory.yaml"
     assert how_to_run(["node", "sweep", "m", "--config.file", "/x"], inventory) == [
-        "node", "sweep", "m", "--config.file", str(inventory), "--dry-run"]
+        "node",
+        "sweep",
+        "m",
+        "--config.file",
+        str(inventory),
+        "--dry-run",
+    ]
     assert how_to_run(["node", "clean", "m", "--dry-run"], inventory) == [
-        "node", "clean", "m", "--dry-run", "--config.file", str(inventory)]
+        "node",
+        "clean",
+        "m",
+        "--dry-run",
+        "--config.file",
+        str(inventory),
+    ]
     assert how_to_run(["node", "ledger", "--node", "ai002"], inventory)[-1] == "--help"
     assert how_to_run(["remediate", "m"], inventory) == ["remediate", "m", "--help"]
     assert how_to_run(["pause", "m"], inventory) == ["pause", "m", "--help"]
@@ -453,14 +523,19 @@ def test_the_survivor_runbook_shows_how_to_check_the_ledger_and_the_orphans() ->
     assert "node ledger --config.file /etc/mlx-medic/inv.yaml --node ai002" in commands
     assert "node orphans glm-4_6-5b --config.file /etc/mlx-medic/inv.yaml" in commands
     text = " ".join((RUNBOOKS / "mlxunkillablesurvivors.md").read_text().split())
-    for said in ("The sweep records each one in the node's protection-domain ledger",
-                 "start the model anyway", "else ring with `--pipeline`",
-                 "Only a survivor that listens on the model's port stops a start",
-                 "The ledger is per boot: a reboot empties it", "is lifted once",
-                 "One node's reboot is enough"):
+    for said in (
+        "The sweep records each one in the node's protection-domain ledger",
+        "start the model anyway",
+        "else ring with `--pipeline`",
+        "Only a survivor that listens on the model's port stops a start",
+        "The ledger is per boot: a reboot empties it",
+        "is lifted once",
+        "One node's reboot is enough",
+    ):
         assert said in text, said
-    uninterruptible = " ".join((RUNBOOKS / "mlxorphanprocessesuninterruptible.md")
-                               .read_text().split())  # fmt: skip
+    uninterruptible = " ".join(
+        (RUNBOOKS / "mlxorphanprocessesuninterruptible.md").read_text().split()
+    )
     assert "escalates before any sweep" not in uninterruptible
     assert "it does not escalate before a sweep" in uninterruptible
 

@@ -18,8 +18,13 @@ from tests.node.inventories import MEDIC, helper_inventory, two_models
 
 
 def backend(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlx_medic.cli", "backend", *args],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_medic.cli", "backend", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def local_inventory(tmp_path: Path) -> Path:
@@ -34,14 +39,19 @@ def test_on_the_head_a_pin_is_recorded_here_with_who_and_why(tmp_path: Path) -> 
     write_node_id(tmp_path / "state", "n1")  # this machine is n1, m1's head
     shown = backend("m1", "--config.file", str(config))
     assert shown.returncode == 0, shown.stderr
-    assert ("m1: auto (JACCL first, then ring): no choice recorded; JACCL is tried first at"
-            " every start while the ledger allows it (on n1)") in shown.stdout
-    pinned = backend("m1", "ring", "--reason", "JACCL broken on ai003", "--config.file",
-                     str(config))  # fmt: skip
+    assert (
+        "m1: auto (JACCL first, then ring): no choice recorded; JACCL is tried first at"
+        " every start while the ledger allows it (on n1)"
+    ) in shown.stdout
+    pinned = backend(
+        "m1", "ring", "--reason", "JACCL broken on ai003", "--config.file", str(config)
+    )
     assert pinned.returncode == 0, pinned.stderr
     assert "m1: pinned to ring, by " in pinned.stdout and "JACCL broken on ai003" in pinned.stdout
-    assert ("JACCL is not tried again automatically (a person pinned ring): unpin with"
-            " `mlx-medic backend m1 auto`") in pinned.stdout
+    assert (
+        "JACCL is not tried again automatically (a person pinned ring): unpin with"
+        " `mlx-medic backend m1 auto`"
+    ) in pinned.stdout
     choice = read_backend_choice(tmp_path / "state", "m1")
     assert (choice.choice, choice.reason) == ("ring", "JACCL broken on ai003")
     assert choice.by.endswith("at a terminal")
@@ -51,10 +61,13 @@ def test_on_the_head_a_pin_is_recorded_here_with_who_and_why(tmp_path: Path) -> 
     assert read_backend_choice(tmp_path / "state", "m1").choice == "auto"
 
 
-@pytest.mark.parametrize(("args", "why"), [
-    (("m9",), "no model 'm9'"),
-    (("m1", "tcp"), "invalid choice: 'tcp'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (("m9",), "no model 'm9'"),
+        (("m1", "tcp"), "invalid choice: 'tcp'"),
+    ],
+)
 def test_bad_input_is_refused_naming_it(tmp_path: Path, args: tuple[str, ...], why: str) -> None:
     result = backend(*args, "--config.file", str(local_inventory(tmp_path)), "--node", "n1")
     assert result.returncode == 2 and why in result.stderr
@@ -63,11 +76,20 @@ def test_bad_input_is_refused_naming_it(tmp_path: Path, args: tuple[str, ...], w
 @pytest.mark.testbed
 def test_off_the_cluster_the_choice_is_set_on_the_head_over_ssh(clean_cluster: Cluster) -> None:
     cluster = clean_cluster
-    config = helper_inventory(cluster, [{
-        "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", "ai002"], "port": 18083,
-        "service": {"manager": "supervisord", "label": "tiny"},
-        "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
-    }], "backend")  # fmt: skip
+    config = helper_inventory(
+        cluster,
+        [
+            {
+                "name": "tiny",
+                "model": "/models/tiny",
+                "nodes": ["ai001", "ai002"],
+                "port": 18083,
+                "service": {"manager": "supervisord", "label": "tiny"},
+                "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
+            }
+        ],
+        "backend",
+    )
     result = backend("tiny", "ring", "--reason", "pin over ssh", "--config.file", str(config))
     assert result.returncode == 0, result.stderr
     assert "(on ai001)" in result.stdout

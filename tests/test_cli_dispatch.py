@@ -9,8 +9,13 @@ from pathlib import Path
 
 from testbed import free_port
 
-SERVICE_STACK = ("aiohttp", "asyncssh", "mlx_medic.remediator.engine",
-                 "mlx_medic.remediator.webapp", "mlx_medic.remediator")
+SERVICE_STACK = (
+    "aiohttp",
+    "asyncssh",
+    "mlx_medic.remediator.engine",
+    "mlx_medic.remediator.webapp",
+    "mlx_medic.remediator",
+)
 
 
 def modules_loaded_by(*argv: str) -> tuple[int, set[str]]:
@@ -25,8 +30,9 @@ def modules_loaded_by(*argv: str) -> tuple[int, set[str]]:
         " file=sys.stderr)\n"
         "sys.exit(code)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     line = next(line for line in result.stderr.splitlines() if line.startswith("LOADED"))
     return result.returncode, set(line.split()[1:])
 

@@ -57,14 +57,17 @@ NODES = ("ai001", "ai002")
 # must show data from the live scrape.
 EXCEPTIONS: dict[str, str] = {}
 JACCL_LINE = "RuntimeError: [jaccl] Couldn't allocate protection domain"
-METAL_LINE = ("libc++abi: terminating due to uncaught exception of type std::runtime_error:"
-              " [METAL] Command buffer execution failed: Caused GPU Timeout Error"
-              " (00000002:kIOGPUCommandBufferCallbackErrorTimeout)")  # fmt: skip
+METAL_LINE = (
+    "libc++abi: terminating due to uncaught exception of type std::runtime_error:"
+    " [METAL] Command buffer execution failed: Caused GPU Timeout Error"
+    " (00000002:kIOGPUCommandBufferCallbackErrorTimeout)"
+)
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("grafana_generate",
-                                                  REPO / "grafana" / "generate.py")  # fmt: skip
+    spec = importlib.util.spec_from_file_location(
+        "grafana_generate", REPO / "grafana" / "generate.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -73,8 +76,11 @@ def _generator() -> ModuleType:
 
 def panel_queries() -> list[tuple[str, str, str]]:
     """(dashboard, panel title, query) for every target of every panel."""
-    return [(name, title, expr) for name, board in _generator().dashboards().items()
-            for title, expr in panel_targets(board)]  # fmt: skip
+    return [
+        (name, title, expr)
+        for name, board in _generator().dashboards().items()
+        for title, expr in panel_targets(board)
+    ]
 
 
 def expand(query: str) -> str:
@@ -93,8 +99,9 @@ class Live:
     def query(self, expr: str) -> list[dict[str, Any]]:
         import urllib.parse
 
-        url = (f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?"
-               + urllib.parse.urlencode({"query": expr}))  # fmt: skip
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": expr}
+        )
         status, body = http("GET", url)
         assert status == 200 and body["status"] == "success", (expr, status, body)
         return list(body["data"]["result"])
@@ -115,8 +122,10 @@ class Live:
 def fake_macos_tools(directory: Path) -> Path:
     """`ibv_devinfo` and `ioclasscount` that print the macOS fixtures' verbatim output."""
     directory.mkdir()
-    for tool, fixture in (("ibv_devinfo", "ibv_devinfo_tn3205.txt"),
-                          ("ioclasscount", "ioclasscount_rdma_reconstructed.txt")):  # fmt: skip
+    for tool, fixture in (
+        ("ibv_devinfo", "ibv_devinfo_tn3205.txt"),
+        ("ioclasscount", "ioclasscount_rdma_reconstructed.txt"),
+    ):
         output = directory / f"{tool}.out"
         output.write_text(macos_output(fixture))
         script = directory / tool
@@ -152,8 +161,9 @@ def wait_for(predicate: Any, what: str, live: Live, timeout: float = 120.0) -> A
 
 
 @pytest.fixture(scope="module")
-def live(cluster: Cluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-         ) -> Iterator[Live]:  # fmt: skip
+def live(
+    cluster: Cluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Live]:
     prometheus = require_tool("prometheus")
     token = uuid.uuid4().hex[:8]
     workdir = cluster.workdir / f"dashboards-{token}"
@@ -171,32 +181,56 @@ def live(cluster: Cluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
         log_inside = cluster.head.log_mount / f"dash-{token}.err.log"
         hostfile = cluster.hostfile(workdir / "ring.json", list(NODES))
         model = {
-            "name": "dash", "model": str(tiny_model), "nodes": list(NODES), "port": port,
+            "name": "dash",
+            "model": str(tiny_model),
+            "nodes": list(NODES),
+            "port": port,
             "service": {"manager": "supervisord", "label": f"dash-{token}"},
             "backends": {"ring": {"hostfile": str(hostfile), "pipeline": True}},
-            "tmp_dirs": [str(tmp_inside)], "log_files": [str(log_inside)],
+            "tmp_dirs": [str(tmp_inside)],
+            "log_files": [str(log_inside)],
             "process_patterns": {"rank": [rf"serve\.py --model \S+ --port {port}"]},
             "policy": {"restart_budget": 3, "backoff": 0},
-        }  # fmt: skip
+        }
         inventory = helper_inventory(cluster, [model], "dashboards")
 
         # The seed's orphans, for real: ranks on both nodes, then mlx.launch SIGKILLed.
         launch = start_launch(
-            cluster, hostfile,
+            cluster,
+            hostfile,
             [cluster.python, str(script), "--model", str(tiny_model), "--port", str(port)],
             env=cluster.env(HF_HUB_OFFLINE="1"),
             launch_args=["--starting-port", str(free_port())],
-        )  # fmt: skip
+        )
         wait_ready(launch, 2)
         launch.kill()
 
         # The backend pinned to ring on the head, as the remediator's fallback pins it.
         pin = cluster.head.spawn(
-            [cluster.python, "-m", "mlx_medic.cli", "node", "backend", "dash", "set", "ring",
-             "--by", "live-dashboards test", "--reason", "JACCL failed",
-             "--config.file", str(inventory), "--node", "ai001", "--json"],
-            env=cluster.env(PYTHONPATH=str(REPO)), cwd=str(REPO), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE)  # fmt: skip
+            [
+                cluster.python,
+                "-m",
+                "mlx_medic.cli",
+                "node",
+                "backend",
+                "dash",
+                "set",
+                "ring",
+                "--by",
+                "live-dashboards test",
+                "--reason",
+                "JACCL failed",
+                "--config.file",
+                str(inventory),
+                "--node",
+                "ai001",
+                "--json",
+            ],
+            env=cluster.env(PYTHONPATH=str(REPO)),
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         _, err = pin.communicate(timeout=60)
         assert pin.returncode == 0, err.decode()
 
@@ -218,10 +252,23 @@ def live(cluster: Cluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
             live.logs[f"exporter {name}"] = log_path
             with log_path.open("wb") as log:
                 nsenter = node.spawn(
-                    [cluster.python, "-m", "mlx_medic.cli", "exporter", "--config.file",
-                     str(inventory), "--node", name,
-                     "--web.listen-address", f"{node.address}:{exporter_port}"],
-                    env=env, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                    [
+                        cluster.python,
+                        "-m",
+                        "mlx_medic.cli",
+                        "exporter",
+                        "--config.file",
+                        str(inventory),
+                        "--node",
+                        name,
+                        "--web.listen-address",
+                        f"{node.address}:{exporter_port}",
+                    ],
+                    env=env,
+                    cwd=str(REPO),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             started.append(nsenter)
             exporters.append(node.spawned_pid(nsenter))
             wait_listening(node.address, exporter_port, timeout=60)
@@ -235,10 +282,14 @@ def live(cluster: Cluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
         # The remediator, with one run journaled from an Alertmanager-shaped delivery.
         token_file = workdir / "token"
         token_file.write_text(TOKEN + "\n")
-        config = write_config(workdir / "remediator.yml", {
-            "inventory": str(inventory), "journal": str(workdir / "journal.sqlite"),
-            "auth": {"bearer_token_file": str(token_file)},
-        })  # fmt: skip
+        config = write_config(
+            workdir / "remediator.yml",
+            {
+                "inventory": str(inventory),
+                "journal": str(workdir / "journal.sqlite"),
+                "auth": {"bearer_token_file": str(token_file)},
+            },
+        )
         remediator = start_service(config, workdir / "journal.sqlite", workdir)
         services.append(remediator)
         live.logs["remediator"] = remediator.stderr_path
@@ -248,29 +299,54 @@ def live(cluster: Cluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
         # Prometheus scraping all three every second.
         prometheus_dir = workdir / "prometheus"
         prometheus_dir.mkdir()
-        (prometheus_dir / "prometheus.yml").write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-            "scrape_configs": [
-                {"job_name": "mlx-medic-exporter",
-                 "static_configs": [{"targets": scrape_targets}]},
-                {"job_name": "mlx-medic-remediator",
-                 "authorization": {"credentials_file": str(token_file)},
-                 "static_configs": [{"targets": [f"127.0.0.1:{remediator.port}"]}]},
-            ],
-        }))  # fmt: skip
+        (prometheus_dir / "prometheus.yml").write_text(
+            yaml.safe_dump(
+                {
+                    "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                    "scrape_configs": [
+                        {
+                            "job_name": "mlx-medic-exporter",
+                            "static_configs": [{"targets": scrape_targets}],
+                        },
+                        {
+                            "job_name": "mlx-medic-remediator",
+                            "authorization": {"credentials_file": str(token_file)},
+                            "static_configs": [{"targets": [f"127.0.0.1:{remediator.port}"]}],
+                        },
+                    ],
+                }
+            )
+        )
         live.logs["prometheus"] = prometheus_dir / "prometheus.log"
         with live.logs["prometheus"].open("wb") as log:
-            started.append(subprocess.Popen(
-                [prometheus, f"--config.file={prometheus_dir / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={prometheus_dir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{live.prometheus_port}"],
-                cwd=prometheus_dir, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+            started.append(
+                subprocess.Popen(
+                    [
+                        prometheus,
+                        f"--config.file={prometheus_dir / 'prometheus.yml'}",
+                        f"--storage.tsdb.path={prometheus_dir / 'data'}",
+                        f"--web.listen-address=127.0.0.1:{live.prometheus_port}",
+                    ],
+                    cwd=prometheus_dir,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         wait_for(lambda: ready(live.prometheus_port), "Prometheus to be ready", live)
-        wait_for(lambda: (t := live.targets()) and len(t) == 3
-                 and set(t.values()) == {"up"}, "every target scraped", live)  # fmt: skip
-        wait_for(lambda: [r for r in live.query("mlx_medic_remediations_total")
-                          if r["metric"].get("model") == "dash"],
-                 "the remediation run to be counted", live)  # fmt: skip
+        wait_for(
+            lambda: (t := live.targets()) and len(t) == 3 and set(t.values()) == {"up"},
+            "every target scraped",
+            live,
+        )
+        wait_for(
+            lambda: [
+                r
+                for r in live.query("mlx_medic_remediations_total")
+                if r["metric"].get("model") == "dash"
+            ],
+            "the remediation run to be counted",
+            live,
+        )
         counted = 'mlx_log_errors_total{signature="jaccl_protection_domain"} > 0'
         wait_for(lambda: live.query(counted), "the JACCL error lines to be counted", live)
         time.sleep(5)  # rate() and increase() need a few samples after the last change
@@ -295,8 +371,9 @@ def live(cluster: Cluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
 PANELS = panel_queries()
 
 
-@pytest.mark.parametrize(("board", "title", "query"), PANELS,
-                         ids=[f"{b}:{t}:{i}" for i, (b, t, _) in enumerate(PANELS)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("board", "title", "query"), PANELS, ids=[f"{b}:{t}:{i}" for i, (b, t, _) in enumerate(PANELS)]
+)
 def test_every_panel_query_returns_data_from_the_live_scrape(
     live: Live, board: str, title: str, query: str
 ) -> None:
@@ -314,4 +391,3 @@ def test_every_listed_exception_is_a_panel_query() -> None:
 def test_the_variables_cover_every_dashboard_variable() -> None:
     used = {m for _, _, q in panel_queries() for m in re.findall(r"\$\w+", q)}
     assert used <= set(VARIABLES), used - set(VARIABLES)
-

@@ -64,19 +64,34 @@ def test_amtool_accepts_the_alertmanager_config() -> None:
     ("labels", "receivers"),
     [
         (["alertname=LLMModelDown", "model=glm-4_6-5b", "severity=critical"], "mlx-medic,oncall"),
-        (["alertname=MLXOrphanProcesses", "model=glm-4_6-5b", "node=ai002", "severity=warning"],
-         "mlx-medic,oncall"),
-        (["alertname=MLXOrphanProcessesUninterruptible", "model=glm-4_6-5b", "node=ai002",
-          "severity=critical"], "oncall"),
+        (
+            ["alertname=MLXOrphanProcesses", "model=glm-4_6-5b", "node=ai002", "severity=warning"],
+            "mlx-medic,oncall",
+        ),
+        (
+            [
+                "alertname=MLXOrphanProcessesUninterruptible",
+                "model=glm-4_6-5b",
+                "node=ai002",
+                "severity=critical",
+            ],
+            "oncall",
+        ),
         (["alertname=MLXMedicRemediationEscalated", "severity=critical"], "oncall"),
     ],
 )
 def test_model_down_and_orphans_reach_the_remediator_and_on_call_and_other_alerts_only_on_call(
-    labels: list[str], receivers: str,
+    labels: list[str],
+    receivers: str,
 ) -> None:
     result = _run(
-        require_tool("amtool"), "config", "routes", "test", f"--config.file={ALERTMANAGER}",
-        f"--verify.receivers={receivers}", *labels,
+        require_tool("amtool"),
+        "config",
+        "routes",
+        "test",
+        f"--config.file={ALERTMANAGER}",
+        f"--verify.receivers={receivers}",
+        *labels,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -131,16 +146,19 @@ def test_prometheus_scrapes_each_exporter_at_its_inventory_address() -> None:
     from mlx_medic.inventory import load_inventory
 
     inventory = load_inventory(DEPLOY.parent / "examples" / "inventory.yaml")
-    (job,) = [j for j in _load(PROMETHEUS)["scrape_configs"]
-              if j["job_name"] == "mlx-medic-exporter"]
+    (job,) = [
+        j for j in _load(PROMETHEUS)["scrape_configs"] if j["job_name"] == "mlx-medic-exporter"
+    ]
     assert job["static_configs"][0]["targets"] == [f"{n.ssh}:10900" for n in inventory.nodes]
 
 
 def test_the_example_remediator_config_loads_with_the_documented_values() -> None:
     config = load_config(DEPLOY / "remediator.yml")
     assert config.auth.configured and config.auth.basic_username == "oncall"
-    assert config.routing.playbooks == {"LLMModelDown": "recover",
-                                        "MLXOrphanProcesses": "sweep-orphans"}
+    assert config.routing.playbooks == {
+        "LLMModelDown": "recover",
+        "MLXOrphanProcesses": "sweep-orphans",
+    }
     assert config.max_alert_age == 6 * 3600
     assert not config.dry_run and config.tls is None
 
@@ -160,7 +178,8 @@ def test_the_launchd_plist_runs_a_command_the_cli_accepts() -> None:
 
 
 @pytest.mark.parametrize(
-    "unit", ["mlx-medic-remediator.service", "ai001/mlx-medic-exporter.service"])
+    "unit", ["mlx-medic-remediator.service", "ai001/mlx-medic-exporter.service"]
+)
 def test_the_systemd_units_run_commands_the_cli_accepts(unit: str) -> None:
     import configparser
     import shlex

@@ -25,8 +25,10 @@ from tests.tools import require_tool
 def test_without_an_inventory_it_says_it_discovers_and_scrapes_every_collector() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "mlx_medic.cli", "exporter", "--once"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "no inventory: discovering MLX processes by command line" in result.stderr
     assert "series carry no node label" in result.stderr
@@ -38,17 +40,26 @@ def test_without_an_inventory_it_says_it_discovers_and_scrapes_every_collector()
 def help_lines(*argv: str) -> list[str]:
     result = subprocess.run(
         [sys.executable, "-m", "mlx_medic.cli", "exporter", "--once", *argv],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     return [line for line in result.stdout.splitlines() if line.startswith("# HELP")]
 
 
 def test_help_texts_are_the_same_whatever_the_collector_settings() -> None:
     """HELP is constant per metric: settings are on the landing page, never in HELP."""
-    changed = help_lines("--collector.service.interval", "5", "--collector.service.timeout",
-                         "2", "--collector.tmpdirs.interval", "7",
-                         "--collector.logs.max-read-per-scrape", "9")
+    changed = help_lines(
+        "--collector.service.interval",
+        "5",
+        "--collector.service.timeout",
+        "2",
+        "--collector.tmpdirs.interval",
+        "7",
+        "--collector.logs.max-read-per-scrape",
+        "9",
+    )
     assert changed and changed == help_lines()
 
 
@@ -64,8 +75,9 @@ def heavy_modules_after_one_scrape(*argv: str) -> set[str]:
         f"print('LOADED', *sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n"
         "sys.exit(code)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stderr.splitlines() if line.startswith("LOADED"))
     return set(line.split()[1:])
@@ -98,10 +110,18 @@ class Exporter:
 def serve(*argv: str) -> Iterator[Exporter]:
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlx_medic.cli", "exporter",
-         "--web.listen-address", f"127.0.0.1:{port}", *argv],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlx_medic.cli",
+            "exporter",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            *argv,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_listening("127.0.0.1", port, 60)
         yield Exporter(port)
@@ -130,10 +150,22 @@ def exporter_once(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(INVENTORY)
     return subprocess.run(
-        [sys.executable, "-m", "mlx_medic.cli", "exporter", "--config.file", str(inventory),
-         "--state-dir", str(tmp_path / "state"), "--once", *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlx_medic.cli",
+            "exporter",
+            "--config.file",
+            str(inventory),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--once",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_with_an_inventory_and_no_node_name_it_exits_2_and_says_both_ways_to_name_it(
@@ -199,7 +231,8 @@ def test_plain_text_is_the_default_format(discovering: Exporter) -> None:
 
 def test_openmetrics_is_served_to_who_asks_for_it(discovering: Exporter) -> None:
     headers, body = discovering.get(
-        "/metrics", Accept="application/openmetrics-text; version=1.0.0")
+        "/metrics", Accept="application/openmetrics-text; version=1.0.0"
+    )
     assert headers["Content-Type"].startswith("application/openmetrics-text")
     text = body.decode()
     assert text.endswith("# EOF\n")
@@ -233,6 +266,7 @@ def test_with_an_inventory_every_series_served_names_the_node_and_promtool_accep
     assert samples and all('node="n1"' in line for line in samples), samples
     _, page = with_inventory.get("/")
     assert b"<b>n1</b>" in page
-    check = subprocess.run([require_tool("promtool"), "check", "metrics"], input=body,
-                           capture_output=True, timeout=60)
+    check = subprocess.run(
+        [require_tool("promtool"), "check", "metrics"], input=body, capture_output=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()

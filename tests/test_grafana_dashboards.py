@@ -155,7 +155,10 @@ def test_every_panel_query_is_valid_promql(tmp_path: Path) -> None:
     rule_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
     result = subprocess.run(
         [promtool, "check", "rules", str(rule_file)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

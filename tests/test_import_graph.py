@@ -12,9 +12,12 @@ from tests.test_layering import PACKAGE, REPO, imported_modules, module_name, pa
 
 def import_graph(package_root: Path) -> dict[str, set[str]]:
     """module -> the package's modules it imports (anywhere in the file)."""
-    files = {module_name(Path(d, f), package_root): Path(d, f)
-             for d, _, names in os.walk(package_root, followlinks=True)
-             for f in names if f.endswith(".py")}
+    files = {
+        module_name(Path(d, f), package_root): Path(d, f)
+        for d, _, names in os.walk(package_root, followlinks=True)
+        for f in names
+        if f.endswith(".py")
+    }
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         found = set()
@@ -72,7 +75,8 @@ def test_no_module_of_the_package_imports_itself_through_others() -> None:
 def test_a_planted_circle_is_caught(tmp_path: Path) -> None:
     root = package_tree(tmp_path)
     with (root / "process_model.py").open("a") as model:
-        model.write("\n\ndef _planted():\n"
-                    "    from mlx_medic.platform.proc_linux import parse_stat\n")
+        model.write(
+            "\n\ndef _planted():\n    from mlx_medic.platform.proc_linux import parse_stat\n"
+        )
     planted = {f"{PACKAGE}.process_model", f"{PACKAGE}.platform.proc_linux"}
     assert any(planted <= set(group) for group in circles(import_graph(root)))

@@ -102,15 +102,24 @@ def test_relative_or_parent_paths_are_refused_for_dirs_that_get_cleaned() -> Non
     assert "'/' is not" in problems(GOOD + "    tmp_dirs: [/]\n")[0]
 
 
-@pytest.mark.parametrize(("old", "new", "where"), [
-    ("a: {ssh: 127.0.0.2}", "a: {ssh: 127.0.0.2, medic_config: PATH}",
-     "line 2: nodes.a.medic_config"),
-    ("label: m}", "label: m, plist: PATH}", "line 9: models.m.service.plist"),
-    ("label: m}", "label: m, config: PATH}", "line 9: models.m.service.config"),
-    ("port: 8080", "port: 8080\n    serve: {python: PATH}", "line 9: models.m.serve.python"),
-    ("port: 8080", "port: 8080\n    serve: {identity_file: PATH}",
-     "line 9: models.m.serve.identity_file"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("old", "new", "where"),
+    [
+        (
+            "a: {ssh: 127.0.0.2}",
+            "a: {ssh: 127.0.0.2, medic_config: PATH}",
+            "line 2: nodes.a.medic_config",
+        ),
+        ("label: m}", "label: m, plist: PATH}", "line 9: models.m.service.plist"),
+        ("label: m}", "label: m, config: PATH}", "line 9: models.m.service.config"),
+        ("port: 8080", "port: 8080\n    serve: {python: PATH}", "line 9: models.m.serve.python"),
+        (
+            "port: 8080",
+            "port: 8080\n    serve: {identity_file: PATH}",
+            "line 9: models.m.serve.identity_file",
+        ),
+    ],
+)
 @pytest.mark.parametrize("path", ["etc/mlx-medic/inventory.yaml", "/etc/../root/x"])
 def test_a_file_the_inventory_names_on_a_node_is_an_absolute_path_without_parents(
     old: str, new: str, where: str, path: str
@@ -186,27 +195,33 @@ def test_the_exporter_refuses_a_node_the_inventory_does_not_name(tmp_path: Path)
 
 def test_the_login_user_is_a_named_user_never_root_by_default() -> None:
     assert [n.user for n in parse_inventory(GOOD).nodes] == ["mlx-medic", "mlx-medic"]
-    site = GOOD.replace("nodes:\n  a: {ssh: 127.0.0.2}",
-                        "ssh: {user: medic}\nnodes:\n  a: {ssh: 127.0.0.2, user: ai}")
+    site = GOOD.replace(
+        "nodes:\n  a: {ssh: 127.0.0.2}",
+        "ssh: {user: medic}\nnodes:\n  a: {ssh: 127.0.0.2, user: ai}",
+    )
     assert [n.user for n in parse_inventory(site).nodes] == ["ai", "medic"]  # a's own, else ssh's
     found = problems(GOOD.replace("nodes:\n", "ssh: {user: 'root; id'}\nnodes:\n"))
     assert len(found) == 1 and found[0].startswith("line 1: ssh.user:")  # said once, where written
 
 
-@pytest.mark.parametrize("address", ["10.0.0.5", "10.0.0.0/24", "fd00::1", "fd00::/64",
-                                     "remediator.example"])
+@pytest.mark.parametrize(
+    "address", ["10.0.0.5", "10.0.0.0/24", "fd00::1", "fd00::/64", "remediator.example"]
+)
 def test_the_remediators_addresses_are_ips_networks_or_host_names(address: str) -> None:
     text = GOOD.replace("nodes:\n", f"ssh: {{remediator_addresses: ['{address}']}}\nnodes:\n")
     assert parse_inventory(text).ssh.remediator_addresses == [address]
 
 
-@pytest.mark.parametrize(("address", "why"), [
-    ("10.0.0.5/24", "has host bits set"),
-    ("10.0.0.300", "is not an IP address or network"),
-    ("*.example", "no wildcards"),
-    ("10.0.0.5,10.0.0.6", "no wildcards"),
-    ('a" command="sh', "no wildcards"),
-])
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("10.0.0.5/24", "has host bits set"),
+        ("10.0.0.300", "is not an IP address or network"),
+        ("*.example", "no wildcards"),
+        ("10.0.0.5,10.0.0.6", "no wildcards"),
+        ('a" command="sh', "no wildcards"),
+    ],
+)
 def test_an_address_sshd_would_read_otherwise_is_refused(address: str, why: str) -> None:
     text = GOOD.replace("nodes:\n", "ssh: {remediator_addresses: [X]}\nnodes:\n")
     found = problems(text.replace("[X]", f"[{address!r}]"))
@@ -224,8 +239,9 @@ def test_check_config_refuses_a_root_login_unless_the_inventory_allows_it(tmp_pa
     result = run_cli("check-config", str(inventory))
     assert result.returncode == 1
     assert "ssh.user: root is the SSH login user on a, b" in result.stderr
-    inventory.write_text(GOOD.replace("nodes:\n", "ssh: {user: root, allow_root_login: true}\n"
-                                                  "nodes:\n"))  # fmt: skip
+    inventory.write_text(
+        GOOD.replace("nodes:\n", "ssh: {user: root, allow_root_login: true}\nnodes:\n")
+    )
     assert run_cli("check-config", str(inventory)).returncode == 0
 
 
@@ -233,10 +249,15 @@ def test_check_config_warns_when_a_service_user_is_not_its_nodes_login_user(
     tmp_path: Path,
 ) -> None:
     inventory = tmp_path / "inv.yaml"
-    inventory.write_text(GOOD.replace("label: m}", "label: m, user: ai}")
-                         .replace("b: {ssh: 127.0.0.3}", "b: {ssh: 127.0.0.3, user: ai}"))
+    inventory.write_text(
+        GOOD.replace("label: m}", "label: m, user: ai}").replace(
+            "b: {ssh: 127.0.0.3}", "b: {ssh: 127.0.0.3, user: ai}"
+        )
+    )
     result = run_cli("check-config", str(inventory))
     assert result.returncode == 0 and "ok: 2 nodes, 1 models" in result.stdout
-    assert ("warning: models.m.service.user is ai, but the login user of a is mlx-medic"
-            in result.stderr) and "cannot signal ai's ranks" in result.stderr
+    assert (
+        "warning: models.m.service.user is ai, but the login user of a is mlx-medic"
+        in result.stderr
+    ) and "cannot signal ai's ranks" in result.stderr
     assert "warning" not in run_cli("check-config", str(EXAMPLE)).stderr  # ai logs in, ai serves

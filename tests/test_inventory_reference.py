@@ -131,9 +131,7 @@ def example_with(path: str, text: str) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize(
-    "path", sorted(p for p, f in FIELDS.items() if not f.info.is_required())
-)
+@pytest.mark.parametrize("path", sorted(p for p, f in FIELDS.items() if not f.info.is_required()))
 def test_check_config_accepts_every_documented_field_at_its_documented_default(
     path: str,
 ) -> None:

@@ -33,8 +33,11 @@ def same(validated: Any, record: Any, where: str = "inventory") -> None:
     """`record` holds exactly what `validated` holds, field by field, with the same types."""
     if isinstance(validated, BaseModel):
         assert type(record) is RECORDS.get(type(validated).__name__, Record), where
-        shared = [base for base in type(validated).__mro__
-                  if base.__module__ == "mlx_medic.inventory_methods"]  # fmt: skip
+        shared = [
+            base
+            for base in type(validated).__mro__
+            if base.__module__ == "mlx_medic.inventory_methods"
+        ]
         assert all(isinstance(record, base) for base in shared), where  # the same methods
         assert sorted(vars(record)) == sorted(type(validated).model_fields), where
         for name in type(validated).model_fields:
@@ -77,8 +80,11 @@ def test_records_answer_as_the_validated_models(inventory_file: Path, tmp_path: 
     assert isinstance(record, Record)
     for name in ("glm-4_6-5b", "qwq-32b-8bit"):
         a, b = validated.model(name), record.model(name)
-        assert (a.head, a.serve_flags(), a.scope_dirs()) == (b.head, b.serve_flags(),
-                                                              b.scope_dirs())  # fmt: skip
+        assert (a.head, a.serve_flags(), a.scope_dirs()) == (
+            b.head,
+            b.serve_flags(),
+            b.scope_dirs(),
+        )
         assert [n for n, _ in a.backends.in_order()] == [n for n, _ in b.backends.in_order()]
         same(a.backends.in_order()[1][1], b.backends.in_order()[1][1])
         assert a.service.plist_path == b.service.plist_path
@@ -192,8 +198,13 @@ def test_reading_a_snapshot_loads_neither_pydantic_nor_yaml(
         "print(inventory.model('glm-4_6-5b').head,"
         " *sorted(m for m in ('pydantic', 'yaml') if m in sys.modules))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["ai001"]
 

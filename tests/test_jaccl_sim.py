@@ -105,14 +105,21 @@ def programs(clean_cluster: Cluster) -> dict[str, Path]:
     return paths
 
 
-def launch_jaccl(cluster: Cluster, sim: JacclSim, nodes: list[str], argv: list[str],
-                 env: dict[str, str] | None = None) -> LaunchHandle:  # fmt: skip
+def launch_jaccl(
+    cluster: Cluster,
+    sim: JacclSim,
+    nodes: list[str],
+    argv: list[str],
+    env: dict[str, str] | None = None,
+) -> LaunchHandle:
     """`mlx.launch --backend jaccl --python <shim>` in nodes[0], as the product starts JACCL."""
-    hostfile = cluster.hostfile(cluster.workdir / f"jaccl-{uuid.uuid4().hex[:8]}.json", nodes,
-                                backend="jaccl")  # fmt: skip
+    hostfile = cluster.hostfile(
+        cluster.workdir / f"jaccl-{uuid.uuid4().hex[:8]}.json", nodes, backend="jaccl"
+    )
     launch_args = ["--python", str(sim.python), "--starting-port", str(next(_ports))]
-    return start_launch(cluster, hostfile, argv, env=env, head=nodes[0], backend="jaccl",
-                        launch_args=launch_args)  # fmt: skip
+    return start_launch(
+        cluster, hostfile, argv, env=env, head=nodes[0], backend="jaccl", launch_args=launch_args
+    )
 
 
 def release_file(cluster: Cluster) -> Path:
@@ -149,13 +156,16 @@ def output_lines(run: LaunchHandle) -> list[str]:
 
 @pytest.mark.parametrize("on_sigkill", ["release", "keep"])
 def test_a_jaccl_rank_gets_the_sum_and_holds_one_domain_per_device_until_it_exits(
-    clean_cluster: Cluster, make_sim: Callable[..., JacclSim], programs: dict[str, Path],
+    clean_cluster: Cluster,
+    make_sim: Callable[..., JacclSim],
+    programs: dict[str, Path],
     on_sigkill: str,
 ) -> None:
     sim = make_sim(on_sigkill=on_sigkill)
     release = release_file(clean_cluster)
-    with launch_jaccl(clean_cluster, sim, ["ai001", "ai002"],
-                      [str(programs["hold"]), str(release)]) as run:  # fmt: skip
+    with launch_jaccl(
+        clean_cluster, sim, ["ai001", "ai002"], [str(programs["hold"]), str(release)]
+    ) as run:
         run.wait_for_output("rank 0 of 2 sum 3")
         run.wait_for_output("rank 1 of 2 sum 3")
         assert sim.usage("ai001") == {"rdma_ai002": 1, "rdma_ai003": 0}
@@ -171,13 +181,22 @@ def test_a_jaccl_rank_gets_the_sum_and_holds_one_domain_per_device_until_it_exit
 
 
 def test_the_products_smoke_test_passes_on_the_shim_and_no_rank_is_judged_an_orphan(
-    clean_cluster: Cluster, make_sim: Callable[..., JacclSim],
+    clean_cluster: Cluster,
+    make_sim: Callable[..., JacclSim],
 ) -> None:
     """Its ranks all exit normally right after one all_sum: none may stay behind."""
     sim = make_sim(on_sigkill="keep")
     state = clean_cluster.head.state_mount
-    smoke = ["-m", "mlx_medic.serve.smoke", "--backend", "jaccl", "--state-dir", str(state),
-             "--model", "tiny"]  # fmt: skip
+    smoke = [
+        "-m",
+        "mlx_medic.serve.smoke",
+        "--backend",
+        "jaccl",
+        "--state-dir",
+        str(state),
+        "--model",
+        "tiny",
+    ]
     with launch_jaccl(clean_cluster, sim, ["ai001", "ai002"], smoke) as run:
         assert run.wait(timeout=60) == 0, run.output()
     lines = output_lines(run)
@@ -191,7 +210,9 @@ def test_the_products_smoke_test_passes_on_the_shim_and_no_rank_is_judged_an_orp
 
 
 def test_a_full_device_fails_the_start_with_jaccls_error_and_gives_back_the_other_devices(
-    clean_cluster: Cluster, make_sim: Callable[..., JacclSim], programs: dict[str, Path],
+    clean_cluster: Cluster,
+    make_sim: Callable[..., JacclSim],
+    programs: dict[str, Path],
 ) -> None:
     # ai002's device towards ai003 has one domain; a rank of another launch holds it. Keep
     # mode: what comes back below comes back by the ranks' own orderly exits.
@@ -221,7 +242,9 @@ def test_a_full_device_fails_the_start_with_jaccls_error_and_gives_back_the_othe
 
 @pytest.mark.parametrize("on_sigkill", ["release", "keep"])
 def test_a_sigkilled_holders_domain_comes_back_in_release_mode_and_stays_in_keep_mode(
-    clean_cluster: Cluster, make_sim: Callable[..., JacclSim], programs: dict[str, Path],
+    clean_cluster: Cluster,
+    make_sim: Callable[..., JacclSim],
+    programs: dict[str, Path],
     on_sigkill: str,
 ) -> None:
     sim = make_sim(on_sigkill=on_sigkill)
@@ -236,8 +259,10 @@ def test_a_sigkilled_holders_domain_comes_back_in_release_mode_and_stays_in_keep
             settles(in_use(sim, "ai002"), [0])
             assert sim.holders("ai002") == []
             return
-        settles(lambda: [(h.alive, h.host_pid, h.device) for h in sim.holders("ai002")],
-                [(False, None, "rdma_ai001")])  # dead, and still holding  # fmt: skip
+        settles(
+            lambda: [(h.alive, h.host_pid, h.device) for h in sim.holders("ai002")],
+            [(False, None, "rdma_ai001")],
+        )  # dead, and still holding
         assert sim.in_use("ai002") == 1
 
     boot_id = peer.boot_id
@@ -249,13 +274,16 @@ def test_a_sigkilled_holders_domain_comes_back_in_release_mode_and_stays_in_keep
 
 @pytest.mark.parametrize("how", ["normally", "by-exception", "by-sigterm"])
 def test_in_keep_mode_a_normal_exit_an_uncaught_exception_and_sigterm_give_the_domains_back(
-    clean_cluster: Cluster, make_sim: Callable[..., JacclSim], programs: dict[str, Path],
+    clean_cluster: Cluster,
+    make_sim: Callable[..., JacclSim],
+    programs: dict[str, Path],
     how: str,
 ) -> None:
     sim = make_sim(on_sigkill="keep")
     release = release_file(clean_cluster)
-    with launch_jaccl(clean_cluster, sim, ["ai001", "ai002"],
-                      [str(programs["hold"]), str(release), how]) as run:  # fmt: skip
+    with launch_jaccl(
+        clean_cluster, sim, ["ai001", "ai002"], [str(programs["hold"]), str(release), how]
+    ) as run:
         run.wait_for_output("rank 1 of 2 sum 3")
         assert sim.in_use("ai001") == sim.in_use("ai002") == 1
         release.touch()
@@ -286,14 +314,25 @@ def crash_launcher_and_head_rank(cluster: Cluster, run: LaunchHandle, needle: st
 
 
 def test_after_the_seeds_crash_the_peers_server_rank_stays_deaf_to_sigterm_then_unkillable(
-    clean_cluster: Cluster, make_sim: Callable[..., JacclSim], tiny_model: Path,
+    clean_cluster: Cluster,
+    make_sim: Callable[..., JacclSim],
+    tiny_model: Path,
 ) -> None:
     killable_for = 3.0
     sim = make_sim(killable_for=killable_for)
     peer = clean_cluster.node("ai002")
     port = free_port("127.0.0.1")
-    server = ["-m", "mlx_lm", "server", "--model", str(tiny_model), "--host", "127.0.0.1",
-              "--port", str(port)]  # fmt: skip
+    server = [
+        "-m",
+        "mlx_lm",
+        "server",
+        "--model",
+        str(tiny_model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     env = clean_cluster.env(HF_HUB_OFFLINE="1")
     with launch_jaccl(clean_cluster, sim, ["ai001", "ai002"], server, env=env) as run:
         wait_listening("127.0.0.1", port, timeout=120)
@@ -326,7 +365,9 @@ def test_after_the_seeds_crash_the_peers_server_rank_stays_deaf_to_sigterm_then_
 
 
 def test_within_the_killable_window_sigkill_ends_the_orphan(
-    clean_cluster: Cluster, make_sim: Callable[..., JacclSim], programs: dict[str, Path],
+    clean_cluster: Cluster,
+    make_sim: Callable[..., JacclSim],
+    programs: dict[str, Path],
 ) -> None:
     sim = make_sim(killable_for=30.0, on_sigkill="keep")
     peer = clean_cluster.node("ai002")
@@ -352,47 +393,66 @@ def test_within_the_killable_window_sigkill_ends_the_orphan(
 
 
 def test_a_ring_launch_through_the_shim_runs_as_with_the_real_interpreter(
-    clean_cluster: Cluster, make_sim: Callable[..., JacclSim], programs: dict[str, Path],
+    clean_cluster: Cluster,
+    make_sim: Callable[..., JacclSim],
+    programs: dict[str, Path],
 ) -> None:
     sim = make_sim()
     hostfile = clean_cluster.hostfile(clean_cluster.workdir / "ring-2.json", ["ai001", "ai002"])
     seen = {}
     for python in (clean_cluster.python, str(sim.python)):
         launch_args = ["--python", python, "--starting-port", str(next(_ports))]
-        with start_launch(clean_cluster, hostfile, [str(programs["ring"])],
-                          launch_args=launch_args) as run:  # fmt: skip
+        with start_launch(
+            clean_cluster, hostfile, [str(programs["ring"])], launch_args=launch_args
+        ) as run:
             assert run.wait(timeout=60) == 0, run.output()
         seen[python] = sorted(line for line in output_lines(run) if line)
-    assert seen[str(sim.python)] == seen[clean_cluster.python] == [
-        "rank 0 of 2 sum 3 init from mlx.core.distributed simulated=False",
-        "rank 1 of 2 sum 3 init from mlx.core.distributed simulated=False",
-    ]
+    assert (
+        seen[str(sim.python)]
+        == seen[clean_cluster.python]
+        == [
+            "rank 0 of 2 sum 3 init from mlx.core.distributed simulated=False",
+            "rank 1 of 2 sum 3 init from mlx.core.distributed simulated=False",
+        ]
+    )
     assert sim.in_use("ai001") == sim.in_use("ai002") == 0
 
 
 def test_the_shim_is_the_real_interpreter_outside_a_jaccl_rank_and_refuses_without_config(
-    clean_cluster: Cluster, make_sim: Callable[..., JacclSim],
+    clean_cluster: Cluster,
+    make_sim: Callable[..., JacclSim],
 ) -> None:
     sim = make_sim()
-    probe = ("import sys, mlx.core as mx; print(sys.executable, mx.distributed.init.__module__,"
-             " 'mlx_medic_testbed_jaccl_rank' in sys.modules)")  # fmt: skip
-    plain = subprocess.run([str(sim.python), "-c", probe], capture_output=True, text=True,
-                           timeout=60, check=True)  # fmt: skip
+    probe = (
+        "import sys, mlx.core as mx; print(sys.executable, mx.distributed.init.__module__,"
+        " 'mlx_medic_testbed_jaccl_rank' in sys.modules)"
+    )
+    plain = subprocess.run(
+        [str(sim.python), "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
     assert plain.stdout.split() == [clean_cluster.python, "mlx.core.distributed", "False"]
     assert plain.stderr == ""
 
     # With the JACCL environment, only a process that imports mlx gets the simulated init.
     devices = clean_cluster.workdir / "devices.json"
     devices.write_text(json.dumps([[None, "rdma_ai002"], ["rdma_ai001", None]]))
-    jaccl_env = {**os.environ, "MLX_RANK": "0", "MLX_IBV_DEVICES": str(devices),
-                 "MLX_JACCL_COORDINATOR": "127.0.0.2:40000"}  # fmt: skip
+    jaccl_env = {
+        **os.environ,
+        "MLX_RANK": "0",
+        "MLX_IBV_DEVICES": str(devices),
+        "MLX_JACCL_COORDINATOR": "127.0.0.2:40000",
+    }
     guard_like = subprocess.run(  # the product's rank guard, before it execs the rank
         [str(sim.python), "-c", "import sys; print('mlx.core' in sys.modules)"],
-        capture_output=True, text=True, timeout=60, env=jaccl_env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=jaccl_env,
+    )
     assert (guard_like.stdout, guard_like.stderr) == ("False\n", "")
-    patched = subprocess.run([str(sim.python), "-c", probe], capture_output=True, text=True,
-                             timeout=60, env=jaccl_env)  # fmt: skip
+    patched = subprocess.run(
+        [str(sim.python), "-c", probe], capture_output=True, text=True, timeout=60, env=jaccl_env
+    )
     assert patched.stdout.split()[1:] == ["mlx_medic_testbed_jaccl_rank", "True"]
 
     # A sitecustomize the shim's would shadow still runs.
@@ -400,27 +460,33 @@ def test_the_shim_is_the_real_interpreter_outside_a_jaccl_rank_and_refuses_witho
     shadowed.mkdir()
     (shadowed / "sitecustomize.py").write_text("print('shadowed sitecustomize ran')\n")
     chained = subprocess.run(
-        [str(sim.python), "-c", "pass"], capture_output=True, text=True, timeout=60,
+        [str(sim.python), "-c", "pass"],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "PYTHONPATH": str(shadowed)},
     )
     assert chained.stdout == "shadowed sitecustomize ran\n"
 
     sim.config_path.write_text("{not json")
-    broken = subprocess.run([str(sim.python), "-c", probe], capture_output=True, text=True,
-                            timeout=60, env=jaccl_env)  # fmt: skip
+    broken = subprocess.run(
+        [str(sim.python), "-c", probe], capture_output=True, text=True, timeout=60, env=jaccl_env
+    )
     assert broken.returncode == 2 and broken.stdout == ""
     assert "refusing to simulate JACCL" in broken.stderr
 
     sim.config_path.unlink()
-    missing = subprocess.run([str(sim.python), "-c", "print('ran')"], capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+    missing = subprocess.run(
+        [str(sim.python), "-c", "print('ran')"], capture_output=True, text=True, timeout=60
+    )
     assert missing.returncode == 2 and missing.stdout == ""
     assert "refusing to simulate JACCL" in missing.stderr
     assert str(sim.config_path) in missing.stderr and "missing or unreadable" in missing.stderr
 
 
 def test_the_simulators_groups_are_the_testbeds_own_and_go_with_it(
-    clean_cluster: Cluster, make_sim: Callable[..., JacclSim],
+    clean_cluster: Cluster,
+    make_sim: Callable[..., JacclSim],
 ) -> None:
     from testbed.freezer import GROUP_PREFIX, OWNERS_DIR
 

@@ -53,8 +53,12 @@ def imported_modules(path: Path, module: str) -> set[str]:
 def layer_violations(package_root: Path) -> dict[str, list[str]]:
     """file -> the imports that cross the layering the wrong way."""
     offenders: dict[str, list[str]] = {}
-    files = [Path(d, f) for d, _, names in os.walk(package_root, followlinks=True)
-             for f in names if f.endswith(".py")]
+    files = [
+        Path(d, f)
+        for d, _, names in os.walk(package_root, followlinks=True)
+        for f in names
+        if f.endswith(".py")
+    ]
     assert any("exporter" in path.parts for path in files)  # the links were followed
     for path in sorted(files):
         module = module_name(path, package_root)
@@ -62,7 +66,8 @@ def layer_violations(package_root: Path) -> dict[str, list[str]]:
             continue
         forbidden = FORBIDDEN[subpackage(module)]
         bad = sorted(
-            name for name in imported_modules(path, module)
+            name
+            for name in imported_modules(path, module)
             if name.split(".")[0] in DEPLOYABLES  # the old top-level names are gone
             or (name.startswith(f"{PACKAGE}.") and subpackage(name) in forbidden)
         )
@@ -74,8 +79,9 @@ def layer_violations(package_root: Path) -> dict[str, list[str]]:
 def package_tree(tmp_path: Path) -> Path:
     """A real copy of the package (the links resolved), to plant imports in."""
     root = tmp_path / PACKAGE
-    shutil.copytree(REPO / PACKAGE, root, symlinks=False,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / PACKAGE, root, symlinks=False, ignore=shutil.ignore_patterns("__pycache__")
+    )
     return root
 
 
@@ -92,13 +98,18 @@ def test_the_deployables_are_subpackages_of_the_one_import_name() -> None:
 def test_a_planted_import_of_the_remediator_from_the_exporter_is_caught(tmp_path: Path) -> None:
     root = package_tree(tmp_path)
     (root / "exporter" / "collectors" / "planted.py").write_text(
-        "from mlx_medic.remediator.engine import Engine\n")
+        "from mlx_medic.remediator.engine import Engine\n"
+    )
     (root / "exporter" / "planted_relative.py").write_text("from ..remediator import journal\n")
     assert layer_violations(root) == {
         "mlx_medic/exporter/collectors/planted.py": [
-            "mlx_medic.remediator.engine", "mlx_medic.remediator.engine.Engine"],
+            "mlx_medic.remediator.engine",
+            "mlx_medic.remediator.engine.Engine",
+        ],
         "mlx_medic/exporter/planted_relative.py": [
-            "mlx_medic.remediator", "mlx_medic.remediator.journal"],
+            "mlx_medic.remediator",
+            "mlx_medic.remediator.journal",
+        ],
     }
 
 
@@ -108,4 +119,5 @@ def test_shared_code_importing_a_deployable_or_an_old_top_level_name_is_caught(
     root = package_tree(tmp_path)
     (root / "planted.py").write_text("import mlx_medic.exporter.main\nimport remediator\n")
     assert layer_violations(root) == {
-        "mlx_medic/planted.py": ["mlx_medic.exporter.main", "remediator"]}
+        "mlx_medic/planted.py": ["mlx_medic.exporter.main", "remediator"]
+    }

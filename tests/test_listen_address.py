@@ -20,8 +20,11 @@ def test_host_and_port_are_split(address: str, expected: tuple[str, int]) -> Non
 
 @pytest.mark.parametrize(
     ("address", "problem"),
-    [("10900", "must be HOST:PORT"), ("host:http", "'http' is not a port"),
-     ("host:70000", "out of range")],
+    [
+        ("10900", "must be HOST:PORT"),
+        ("host:http", "'http' is not a port"),
+        ("host:70000", "out of range"),
+    ],
 )
 def test_a_bad_address_is_named_with_the_problem(address: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem) as caught:

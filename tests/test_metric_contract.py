@@ -55,10 +55,21 @@ def scrape_once(tmp_path: Path) -> str:
     config = tmp_path / "inventory.yaml"
     config.write_text(inventory_text(tmp_path))
     result = subprocess.run(
-        [sys.executable, "-m", "mlx_medic.cli", "exporter", "--once",
-         "--config.file", str(config), "--node", "n1"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlx_medic.cli",
+            "exporter",
+            "--once",
+            "--config.file",
+            str(config),
+            "--node",
+            "n1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -85,8 +96,11 @@ def remediator_names(tmp_path: Path) -> set[str]:
     journal = Journal(tmp_path / "journal.sqlite")
     Engine(
         RemediatorConfig(journal=tmp_path / "journal.sqlite", dry_run=True),
-        inventory, journal, LocalTransport(), registry=registry,
-    )  # fmt: skip
+        inventory,
+        journal,
+        LocalTransport(),
+        registry=registry,
+    )
     names = exported_names(generate_latest(registry).decode())
     return {n for n in names if not n.endswith("_created")}
 

@@ -28,8 +28,11 @@ def test_the_name_asked_for_wins_over_the_file(tmp_path: Path, inventory: Invent
 def test_with_an_inventory_and_no_name_the_error_says_both_ways(
     tmp_path: Path, inventory: Inventory
 ) -> None:
-    with pytest.raises(NodeIdentityError, match=r"pass --node NAME or write it to .*node-id"
-                                                r" \(nodes: ai001, ai002\)"):
+    with pytest.raises(
+        NodeIdentityError,
+        match=r"pass --node NAME or write it to .*node-id"
+        r" \(nodes: ai001, ai002\)",
+    ):
         resolve_node(inventory, None, tmp_path)
 
 

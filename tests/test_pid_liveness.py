@@ -26,8 +26,18 @@ def ps(exit_status: int | None, stdout: str = "", stderr: str = "") -> CommandRe
 
 
 def test_the_pid_is_one_argument_of_a_fixed_command() -> None:
-    assert liveness_argv(4711) == ["env", "LC_ALL=C", "TZ=UTC0", "ps", "-p", "4711",
-                                   "-o", "stat=", "-o", "lstart="]
+    assert liveness_argv(4711) == [
+        "env",
+        "LC_ALL=C",
+        "TZ=UTC0",
+        "ps",
+        "-p",
+        "4711",
+        "-o",
+        "stat=",
+        "-o",
+        "lstart=",
+    ]
     with pytest.raises(ValueError, match="positive"):
         liveness_argv(0)
 
@@ -38,18 +48,22 @@ def test_lstart_is_read_as_utc() -> None:
         parse_lstart("mardi 1 décembre 2026")
 
 
-@pytest.mark.parametrize(("result", "pid_start", "expected"), [
-    (ps(0, "Ss   Tue Dec  1 00:26:32 2026\n"), START + 0.54, Liveness.ALIVE),
-    (ps(0, "S+   Tue Dec  1 00:26:32 2026\n"), None, Liveness.ALIVE),
-    (ps(0, "Ss   Tue Dec  1 00:26:32 2026\n"), START - 3600, Liveness.REUSED),
-    (ps(0, "Z    Tue Dec  1 00:26:32 2026\n"), START, Liveness.DEAD),
-    (ps(1), START, Liveness.DEAD),
-    (ps(127, stderr="env: 'ps': No such file or directory\n"), START, Liveness.UNKNOWN),
-    (ps(None), START, Liveness.UNKNOWN),
-    (ps(0, "Ss   yesterday\n"), START, Liveness.UNKNOWN),
-])
-def test_what_ps_says_about_the_holder(result: CommandResult, pid_start: float | None,
-                                       expected: Liveness) -> None:
+@pytest.mark.parametrize(
+    ("result", "pid_start", "expected"),
+    [
+        (ps(0, "Ss   Tue Dec  1 00:26:32 2026\n"), START + 0.54, Liveness.ALIVE),
+        (ps(0, "S+   Tue Dec  1 00:26:32 2026\n"), None, Liveness.ALIVE),
+        (ps(0, "Ss   Tue Dec  1 00:26:32 2026\n"), START - 3600, Liveness.REUSED),
+        (ps(0, "Z    Tue Dec  1 00:26:32 2026\n"), START, Liveness.DEAD),
+        (ps(1), START, Liveness.DEAD),
+        (ps(127, stderr="env: 'ps': No such file or directory\n"), START, Liveness.UNKNOWN),
+        (ps(None), START, Liveness.UNKNOWN),
+        (ps(0, "Ss   yesterday\n"), START, Liveness.UNKNOWN),
+    ],
+)
+def test_what_ps_says_about_the_holder(
+    result: CommandResult, pid_start: float | None, expected: Liveness
+) -> None:
     assert judge_ps(result, pid_start)[0] is expected
 
 

@@ -65,18 +65,29 @@ def test_a_server_that_answers_without_a_completion_is_down(
 
 
 def test_a_probe_that_cannot_take_the_node_wide_lock_is_inconclusive_with_exit_status_3(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     lock_dir = tmp_path / "locks"
     lock_dir.mkdir()
     with CountingCompletionServer() as server:
         # Another process (the exporter, say) is probing the same server right now.
-        fd = os.open(lock_dir / _lock_file_name("127.0.0.1", server.port),
-                     os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(
+            lock_dir / _lock_file_name("127.0.0.1", server.port), os.O_RDWR | os.O_CREAT, 0o600
+        )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            status, answer, _ = probe(capsys, "--host", "127.0.0.1", "--port", str(server.port),
-                                      "--timeout", "0.2", "--lock-dir", str(lock_dir))
+            status, answer, _ = probe(
+                capsys,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(server.port),
+                "--timeout",
+                "0.2",
+                "--lock-dir",
+                str(lock_dir),
+            )
         finally:
             os.close(fd)
         assert server.requests == 0  # nothing was sent beside the other probe
@@ -86,30 +97,41 @@ def test_a_probe_that_cannot_take_the_node_wide_lock_is_inconclusive_with_exit_s
 
 
 def test_the_lock_dir_is_created_when_missing(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     lock_dir = tmp_path / "state" / "locks"
     with CountingCompletionServer() as server:
-        status, _, _ = probe(capsys, "--host", "127.0.0.1", "--port", str(server.port),
-                             "--lock-dir", str(lock_dir))
+        status, _, _ = probe(
+            capsys, "--host", "127.0.0.1", "--port", str(server.port), "--lock-dir", str(lock_dir)
+        )
     assert status == 0
     assert (lock_dir / _lock_file_name("127.0.0.1", server.port)).exists()
 
 
-@pytest.mark.parametrize(("args", "problem"), [
-    (["--port", "8080"], "the following arguments are required: --host"),
-    (["--host", "127.0.0.1"], "the following arguments are required: --port"),
-    (["--host", "127.0.0.1", "--port", "http"], "'http' is not a port number"),
-    (["--host", "127.0.0.1", "--port", "0"], "0 is not a TCP port (1-65535)"),
-    (["--host", "127.0.0.1", "--port", "65536"], "65536 is not a TCP port (1-65535)"),
-    (["--host", "127.0.0.1", "--port", "80", "--timeout", "-1"],
-     "'-1' must be a positive number of seconds"),
-    (["--host", "127.0.0.1", "--port", "80", "--timeout", "nan"],
-     "'nan' must be a positive number of seconds"),
-    (["--host", "a b", "--port", "80"], "probe host 'a b' is not a host name or address"),
-])
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--port", "8080"], "the following arguments are required: --host"),
+        (["--host", "127.0.0.1"], "the following arguments are required: --port"),
+        (["--host", "127.0.0.1", "--port", "http"], "'http' is not a port number"),
+        (["--host", "127.0.0.1", "--port", "0"], "0 is not a TCP port (1-65535)"),
+        (["--host", "127.0.0.1", "--port", "65536"], "65536 is not a TCP port (1-65535)"),
+        (
+            ["--host", "127.0.0.1", "--port", "80", "--timeout", "-1"],
+            "'-1' must be a positive number of seconds",
+        ),
+        (
+            ["--host", "127.0.0.1", "--port", "80", "--timeout", "nan"],
+            "'nan' must be a positive number of seconds",
+        ),
+        (["--host", "a b", "--port", "80"], "probe host 'a b' is not a host name or address"),
+    ],
+)
 def test_bad_arguments_exit_2_with_a_message_that_names_the_problem_and_probe_nothing(
-    capsys: pytest.CaptureFixture[str], args: list[str], problem: str,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    problem: str,
 ) -> None:
     status, answer, err = probe(capsys, *args)
     assert status == 2
@@ -118,12 +140,14 @@ def test_bad_arguments_exit_2_with_a_message_that_names_the_problem_and_probe_no
 
 
 def test_an_unusable_lock_dir_exits_2_and_names_it(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    status, answer, err = probe(capsys, "--host", "127.0.0.1", "--port", "80",
-                                "--lock-dir", str(not_a_dir / "locks"))
+    status, answer, err = probe(
+        capsys, "--host", "127.0.0.1", "--port", "80", "--lock-dir", str(not_a_dir / "locks")
+    )
     assert status == 2 and answer == {}
     assert f"cannot use --lock-dir {not_a_dir / 'locks'}" in err
 
@@ -134,9 +158,23 @@ def test_the_installed_command_prints_the_same_line_as_a_subprocess() -> None:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     with CountingCompletionServer() as server:
         done = subprocess.run(
-            [sys.executable, "-m", "mlx_medic.cli", "probe", "--host", "127.0.0.1",
-             "--port", str(server.port), "--timeout", "5"],
-            capture_output=True, text=True, timeout=60, env=env, cwd=REPO,
+            [
+                sys.executable,
+                "-m",
+                "mlx_medic.cli",
+                "probe",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(server.port),
+                "--timeout",
+                "5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=REPO,
         )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["up"] is True

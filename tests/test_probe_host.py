@@ -24,10 +24,17 @@ from tests.node.inventories import two_models
 WILDCARDS = ["0.0.0.0", "", "::"]
 
 
-@pytest.mark.parametrize(("listen", "probed"), [
-    ("0.0.0.0", "127.0.0.1"), ("", "127.0.0.1"), ("::", "::1"),
-    ("127.0.0.1", "127.0.0.1"), ("192.168.101.1", "192.168.101.1"), ("::1", "::1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("listen", "probed"),
+    [
+        ("0.0.0.0", "127.0.0.1"),
+        ("", "127.0.0.1"),
+        ("::", "::1"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("192.168.101.1", "192.168.101.1"),
+        ("::1", "::1"),
+    ],
+)
 def test_a_wildcard_listen_address_is_probed_on_loopback_of_its_family(
     listen: str, probed: str
 ) -> None:
@@ -35,10 +42,13 @@ def test_a_wildcard_listen_address_is_probed_on_loopback_of_its_family(
 
 
 def _inventory(host: str, state_dir: Path | str = "/var/lib/mlx-medic") -> Any:
-    return parse_inventory(two_models(
-        str(state_dir), n1=", medic_command: /opt/mlx-medic/bin/mlx-medic",
-        m1=f"\n    host: {host!r}",
-    ))  # fmt: skip
+    return parse_inventory(
+        two_models(
+            str(state_dir),
+            n1=", medic_command: /opt/mlx-medic/bin/mlx-medic",
+            m1=f"\n    host: {host!r}",
+        )
+    )
 
 
 @pytest.mark.parametrize("listen", WILDCARDS)
@@ -65,8 +75,11 @@ class _Recording:
 
     async def run(self, node: Any, argv: list[str], *, timeout: float) -> CommandResult:
         self.argv = list(argv)
-        return CommandResult(0, '{"up": true, "conclusive": true, "reason": "completed",'
-                                ' "latency_seconds": 0.1}\n', "")  # fmt: skip
+        return CommandResult(
+            0,
+            '{"up": true, "conclusive": true, "reason": "completed", "latency_seconds": 0.1}\n',
+            "",
+        )
 
 
 @pytest.mark.parametrize("listen", WILDCARDS)
@@ -75,8 +88,12 @@ async def test_the_probe_the_remediator_sends_to_the_head_passes_its_forced_comm
 ) -> None:
     inventory = _inventory(listen)
     transport = _Recording()
-    await probe_model_health(inventory.model("m1"), inventory, transport=transport,  # type: ignore[arg-type]
-                             probe_from="head")  # fmt: skip
+    await probe_model_health(
+        inventory.model("m1"),
+        inventory,
+        transport=transport,  # type: ignore[arg-type]
+        probe_from="head",
+    )
     assert transport.argv[transport.argv.index("--host") + 1] == probe_host(listen)
     allowed = Allowed(inventory, Path("/etc/mlx-medic/inventory.yaml"), "n1")
     assert validate(shlex.join(transport.argv), allowed)[0] == "probe"

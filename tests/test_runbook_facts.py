@@ -19,16 +19,34 @@ RUNBOOKS = ROOT / "alerting-rules" / "runbooks"
 RULES = ROOT / "alerting-rules" / "mlx-medic.rules.yaml"
 DECISIONS = ROOT / "docs" / "decisions.md"
 ON_CALL_TEXTS = sorted(
-    [*RUNBOOKS.glob("*.md"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md",
-     *(ROOT / "deploy").rglob("*"), RULES, ROOT / "examples" / "inventory.yaml"]
+    [
+        *RUNBOOKS.glob("*.md"),
+        *(ROOT / "docs").glob("*.md"),
+        ROOT / "README.md",
+        *(ROOT / "deploy").rglob("*"),
+        RULES,
+        ROOT / "examples" / "inventory.yaml",
+    ]
 )
 # A sudoers file's lines are the rules sudo applies to `sudo -n ...`, not commands shown.
 ON_CALL_TEXTS = [p for p in ON_CALL_TEXTS if p.is_file() and "sudoers" not in p.parts]
 
 # launchctl(1): "Anyone may read or query the system domain, but root privileges are required
 # to make modifications" (macos-facts.md §1): these subcommands change a job.
-LAUNCHCTL_CHANGES = ("kickstart", "bootout", "bootstrap", "enable", "disable", "kill",
-                     "load", "unload", "remove", "start", "stop", "submit")
+LAUNCHCTL_CHANGES = (
+    "kickstart",
+    "bootout",
+    "bootstrap",
+    "enable",
+    "disable",
+    "kill",
+    "load",
+    "unload",
+    "remove",
+    "start",
+    "stop",
+    "submit",
+)
 
 
 def text_of(path: Path) -> str:
@@ -53,7 +71,7 @@ def test_every_launchctl_command_that_changes_a_job_is_shown_with_sudo(path):
     changes = "|".join(LAUNCHCTL_CHANGES)
     text = text_of(path)
     for match in re.finditer(rf"(?:/bin/)?launchctl\s+(?:{changes})\b", text):
-        before = text[max(0, match.start() - 12):match.start()]
+        before = text[max(0, match.start() - 12) : match.start()]
         assert re.search(r"\bsudo (?:-n )?$", before), f"{path.name}: {match[0]!r} without sudo"
 
 
@@ -69,13 +87,18 @@ def test_a_stated_start_timeout_default_is_the_codes():
     default = Policy().start_timeout
     minutes = f"{default / 60:g} minutes"
     short = human_duration(default)
-    stated = [(path.name, block) for path in ON_CALL_TEXTS
-              for block in paragraphs(text_of(path))
-              if "start_timeout" in block and "default" in block]
+    stated = [
+        (path.name, block)
+        for path in ON_CALL_TEXTS
+        for block in paragraphs(text_of(path))
+        if "start_timeout" in block and "default" in block
+    ]
     assert stated, "no text states start_timeout's default"
     for name, block in stated:
         assert minutes in block or f"{short} by default" in block or f"`{short}`" in block, (
-            name, block)
+            name,
+            block,
+        )
         assert "15 minutes" not in block, (name, block)
 
 
@@ -136,20 +159,26 @@ def test_a_runbook_states_what_the_seeds_disagree_on_only_as_disputed(path):
 
 
 def test_the_runbooks_that_touch_a_disputed_question_say_so_and_link_the_sources():
-    for name in ("mlxrdmaprotectiondomainshigh.md", "mlxrdmaprotectiondomainsexhausted.md",
-                 "mlxjacclprotectiondomainerrors.md", "mlxorphanprocessesuninterruptible.md",
-                 "README.md"):
+    for name in (
+        "mlxrdmaprotectiondomainshigh.md",
+        "mlxrdmaprotectiondomainsexhausted.md",
+        "mlxjacclprotectiondomainerrors.md",
+        "mlxorphanprocessesuninterruptible.md",
+        "README.md",
+    ):
         text = text_of(RUNBOOKS / name)
         assert "disputed" in text and "docs/decisions.md#what-the-seeds-disagree-on" in text
 
 
 def test_the_decisions_page_puts_the_budget_per_device_and_ioclasscount_per_node():
     section = " ".join(text_of(DECISIONS).split("## What the seeds disagree on")[0].split())
-    assert "is a limit of each RDMA device (`rdma_enX`, one per Thunderbolt link), not of the" \
+    assert (
+        "is a limit of each RDMA device (`rdma_enX`, one per Thunderbolt link), not of the"
         " node" in section
+    )
     assert "`ioclasscount` cannot tell devices apart" in section
     # the sources it names: the dryvist measurement, JACCL's code, the man page (as fixtured)
-    assert "`max_pd: 11 max_qp: 11 max_cq: 11` \"on every device\"" in section
+    assert '`max_pd: 11 max_qp: 11 max_cq: 11` "on every device"' in section
     assert "`Connection::allocate_protection_domain`" in section
     assert "`MeshGroup::initialize`" in section
     manpage = (ROOT / "tests" / "fixtures" / "macos" / "ioclasscount_manpage.txt").read_text()
@@ -157,8 +186,12 @@ def test_the_decisions_page_puts_the_budget_per_device_and_ioclasscount_per_node
 
 
 def test_the_protection_domain_runbooks_and_rules_count_per_rdma_device():
-    for name in ("mlxrdmaprotectiondomainshigh.md", "mlxrdmaprotectiondomainsexhausted.md",
-                 "mlxorphanprocesses.md", "README.md"):
+    for name in (
+        "mlxrdmaprotectiondomainshigh.md",
+        "mlxrdmaprotectiondomainsexhausted.md",
+        "mlxorphanprocesses.md",
+        "README.md",
+    ):
         assert re.search(r"11 per (?:RDMA )?device", " ".join(text_of(RUNBOOKS / name).split()))
     rules = text_of(RULES)
     assert "10 * count by (node) (count by (node, device) (mlx_rdma_port_active))" in rules
@@ -179,15 +212,34 @@ NOT_TODAY = re.compile(r"not implemented yet|planned, not implemented|acts? on n
 
 def test_the_runbooks_name_every_step_recover_takes_in_its_order():
     readme = " ".join(text_of(RUNBOOKS / "README.md").split())
-    section = readme[readme.index("## What the remediator does today"):
-                     readme.index("## Recover a model by hand")]
+    section = readme[
+        readme.index("## What the remediator does today") : readme.index(
+            "## Recover a model by hand"
+        )
+    ]
     names = recover_step_names()
-    assert names == ["preflight", "stop-service", "sweep", "clean-tmp", "start-service",
-                     "verify", "pin-ring", "restart-service", "verify-ring", "escalate"]
+    assert names == [
+        "preflight",
+        "stop-service",
+        "sweep",
+        "clean-tmp",
+        "start-service",
+        "verify",
+        "pin-ring",
+        "restart-service",
+        "verify-ring",
+        "escalate",
+    ]
     positions = [section.index(f"`{name}`") for name in names]
     assert positions == sorted(positions)
-    for helper in ("node facts", "node service MODEL stop", "node sweep MODEL",
-                   "node clean MODEL", "node service MODEL start", "node backend MODEL set ring"):
+    for helper in (
+        "node facts",
+        "node service MODEL stop",
+        "node sweep MODEL",
+        "node clean MODEL",
+        "node service MODEL start",
+        "node backend MODEL set ring",
+    ):
         assert f"`{helper}" in section, helper
     assert "pin-ring" not in recover_step_names("script")
     assert "a backend pin changes nothing there" in section

@@ -13,11 +13,22 @@ from mlx_medic.service_manager import SERVICE_ACTIONS, privileged_argv, service_
 
 
 def model(service: dict[str, Any]):
-    inventory = parse_inventory(yaml.safe_dump({
-        "nodes": {"n1": {"ssh": "127.0.0.2"}},
-        "models": {"m1": {"model": "/m", "nodes": ["n1"], "port": 8080, "service": service,
-                          "backends": {"ring": {"hostfile": "/etc/ring.json"}}}},
-    }))  # fmt: skip
+    inventory = parse_inventory(
+        yaml.safe_dump(
+            {
+                "nodes": {"n1": {"ssh": "127.0.0.2"}},
+                "models": {
+                    "m1": {
+                        "model": "/m",
+                        "nodes": ["n1"],
+                        "port": 8080,
+                        "service": service,
+                        "backends": {"ring": {"hostfile": "/etc/ring.json"}},
+                    }
+                },
+            }
+        )
+    )
     return inventory.model("m1")
 
 
@@ -26,9 +37,21 @@ def test_launchd_stops_by_bootout_starts_from_the_inventorys_plist_and_restarts_
     m = model({"manager": "launchd", "label": "com.x.m1", "plist": plist})
     assert service_argv(m, "stop") == ["sudo", "-n", "/bin/launchctl", "bootout", "system/com.x.m1"]
     assert service_argv(m, "start") == [
-        "sudo", "-n", "/bin/launchctl", "bootstrap", "system", plist]
+        "sudo",
+        "-n",
+        "/bin/launchctl",
+        "bootstrap",
+        "system",
+        plist,
+    ]
     assert service_argv(m, "restart") == [
-        "sudo", "-n", "/bin/launchctl", "kickstart", "-k", "system/com.x.m1"]
+        "sudo",
+        "-n",
+        "/bin/launchctl",
+        "kickstart",
+        "-k",
+        "system/com.x.m1",
+    ]
 
 
 def test_launchd_plist_defaults_to_the_label_under_library_launchdaemons():
@@ -38,7 +61,12 @@ def test_launchd_plist_defaults_to_the_label_under_library_launchdaemons():
 
 def test_systemd_goes_through_sudo_and_supervisord_through_its_own_socket():
     assert service_argv(model({"manager": "systemd", "label": "m1.service"}), "stop") == [
-        "sudo", "-n", "/bin/systemctl", "stop", "m1.service"]
+        "sudo",
+        "-n",
+        "/bin/systemctl",
+        "stop",
+        "m1.service",
+    ]
     sup = model({"manager": "supervisord", "label": "m1", "config": "/etc/sup.conf"})
     assert service_argv(sup, "restart") == ["supervisorctl", "-c", "/etc/sup.conf", "restart", "m1"]
     assert privileged_argv(sup) == []

@@ -69,8 +69,12 @@ def test_a_shared_dir_is_weighed_once_and_stale_only_past_every_sharing_models_a
     the longest stale age of the models sharing the dir."""
     hf, share_a = tmp_path / "hf", tmp_path / "share-a"
     now = time.time()
-    for entry, age in [(hf / "tmp_one_hour", 3600), (hf / "tmp_three_hours", 3 * 3600),
-                       (hf / "tmp_in_use", 3 * 3600), (share_a / "tmp_one_hour", 3600)]:
+    for entry, age in [
+        (hf / "tmp_one_hour", 3600),
+        (hf / "tmp_three_hours", 3 * 3600),
+        (hf / "tmp_in_use", 3 * 3600),
+        (share_a / "tmp_one_hour", 3600),
+    ]:
         write(entry / "blob", 40_000)
         age_tree(entry, now - age)  # one hour: past a's 30m, not b's 2h
     inventory = parse_inventory(two_models(share_a, hf))
@@ -101,7 +105,10 @@ def test_check_config_says_which_dirs_are_shared_on_which_nodes_by_which_models(
 def test_check_config_names_the_examples_shared_hugging_face_cache():
     result = subprocess.run(
         [sys.executable, "-m", "mlx_medic.cli", "check-config", str(EXAMPLE)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert f"  {HF} on ai004: glm-4_6-5b, qwq-32b-8bit (stale after 10m)" in result.stdout

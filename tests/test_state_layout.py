@@ -52,11 +52,14 @@ def normalized(layout: dict[str, str], port: int) -> dict[str, str]:
 
 
 def as_the_layout_says(layout: dict[str, str]) -> bool:
-    return all(said == LAYOUT["file" if name.endswith((".lock", ".guard", ".current"))
-                              else "dir"] for name, said in layout.items())  # fmt: skip
+    return all(
+        said == LAYOUT["file" if name.endswith((".lock", ".guard", ".current")) else "dir"]
+        for name, said in layout.items()
+    )
 
 
 # --- three users: the exporter (root), the node's login user, the remediator's user -----
+
 
 @pytest.fixture(scope="module")
 def exporter_first(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -94,9 +97,10 @@ def test_remediator_first_the_node_user_is_told_who_must_make_the_state_dir_then
 ) -> None:
     refused = remediator_first["probe_before_any_state_dir"]
     assert refused["code"] == 2, refused  # no verdict: the remediator does nothing on it
-    assert ("cannot create /var/lib/mlx-medic: Permission denied (/var/lib is root:root 0755;"
-            " this process runs as medic); /var/lib/mlx-medic should be medic:mlx-medic 2750"
-            ) in refused["err"]
+    assert (
+        "cannot create /var/lib/mlx-medic: Permission denied (/var/lib is root:root 0755;"
+        " this process runs as medic); /var/lib/mlx-medic should be medic:mlx-medic 2750"
+    ) in refused["err"]
     assert "the exporter (root) makes the state dir" in refused["err"]
     assert remediator_first["tmpfiles"]["code"] == 0, remediator_first["tmpfiles"]
     for probe in ("probe", "probe_after_exporter"):
@@ -113,7 +117,8 @@ def test_the_exporter_started_last_finds_nothing_to_correct(
 
 
 def test_either_order_ends_in_the_same_layout(
-    exporter_first: dict[str, Any], remediator_first: dict[str, Any],
+    exporter_first: dict[str, Any],
+    remediator_first: dict[str, Any],
 ) -> None:
     first = normalized(exporter_first["state_dir"], exporter_first["host"]["port"])
     last = normalized(remediator_first["state_dir"], remediator_first["host"]["port"])
@@ -121,12 +126,15 @@ def test_either_order_ends_in_the_same_layout(
 
 
 def test_the_remediator_keeps_its_journal_0640_in_its_own_dir_in_either_order(
-    exporter_first: dict[str, Any], remediator_first: dict[str, Any],
+    exporter_first: dict[str, Any],
+    remediator_first: dict[str, Any],
 ) -> None:
     for seen in (exporter_first, remediator_first):
         assert seen["pause"]["code"] == 0, seen["pause"]
-        assert seen["remediator_dir"] == {".": "mlx-medic:mlx-medic 0755",
-                                          "journal.sqlite": "mlx-medic:mlx-medic 0640"}
+        assert seen["remediator_dir"] == {
+            ".": "mlx-medic:mlx-medic 0755",
+            "journal.sqlite": "mlx-medic:mlx-medic 0640",
+        }
         assert not any("journal" in name for name in seen["state_dir"])
 
 
@@ -138,22 +146,27 @@ def test_a_node_user_that_cannot_use_a_root_made_lock_dir_is_told_whose_it_is(
     assert older_version["left"]["locks"] == "root:root 0700"
     refused = older_version["lock_before"]["take"]
     assert refused["code"] == 1, refused
-    assert ("cannot write in /var/lib/mlx-medic/locks: Permission denied"
-            " (/var/lib/mlx-medic/locks is root:root 0700; this process runs as medic);"
-            " /var/lib/mlx-medic/locks should be medic:mlx-medic 2750") in refused["err"]
+    assert (
+        "cannot write in /var/lib/mlx-medic/locks: Permission denied"
+        " (/var/lib/mlx-medic/locks is root:root 0700; this process runs as medic);"
+        " /var/lib/mlx-medic/locks should be medic:mlx-medic 2750"
+    ) in refused["err"]
     assert older_version["probe_before"]["code"] == 2, older_version["probe_before"]
 
 
 def test_the_root_exporter_corrects_what_an_older_version_left_and_says_so(
     older_version: dict[str, Any],
 ) -> None:
-    corrected = [line for line in older_version["exporter"]["logged"]
-                 if line.startswith("corrected ")]
+    corrected = [
+        line for line in older_version["exporter"]["logged"] if line.startswith("corrected ")
+    ]
     wrong = [name for name, said in older_version["left"].items() if said.startswith("root")]
     assert len(corrected) == len(wrong), corrected
     port = older_version["host"]["port"]
-    assert (f"corrected /var/lib/mlx-medic/locks/probe-127.0.0.1-{port}.lock: root:root 0600"
-            " -> medic:mlx-medic 0640") in "\n".join(corrected)
+    assert (
+        f"corrected /var/lib/mlx-medic/locks/probe-127.0.0.1-{port}.lock: root:root 0600"
+        " -> medic:mlx-medic 0640"
+    ) in "\n".join(corrected)
     assert older_version["lock"]["take"]["code"] == 0, older_version["lock"]
     assert older_version["probe"]["code"] == 1, older_version["probe"]
     assert as_the_layout_says(older_version["state_dir"]), older_version["state_dir"]
@@ -168,6 +181,7 @@ def test_the_rendered_tmpfiles_line_gives_back_a_state_dir_another_unit_reowned(
 
 
 # --- the layout's functions, as root, for a uid no user has -----------------------------
+
 
 @pytest.fixture
 def shared() -> Iterator[Path]:
@@ -185,9 +199,13 @@ def said(path: Path) -> tuple[int, int, int]:
 
 def as_uid(owner: Owner, *argv: str) -> subprocess.CompletedProcess[str]:
     setpriv = require_tool("setpriv")
-    return subprocess.run([setpriv, f"--reuid={owner.uid}", f"--regid={owner.gid}",
-                           "--clear-groups", *argv], capture_output=True, text=True,
-                          timeout=30, check=False)  # fmt: skip
+    return subprocess.run(
+        [setpriv, f"--reuid={owner.uid}", f"--regid={owner.gid}", "--clear-groups", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 def test_prepare_makes_the_state_dir_and_its_dirs_for_the_owner_named(tmp_path: Path) -> None:

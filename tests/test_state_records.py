@@ -25,11 +25,17 @@ def test_no_backend_record_means_auto(tmp_path: Path) -> None:
 
 
 def test_a_pin_is_durable_and_says_who_and_why(tmp_path: Path) -> None:
-    write_backend_choice(tmp_path, "m1", "ring", by="remediator run 7", reason="jaccl failed",
-                         now=100.0)  # fmt: skip
+    write_backend_choice(
+        tmp_path, "m1", "ring", by="remediator run 7", reason="jaccl failed", now=100.0
+    )
     choice = read_backend_choice(tmp_path, "m1")
     assert (choice.choice, choice.by, choice.at, choice.reason, choice.pinned) == (
-        "ring", "remediator run 7", 100.0, "jaccl failed", True)
+        "ring",
+        "remediator run 7",
+        100.0,
+        "jaccl failed",
+        True,
+    )
     write_backend_choice(tmp_path, "m1", "auto", by="root", reason="rebooted")
     assert not read_backend_choice(tmp_path, "m1").pinned
 

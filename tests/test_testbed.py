@@ -153,8 +153,10 @@ def test_every_node_has_a_boot_id_of_its_own_which_its_processes_read(
     host_boot_id = BOOT_ID.read_text().strip()
     ids = [node.boot_id for node in clean_cluster.nodes]
     assert len(set(ids)) == len(ids) and host_boot_id not in ids
-    probe = (f"{clean_cluster.python} -c 'from mlx_medic.node.boot_id import current_boot_id;"
-             " print(current_boot_id())'")  # fmt: skip
+    probe = (
+        f"{clean_cluster.python} -c 'from mlx_medic.node.boot_id import current_boot_id;"
+        " print(current_boot_id())'"
+    )
     for node in clean_cluster.nodes:
         assert str(uuid.UUID(node.boot_id)) == node.boot_id  # a uuid, as the kernel's is
         over_ssh = node.run(f"cat {BOOT_ID}; {probe}").stdout.split()
@@ -288,8 +290,11 @@ def test_kill_all_but_sshd_ends_everything_in_a_node_even_frozen(clean_cluster: 
     # a killed process stays listed as a zombie until its parent (nsenter, on the host)
     # reaps it, which a loaded machine may delay: ended means gone or a zombie
     deadline = time.monotonic() + 5.0
-    while (left := [(pid, processes.state(pid)) for pid in node.host_pids()
-                    if pid != node.init_pid and processes.is_alive(pid)]):  # fmt: skip
+    while left := [
+        (pid, processes.state(pid))
+        for pid in node.host_pids()
+        if pid != node.init_pid and processes.is_alive(pid)
+    ]:
         assert time.monotonic() < deadline, left
         time.sleep(0.1)
     assert node.init_pid in node.host_pids()
@@ -316,6 +321,7 @@ def test_a_rebooted_node_ends_even_frozen_processes_and_comes_back_with_a_new_bo
     assert rebooted == ["ai003"]  # after it is up again (a simulator's pools are cleared)
     assert node.boot_id != old_boot_id
     assert node.run(f"cat {BOOT_ID}").stdout.strip() == node.boot_id
+
     # Nothing but the new sshd and, for a moment, its per-connection children (the readiness
     # probe's): processes of the old namespace cannot be in the new one.
     def others() -> dict[int, list[str]]:

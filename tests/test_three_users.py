@@ -33,18 +33,23 @@ def users_cluster(testbed_workdir: Path) -> Iterator[Cluster]:
     require_root()
     for tool in ("sshd", "ssh", "unshare", "nsenter", "mount", "sudo", "visudo", "setpriv"):
         require_tool(tool)
-    started = start_cluster(2, testbed_workdir / f"users-{uuid.uuid4().hex[:6]}",
-                            node_user=USER)  # fmt: skip
+    started = start_cluster(2, testbed_workdir / f"users-{uuid.uuid4().hex[:6]}", node_user=USER)
     try:
         yield started
     finally:
         started.close()
 
 
-def as_user(cluster: Cluster, node: str, command: str,
-            identity: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    return subprocess.run(cluster.node(node).user_ssh_argv(command, identity=identity),
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+def as_user(
+    cluster: Cluster, node: str, command: str, identity: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cluster.node(node).user_ssh_argv(command, identity=identity),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def write_inventory(cluster: Cluster, models: list[dict]) -> Path:
@@ -89,18 +94,31 @@ def test_the_remediators_key_gets_in_only_through_the_rendered_file(
     refused = as_user(users_cluster, "ai002", "id", identity=users_cluster.remediator_identity)
     assert refused.returncode == 255  # no line for it: sshd refuses the key
     hostfile = users_cluster.hostfile(users_cluster.workdir / "ring.json", ["ai001", "ai002"])
-    inventory = write_inventory(users_cluster, [{
-        "name": "tiny", "model": "m", "nodes": ["ai001", "ai002"], "port": free_port(),
-        "service": {"manager": "supervisord", "label": "tiny"},
-        "backends": {"ring": {"hostfile": str(hostfile)}}}])  # fmt: skip
+    inventory = write_inventory(
+        users_cluster,
+        [
+            {
+                "name": "tiny",
+                "model": "m",
+                "nodes": ["ai001", "ai002"],
+                "port": free_port(),
+                "service": {"manager": "supervisord", "label": "tiny"},
+                "backends": {"ring": {"hostfile": str(hostfile)}},
+            }
+        ],
+    )
     rendered = users_cluster.deploy(inventory)
     assert rendered is not None
     line = (rendered / "authorized-keys" / "ai002" / "authorized_keys").read_text()
     assert "restrict" in line and "no-user-rc" in line and 'from="127.0.0.1"' in line
     shell = as_user(users_cluster, "ai002", "id", identity=users_cluster.remediator_identity)
     assert shell.returncode == 2 and "refused" in shell.stderr  # the forced command's answer
-    facts = as_user(users_cluster, "ai002", f"{MEDIC} node facts tiny --config.file {inventory}",
-                    identity=users_cluster.remediator_identity)  # fmt: skip
+    facts = as_user(
+        users_cluster,
+        "ai002",
+        f"{MEDIC} node facts tiny --config.file {inventory}",
+        identity=users_cluster.remediator_identity,
+    )
     assert facts.returncode == 0, facts.stderr
 
 
@@ -109,11 +127,24 @@ def test_sudo_lists_exactly_the_rendered_rule_on_the_head_and_nothing_on_the_pee
 ):
     conf = users_cluster.workdir / "supervisord-sudo.conf"
     hostfile = users_cluster.hostfile(users_cluster.workdir / "ring.json", ["ai001", "ai002"])
-    inventory = write_inventory(users_cluster, [{
-        "name": "tiny", "model": "m", "nodes": ["ai001", "ai002"], "port": free_port(),
-        "service": {"manager": "supervisord", "label": "tiny-sudo", "config": str(conf),
-                    "sudo": True},
-        "backends": {"ring": {"hostfile": str(hostfile)}}}])  # fmt: skip
+    inventory = write_inventory(
+        users_cluster,
+        [
+            {
+                "name": "tiny",
+                "model": "m",
+                "nodes": ["ai001", "ai002"],
+                "port": free_port(),
+                "service": {
+                    "manager": "supervisord",
+                    "label": "tiny-sudo",
+                    "config": str(conf),
+                    "sudo": True,
+                },
+                "backends": {"ring": {"hostfile": str(hostfile)}},
+            }
+        ],
+    )
     rendered = users_cluster.deploy(inventory)
     assert rendered is not None
     rule_file = (rendered / "sudoers" / "ai001" / "mlx-medic").read_text()
@@ -121,15 +152,17 @@ def test_sudo_lists_exactly_the_rendered_rule_on_the_head_and_nothing_on_the_pee
     assert len(rules) == 3  # stop, start, restart
     listed = as_user(users_cluster, "ai001", "sudo -n -l")
     assert listed.returncode == 0, listed.stderr
-    allowed = [line.strip() for line in listed.stdout.splitlines()
-               if line.strip().startswith("(root)")]  # fmt: skip
+    allowed = [
+        line.strip() for line in listed.stdout.splitlines() if line.strip().startswith("(root)")
+    ]
     assert allowed == [rule.split("ALL=", 1)[1] for rule in rules]
     assert as_user(users_cluster, "ai002", "sudo -n -l").returncode != 0  # heads nothing
     assert as_user(users_cluster, "ai001", "sudo -n /bin/true").returncode != 0
 
 
 def test_the_serve_wrapper_runs_as_the_node_user_falls_back_to_ring_and_comes_back(
-    users_cluster: Cluster, tiny_model: Path,
+    users_cluster: Cluster,
+    tiny_model: Path,
 ):
     """Under supervisord as the rendered user, with the serve key limited to its table:
     JACCL fails (Linux), ring serves across both nodes; after the seed's crash it serves

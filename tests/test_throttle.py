@@ -28,7 +28,22 @@ def test_a_spawn_waits_out_the_rest_of_the_interval_since_the_last(tmp_path: Pat
 
 
 def test_the_command_becomes_the_throttled_program(tmp_path: Path):
-    result = subprocess.run([sys.executable, "-m", "testbed.throttle", "--every", "0",
-                             "--stamp", str(tmp_path / "s"), "--", "sh", "-c", "echo $$"],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.throttle",
+            "--every",
+            "0",
+            "--stamp",
+            str(tmp_path / "s"),
+            "--",
+            "sh",
+            "-c",
+            "echo $$",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0 and result.stdout.strip().isdigit()

@@ -16,21 +16,38 @@ from tests.transport_fakes import RecordingTransport
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("module", ["mlx_medic.transport", "mlx_medic.model_lock",
-                                    "mlx_medic.pid_liveness"])
+@pytest.mark.parametrize(
+    "module", ["mlx_medic.transport", "mlx_medic.model_lock", "mlx_medic.pid_liveness"]
+)
 def test_importing_the_interface_or_the_lock_never_loads_asyncssh(module: str) -> None:
-    probe = (f"import sys, json, {module}; "
-             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'asyncssh')))")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
-                         text=True, check=True, timeout=60).stdout
+    probe = (
+        f"import sys, json, {module}; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'asyncssh')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     assert json.loads(out) == []
 
 
 def test_the_ssh_transport_is_still_reachable_by_its_old_name() -> None:
-    probe = ("import sys; from mlx_medic.transport import SshTransport; "
-             "print(SshTransport.__module__, 'asyncssh' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
-                         text=True, check=True, timeout=60).stdout
+    probe = (
+        "import sys; from mlx_medic.transport import SshTransport; "
+        "print(SshTransport.__module__, 'asyncssh' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     assert out.split() == ["mlx_medic.transport.ssh", "True"]
 
 

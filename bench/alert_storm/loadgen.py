@@ -22,16 +22,25 @@ def payload(model: str, fingerprint: str, starts_at: datetime) -> bytes:
         "status": "firing",
         "labels": {"alertname": "LLMModelDown", "model": model, "severity": "critical"},
         "annotations": {"summary": f"{model} answers no health probe"},
-        "startsAt": stamp, "endsAt": "0001-01-01T00:00:00Z",
-        "generatorURL": "http://prometheus.example/graph", "fingerprint": fingerprint,
+        "startsAt": stamp,
+        "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "http://prometheus.example/graph",
+        "fingerprint": fingerprint,
     }
-    return json.dumps({
-        "version": "4", "groupKey": f'{{}}:{{model="{model}"}}', "truncatedAlerts": 0,
-        "status": "firing", "receiver": "mlx-medic",
-        "groupLabels": {"model": model}, "commonLabels": alert["labels"],
-        "commonAnnotations": {}, "externalURL": "http://alertmanager.example:9093",
-        "alerts": [alert],
-    }).encode()
+    return json.dumps(
+        {
+            "version": "4",
+            "groupKey": f'{{}}:{{model="{model}"}}',
+            "truncatedAlerts": 0,
+            "status": "firing",
+            "receiver": "mlx-medic",
+            "groupLabels": {"model": model},
+            "commonLabels": alert["labels"],
+            "commonAnnotations": {},
+            "externalURL": "http://alertmanager.example:9093",
+            "alerts": [alert],
+        }
+    ).encode()
 
 
 def plan(requests: int, models: int, repeat: float, seed: int) -> tuple[list[bytes], int]:
@@ -52,8 +61,9 @@ def plan(requests: int, models: int, repeat: float, seed: int) -> tuple[list[byt
     return bodies, len(sent)
 
 
-async def storm(url: str, bodies: list[bytes], concurrency: int, token: str | None
-                ) -> dict[str, Any]:
+async def storm(
+    url: str, bodies: list[bytes], concurrency: int, token: str | None
+) -> dict[str, Any]:
     import aiohttp
 
     headers = {"Content-Type": "application/json"}
@@ -65,6 +75,7 @@ async def storm(url: str, bodies: list[bytes], concurrency: int, token: str | No
     queue = iter(bodies)
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
         async def worker() -> None:
             for body in queue:
                 began = time.perf_counter()
@@ -85,11 +96,15 @@ async def storm(url: str, bodies: list[bytes], concurrency: int, token: str | No
         return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 2)
 
     return {
-        "requests": len(latencies), "seconds": round(elapsed, 3),
+        "requests": len(latencies),
+        "seconds": round(elapsed, 3),
         "requests_per_second": round(len(latencies) / elapsed, 1),
-        "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99),
+        "p50_ms": pct(0.50),
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
         "max_ms": round(latencies[-1] * 1000, 2),
-        "statuses": dict(statuses), "dispositions": dict(dispositions),
+        "statuses": dict(statuses),
+        "dispositions": dict(dispositions),
     }
 
 

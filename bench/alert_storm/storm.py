@@ -61,8 +61,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def storm_measured(url: str, args: argparse.Namespace, token_file: Path | None,
-                   pid: int) -> dict[str, Any]:
+def storm_measured(
+    url: str, args: argparse.Namespace, token_file: Path | None, pid: int
+) -> dict[str, Any]:
     before = cpu_seconds(pid)
     result = loadgen(url, args, token_file)
     used = cpu_seconds(pid) - before
@@ -79,9 +80,20 @@ def env() -> dict[str, str]:
 def loadgen(url: str, args: argparse.Namespace, token_file: Path | None) -> dict[str, Any]:
     if args.generator == "wrk":
         return wrk(url, args, token_file)
-    argv = [sys.executable, str(HERE / "loadgen.py"), "--url", url,
-            "--requests", str(args.requests), "--concurrency", str(args.concurrency),
-            "--models", str(args.models), "--repeat", str(args.repeat)]
+    argv = [
+        sys.executable,
+        str(HERE / "loadgen.py"),
+        "--url",
+        url,
+        "--requests",
+        str(args.requests),
+        "--concurrency",
+        str(args.concurrency),
+        "--models",
+        str(args.models),
+        "--repeat",
+        str(args.repeat),
+    ]
     if token_file:
         argv += ["--token-file", str(token_file)]
     done = subprocess.run(argv, capture_output=True, text=True, check=True, env=env())
@@ -96,8 +108,17 @@ def wrk(url: str, args: argparse.Namespace, token_file: Path | None) -> dict[str
     bodies, unique = plan(args.bodies, args.models, args.repeat, args.seed)
     bodies_file = Path(args.workdir) / "bodies.jsonl"
     bodies_file.write_bytes(b"\n".join(bodies) + b"\n")
-    argv = ["wrk", "-t1", f"-c{args.concurrency}", f"-d{args.duration}s",
-            "-s", str(HERE / "storm.lua"), url, "--", str(bodies_file)]
+    argv = [
+        "wrk",
+        "-t1",
+        f"-c{args.concurrency}",
+        f"-d{args.duration}s",
+        "-s",
+        str(HERE / "storm.lua"),
+        url,
+        "--",
+        str(bodies_file),
+    ]
     if token_file:
         argv.append(token_file.read_text().strip())
     done = subprocess.run(argv, capture_output=True, text=True, check=True)
@@ -118,8 +139,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def bare_round(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(HERE / "bare.py"), "--port", str(port)],
-                            env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "bare.py"), "--port", str(port)],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_port(port, proc)
         return storm_measured(f"http://127.0.0.1:{port}/alerts", args, None, proc.pid)
@@ -127,29 +152,46 @@ def bare_round(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         stop(proc)
 
 
-def remediator_round(args: argparse.Namespace, workdir: Path, inventory: Path, n: int
-                     ) -> dict[str, Any]:
+def remediator_round(
+    args: argparse.Namespace, workdir: Path, inventory: Path, n: int
+) -> dict[str, Any]:
     rounddir = workdir / f"round-{n}"
     rounddir.mkdir()
     token = rounddir / "token"
     token.write_text(uuid.uuid4().hex + "\n")
     journal_path = rounddir / "journal.sqlite"
     config = rounddir / "remediator.yml"
-    config.write_text(yaml.safe_dump({
-        "inventory": str(inventory), "journal": str(journal_path),
-        "auth": {"bearer_token_file": str(token)},
-        "routing": {"playbooks": {"LLMModelDown": HOLD_PLAYBOOK}},
-        # Nothing listens on the models' ports: probed from here they are down, so each
-        # first firing's run acts (holds its model) instead of asking the head over SSH.
-        "probe_from": "remediator",
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "inventory": str(inventory),
+                "journal": str(journal_path),
+                "auth": {"bearer_token_file": str(token)},
+                "routing": {"playbooks": {"LLMModelDown": HOLD_PLAYBOOK}},
+                # Nothing listens on the models' ports: probed from here they are down, so each
+                # first firing's run acts (holds its model) instead of asking the head over SSH.
+                "probe_from": "remediator",
+            }
+        )
+    )
     port = free_port()
     with (rounddir / "remediator.log").open("wb") as log:  # one JSON line per request
         profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
         proc = subprocess.Popen(
-            [sys.executable, *profile, *SERVICE, "--config.file", str(config),
-             "--web.listen-address", f"127.0.0.1:{port}"],
-            cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=log)
+            [
+                sys.executable,
+                *profile,
+                *SERVICE,
+                "--config.file",
+                str(config),
+                "--web.listen-address",
+                f"127.0.0.1:{port}",
+            ],
+            cwd=REPO,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     try:
         wait_port(port, proc)
         result = storm_measured(f"http://127.0.0.1:{port}/alerts", args, token, proc.pid)
@@ -171,21 +213,34 @@ def remediator_round(args: argparse.Namespace, workdir: Path, inventory: Path, n
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--generator", choices=["wrk", "python"], default="wrk",
-                        help="wrk (Debian's, with storm.lua) or loadgen.py (aiohttp client)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--generator",
+        choices=["wrk", "python"],
+        default="wrk",
+        help="wrk (Debian's, with storm.lua) or loadgen.py (aiohttp client)",
+    )
     parser.add_argument("--duration", type=int, default=30, help="seconds per storm (wrk)")
-    parser.add_argument("--bodies", type=int, default=200_000,
-                        help="distinct deliveries prepared for wrk, sent in order")
+    parser.add_argument(
+        "--bodies",
+        type=int,
+        default=200_000,
+        help="distinct deliveries prepared for wrk, sent in order",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--requests", type=int, default=20_000, help="per storm (python)")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--models", type=int, default=10)
     parser.add_argument("--repeat", type=float, default=0.9)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--profile", type=Path, default=None,
-                        help="run the remediator under cProfile, stats to this file")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="run the remediator under cProfile, stats to this file",
+    )
     args = parser.parse_args()
 
     workdir = Path("/var/tmp") / f"mlx-medic-bench-{uuid.uuid4().hex[:8]}"
@@ -193,10 +248,18 @@ def main() -> None:
     args.workdir = str(workdir)
     cluster = start_cluster(1, workdir / "cluster")
     try:
-        models = [{"name": f"m{i}", "model": "tiny", "nodes": ["ai001"], "port": free_port(),
-                   "service": {"manager": "supervisord", "label": f"mlx-m{i}"},
-                   "backends": {"ring": {"hostfile": str(workdir / f"m{i}.json")}},
-                   "policy": {"backoff": 0}} for i in range(args.models)]
+        models = [
+            {
+                "name": f"m{i}",
+                "model": "tiny",
+                "nodes": ["ai001"],
+                "port": free_port(),
+                "service": {"manager": "supervisord", "label": f"mlx-m{i}"},
+                "backends": {"ring": {"hostfile": str(workdir / f"m{i}.json")}},
+                "policy": {"backoff": 0},
+            }
+            for i in range(args.models)
+        ]
         inventory = workdir / "inventory.yaml"
         inventory.write_text(cluster.inventory_yaml(models))
         rounds = []
@@ -214,24 +277,43 @@ def main() -> None:
 
     one_run_each = all(
         r["remediator"]["runs_per_model"] == {f"m{i}": 1 for i in range(args.models)}
-        for r in rounds)
+        for r in rounds
+    )
     summary: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
-                    "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "median": {kind: {key: median(kind, key) for key in
-                          ("requests_per_second", "p50_ms", "p90_ms", "p99_ms",
-                           "server_cpu_us_per_request", "server_capacity_rps_per_core")}
-                   for kind in ("bare", "remediator")},
+        "median": {
+            kind: {
+                key: median(kind, key)
+                for key in (
+                    "requests_per_second",
+                    "p50_ms",
+                    "p90_ms",
+                    "p99_ms",
+                    "server_cpu_us_per_request",
+                    "server_capacity_rps_per_core",
+                )
+            }
+            for kind in ("bare", "remediator")
+        },
         "exactly_one_run_per_model_every_round": one_run_each,
         "rounds": rounds,
     }
     summary["ratio_rps_remediator_to_bare"] = round(
         summary["median"]["remediator"]["requests_per_second"]
-        / summary["median"]["bare"]["requests_per_second"], 3)
+        / summary["median"]["bare"]["requests_per_second"],
+        3,
+    )
     summary["ratio_cpu_per_request_remediator_to_bare"] = round(
         summary["median"]["remediator"]["server_cpu_us_per_request"]
-        / summary["median"]["bare"]["server_cpu_us_per_request"], 3)
+        / summary["median"]["bare"]["server_cpu_us_per_request"],
+        3,
+    )
     summary["load_average_after"] = os.getloadavg()
     print(json.dumps(summary, indent=2))
 

@@ -61,7 +61,6 @@ MEDIC = str(Path(sys.executable).parent / "mlx-medic")
 LAUNCH = str(Path(sys.executable).parent / "mlx.launch")
 
 
-
 @dataclass
 class Crash:
     seconds: float | None  # None: no answer within the limit
@@ -97,22 +96,40 @@ def backend_of(cluster: Cluster, contestant: str) -> str:
     return "jaccl"
 
 
-def inventory(cluster: Cluster, sim: JacclSim, work: Path, model: Path, port: int,
-              starting_port: int, reserve: int, throttle: float) -> Path:  # fmt: skip
+def inventory(
+    cluster: Cluster,
+    sim: JacclSim,
+    work: Path,
+    model: Path,
+    port: int,
+    starting_port: int,
+    reserve: int,
+    throttle: float,
+) -> Path:
     path = work / "inventory.yaml"
     spec = {
-        "name": "tiny", "model": str(model), "nodes": NODES, "port": port,
+        "name": "tiny",
+        "model": str(model),
+        "nodes": NODES,
+        "port": port,
         "service": {"manager": "supervisord", "label": "tiny"},
-        "backends": {"jaccl": {"hostfile": str(cluster.hostfile(work / "jaccl.json", NODES,
-                                                                  backend="jaccl"))},
-                     "ring": {"hostfile": str(cluster.hostfile(work / "ring.json", NODES))}},
+        "backends": {
+            "jaccl": {
+                "hostfile": str(cluster.hostfile(work / "jaccl.json", NODES, backend="jaccl"))
+            },
+            "ring": {"hostfile": str(cluster.hostfile(work / "ring.json", NODES))},
+        },
         "serve_args": {"prefill-step-size": 256},
         # the wrapper's own relaunches spaced as the service manager's throttle spaces the
         # anchor's restarts (launchd: ThrottleInterval, 10 s by default; here --throttle)
-        "serve": {**sim.serve_settings(), "starting_port": starting_port,
-                  "identity_file": str(cluster.identity), "relaunch_interval": throttle},
+        "serve": {
+            **sim.serve_settings(),
+            "starting_port": starting_port,
+            "identity_file": str(cluster.identity),
+            "relaunch_interval": throttle,
+        },
         "policy": {"pd_reserve": reserve},
-    }  # fmt: skip
+    }
     data = yaml.safe_load(cluster.inventory_yaml([spec]))
     for node in data["nodes"].values():
         node.update({"medic_command": MEDIC, "medic_config": str(path)})
@@ -120,8 +137,9 @@ def inventory(cluster: Cluster, sim: JacclSim, work: Path, model: Path, port: in
     return path
 
 
-def run_one(cluster: Cluster, sim: JacclSim, contestant: str, scenario: str, args,
-            model: Path) -> Outcome:  # fmt: skip
+def run_one(
+    cluster: Cluster, sim: JacclSim, contestant: str, scenario: str, args, model: Path
+) -> Outcome:
     for node in NODES:  # a fresh boot: empty pools, new boot ids, nothing left
         cluster.reboot(node)
         cluster.node(node).wipe_private_dirs()
@@ -130,21 +148,46 @@ def run_one(cluster: Cluster, sim: JacclSim, contestant: str, scenario: str, arg
     port, starting_port = free_port(), 42000 + (os.getpid() % 200) * 20
     hostfile = cluster.hostfile(work / "jaccl.json", NODES, backend="jaccl")
     if scenario == "frozen":
-        frozen_survivor(cluster, sim, model=model, port=port, hostfile=hostfile,
-                        starting_port=starting_port + 100, log=work / "earlier.log")
+        frozen_survivor(
+            cluster,
+            sim,
+            model=model,
+            port=port,
+            hostfile=hostfile,
+            starting_port=starting_port + 100,
+            log=work / "earlier.log",
+        )
     env = cluster.env(HF_HUB_OFFLINE="1")
     if contestant == "anchor":
-        script = write_seed_script(work / "mlx-preseed.sh", "final-fix", SeedModel(
-            short="tiny", model=model, port=port, hostfile=hostfile, python=str(sim.python),
-            launch=LAUNCH, cache=cluster.head.cache_mount, peers=("ai002",)))  # fmt: skip
+        script = write_seed_script(
+            work / "mlx-preseed.sh",
+            "final-fix",
+            SeedModel(
+                short="tiny",
+                model=model,
+                port=port,
+                hostfile=hostfile,
+                python=str(sim.python),
+                launch=LAUNCH,
+                cache=cluster.head.cache_mount,
+                peers=("ai002",),
+            ),
+        )
         command = ["bash", str(script)]
     else:
-        config = inventory(cluster, sim, work, model, port, starting_port, args.reserve,
-                           args.throttle)  # fmt: skip
+        config = inventory(
+            cluster, sim, work, model, port, starting_port, args.reserve, args.throttle
+        )
         command = [MEDIC, "serve", "tiny", "--config.file", str(config)]
     started = time.monotonic()
-    service: KeepAlive = keep_alive(cluster.head, command, workdir=work, throttle=args.throttle,
-                                    env=env, name=f"tiny-{contestant}")  # fmt: skip
+    service: KeepAlive = keep_alive(
+        cluster.head,
+        command,
+        workdir=work,
+        throttle=args.throttle,
+        env=env,
+        name=f"tiny-{contestant}",
+    )
     outcome = Outcome(contestant, None)
     try:
         first = wait_answer(port, args.limit)
@@ -156,15 +199,19 @@ def run_one(cluster: Cluster, sim: JacclSim, contestant: str, scenario: str, arg
             time.sleep(args.serve_for)
             seed_crash(cluster, port)
             took = wait_answer(port, args.limit)
-            outcome.crashes.append(Crash(took, {n: sim.in_use(n) for n in NODES},
-                                         backend_of(cluster, contestant)))  # fmt: skip
+            outcome.crashes.append(
+                Crash(took, {n: sim.in_use(n) for n in NODES}, backend_of(cluster, contestant))
+            )
             if took is None:
                 outcome.down_because = last_error(service)
                 break
         if contestant == "serve":
-            (work / "ledgers.txt").write_text("\n".join(
-                f"{n}: {read_ledger(cluster.node(n).state_dir, n, cluster.node(n).boot_id)}"
-                for n in NODES))  # fmt: skip
+            (work / "ledgers.txt").write_text(
+                "\n".join(
+                    f"{n}: {read_ledger(cluster.node(n).state_dir, n, cluster.node(n).boot_id)}"
+                    for n in NODES
+                )
+            )
         return outcome
     finally:
         service.close()
@@ -173,19 +220,22 @@ def run_one(cluster: Cluster, sim: JacclSim, contestant: str, scenario: str, arg
 
 
 def last_error(service: KeepAlive) -> str:
-    lines = [line for line in service.output().splitlines()
-             if "Error" in line or "failed" in line]  # fmt: skip
+    lines = [line for line in service.output().splitlines() if "Error" in line or "failed" in line]
     return lines[-1][-200:] if lines else "(no error line)"
 
 
 def table(results: list[tuple[str, str, Outcome, Outcome]], crashes: int) -> str:
-    out = ["| mode | scenario | crash | anchor s | serve s | ratio | anchor domains in use"
-           " (ai001/ai002) | serve domains in use | serve backend |",
-           "|---|---|---:|---:|---:|---:|---|---|---|"]
+    out = [
+        "| mode | scenario | crash | anchor s | serve s | ratio | anchor domains in use"
+        " (ai001/ai002) | serve domains in use | serve backend |",
+        "|---|---|---:|---:|---:|---:|---|---|---|",
+    ]
     for mode, scenario, anchor, serve in results:
-        out.append(f"| {mode} | {scenario} | first answer | {fmt(anchor.first_answer)} |"
-                   f" {fmt(serve.first_answer)} | {ratio(serve.first_answer, anchor.first_answer)}"
-                   " | | | |")
+        out.append(
+            f"| {mode} | {scenario} | first answer | {fmt(anchor.first_answer)} |"
+            f" {fmt(serve.first_answer)} | {ratio(serve.first_answer, anchor.first_answer)}"
+            " | | | |"
+        )
         for index in range(crashes):
             a = anchor.crashes[index] if index < len(anchor.crashes) else None
             s = serve.crashes[index] if index < len(serve.crashes) else None
@@ -193,7 +243,8 @@ def table(results: list[tuple[str, str, Outcome, Outcome]], crashes: int) -> str
                 f"| {mode} | {scenario} | {index + 1} | {fmt(a.seconds if a else None)} |"
                 f" {fmt(s.seconds if s else None)} |"
                 f" {ratio(s.seconds if s else None, a.seconds if a else None)} |"
-                f" {pools(a)} | {pools(s)} | {s.backend if s else ''} |")
+                f" {pools(a)} | {pools(s)} | {s.backend if s else ''} |"
+            )
     return "\n".join(out)
 
 
@@ -220,12 +271,20 @@ def main() -> int:
     parser.add_argument("--capacity", type=int, default=3)
     parser.add_argument("--killable-for", type=float, default=20.0)
     parser.add_argument("--reserve", type=int, default=2)
-    parser.add_argument("--serve-for", type=float, default=3.0,
-                        help="seconds the model serves before each crash")
-    parser.add_argument("--limit", type=float, default=120.0,
-                        help="seconds to wait for an answer before calling it down")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the workdir (the services' logs) and print where it is")
+    parser.add_argument(
+        "--serve-for", type=float, default=3.0, help="seconds the model serves before each crash"
+    )
+    parser.add_argument(
+        "--limit",
+        type=float,
+        default=120.0,
+        help="seconds to wait for an answer before calling it down",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the workdir (the services' logs) and print where it is",
+    )
     args = parser.parse_args()
     workdir = Path("/var/tmp") / f"mlx-medic-bench-crash-{uuid.uuid4().hex[:8]}"
     workdir.mkdir()
@@ -233,21 +292,28 @@ def main() -> int:
     results = []
     with start_cluster(len(NODES), workdir / "cluster") as cluster:
         for mode in args.modes.split(","):
-            sim = start_jaccl_sim(cluster, on_sigkill=mode, capacity=args.capacity,  # type: ignore[arg-type]
-                                  killable_for=args.killable_for)  # fmt: skip
+            sim = start_jaccl_sim(
+                cluster,
+                on_sigkill=mode,
+                capacity=args.capacity,  # type: ignore[arg-type]
+                killable_for=args.killable_for,
+            )
             try:
                 for number, scenario in enumerate(args.scenarios.split(",")):
                     order = ["anchor", "serve"] if number % 2 == 0 else ["serve", "anchor"]
-                    found = {who: run_one(cluster, sim, who, scenario, args, model)
-                             for who in order}  # fmt: skip
+                    found = {
+                        who: run_one(cluster, sim, who, scenario, args, model) for who in order
+                    }
                     results.append((mode, scenario, found["anchor"], found["serve"]))
                     for who in order:
                         outcome = found[who]
                         down = f", down: {outcome.down_because}" if outcome.down_because else ""
-                        print(f"{mode} {scenario} {who}: first {fmt(outcome.first_answer)},"
-                              f" crashes {[fmt(c.seconds) for c in outcome.crashes]},"
-                              f" pools {[pools(c) for c in outcome.crashes]}{down}",
-                              flush=True)  # fmt: skip
+                        print(
+                            f"{mode} {scenario} {who}: first {fmt(outcome.first_answer)},"
+                            f" crashes {[fmt(c.seconds) for c in outcome.crashes]},"
+                            f" pools {[pools(c) for c in outcome.crashes]}{down}",
+                            flush=True,
+                        )
             finally:
                 sim.close()
     print()
@@ -255,9 +321,11 @@ def main() -> int:
     serve = [c.seconds for _, _, _, s in results for c in s.crashes if c.seconds is not None]
     anchor = [c.seconds for _, _, a, _ in results for c in a.crashes if c.seconds is not None]
     if serve and anchor:
-        print(f"\nmedian seconds from crash to first answer: anchor"
-              f" {statistics.median(anchor):.1f}, serve {statistics.median(serve):.1f}"
-              f" ({statistics.median(serve) / statistics.median(anchor):.2f}x)")
+        print(
+            f"\nmedian seconds from crash to first answer: anchor"
+            f" {statistics.median(anchor):.1f}, serve {statistics.median(serve):.1f}"
+            f" ({statistics.median(serve) / statistics.median(anchor):.2f}x)"
+        )
     if args.keep:
         print(f"\nlogs kept in {workdir}")
     else:

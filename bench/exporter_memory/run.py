@@ -110,8 +110,9 @@ def loaded_markers(pid: int) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def started(argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+    )
     try:
         yield proc
     finally:
@@ -131,8 +132,13 @@ def measure(argv: list[str], port: int, scrapes: int, gap: float) -> Reading:
             scrape(url)
             time.sleep(gap)
         info = psutil.Process(proc.pid).memory_full_info()
-        return Reading(info.rss / MIB, info.uss / MIB, info.pss / MIB, peak_rss(proc.pid),
-                       loaded_markers(proc.pid))
+        return Reading(
+            info.rss / MIB,
+            info.uss / MIB,
+            info.pss / MIB,
+            peak_rss(proc.pid),
+            loaded_markers(proc.pid),
+        )
 
 
 def contenders(node_exporter: str, state_dir: Path) -> dict[str, list[str]]:
@@ -140,8 +146,15 @@ def contenders(node_exporter: str, state_dir: Path) -> dict[str, list[str]]:
     return {
         "node_exporter": [node_exporter],
         "ours (defaults)": ours,
-        "ours (inventory)": [*ours, "--config.file", str(INVENTORY), "--node", "ai001",
-                             "--state-dir", str(state_dir)],
+        "ours (inventory)": [
+            *ours,
+            "--config.file",
+            str(INVENTORY),
+            "--node",
+            "ai001",
+            "--state-dir",
+            str(state_dir),
+        ],
     }
 
 
@@ -158,8 +171,11 @@ def version_of(binary: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--node-exporter", default=NODE_EXPORTER,
-                        help=f"the node_exporter binary (default {NODE_EXPORTER}, on PATH)")
+    parser.add_argument(
+        "--node-exporter",
+        default=NODE_EXPORTER,
+        help=f"the node_exporter binary (default {NODE_EXPORTER}, on PATH)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scrapes", type=int, default=20, help="scrapes before measuring")
     parser.add_argument("--gap", type=float, default=0.25, help="seconds between scrapes")
@@ -167,9 +183,12 @@ def main() -> int:
 
     node_exporter = shutil.which(args.node_exporter)
     if node_exporter is None:
-        print(f"{args.node_exporter} is not installed (not on PATH): install Debian's "
-              "prometheus-node-exporter (apt-get install prometheus-node-exporter) or pass "
-              "--node-exporter PATH", file=sys.stderr)
+        print(
+            f"{args.node_exporter} is not installed (not on PATH): install Debian's "
+            "prometheus-node-exporter (apt-get install prometheus-node-exporter) or pass "
+            "--node-exporter PATH",
+            file=sys.stderr,
+        )
         return 2
 
     readings: dict[str, list[Reading]] = {}
@@ -177,29 +196,39 @@ def main() -> int:
         for _ in range(args.rounds):
             for name, argv in contenders(node_exporter, Path(state)).items():
                 port = free_port()
-                reading = measure([*argv, *listen_flag(name, port)], port, args.scrapes,
-                                  args.gap)
+                reading = measure([*argv, *listen_flag(name, port)], port, args.scrapes, args.gap)
                 readings.setdefault(name, []).append(reading)
 
-    print(f"machine: {platform.platform()}, {os.cpu_count()} cores, "
-          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
-    print(f"node_exporter: {node_exporter} ({version_of(node_exporter)}); prometheus-client "
-          f"{importlib.metadata.version('prometheus-client')}; psutil {psutil.__version__}")
-    print(f"rounds {args.rounds}, {args.scrapes} scrapes {args.gap:g} s apart before measuring;"
-          " medians in MiB\n")
-    base = {field: statistics.median(getattr(r, field) for r in readings["node_exporter"])
-            for field in ("rss", "uss", "pss", "peak")}
-    print("| exporter | RSS | USS | PSS | peak RSS | RSS ratio | USS ratio | PSS ratio |"
-          " loaded |")
+    print(
+        f"machine: {platform.platform()}, {os.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}"
+    )
+    print(
+        f"node_exporter: {node_exporter} ({version_of(node_exporter)}); prometheus-client "
+        f"{importlib.metadata.version('prometheus-client')}; psutil {psutil.__version__}"
+    )
+    print(
+        f"rounds {args.rounds}, {args.scrapes} scrapes {args.gap:g} s apart before measuring;"
+        " medians in MiB\n"
+    )
+    base = {
+        field: statistics.median(getattr(r, field) for r in readings["node_exporter"])
+        for field in ("rss", "uss", "pss", "peak")
+    }
+    print("| exporter | RSS | USS | PSS | peak RSS | RSS ratio | USS ratio | PSS ratio | loaded |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, taken in readings.items():
-        median = {field: statistics.median(getattr(r, field) for r in taken)
-                  for field in ("rss", "uss", "pss", "peak")}
+        median = {
+            field: statistics.median(getattr(r, field) for r in taken)
+            for field in ("rss", "uss", "pss", "peak")
+        }
         loaded = ", ".join(taken[-1].loaded) if name != "node_exporter" else "(Go)"
-        print(f"| {name} | {median['rss']:.1f} | {median['uss']:.1f} | {median['pss']:.1f} | "
-              f"{median['peak']:.1f} | {median['rss'] / base['rss']:.2f} | "
-              f"{median['uss'] / base['uss']:.2f} | {median['pss'] / base['pss']:.2f} | "
-              f"{loaded} |")
+        print(
+            f"| {name} | {median['rss']:.1f} | {median['uss']:.1f} | {median['pss']:.1f} | "
+            f"{median['peak']:.1f} | {median['rss'] / base['rss']:.2f} | "
+            f"{median['uss'] / base['uss']:.2f} | {median['pss'] / base['pss']:.2f} | "
+            f"{loaded} |"
+        )
     return 0
 
 

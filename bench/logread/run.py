@@ -94,8 +94,13 @@ def grep_argv(grep: str, path: Path) -> list[str]:
 def time_grep(grep: str, path: Path) -> tuple[float, float, int]:
     """Wall and CPU seconds of grep, and its count of matching lines."""
     cpu, start = children_cpu(), time.perf_counter()
-    done = subprocess.run(grep_argv(grep, path), capture_output=True, text=True,
-                          env=dict(os.environ, LC_ALL="C"), check=False)
+    done = subprocess.run(
+        grep_argv(grep, path),
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, LC_ALL="C"),
+        check=False,
+    )
     elapsed = time.perf_counter() - start
     return elapsed, children_cpu() - cpu, int(done.stdout.strip() or 0)
 
@@ -105,8 +110,9 @@ def time_ours(path: Path, engine: str) -> tuple[float, float, int]:
     state = Path(tempfile.mkdtemp(prefix="state-", dir=path.parent))
     try:
         cpu, start = time.process_time(), time.perf_counter()
-        collector = LogsCollector([str(path)], BUILTIN, state / "p.json", engine=engine,
-                                  max_read_per_scrape=None)
+        collector = LogsCollector(
+            [str(path)], BUILTIN, state / "p.json", engine=engine, max_read_per_scrape=None
+        )
         families = list(collector.collect())
         elapsed, spent = time.perf_counter() - start, time.process_time() - cpu
         collector.close()
@@ -152,21 +158,29 @@ def main() -> int:
                 times[engine].append(elapsed)
                 cpus[engine].append(cpu)
         version = subprocess.run([grep, "--version"], capture_output=True, text=True).stdout
-        print(f"machine: {platform.platform()}, {os.cpu_count()} cores, "
-              f"Python {platform.python_version()}, {version.splitlines()[0]}")
-        print(f"file: {megabytes:.0f} MB, {len(literals())} literals, matching lines: "
-              + ", ".join(f"{k}={v}" for k, v in counts.items()))
+        print(
+            f"machine: {platform.platform()}, {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}, {version.splitlines()[0]}"
+        )
+        print(
+            f"file: {megabytes:.0f} MB, {len(literals())} literals, matching lines: "
+            + ", ".join(f"{k}={v}" for k, v in counts.items())
+        )
         print("grep command: LC_ALL=C " + shlex.join(grep_argv(grep, path)))
         rates = {k: megabytes / statistics.median(v) for k, v in times.items()}
         cpu_rates = {k: megabytes / statistics.median(v) for k, v in cpus.items()}
         for name, runs in times.items():
             median = statistics.median(runs)
-            print(f"{name:10s} wall median {median:.3f} s = {rates[name]:5.0f} MB/s"
-                  f"; CPU {cpu_rates[name]:5.0f} MB/s; wall runs "
-                  + " ".join(f"{t:.3f}" for t in runs))
+            print(
+                f"{name:10s} wall median {median:.3f} s = {rates[name]:5.0f} MB/s"
+                f"; CPU {cpu_rates[name]:5.0f} MB/s; wall runs "
+                + " ".join(f"{t:.3f}" for t in runs)
+            )
         for engine in engines:
-            print(f"ratio ({engine} / grep throughput): wall {rates[engine] / rates['grep']:.2f}, "
-                  f"CPU {cpu_rates[engine] / cpu_rates['grep']:.2f}  (goal >= 0.80)")
+            print(
+                f"ratio ({engine} / grep throughput): wall {rates[engine] / rates['grep']:.2f}, "
+                f"CPU {cpu_rates[engine] / cpu_rates['grep']:.2f}  (goal >= 0.80)"
+            )
         return 0 if all(counts[e] == counts["grep"] for e in engines) else 1
     finally:
         shutil.rmtree(work, ignore_errors=True)

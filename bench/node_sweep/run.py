@@ -66,13 +66,17 @@ def make_orphans(cluster: Cluster, script: Path, model: str, port: int, count: i
     for name in NODES:
         node = cluster.node(name)
         before = set(node.host_pids())
-        line = " ".join(f"MLX_RANK={i} setsid {rank} </dev/null >/dev/null 2>&1 &"
-                         for i in range(count))  # fmt: skip
+        line = " ".join(
+            f"MLX_RANK={i} setsid {rank} </dev/null >/dev/null 2>&1 &" for i in range(count)
+        )
         node.spawn(["sh", "-c", line], env=cluster.env()).wait(timeout=30)
         deadline = time.monotonic() + 30
         while True:
-            found = [p for p in set(node.host_pids()) - before
-                     if str(script) in " ".join(processes.cmdline(p))]  # fmt: skip
+            found = [
+                p
+                for p in set(node.host_pids()) - before
+                if str(script) in " ".join(processes.cmdline(p))
+            ]
             if len(found) == count:
                 break
             if time.monotonic() > deadline:
@@ -96,13 +100,19 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
 
 def seed_sweep(cluster: Cluster, port: int) -> None:
     for name in NODES:
-        subprocess.run(cluster.node(name).ssh_argv(
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", seed_script(port)),
-            check=True, capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            cluster.node(name).ssh_argv(
+                "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", seed_script(port)
+            ),
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
 
-async def our_sweep(transport: SshTransport, inventory, argv: list[str],
-                    names: list[str] = NODES) -> None:  # fmt: skip
+async def our_sweep(
+    transport: SshTransport, inventory, argv: list[str], names: list[str] = NODES
+) -> None:
     nodes = [inventory.node(name) for name in names]
     results = await asyncio.gather(*(transport.run(n, argv, timeout=60) for n in nodes))
     for node, result in zip(nodes, results, strict=True):
@@ -110,8 +120,9 @@ async def our_sweep(transport: SshTransport, inventory, argv: list[str],
             raise RuntimeError(f"{node.name}: sweep exited {result.exit_status}: {result.stderr}")
 
 
-def one_node_at_a_time(loop, transport, inventory, argv, cluster, script, model, port,
-                       count) -> float:  # fmt: skip
+def one_node_at_a_time(
+    loop, transport, inventory, argv, cluster, script, model, port, count
+) -> float:
     """The slowest of the four nodes swept alone: what four machines with their own CPUs
     would see of our parallel sweep (here the four helpers share this machine's cores)."""
     orphans = make_orphans(cluster, script, model, port, count)
@@ -149,15 +160,31 @@ def measure(workdir: Path, token: str, repetitions: int, count: int) -> dict[str
         model = f"/models/bench-{token}"
         hostfile = cluster.hostfile(workdir / "ring.json", NODES)
         config = workdir / "inventory.yaml"
-        config.write_text(cluster.inventory_yaml([{
-            "name": "bench", "model": model, "nodes": NODES, "port": port,
-            "service": {"manager": "supervisord", "label": f"bench-{token}"},
-            "backends": {"ring": {"hostfile": str(hostfile)}},
-            "process_patterns": {"rank": [rf"serve\.py --model \S+ --port {port}"]},
-        }]))  # fmt: skip
+        config.write_text(
+            cluster.inventory_yaml(
+                [
+                    {
+                        "name": "bench",
+                        "model": model,
+                        "nodes": NODES,
+                        "port": port,
+                        "service": {"manager": "supervisord", "label": f"bench-{token}"},
+                        "backends": {"ring": {"hostfile": str(hostfile)}},
+                        "process_patterns": {"rank": [rf"serve\.py --model \S+ --port {port}"]},
+                    }
+                ]
+            )
+        )
         inventory = load_inventory(config)
-        argv = [str(Path(sys.executable).parent / "mlx-medic"), "node", "sweep", "bench",
-                "--json", "--config.file", str(config)]  # fmt: skip
+        argv = [
+            str(Path(sys.executable).parent / "mlx-medic"),
+            "node",
+            "sweep",
+            "bench",
+            "--json",
+            "--config.file",
+            str(config),
+        ]
         transport = SshTransport(inventory)
         loop = asyncio.new_event_loop()
         times: dict[str, list[float]] = {"seed": [], "ours": [], "alone": []}
@@ -175,11 +202,17 @@ def measure(workdir: Path, token: str, repetitions: int, count: int) -> dict[str
                     survivors = wait_gone(orphans)
                     if survivors:
                         raise RuntimeError(f"{way}: orphans survive: {survivors}")
-                times["alone"].append(one_node_at_a_time(
-                    loop, transport, inventory, argv, cluster, script, model, port, count))
-                print(f"repetition {repetition + 1}: seed {times['seed'][-1]:.3f} s,"
-                      f" ours {times['ours'][-1]:.3f} s,"
-                      f" slowest node alone {times['alone'][-1]:.3f} s", flush=True)
+                times["alone"].append(
+                    one_node_at_a_time(
+                        loop, transport, inventory, argv, cluster, script, model, port, count
+                    )
+                )
+                print(
+                    f"repetition {repetition + 1}: seed {times['seed'][-1]:.3f} s,"
+                    f" ours {times['ours'][-1]:.3f} s,"
+                    f" slowest node alone {times['alone'][-1]:.3f} s",
+                    flush=True,
+                )
         finally:
             loop.run_until_complete(transport.close())
             loop.close()
@@ -191,14 +224,20 @@ def report(times: dict[str, list[float]], repetitions: int, count: int) -> None:
     warm_seed = statistics.median(times["seed"][1:])
     warm_ours = statistics.median(times["ours"][1:])
     print(f"\n{len(NODES)} nodes, {count} orphans each, {repetitions} repetitions")
-    print(f"first repetition (ours opens its connections, validates the new inventory):"
-          f" seed {cold_seed:.3f} s,"
-          f" ours {cold_ours:.3f} s, ratio {cold_ours / cold_seed:.2f}")
-    print(f"median of the others (connections reused):     seed {warm_seed:.3f} s,"
-          f" ours {warm_ours:.3f} s, ratio {warm_ours / warm_seed:.2f}")
+    print(
+        f"first repetition (ours opens its connections, validates the new inventory):"
+        f" seed {cold_seed:.3f} s,"
+        f" ours {cold_ours:.3f} s, ratio {cold_ours / cold_seed:.2f}"
+    )
+    print(
+        f"median of the others (connections reused):     seed {warm_seed:.3f} s,"
+        f" ours {warm_ours:.3f} s, ratio {warm_ours / warm_seed:.2f}"
+    )
     alone = statistics.median(times["alone"][1:])
-    print(f"median slowest node swept alone (own CPUs):   seed {warm_seed:.3f} s,"
-          f" ours {alone:.3f} s, ratio {alone / warm_seed:.2f}")
+    print(
+        f"median slowest node swept alone (own CPUs):   seed {warm_seed:.3f} s,"
+        f" ours {alone:.3f} s, ratio {alone / warm_seed:.2f}"
+    )
     print("all seed:", " ".join(f"{t:.3f}" for t in times["seed"]))
     print("all ours:", " ".join(f"{t:.3f}" for t in times["ours"]))
     print("all alone:", " ".join(f"{t:.3f}" for t in times["alone"]))

@@ -84,19 +84,39 @@ class Population:
 
     def start_ranks(self, count: int) -> None:
         for index in range(count):
-            argv = [sys.executable, "-S", "-m", "mlx_lm", "server",
-                    "--model", str(self.model_dir), "--port", str(20000 + index)]
-            self.ranks.append(subprocess.Popen(
-                argv, cwd=self.workdir, env={"MLX_RANK": str(index), "PATH": "/usr/bin:/bin"},
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))
+            argv = [
+                sys.executable,
+                "-S",
+                "-m",
+                "mlx_lm",
+                "server",
+                "--model",
+                str(self.model_dir),
+                "--port",
+                str(20000 + index),
+            ]
+            self.ranks.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=self.workdir,
+                    env={"MLX_RANK": str(index), "PATH": "/usr/bin:/bin"},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
 
     def grow_unrelated_to(self, count: int) -> None:
         while len(self.unrelated) < count:
-            self.unrelated.append(subprocess.Popen(
-                [f"bench-unrelated-{self.token}", "100000"], executable="/bin/sleep",
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))
+            self.unrelated.append(
+                subprocess.Popen(
+                    [f"bench-unrelated-{self.token}", "100000"],
+                    executable="/bin/sleep",
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
 
     def close(self) -> None:
         children = self.ranks + self.unrelated
@@ -121,7 +141,7 @@ def exporters(workdir: Path, token: str) -> Iterator[dict[str, tuple[int, int]]]
     config = workdir / "process-exporter.yml"
     config.write_text(
         "process_names:\n"
-        "  - name: \"{{.Matches.model}}\"\n"
+        '  - name: "{{.Matches.model}}"\n'
         "    cmdline:\n"
         "    - '-m mlx_lm server --model (?P<model>\\S+)'\n"
     )
@@ -132,21 +152,32 @@ def exporters(workdir: Path, token: str) -> Iterator[dict[str, tuple[int, int]]]
         raise SystemExit("prometheus-process-exporter is not installed (apt-get install it)")
     commands = {
         "mlx-medic processes": [
-            sys.executable, "-m", "mlx_medic.cli", "exporter",
-            "--state-dir", str(workdir / "state"),
+            sys.executable,
+            "-m",
+            "mlx_medic.cli",
+            "exporter",
+            "--state-dir",
+            str(workdir / "state"),
             *[f"--no-collector.{name}" for name in other_collectors()],
         ],
         "process-exporter (defaults)": [binary, "-config.path", str(config)],
         "process-exporter -threads=false -gather-smaps=false": [
-            binary, "-config.path", str(config), "-threads=false", "-gather-smaps=false"],
+            binary,
+            "-config.path",
+            str(config),
+            "-threads=false",
+            "-gather-smaps=false",
+        ],
     }
     try:
         for name, argv in commands.items():
             port = free_port()
-            flag = ("--web.listen-address" if name.startswith("mlx") else "-web.listen-address")
+            flag = "--web.listen-address" if name.startswith("mlx") else "-web.listen-address"
             started[name] = subprocess.Popen(
-                [*argv, flag, f"127.0.0.1:{port}"], cwd=REPO,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [*argv, flag, f"127.0.0.1:{port}"],
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             ports[name] = port
         for port in ports.values():
@@ -188,8 +219,11 @@ def process_count() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scrapes", type=int, default=200, help="scrapes per measurement")
-    parser.add_argument("--sizes", default="2000,4000",
-                        help="total processes on the table to measure at (comma-separated)")
+    parser.add_argument(
+        "--sizes",
+        default="2000,4000",
+        help="total processes on the table to measure at (comma-separated)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     token = uuid.uuid4().hex[:8]
@@ -207,15 +241,20 @@ def main() -> int:
                 for name, (pid, port) in handles.items():
                     per_scrape, wall = measure(pid, port, args.scrapes)
                     rows.append((table, name, per_scrape, wall))
-                    print(f"{table:>6} processes  {name:<55} {per_scrape * 1000:8.2f} ms CPU"
-                          f"  {wall * 1000:8.2f} ms wall per scrape", flush=True)
+                    print(
+                        f"{table:>6} processes  {name:<55} {per_scrape * 1000:8.2f} ms CPU"
+                        f"  {wall * 1000:8.2f} ms wall per scrape",
+                        flush=True,
+                    )
     finally:
         population.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
     print()
-    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}; {RANKS} scoped ranks; {args.scrapes} scrapes each")
+    print(
+        f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}; {RANKS} scoped ranks; {args.scrapes} scrapes each"
+    )
     print()
     print("| processes | exporter | CPU ms/scrape | wall ms/scrape | ours / theirs |")
     print("|---:|---|---:|---:|---:|")

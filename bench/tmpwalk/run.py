@@ -84,8 +84,9 @@ def time_ours(root: Path, weigher: Weigher) -> tuple[float, float, int]:
 
 
 def line(label: str, times: list[float]) -> str:
-    return (f"{label:<22} median {statistics.median(times) * 1000:6.1f} ms  runs "
-            + " ".join(f"{t * 1000:.0f}" for t in times))
+    return f"{label:<22} median {statistics.median(times) * 1000:6.1f} ms  runs " + " ".join(
+        f"{t * 1000:.0f}" for t in times
+    )
 
 
 def main() -> int:
@@ -124,22 +125,30 @@ def main() -> int:
         wall_median = {k: statistics.median(v) for k, v in wall.items()}
         root_kib = os.stat(root).st_blocks // 2  # du -s also counts the top dir itself
         version = subprocess.run([du, "--version"], capture_output=True, text=True).stdout
-        print(f"machine: {platform.platform()}, {os.cpu_count()} cores, "
-              f"Python {platform.python_version()}, {version.splitlines()[0] if version else du}, "
-              f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(
+            f"machine: {platform.platform()}, {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}, {version.splitlines()[0] if version else du}, "
+            f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        )
         print(f"product weigher: {type(product).__name__}")
-        print(f"tree: {args.dirs} tmp dirs, {args.files} files, du -s -k = {du_kib} KiB, "
-              f"product = {math.ceil(product_bytes / 1024)} KiB, "
-              f"python = {math.ceil(python_bytes / 1024)} KiB, + top dir {root_kib} KiB")
+        print(
+            f"tree: {args.dirs} tmp dirs, {args.files} files, du -s -k = {du_kib} KiB, "
+            f"product = {math.ceil(product_bytes / 1024)} KiB, "
+            f"python = {math.ceil(python_bytes / 1024)} KiB, + top dir {root_kib} KiB"
+        )
         print(line("du -s", wall["du"]))
         print(line("product (default)", wall["product"]))
         print(line("pure Python walk", wall["python"]))
         for key, label in (("product", "product"), ("python", "pure Python")):
-            print(f"ratio {label} / du: wall {wall_median[key] / wall_median['du']:.2f}"
-                  f"  CPU {cpu_median[key] / cpu_median['du']:.2f}"
-                  + ("  (goal <= 1.20)" if key == "product" else ""))
-        print("CPU (user+sys) medians: " + ", ".join(
-            f"{k} {v * 1000:.1f} ms" for k, v in cpu_median.items()))
+            print(
+                f"ratio {label} / du: wall {wall_median[key] / wall_median['du']:.2f}"
+                f"  CPU {cpu_median[key] / cpu_median['du']:.2f}"
+                + ("  (goal <= 1.20)" if key == "product" else "")
+            )
+        print(
+            "CPU (user+sys) medians: "
+            + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in cpu_median.items())
+        )
         print(f"whole TmpWalker.walk() incl. the open-path scan: {whole * 1000:.0f} ms")
         return 0
     finally:

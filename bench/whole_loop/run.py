@@ -65,29 +65,40 @@ def reboot_table(outcome: RebootOutcome) -> str:
     after = zip(outcome.crashes, outcome.backends, strict=True)
     crashes = ", ".join(f"{fmt(f.seconds)} s ({backend}, {pools(f.pools)})" for f, backend in after)
     described = "; ".join(a["annotations"].get("description", "") for a in outcome.alerts)
-    return "\n".join([
-        f"### {outcome.scenario}, mode {outcome.mode}", "",
-        f"- first answer {fmt(outcome.first_answer)} s, domains in use then"
-        f" {pools(outcome.pools_at_first_answer) if outcome.pools_at_first_answer else '-'}",
-        f"- crashes: seconds to answer (backend after, domains in use): {crashes or '-'}",
-        f"- `{outcome.alert}` fired {fmt(outcome.alert_after)} s after the last crash:"
-        f" {described or '-'}",
-        f"- before the reboot: domains in use {pools(outcome.pools_before_reboot)}"
-        + (f", the frozen survivor in state {outcome.survivor_state_before_reboot}"
-           if outcome.survivor_pid is not None else ""),
-        f"- after the reboot: back on JACCL in {fmt(outcome.back_on_jaccl)} s (its smoke"
-        f" test ran: {'yes' if outcome.smoke_after_reboot else 'no'}), domains in use"
-        f" {pools(outcome.pools_after)}"])  # fmt: skip
+    return "\n".join(
+        [
+            f"### {outcome.scenario}, mode {outcome.mode}",
+            "",
+            f"- first answer {fmt(outcome.first_answer)} s, domains in use then"
+            f" {pools(outcome.pools_at_first_answer) if outcome.pools_at_first_answer else '-'}",
+            f"- crashes: seconds to answer (backend after, domains in use): {crashes or '-'}",
+            f"- `{outcome.alert}` fired {fmt(outcome.alert_after)} s after the last crash:"
+            f" {described or '-'}",
+            f"- before the reboot: domains in use {pools(outcome.pools_before_reboot)}"
+            + (
+                f", the frozen survivor in state {outcome.survivor_state_before_reboot}"
+                if outcome.survivor_pid is not None
+                else ""
+            ),
+            f"- after the reboot: back on JACCL in {fmt(outcome.back_on_jaccl)} s (its smoke"
+            f" test ran: {'yes' if outcome.smoke_after_reboot else 'no'}), domains in use"
+            f" {pools(outcome.pools_after)}",
+        ]
+    )
 
 
 def serving_table(outcome: ServingOutcome) -> str:
     runs = ", ".join(f"{playbook} {result}" for playbook, result in outcome.runs) or "none"
-    return "\n".join([
-        f"### orphans while serving, mode {outcome.mode}", "",
-        f"- first answer {fmt(outcome.first_answer)} s; {outcome.orphans} orphans of the"
-        f" seed's rank script on the three nodes; all gone {fmt(outcome.swept_after)} s after"
-        f" the launcher died; the model missed {outcome.missed} of {outcome.probes} probes"
-        f" meanwhile; remediator runs: {runs}"])  # fmt: skip
+    return "\n".join(
+        [
+            f"### orphans while serving, mode {outcome.mode}",
+            "",
+            f"- first answer {fmt(outcome.first_answer)} s; {outcome.orphans} orphans of the"
+            f" seed's rank script on the three nodes; all gone {fmt(outcome.swept_after)} s after"
+            f" the launcher died; the model missed {outcome.missed} of {outcome.probes} probes"
+            f" meanwhile; remediator runs: {runs}",
+        ]
+    )
 
 
 def fmt(value: float | None) -> str:
@@ -99,54 +110,96 @@ def pools(values: dict[str, int]) -> str:
 
 
 def table(outcome: Outcome) -> str:
-    lines = [f"### {outcome.scenario} ({outcome.service}), mode {outcome.mode}", "",
-             f"first answer {fmt(outcome.first_answer)} s", "",
-             "| fault | seconds to answer | domains in use (ai001/ai002/ai003) | ledger |",
-             "|---:|---:|---|---|"]  # fmt: skip
+    lines = [
+        f"### {outcome.scenario} ({outcome.service}), mode {outcome.mode}",
+        "",
+        f"first answer {fmt(outcome.first_answer)} s",
+        "",
+        "| fault | seconds to answer | domains in use (ai001/ai002/ai003) | ledger |",
+        "|---:|---:|---|---|",
+    ]
     for number, fault in enumerate(outcome.faults, 1):
-        lines.append(f"| {number} | {fmt(fault.seconds)} | {pools(fault.pools)} |"
-                     f" {pools(fault.ledgers)} |")  # fmt: skip
+        lines.append(
+            f"| {number} | {fmt(fault.seconds)} | {pools(fault.pools)} | {pools(fault.ledgers)} |"
+        )
     runs = ", ".join(f"{r['playbook']} {r['outcome']}" for r in outcome.runs) or "none"
     orphans = pools(outcome.orphans_at_end) if outcome.orphans_at_end else "-"
-    lines += ["", f"orphans at the end: {orphans}; remediator runs: {runs};"
-              " `Couldn't allocate protection domain` in the service log:"
-              f" {'yes' if outcome.pd_error_logged else 'no'}"]  # fmt: skip
+    lines += [
+        "",
+        f"orphans at the end: {orphans}; remediator runs: {runs};"
+        " `Couldn't allocate protection domain` in the service log:"
+        f" {'yes' if outcome.pd_error_logged else 'no'}",
+    ]
     if outcome.escalated_after is not None:
-        lines.append(f"escalated (on-call paged) {fmt(outcome.escalated_after)} s after the"
-                     " fault it did not come back from")  # fmt: skip
+        lines.append(
+            f"escalated (on-call paged) {fmt(outcome.escalated_after)} s after the"
+            " fault it did not come back from"
+        )
     own = [(r["playbook"], remediator_seconds(r)) for r in outcome.runs]
     if own:
-        lines.append("remediator's own time (run queued to the start command, or to the end of"
-                     " the last sweep; stop and SIGTERM graces excluded): "
-                     + ", ".join(f"{playbook} {fmt(seconds)} s" for playbook, seconds in own))
+        lines.append(
+            "remediator's own time (run queued to the start command, or to the end of"
+            " the last sweep; stop and SIGTERM graces excluded): "
+            + ", ".join(f"{playbook} {fmt(seconds)} s" for playbook, seconds in own)
+        )
     for run in outcome.runs:
         if run["playbook"] == "recover":
-            steps = ", ".join(f"{s['name']} {fmt(s['ended_at'] - s['started_at'])} s"
-                              for s in run["steps"] if s.get("ended_at") is not None)
+            steps = ", ".join(
+                f"{s['name']} {fmt(s['ended_at'] - s['started_at'])} s"
+                for s in run["steps"]
+                if s.get("ended_at") is not None
+            )
             lines.append(f"recover run {run['id']} ({run['outcome']}): {steps}")
     shown = sorted(set(outcome.dashboard_orphans.values()))
-    lines.append(f"dashboard orphan panels at the end: {shown}; alerts the webhook took"
-                 f" without a journal record: {outcome.alerts_unjournaled}")  # fmt: skip
+    lines.append(
+        f"dashboard orphan panels at the end: {shown}; alerts the webhook took"
+        f" without a journal record: {outcome.alerts_unjournaled}"
+    )
     if outcome.split:
         split = ", ".join(f"{k} {v:.1f} s" for k, v in outcome.split.items())
         lines.append(f"last recovery: {split}")
     return "\n".join(lines)
 
 
-def more(name: str, cluster: Cluster, mode: str, model: Path, workdir: Path,
-         args: argparse.Namespace) -> str:  # fmt: skip
+def more(
+    name: str, cluster: Cluster, mode: str, model: Path, workdir: Path, args: argparse.Namespace
+) -> str:
     """Scenarios 5 to 7, each with a simulator of its own (pools, frozen groups)."""
-    sim = start_jaccl_sim(cluster, on_sigkill=mode, capacity=args.capacity,  # type: ignore[arg-type]
-                          killable_for=args.killable_for)  # fmt: skip
+    sim = start_jaccl_sim(
+        cluster,
+        on_sigkill=mode,
+        capacity=args.capacity,  # type: ignore[arg-type]
+        killable_for=args.killable_for,
+    )
     try:
         if name == "JACCL spent":
-            return reboot_table(reboot_scenario(
-                cluster, sim, model, scenario=name, crashes=6, until_ring=True,
-                alert="MLXServingOnRingFallback", serve_for=args.serve_for, limit=args.limit))
+            return reboot_table(
+                reboot_scenario(
+                    cluster,
+                    sim,
+                    model,
+                    scenario=name,
+                    crashes=6,
+                    until_ring=True,
+                    alert="MLXServingOnRingFallback",
+                    serve_for=args.serve_for,
+                    limit=args.limit,
+                )
+            )
         if name == "Us+ survivors":
-            return reboot_table(reboot_scenario(
-                cluster, sim, model, scenario=name, crashes=args.faults, frozen_peer=True,
-                alert="MLXUnkillableSurvivors", serve_for=args.serve_for, limit=args.limit))
+            return reboot_table(
+                reboot_scenario(
+                    cluster,
+                    sim,
+                    model,
+                    scenario=name,
+                    crashes=args.faults,
+                    frozen_peer=True,
+                    alert="MLXUnkillableSurvivors",
+                    serve_for=args.serve_for,
+                    limit=args.limit,
+                )
+            )
         script = workdir / "seed-rank-script" / "serve.py"
         script.parent.mkdir(exist_ok=True)
         script.write_text(RANK_SCRIPT)
@@ -161,15 +214,18 @@ def main() -> int:
     parser.add_argument("--modes", default="release,keep")
     parser.add_argument("--scenarios", default=",".join((*SCENARIOS, *MORE)))
     parser.add_argument("--serve-for", type=float, default=3.0)
-    parser.add_argument("--limit", type=float, default=90.0,
-                        help="seconds to wait for an answer before calling it down")
+    parser.add_argument(
+        "--limit",
+        type=float,
+        default=90.0,
+        help="seconds to wait for an answer before calling it down",
+    )
     parser.add_argument("--capacity", type=int, default=3)
     parser.add_argument("--killable-for", type=float, default=20.0)
     args = parser.parse_args()
     unknown = [s for s in args.scenarios.split(",") if s not in (*SCENARIOS, *MORE)]
     if unknown:
-        parser.error(f"unknown scenarios {unknown}: choose from"
-                     f" {', '.join((*SCENARIOS, *MORE))}")
+        parser.error(f"unknown scenarios {unknown}: choose from {', '.join((*SCENARIOS, *MORE))}")
     workdir = Path("/var/tmp") / f"mlx-medic-bench-loop-{uuid.uuid4().hex[:8]}"
     workdir.mkdir()
     outcomes: list[Outcome] = []
@@ -177,17 +233,27 @@ def main() -> int:
         model = make_tiny_model(workdir / "tiny-model")
         with start_cluster(3, workdir / "cluster", node_user=NodeUser()) as cluster:
             for mode in args.modes.split(","):
-                sim = start_jaccl_sim(cluster, on_sigkill=mode, capacity=args.capacity,  # type: ignore[arg-type]
-                                      killable_for=args.killable_for)  # fmt: skip
+                sim = start_jaccl_sim(
+                    cluster,
+                    on_sigkill=mode,
+                    capacity=args.capacity,  # type: ignore[arg-type]
+                    killable_for=args.killable_for,
+                )
                 try:
                     for name in args.scenarios.split(","):
                         if name in MORE:
-                            print(more(name, cluster, mode, model, workdir, args), "\n",
-                                  flush=True)  # fmt: skip
+                            print(more(name, cluster, mode, model, workdir, args), "\n", flush=True)
                             continue
-                        outcome = run_faults(cluster, sim, model, scenario=name,
-                                             faults=args.faults, serve_for=args.serve_for,
-                                             limit=args.limit, **SCENARIOS[name])  # type: ignore[arg-type]
+                        outcome = run_faults(
+                            cluster,
+                            sim,
+                            model,
+                            scenario=name,
+                            faults=args.faults,
+                            serve_for=args.serve_for,
+                            limit=args.limit,
+                            **SCENARIOS[name],
+                        )  # type: ignore[arg-type]
                         outcomes.append(outcome)
                         print(table(outcome), "\n", flush=True)
                 finally:
@@ -200,8 +266,10 @@ def main() -> int:
             seconds = [f.seconds for f in outcome.faults if f.seconds is not None]
             if outcome.mode == mode and seconds:
                 medians[outcome.scenario] = statistics.median(seconds)
-        print(f"mode {mode}: median seconds to answer after a fault (faults it survived): "
-              + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
+        print(
+            f"mode {mode}: median seconds to answer after a fault (faults it survived): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in medians.items())
+        )
     return 0
 
 

@@ -42,7 +42,7 @@ DEBT_HELP = (
 DEVICE_DEBT_HELP = (
     "Protection domains spent this boot on each RDMA device of this node, from its ledger:"
     " one per counted process that used the device, plus every counted process whose"
-    " devices are unknown (device=\"node\" alone when no device is known). The budget is"
+    ' devices are unknown (device="node" alone when no device is known). The budget is'
     " about 11 per device; they stay spent until reboot."
 )
 RESERVE_HELP = (
@@ -68,9 +68,12 @@ MODELS_INFO_HELP = (
 class LedgerCollector(Collector):
     name = "ledger"
 
-    def __init__(self, context: ExporterContext,
-                 boot_id: Callable[[], str] = current_boot_id,
-                 alive: Callable[[int, float], bool] = process_alive):  # fmt: skip
+    def __init__(
+        self,
+        context: ExporterContext,
+        boot_id: Callable[[], str] = current_boot_id,
+        alive: Callable[[int, float], bool] = process_alive,
+    ):
         self._context = context
         self._boot_id = boot_id
         self._alive = alive
@@ -83,8 +86,7 @@ class LedgerCollector(Collector):
         models = self._context.models_here()
         yield GaugeMetricFamily("mlx_pd_debt", DEBT_HELP, value=ledger.debt)
         devices = {d for model in models for d in hostfile_devices(model, node)}
-        device_debt = GaugeMetricFamily("mlx_pd_device_debt", DEVICE_DEBT_HELP,
-                                        labels=["device"])  # fmt: skip
+        device_debt = GaugeMetricFamily("mlx_pd_device_debt", DEVICE_DEBT_HELP, labels=["device"])
         for device, debt in debt_by_device(ledger.debt_by_unit(), devices).items():
             device_debt.add_metric([device], debt)
         yield device_debt
@@ -98,8 +100,9 @@ class LedgerCollector(Collector):
             name = entry.model or ""
             processes[name] = processes.get(name, 0) + 1
             domains[name] = domains.get(name, 0) + entry.survivor(node).domains
-        unkillable = GaugeMetricFamily("mlx_unkillable_processes", UNKILLABLE_HELP,
-                                       labels=["model"])  # fmt: skip
+        unkillable = GaugeMetricFamily(
+            "mlx_unkillable_processes", UNKILLABLE_HELP, labels=["model"]
+        )
         held = GaugeMetricFamily("mlx_unkillable_domains", DOMAINS_HELP, labels=["model"])
         for name, count in processes.items():
             unkillable.add_metric([name], count)
@@ -111,8 +114,11 @@ class LedgerCollector(Collector):
         yield info
 
 
-@register("ledger", help="the node's protection-domain debt this boot (total and per RDMA"
-          " device), each model's reserve, the survivors of SIGKILL here and the models"
-          " placed here")  # fmt: skip
+@register(
+    "ledger",
+    help="the node's protection-domain debt this boot (total and per RDMA"
+    " device), each model's reserve, the survivors of SIGKILL here and the models"
+    " placed here",
+)
 def make(context: ExporterContext) -> Collector:
     return LedgerCollector(context)

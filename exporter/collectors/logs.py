@@ -41,11 +41,18 @@ STATE_FILE = "logs-positions.json"
 @dataclass(frozen=True)
 class LogsSettings:
     max_read_per_scrape: int = setting(
-        MAX_READ_PER_SCRAPE, "bytes one scrape reads at most, over all logs; 0: no limit",
-        byte_count, metavar="BYTES")
+        MAX_READ_PER_SCRAPE,
+        "bytes one scrape reads at most, over all logs; 0: no limit",
+        byte_count,
+        metavar="BYTES",
+    )
     prefilter: str = setting(
-        "auto", "how literal anchors are found: hyperscan, find (bytes.find), or auto"
-        " (hyperscan when installed)", one_of(*ENGINES), metavar="ENGINE")
+        "auto",
+        "how literal anchors are found: hyperscan, find (bytes.find), or auto"
+        " (hyperscan when installed)",
+        one_of(*ENGINES),
+        metavar="ENGINE",
+    )
 
 
 class LogsCollector(Collector):
@@ -66,8 +73,9 @@ class LogsCollector(Collector):
         self.signatures = tuple(signatures)
         self.max_read_per_scrape = max_read_per_scrape or None  # 0: no limit
         self.scanner = LineScanner(self.signatures, engine=engine, max_line=max_line)
-        self.follower = LogFollower(files, [s.name for s in self.signatures], self.scanner,
-                                    state_path, opener)
+        self.follower = LogFollower(
+            files, [s.name for s in self.signatures], self.scanner, state_path, opener
+        )
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
@@ -109,8 +117,7 @@ def service_logs(context: ExporterContext) -> list[Path]:
     return [p for m in context.models_here() if m.head == context.node for p in m.log_files]
 
 
-@register("logs", help="count error signatures in the model services' logs",
-          settings=LogsSettings)
+@register("logs", help="count error signatures in the model services' logs", settings=LogsSettings)
 def make(context: ExporterContext) -> Collector:
     settings = context.settings_for(LogsSettings)
     if service_logs(context):
@@ -122,8 +129,13 @@ def make(context: ExporterContext) -> Collector:
         engine=settings.prefilter,
         max_read_per_scrape=settings.max_read_per_scrape,
     )
-    if (collector.follower.logs and settings.prefilter == "auto"
-            and importlib.util.find_spec("hyperscan") is None):
-        log.info("logs: Hyperscan is not installed (no wheel for this platform); literals"
-                 " are found with bytes.find, about a fifth of its speed")
+    if (
+        collector.follower.logs
+        and settings.prefilter == "auto"
+        and importlib.util.find_spec("hyperscan") is None
+    ):
+        log.info(
+            "logs: Hyperscan is not installed (no wheel for this platform); literals"
+            " are found with bytes.find, about a fifth of its speed"
+        )
     return collector

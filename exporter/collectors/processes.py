@@ -86,9 +86,13 @@ class ProcessesCollector(Collector):
         self._ledger_problem: str | None = None  # logged once until it changes
         # The shared scan (also the node helpers'), kept between scrapes for its caches.
         self.orphan_scan = OrphanScan(
-            node=node, inventory=inventory, state_dir=state_dir, established=established,
-            listening=listening, read_file=read_file,
-        )  # fmt: skip
+            node=node,
+            inventory=inventory,
+            state_dir=state_dir,
+            established=established,
+            listening=listening,
+            read_file=read_file,
+        )
         self._announced: set[str] = set(self._known_models())
 
     def _known_models(self) -> list[str]:
@@ -139,7 +143,9 @@ class ProcessesCollector(Collector):
                 self._announced.add(item.model)
                 log.info(
                     "watching model %s: found by the --model argument of %s pid %d",
-                    item.model, item.role, item.proc.pid,
+                    item.model,
+                    item.role,
+                    item.proc.pid,
                 )
 
     @staticmethod
@@ -177,11 +183,15 @@ class ProcessesCollector(Collector):
         return family
 
     def _orphans(
-        self, models: list[str], report: OrphanReport, now: float,
+        self,
+        models: list[str],
+        report: OrphanReport,
+        now: float,
         survivors: Sequence[tuple[int, float]] = (),
     ) -> Iterable[GaugeMetricFamily]:
-        sweepable = [o for o in report.orphans
-                     if not any(_same(o, pid, start) for pid, start in survivors)]  # fmt: skip
+        sweepable = [
+            o for o in report.orphans if not any(_same(o, pid, start) for pid, start in survivors)
+        ]
         yield self._by_rule(
             "mlx_orphan_processes",
             "MLX processes on this node left over from a dead or replaced run, by the rule"
@@ -196,8 +206,10 @@ class ProcessesCollector(Collector):
             " mlx_suspected_orphan_processes. Not counted: an orphan the node's"
             " protection-domain ledger records as a survivor of SIGKILL (same pid and start"
             " time), which no sweep can end: see mlx_unkillable_processes.",
-            models, RULES, sweepable,
-        )  # fmt: skip
+            models,
+            RULES,
+            sweepable,
+        )
         yield self._by_rule(
             "mlx_suspected_orphan_processes",
             "MLX processes on this node of which at most some can be current, with nothing"
@@ -206,8 +218,10 @@ class ProcessesCollector(Collector):
             " rank number, each still held by a launcher or a connected ssh session, none"
             " serving the model's port), excess_ranks_undecided (more ranks than the model"
             " runs here, told apart by none of that).",
-            models, SUSPECT_RULES, report.suspects,
-        )  # fmt: skip
+            models,
+            SUSPECT_RULES,
+            report.suspects,
+        )
 
         oldest = GaugeMetricFamily(
             "mlx_orphan_oldest_age_seconds",

@@ -80,15 +80,19 @@ class ServeCollector(Collector):
         context = self._context
         models = [m for m in context.models_here() if m.head == context.node]
         backend = GaugeMetricFamily("mlx_medic_backend", BACKEND_HELP, labels=["model", "backend"])
-        pinned = GaugeMetricFamily("mlx_medic_backend_pinned", PINNED_HELP,
-                                   labels=["model", "backend"])  # fmt: skip
+        pinned = GaugeMetricFamily(
+            "mlx_medic_backend_pinned", PINNED_HELP, labels=["model", "backend"]
+        )
         state = GaugeMetricFamily("mlx_serve_state", STATE_HELP, labels=["model", "state"])
-        failed = CounterMetricFamily("mlx_serve_failed_starts", FAILED_STARTS_HELP,
-                                     labels=["model"])  # fmt: skip
-        stopped = GaugeMetricFamily("mlx_medic_service_stopped_since_seconds", STOPPED_HELP,
-                                    labels=["model"])  # fmt: skip
-        reboot = GaugeMetricFamily("mlx_serve_reboot_needed", REBOOT_HELP,
-                                   labels=["model", "reboot_node"])  # fmt: skip
+        failed = CounterMetricFamily(
+            "mlx_serve_failed_starts", FAILED_STARTS_HELP, labels=["model"]
+        )
+        stopped = GaugeMetricFamily(
+            "mlx_medic_service_stopped_since_seconds", STOPPED_HELP, labels=["model"]
+        )
+        reboot = GaugeMetricFamily(
+            "mlx_serve_reboot_needed", REBOOT_HELP, labels=["model", "reboot_node"]
+        )
         for model in models:
             record = read_serve_record(context.state_dir, model.name)
             now_state = effective_state(record)
@@ -107,7 +111,10 @@ class ServeCollector(Collector):
         yield from (backend, pinned, state, failed, stopped, reboot)
 
 
-@register("serve", help="the serve wrapper's backend, state and failed starts, the backend pin"
-          " and a service left stopped, for the models this node heads")  # fmt: skip
+@register(
+    "serve",
+    help="the serve wrapper's backend, state and failed starts, the backend pin"
+    " and a service left stopped, for the models this node heads",
+)
 def make(context: ExporterContext) -> Collector:
     return ServeCollector(context)

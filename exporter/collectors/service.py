@@ -42,11 +42,19 @@ Probe = Callable[..., ProbeResult]
 
 @dataclass(frozen=True)
 class ServiceSettings:
-    interval: float = setting(DEFAULT_INTERVAL, "seconds between rounds of probes",
-                              positive_seconds, env="MLX_MEDIC_SERVICE_INTERVAL",
-                              metavar="SECONDS")
-    timeout: float = setting(DEFAULT_TIMEOUT, "seconds a probe may take before the model reads"
-                             " down", positive_seconds, metavar="SECONDS")
+    interval: float = setting(
+        DEFAULT_INTERVAL,
+        "seconds between rounds of probes",
+        positive_seconds,
+        env="MLX_MEDIC_SERVICE_INTERVAL",
+        metavar="SECONDS",
+    )
+    timeout: float = setting(
+        DEFAULT_TIMEOUT,
+        "seconds a probe may take before the model reads down",
+        positive_seconds,
+        metavar="SECONDS",
+    )
 
 
 @dataclass(frozen=True)
@@ -102,21 +110,34 @@ class ModelServiceCollector(Collector):
             if self._worker.stopping:
                 return
             try:
-                result = self._probe(target.host, target.port, timeout=self.timeout,
-                                     lock_dir=self._lock_dir)
+                result = self._probe(
+                    target.host, target.port, timeout=self.timeout, lock_dir=self._lock_dir
+                )
             except Exception:
-                log.exception("probe of model %s at %s:%d failed to run",
-                              target.model, target.host, target.port)
+                log.exception(
+                    "probe of model %s at %s:%d failed to run",
+                    target.model,
+                    target.host,
+                    target.port,
+                )
                 continue
             if not result.conclusive:
-                log.warning("model %s: %s; keeping the previous reading",
-                            target.model, result.reason)
+                log.warning(
+                    "model %s: %s; keeping the previous reading", target.model, result.reason
+                )
                 continue
             previous = self._readings.get(target.model)
             if previous is None or previous.result.up != result.up:
                 level = logging.INFO if result.up else logging.WARNING
-                log.log(level, "model %s on %s:%d is %s: %s", target.model, target.host,
-                        target.port, "up" if result.up else "down", result.reason)
+                log.log(
+                    level,
+                    "model %s on %s:%d is %s: %s",
+                    target.model,
+                    target.host,
+                    target.port,
+                    "up" if result.up else "down",
+                    result.reason,
+                )
             with self._readings_lock:
                 self._readings[target.model] = _Reading(result, self._clock())
 
@@ -180,11 +201,15 @@ def _lock_dir(context: ExporterContext) -> Path | None:
         return None
 
 
-@register("service", help="probe each model served from this node with a real 1-token request",
-          settings=ServiceSettings)
+@register(
+    "service",
+    help="probe each model served from this node with a real 1-token request",
+    settings=ServiceSettings,
+)
 def make(context: ExporterContext) -> Collector:
     settings = context.settings_for(ServiceSettings)
     targets = targets_for(context)
     lock_dir = _lock_dir(context) if targets else None
-    return ModelServiceCollector(targets, interval=settings.interval, timeout=settings.timeout,
-                                 lock_dir=lock_dir)
+    return ModelServiceCollector(
+        targets, interval=settings.interval, timeout=settings.timeout, lock_dir=lock_dir
+    )

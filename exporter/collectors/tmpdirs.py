@@ -301,13 +301,20 @@ def launch_dirs_of(context: ExporterContext) -> Callable[[], list[Path]]:
 
 @dataclass(frozen=True)
 class TmpDirsSettings:
-    interval: float = setting(DEFAULT_INTERVAL, "seconds between background tmp walks",
-                              positive_seconds, env="MLX_MEDIC_TMPDIRS_INTERVAL",
-                              metavar="SECONDS")
+    interval: float = setting(
+        DEFAULT_INTERVAL,
+        "seconds between background tmp walks",
+        positive_seconds,
+        env="MLX_MEDIC_TMPDIRS_INTERVAL",
+        metavar="SECONDS",
+    )
 
 
-@register("tmpdirs", help="stale tmp dirs and mlx.launch leftovers (walked in the background)",
-          settings=TmpDirsSettings)
+@register(
+    "tmpdirs",
+    help="stale tmp dirs and mlx.launch leftovers (walked in the background)",
+    settings=TmpDirsSettings,
+)
 def make(context: ExporterContext) -> Collector:
     settings = context.settings_for(TmpDirsSettings)
     walker = TmpWalker(watched_dirs(context), launch_dirs_of(context), clock=context.clock)

@@ -45,13 +45,20 @@ def run(args: argparse.Namespace) -> int:
     model = placed_model(context, args.model, on_head=True).name
     try:
         if args.action == "set":
-            choice = write_backend_choice(context.state_dir, model, args.choice, by=args.by,
-                                          reason=args.reason)  # fmt: skip
+            choice = write_backend_choice(
+                context.state_dir, model, args.choice, by=args.by, reason=args.reason
+            )
         else:
             choice = read_backend_choice(context.state_dir, model)
     except (StateFileError, ValueError) as exc:
         raise HelperError(str(exc)) from None
-    document = {"model": model, "action": args.action, **asdict(choice), "pinned": choice.pinned,
-                "automatic": choice.automatic, "retry": choice.retry()}  # fmt: skip
+    document = {
+        "model": model,
+        "action": args.action,
+        **asdict(choice),
+        "pinned": choice.pinned,
+        "automatic": choice.automatic,
+        "retry": choice.retry(),
+    }
     emit("backend", document, args.json, describe(model, choice))
     return EXIT_OK

@@ -74,14 +74,18 @@ class CleanReport:
 
     def foreign(self, path: Path | str, kind: str, uid: int | None, why: str) -> None:
         """Another user's entry this helper may not remove (or read): named, left whole."""
-        self.not_ours.append({"path": str(path), "kind": kind, **owner_fields(uid),
-                              "why": why})  # fmt: skip
+        self.not_ours.append({"path": str(path), "kind": kind, **owner_fields(uid), "why": why})
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "node": self.node, "dry_run": self.dry_run,
-                "removed": self.removed,
-                "bytes_freed": sum(int(r["bytes"]) for r in self.removed),
-                "skipped": self.skipped, "not_ours": self.not_ours}  # fmt: skip
+        return {
+            "model": self.model,
+            "node": self.node,
+            "dry_run": self.dry_run,
+            "removed": self.removed,
+            "bytes_freed": sum(int(r["bytes"]) for r in self.removed),
+            "skipped": self.skipped,
+            "not_ours": self.not_ours,
+        }
 
 
 def remove_tree(parent_fd: int, name: str, dev: int, where: str | None = None) -> None:
@@ -180,9 +184,10 @@ class Cleaner:
         before the removals (a walk of every process's fds each: not one per dir)."""
         judged_on = self.in_use() if self.dirs else PathsInUse()
         now = self.clock()
-        scans = [(scope, stale_entries(scope.path, now, scope.stale_age, judged_on,
-                                       self.weigher))
-                 for scope in self.dirs]  # fmt: skip
+        scans = [
+            (scope, stale_entries(scope.path, now, scope.stale_age, judged_on, self.weigher))
+            for scope in self.dirs
+        ]
         busy_now: PathsInUse | None = None
         for scope, scan in scans:
             if scan.error is not None:
@@ -191,15 +196,15 @@ class Cleaner:
             entries = self._ours(scope, scan.entries, now)
             if entries and self.report.dry_run:
                 for entry in entries:
-                    self.report.removed.append({"path": str(entry.path), "bytes": entry.bytes,
-                                                "kind": _kind(entry)})  # fmt: skip
+                    self.report.removed.append(
+                        {"path": str(entry.path), "bytes": entry.bytes, "kind": _kind(entry)}
+                    )
             elif entries:
                 if busy_now is None:
                     busy_now = self.in_use()  # looked at again right before removing
                 self._remove(scope, entries, busy_now)
 
-    def _ours(self, scope: ScopeDir, entries: Sequence[StaleEntry],
-              now: float) -> list[StaleEntry]:  # fmt: skip
+    def _ours(self, scope: ScopeDir, entries: Sequence[StaleEntry], now: float) -> list[StaleEntry]:
         """The stale entries this user may remove; the others in `not_ours`, and with them
         the old `tmp*` dirs of other users it may not even read (never judged: the rule
         cannot weigh them). Nothing to tell apart as root."""
@@ -231,11 +236,19 @@ class Cleaner:
                 st = os.lstat(scope.path / name)
             except OSError:
                 continue
-            if (stat.S_ISDIR(st.st_mode) and st.st_uid != os.geteuid()
-                    and st.st_dev == dir_st.st_dev and not _may(st, 5)
-                    and now - st.st_mtime >= scope.stale_age):  # fmt: skip
-                self.report.foreign(scope.path / name, "unreadable_dir", st.st_uid,
-                                    "may not read it, so it was not judged: another user's")
+            if (
+                stat.S_ISDIR(st.st_mode)
+                and st.st_uid != os.geteuid()
+                and st.st_dev == dir_st.st_dev
+                and not _may(st, 5)
+                and now - st.st_mtime >= scope.stale_age
+            ):
+                self.report.foreign(
+                    scope.path / name,
+                    "unreadable_dir",
+                    st.st_uid,
+                    "may not read it, so it was not judged: another user's",
+                )
         return ours
 
     def _remove(self, scope: ScopeDir, entries: Sequence[StaleEntry], busy_now: PathsInUse) -> None:
@@ -261,8 +274,9 @@ class Cleaner:
                     self.report.failed += 1
                     self.report.skip(entry.path, f"not removed: {exc.strerror or exc}")
                     continue
-                self.report.removed.append({"path": str(entry.path), "bytes": entry.bytes,
-                                            "kind": _kind(entry)})  # fmt: skip
+                self.report.removed.append(
+                    {"path": str(entry.path), "bytes": entry.bytes, "kind": _kind(entry)}
+                )
         finally:
             os.close(dir_fd)
 
@@ -309,7 +323,8 @@ class Cleaner:
             for path, inode in judged.items():
                 if inode is not None:
                     self.report.removed.append(
-                        {"path": str(path), "bytes": inode[1], "kind": "launch_leftover"})
+                        {"path": str(path), "bytes": inode[1], "kind": "launch_leftover"}
+                    )
             return
         still = set(launcher_leftovers(self.launch_dirs).files)  # the rule again, right before
         for path, inode in judged.items():
@@ -325,8 +340,9 @@ class Cleaner:
                 self.report.failed += 1
                 self.report.skip(path, f"not removed: {exc.strerror or exc}")
                 continue
-            self.report.removed.append({"path": str(path), "bytes": inode[1],
-                                        "kind": "launch_leftover"})  # fmt: skip
+            self.report.removed.append(
+                {"path": str(path), "bytes": inode[1], "kind": "launch_leftover"}
+            )
 
 
 def _kind(entry: StaleEntry) -> str:

@@ -23,8 +23,9 @@ from mlx_medic.node.model_arg import placed_model
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="the inventory model to clean up after")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="report what would be removed; remove nothing")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="report what would be removed; remove nothing"
+    )
     add_node_arguments(parser)
 
 
@@ -38,14 +39,21 @@ def run(args: argparse.Namespace) -> int:
     inventory = context.inventory
     assert inventory is not None  # placed_model requires one
     launch_dirs = list(inventory.launch_temp_dirs) or user_temp_dirs([model.service.user])
-    report = Cleaner(model=model, node=context.node,
-                     dirs=scope_dirs(inventory.models_on(context.node)),
-                     launch_dirs=launch_dirs, dry_run=args.dry_run, clock=time.time).run()
+    report = Cleaner(
+        model=model,
+        node=context.node,
+        dirs=scope_dirs(inventory.models_on(context.node)),
+        launch_dirs=launch_dirs,
+        dry_run=args.dry_run,
+        clock=time.time,
+    ).run()
     document = report.to_json()
     verb = "would remove" if args.dry_run else "removed"
-    lines = [f"clean of {model.name} on {context.node}: {verb} {len(document['removed'])}"
-             f" entr{'y' if len(document['removed']) == 1 else 'ies'},"
-             f" {document['bytes_freed']} bytes"]  # fmt: skip
+    lines = [
+        f"clean of {model.name} on {context.node}: {verb} {len(document['removed'])}"
+        f" entr{'y' if len(document['removed']) == 1 else 'ies'},"
+        f" {document['bytes_freed']} bytes"
+    ]
     lines += [f"  {verb} {r['kind']} {r['path']} ({r['bytes']} bytes)" for r in document["removed"]]
     lines += [f"  skipped {s['path']}: {s['reason']}" for s in document["skipped"]]
     lines += [f"  {not_ours_words(entry)}" for entry in document["not_ours"]]
@@ -53,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
     for entry in document["not_ours"]:
         print(f"mlx-medic node clean: {not_ours_words(entry)}", file=sys.stderr)
     if report.failed:
-        print(f"mlx-medic node clean: {report.failed} removal(s) failed on node {context.node}",
-              file=sys.stderr)
+        print(
+            f"mlx-medic node clean: {report.failed} removal(s) failed on node {context.node}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     return EXIT_OK
 

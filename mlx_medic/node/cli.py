@@ -36,14 +36,18 @@ HELPERS: dict[str, tuple[str, str]] = {
         "remove the model's stale tmp entries and mlx.launch leftovers",
     ),
     "orphans": ("mlx_medic.node.orphans_cli", "this node's orphan report (suspects apart)"),
-    "service": ("mlx_medic.node.service_cli",
-                "stop, start, restart the model's service on its head; the stop record"),
+    "service": (
+        "mlx_medic.node.service_cli",
+        "stop, start, restart the model's service on its head; the stop record",
+    ),
     "run": ("mlx_medic.node.run_cli", "the model's current run on this node and its lease"),
     "backend": ("mlx_medic.node.backend_cli", "the model's backend choice on its head"),
     "lock": ("mlx_medic.node.lock_cli", "the model lock's file on its head, compare-then-write"),
     "pid-alive": ("mlx_medic.node.pid_alive_cli", "whether a pid, started at a time, lives here"),
-    "facts": ("mlx_medic.node.facts_cli",
-              "memory, RDMA, versions, OS build and a model's recent log errors here"),
+    "facts": (
+        "mlx_medic.node.facts_cli",
+        "memory, RDMA, versions, OS build and a model's recent log errors here",
+    ),
     "forced-command": (
         "mlx_medic.node.forced_command",
         "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if it is a helper or the probe",

@@ -25,8 +25,15 @@ class HelperCallError(RuntimeError):
     or what came back is not a helper's document. `unreachable` and `timed_out` tell the
     first two apart (the node gave no answer) from the third (it answered, but not well)."""
 
-    def __init__(self, node: str, helper: str, message: str, *, unreachable: bool = False,
-                 timed_out: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        node: str,
+        helper: str,
+        message: str,
+        *,
+        unreachable: bool = False,
+        timed_out: bool = False,
+    ):
         super().__init__(f"{node}: mlx-medic node {helper}: {message}")
         self.node = node
         self.helper = helper
@@ -53,12 +60,22 @@ class HelperReply:
 
 
 def helper_argv(node: Node, helper: str, args: Sequence[str]) -> list[str]:
-    return [node.medic_command, "node", helper, *args,
-            "--config.file", str(node.medic_config), "--node", node.name, "--json"]  # fmt: skip
+    return [
+        node.medic_command,
+        "node",
+        helper,
+        *args,
+        "--config.file",
+        str(node.medic_config),
+        "--node",
+        node.name,
+        "--json",
+    ]
 
 
-def parse_reply(node: str, helper: str, argv: list[str], exit_status: int | None,
-                stdout: str, stderr: str) -> HelperReply:  # fmt: skip
+def parse_reply(
+    node: str, helper: str, argv: list[str], exit_status: int | None, stdout: str, stderr: str
+) -> HelperReply:
     """The helper's document, or HelperCallError saying why there is none."""
     if exit_status is None:
         raise HelperCallError(node, helper, f"ended by a signal ({stderr.strip()[-300:]})")
@@ -94,10 +111,10 @@ class NodeHelpers:
         except TransportError as exc:
             raise HelperCallError(node_name, helper, str(exc), unreachable=True) from exc
         if result.timed_out:
-            raise HelperCallError(node_name, helper, f"no answer within {limit:g}s",
-                                  timed_out=True)  # fmt: skip
-        return parse_reply(node_name, helper, argv, result.exit_status, result.stdout,
-                           result.stderr)  # fmt: skip
+            raise HelperCallError(node_name, helper, f"no answer within {limit:g}s", timed_out=True)
+        return parse_reply(
+            node_name, helper, argv, result.exit_status, result.stdout, result.stderr
+        )
 
     async def on_nodes(
         self, nodes: Sequence[str], helper: str, *args: str, timeout: float | None = None

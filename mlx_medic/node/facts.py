@@ -76,8 +76,10 @@ def rdma_facts(runner: Runner) -> dict[str, Any] | None:
     facts: dict[str, Any] = {"objects": None}
     try:
         ports = parse_ibv_devinfo(ports_text)
-        facts["ports"] = [{"device": p.device, "port": p.port, "state": p.state,
-                           "active": p.active} for p in ports]  # fmt: skip
+        facts["ports"] = [
+            {"device": p.device, "port": p.port, "state": p.state, "active": p.active}
+            for p in ports
+        ]
         counts_text = rdma_tool_output(runner, IOCLASSCOUNT_ARGV, TIMEOUT)
         if counts_text is not None:
             facts["objects"] = rdma_object_counts(counts_text)
@@ -104,9 +106,11 @@ def _tail_lines(path: Path, limit: int) -> tuple[list[tuple[int, str]], int]:
 
 
 def recent_errors(
-    files: Sequence[Path], signatures: Sequence[LogSignature], count: int,
+    files: Sequence[Path],
+    signatures: Sequence[LogSignature],
+    count: int,
     tail_bytes: int = TAIL_BYTES,
-) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, int]]:  # fmt: skip
+) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, int]]:
     """The last `count` lines that match a signature (oldest first, each with the file,
     every signature it matches and the byte offset it starts at), the files that could
     not be read, with why, and the size of each file read."""
@@ -121,8 +125,7 @@ def recent_errors(
             continue
         for offset, line in lines:
             for name in signatures_matching(line, signatures):
-                found.append({"file": str(path), "signature": name, "line": line,
-                              "offset": offset})  # fmt: skip
+                found.append({"file": str(path), "signature": name, "line": line, "offset": offset})
     return found[-count:] if count else [], unreadable, sizes
 
 
@@ -131,8 +134,10 @@ def versions() -> dict[str, Any]:
     where the ranks run another Python, ask that one)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    found: dict[str, Any] = {"python": sys.executable,
-                             "python_version": host_platform.python_version()}  # fmt: skip
+    found: dict[str, Any] = {
+        "python": sys.executable,
+        "python_version": host_platform.python_version(),
+    }
     for name in VERSIONED:
         try:
             found[name] = version(name)
@@ -178,11 +183,20 @@ def serve_facts(state_dir: Path, model: str) -> dict[str, Any] | None:
         return None
     failures = sorted(record.failures, key=lambda f: f.backend != "jaccl")
     failure = failures[0] if failures else None
-    return {"state": record.state, "backend": record.backend,
-            "failed_starts": record.failed_starts,
-            "failed_backends": [f.backend for f in record.failures],
-            "backend_reason": record.backend_reason, "argv": list(record.argv),
-            "reboot": list(record.reboot),
-            "failure": None if failure is None else {
-                "backend": failure.backend, "host": failure.host, "reason": failure.reason,
-                "line": failure.line}}  # fmt: skip
+    return {
+        "state": record.state,
+        "backend": record.backend,
+        "failed_starts": record.failed_starts,
+        "failed_backends": [f.backend for f in record.failures],
+        "backend_reason": record.backend_reason,
+        "argv": list(record.argv),
+        "reboot": list(record.reboot),
+        "failure": None
+        if failure is None
+        else {
+            "backend": failure.backend,
+            "host": failure.host,
+            "reason": failure.reason,
+            "line": failure.line,
+        },
+    }

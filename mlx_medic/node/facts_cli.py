@@ -25,10 +25,19 @@ def _count(value: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                        help="a model placed on this node: its service logs too")  # fmt: skip
-    parser.add_argument("--lines", type=_count, default=DEFAULT_LINES,
-                        help=f"matching log lines to report ({DEFAULT_LINES})")  # fmt: skip
+    parser.add_argument(
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        default=None,
+        help="a model placed on this node: its service logs too",
+    )
+    parser.add_argument(
+        "--lines",
+        type=_count,
+        default=DEFAULT_LINES,
+        help=f"matching log lines to report ({DEFAULT_LINES})",
+    )
     add_node_arguments(parser)
 
 
@@ -47,21 +56,28 @@ def run(args: argparse.Namespace) -> int:
     context = node_context(args)
     model = placed_model(context, args.model) if args.model is not None else None
     document: dict[str, Any] = {
-        "node": context.node, "model": model.name if model else None,
-        "memory": memory_facts(run_command, sys.platform), "rdma": rdma_facts(run_command),
-        "versions": versions(), "os": os_build(run_command, sys.platform),
-    }  # fmt: skip
+        "node": context.node,
+        "model": model.name if model else None,
+        "memory": memory_facts(run_command, sys.platform),
+        "rdma": rdma_facts(run_command),
+        "versions": versions(),
+        "os": os_build(run_command, sys.platform),
+    }
     if model is not None:
         errors, unreadable, sizes = recent_errors(
-            model.log_files, signatures_for(context.inventory), args.lines)
+            model.log_files, signatures_for(context.inventory), args.lines
+        )
         document["log_errors"], document["unreadable_logs"] = errors, unreadable
         document["log_sizes"] = sizes
         document["serve"] = serve_facts(context.state_dir, model.name)
-    lines = [f"node {context.node}: {document['memory']['available_bytes']} bytes available",
-             f"  RDMA: {'none' if document['rdma'] is None else document['rdma']}",
-             f"  mlx {document['versions']['mlx']}, mlx-lm {document['versions']['mlx-lm']},"
-             f" {document['os']['build']}"]  # fmt: skip
-    lines += [f"  {e['file']}: [{e['signature']}] {e['line']}"
-              for e in document.get("log_errors", [])]  # fmt: skip
+    lines = [
+        f"node {context.node}: {document['memory']['available_bytes']} bytes available",
+        f"  RDMA: {'none' if document['rdma'] is None else document['rdma']}",
+        f"  mlx {document['versions']['mlx']}, mlx-lm {document['versions']['mlx-lm']},"
+        f" {document['os']['build']}",
+    ]
+    lines += [
+        f"  {e['file']}: [{e['signature']}] {e['line']}" for e in document.get("log_errors", [])
+    ]
     emit("facts", document, args.json, "\n".join(lines))
     return EXIT_OK

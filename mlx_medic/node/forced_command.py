@@ -49,8 +49,16 @@ THIS_HELPER = "forced-command"
 # Every caller's tail (mlx_medic.node.client.helper_argv), checked for every grant.
 GENERIC_OPTIONS = ("--config.file", "--state-dir", "--node", "--json")
 
-__all__ = ["EXIT_REFUSED", "Allowed", "Refused", "add_arguments", "checked", "helper_names",
-           "run", "validate"]
+__all__ = [
+    "EXIT_REFUSED",
+    "Allowed",
+    "Refused",
+    "add_arguments",
+    "checked",
+    "helper_names",
+    "run",
+    "validate",
+]
 
 
 class _Checking(argparse.ArgumentParser):
@@ -108,8 +116,11 @@ class Allowed:
         return check
 
     def request(self, model: str | None = None) -> Request:
-        return Request(self.inventory, self.this_node or "",
-                       self.inventory.model(model) if model is not None else None)  # fmt: skip
+        return Request(
+            self.inventory,
+            self.this_node or "",
+            self.inventory.model(model) if model is not None else None,
+        )
 
     def programs(self) -> set[str]:
         return {"mlx-medic"} | {node.medic_command for node in self.inventory.nodes}
@@ -142,8 +153,10 @@ class Allowed:
         if model is not None:
             placed = [m.name for m in self.inventory.models_on(self.this_node)]
             if model not in placed:
-                raise Refused(f"model {model!r} is not an inventory model placed on"
-                              f" {self.this_node} (models here: {', '.join(placed)})")  # fmt: skip
+                raise Refused(
+                    f"model {model!r} is not an inventory model placed on"
+                    f" {self.this_node} (models here: {', '.join(placed)})"
+                )
         for name, value in values.items():
             if isinstance(value, Path):
                 raise Refused(f"{helper}: a path ({name} {str(value)!r}) is not allowed here")
@@ -182,8 +195,9 @@ def _validate_helper(helper: str, words: list[str], allowed: Allowed) -> tuple[l
     command = f"node {helper}"
     names = helper_names(allowed.key)
     if helper not in names:
-        raise Refused(f"{command!r} is not allowed for the {allowed.key} key"
-                      f" (helpers: {', '.join(names)})")  # fmt: skip
+        raise Refused(
+            f"{command!r} is not allowed for the {allowed.key} key (helpers: {', '.join(names)})"
+        )
     _once_each(words, command)
     parser = helper_parser(helper)
     try:
@@ -194,13 +208,21 @@ def _validate_helper(helper: str, words: list[str], allowed: Allowed) -> tuple[l
         raise Refused(f"{command}: {exc}") from None
     allowed.check_helper(helper, parsed)
     dests = option_dests(parser)
-    given = {name: getattr(parsed, dests[name])
-             for name in (w.partition("=")[0] for w in words if w.startswith("--"))
-             if name not in GENERIC_OPTIONS}  # fmt: skip
+    given = {
+        name: getattr(parsed, dests[name])
+        for name in (w.partition("=")[0] for w in words if w.startswith("--"))
+        if name not in GENERIC_OPTIONS
+    }
     values = vars(parsed)
     try:
-        grant = match(allowed.key, helper, values.get("action"), given, values,
-                      allowed.request(values.get("model")))  # fmt: skip
+        grant = match(
+            allowed.key,
+            helper,
+            values.get("action"),
+            given,
+            values,
+            allowed.request(values.get("model")),
+        )
     except Refused as exc:
         raise Refused(f"{command}: {exc}") from None
     argv = ["node", helper, *words]
@@ -249,13 +271,23 @@ def checked(original: str | None, allowed: Allowed) -> tuple[list[str], Grant]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config.file", dest="config_file", type=Path, required=True,
-                        help="the inventory the allowed commands are checked against")  # fmt: skip
-    parser.add_argument("--key", choices=KEYS, default="remediator",
-                        help="whose key this is: the commands it may send"
-                        " (mlx_medic.node.key_table; default %(default)s)")  # fmt: skip
-    parser.add_argument("--node", default=None,
-                        help="this node's name (default: <state_dir>/node-id)")  # fmt: skip
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        type=Path,
+        required=True,
+        help="the inventory the allowed commands are checked against",
+    )
+    parser.add_argument(
+        "--key",
+        choices=KEYS,
+        default="remediator",
+        help="whose key this is: the commands it may send"
+        " (mlx_medic.node.key_table; default %(default)s)",
+    )
+    parser.add_argument(
+        "--node", default=None, help="this node's name (default: <state_dir>/node-id)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -167,8 +167,11 @@ def _any(_value: Any, _request: Request) -> None:
 
 
 # --- the values --------------------------------------------------------------------------
-BY_RUN = _pattern("'remediator run N'", r"remediator run [1-9][0-9]{0,17}",
-                  "a remediator run ('remediator run N')")  # fmt: skip
+BY_RUN = _pattern(
+    "'remediator run N'",
+    r"remediator run [1-9][0-9]{0,17}",
+    "a remediator run ('remediator run N')",
+)
 REASON = Value("REASON", _text)
 LOCK = Value("LOCK_JSON", _remediator_lock)
 TOKEN = _pattern("TOKEN", r"[0-9a-f]{16}", "a lock token")
@@ -176,8 +179,11 @@ SHA256 = _pattern("SHA256", r"[0-9a-f]{64}", "a SHA-256 in hex")
 PID = Value("PID", _pid)
 START_TIME = Value("START_TIME", _start_time)
 RUN_ID = _pattern("RUN_ID", r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}", "a serve run id")
-GRACE = _same_seconds("GRACE", lambda m: min(m.policy.dead_launch_grace, m.policy.kill_grace),
-                      "the model's policy.dead_launch_grace")  # fmt: skip
+GRACE = _same_seconds(
+    "GRACE",
+    lambda m: min(m.policy.dead_launch_grace, m.policy.kill_grace),
+    "the model's policy.dead_launch_grace",
+)
 LEASE = _same_seconds("LEASE", lambda m: m.serve.lease, "the model's serve.lease")
 HOLDER = Value("'serve pid N on HEAD'", _serve_holder)
 HOST = Value("HOST", _any)  # with --port: a model of the inventory listens there
@@ -212,20 +218,27 @@ class Grant:
             words.append(f"[{option}{' ' + value.name if value else ''}]")
         return " ".join(words)
 
-    def mismatch(self, given: Mapping[str, Any], positional: Mapping[str, Any],
-                 request: Request) -> str | None:  # fmt: skip
+    def mismatch(
+        self, given: Mapping[str, Any], positional: Mapping[str, Any], request: Request
+    ) -> str | None:
         """Why this request is not this grant's shape, or None when it is."""
         missing = [option for option in self.options if option not in given]
         extra = [option for option in given if option not in {**self.options, **self.optional}]
         if missing or extra:
-            return "; ".join([*(f"needs {o}" for o in missing),
-                              *(f"the key never sends {o} here" for o in extra)])  # fmt: skip
+            return "; ".join(
+                [
+                    *(f"needs {o}" for o in missing),
+                    *(f"the key never sends {o} here" for o in extra),
+                ]
+            )
         if self.model and positional.get("model") is None:
             return "needs MODEL"
         model = request.model
         if self.peer and model is not None and model.head == request.this_node:
-            return (f"only on {model.name}'s other nodes (its wrapper reaches {model.head},"
-                    " its head, without SSH)")
+            return (
+                f"only on {model.name}'s other nodes (its wrapper reaches {model.head},"
+                " its head, without SSH)"
+            )
         try:
             for dest, value in self.args.items():
                 value.check(positional.get(dest), request)
@@ -244,46 +257,101 @@ TABLE: dict[KeyName, tuple[Grant, ...]] = {
         Grant("facts", sent_by=f"{REMEDIATOR_RUN}: preflight, verify, escalation"),
         Grant("orphans", sent_by=f"{REMEDIATOR_RUN}: sweep-orphans' re-check"),
         Grant("sweep", sent_by=f"{REMEDIATOR_RUN}: recover's and finish-stop's sweep"),
-        Grant("sweep", options={"--orphans-only": None}, sent_by=f"{REMEDIATOR_RUN}:"
-              " sweep-orphans"),
+        Grant(
+            "sweep", options={"--orphans-only": None}, sent_by=f"{REMEDIATOR_RUN}: sweep-orphans"
+        ),
         Grant("clean", sent_by=f"{REMEDIATOR_RUN}: clean-tmp"),
-        Grant("service", "stop", options={"--by": BY_RUN, "--reason": REASON},
-              sent_by=f"{REMEDIATOR_RUN}: stop-service"),
+        Grant(
+            "service",
+            "stop",
+            options={"--by": BY_RUN, "--reason": REASON},
+            sent_by=f"{REMEDIATOR_RUN}: stop-service",
+        ),
         Grant("service", "start", sent_by=f"{REMEDIATOR_RUN}: start-service"),
         Grant("service", "restart", sent_by=f"{REMEDIATOR_RUN}: restart-service after pin-ring"),
         Grant("service", "status", sent_by=f"{REMEDIATOR_RUN}: finish-stop's re-check"),
-        Grant("backend", "set", args={"choice": _literal("ring")},
-              options={"--by": BY_RUN, "--reason": REASON},
-              sent_by=f"{REMEDIATOR_RUN}: pin-ring"),
+        Grant(
+            "backend",
+            "set",
+            args={"choice": _literal("ring")},
+            options={"--by": BY_RUN, "--reason": REASON},
+            sent_by=f"{REMEDIATOR_RUN}: pin-ring",
+        ),
         Grant("lock", "take", options={"--info": LOCK}, sent_by=LOCK_USER),
         Grant("lock", "show", sent_by=f"{LOCK_USER}: a crashed run's lock at start-up"),
-        Grant("lock", "replace", options={"--expected-token": TOKEN, "--info": LOCK},
-              sent_by=f"{LOCK_USER}: its renewal"),
+        Grant(
+            "lock",
+            "replace",
+            options={"--expected-token": TOKEN, "--info": LOCK},
+            sent_by=f"{LOCK_USER}: its renewal",
+        ),
         Grant("lock", "release", options={"--token": TOKEN}, sent_by=LOCK_USER),
-        Grant("lock", "break", options={"--expected-sha256": SHA256},
-              sent_by=f"{LOCK_USER}: a stale lock"),
-        Grant("pid-alive", model=False, args={"pid": PID}, optional={"--start-time": START_TIME},
-              sent_by=f"{LOCK_USER}: is a holder alive on its node"),
-        Grant(PROBE, model=False, options={"--host": HOST, "--port": PORT, "--timeout": SECONDS,
-                                           "--lock-dir": LOCK_DIR},
-              sent_by="the remediator's health probe of a model on its head's loopback"),
+        Grant(
+            "lock",
+            "break",
+            options={"--expected-sha256": SHA256},
+            sent_by=f"{LOCK_USER}: a stale lock",
+        ),
+        Grant(
+            "pid-alive",
+            model=False,
+            args={"pid": PID},
+            optional={"--start-time": START_TIME},
+            sent_by=f"{LOCK_USER}: is a holder alive on its node",
+        ),
+        Grant(
+            PROBE,
+            model=False,
+            options={"--host": HOST, "--port": PORT, "--timeout": SECONDS, "--lock-dir": LOCK_DIR},
+            sent_by="the remediator's health probe of a model on its head's loopback",
+        ),
     ),
     "serve": (
-        Grant("sweep", options={"--start-sweep": None, "--grace": GRACE},
-              optional={"--crashed-run": RUN_ID}, peer=True,
-              sent_by="the wrapper's start sweep (after a crash: its own run's)"),
-        Grant("sweep", options={"--run": RUN_ID}, optional={"--grace": GRACE}, peer=True,
-              sent_by="the wrapper's teardown of its run"),
+        Grant(
+            "sweep",
+            options={"--start-sweep": None, "--grace": GRACE},
+            optional={"--crashed-run": RUN_ID},
+            peer=True,
+            sent_by="the wrapper's start sweep (after a crash: its own run's)",
+        ),
+        Grant(
+            "sweep",
+            options={"--run": RUN_ID},
+            optional={"--grace": GRACE},
+            peer=True,
+            sent_by="the wrapper's teardown of its run",
+        ),
         Grant("clean", peer=True, sent_by="the wrapper's clean before a start"),
-        Grant("run", "set", args={"run_id": RUN_ID}, options={"--lease": LEASE, "--holder": HOLDER},
-              peer=True, sent_by="the wrapper records its run and lease"),
-        Grant("run", "renew", args={"run_id": RUN_ID},
-              options={"--lease": LEASE, "--holder": HOLDER}, peer=True,
-              sent_by="the wrapper's lease renewal"),
-        Grant("run", "clear", args={"run_id": RUN_ID}, peer=True,
-              sent_by="the wrapper's teardown ends its lease"),
-        Grant("pid-alive", model=False, args={"pid": PID}, optional={"--start-time": START_TIME},
-              sent_by="the wrapper's model lock: is a holder on a peer alive"),
+        Grant(
+            "run",
+            "set",
+            args={"run_id": RUN_ID},
+            options={"--lease": LEASE, "--holder": HOLDER},
+            peer=True,
+            sent_by="the wrapper records its run and lease",
+        ),
+        Grant(
+            "run",
+            "renew",
+            args={"run_id": RUN_ID},
+            options={"--lease": LEASE, "--holder": HOLDER},
+            peer=True,
+            sent_by="the wrapper's lease renewal",
+        ),
+        Grant(
+            "run",
+            "clear",
+            args={"run_id": RUN_ID},
+            peer=True,
+            sent_by="the wrapper's teardown ends its lease",
+        ),
+        Grant(
+            "pid-alive",
+            model=False,
+            args={"pid": PID},
+            optional={"--start-time": START_TIME},
+            sent_by="the wrapper's model lock: is a holder on a peer alive",
+        ),
     ),
 }
 
@@ -297,8 +365,14 @@ def helpers_of(key: KeyName) -> list[str]:
     return sorted({grant.helper for grant in TABLE[key]})
 
 
-def match(key: KeyName, helper: str, action: str | None, given: Mapping[str, Any],
-          positional: Mapping[str, Any], request: Request) -> Grant:  # fmt: skip
+def match(
+    key: KeyName,
+    helper: str,
+    action: str | None,
+    given: Mapping[str, Any],
+    positional: Mapping[str, Any],
+    request: Request,
+) -> Grant:
     """The grant of `key` this request is, or Refused naming the shapes it may send."""
     command = " ".join(word for word in (helper, action) if word)
     candidates = [g for g in TABLE[key] if g.helper == helper and g.action == action]
@@ -319,8 +393,11 @@ def table_text() -> str:
     lines = []
     for key in KEYS:
         lines += [f"### `--key {key}`", "", "| command | sent by |", "|---|---|"]
-        lines += [f"| `{'mlx-medic' if g.helper == PROBE else 'mlx-medic node'} {g.shape()}`"
-                  f" | {g.sent_by} |" for g in TABLE[key]]  # fmt: skip
+        lines += [
+            f"| `{'mlx-medic' if g.helper == PROBE else 'mlx-medic node'} {g.shape()}`"
+            f" | {g.sent_by} |"
+            for g in TABLE[key]
+        ]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -331,4 +408,3 @@ def _main() -> None:
 
 if __name__ == "__main__":
     _main()
-

@@ -56,9 +56,7 @@ LEDGER_FILE = "pd-ledger.json"
 LOCK_FILE = "pd-ledger.lock"
 NODE_UNIT = "node"  # the unit a spend counts against when its devices are unknown
 
-EntryKind = Literal[
-    "sigkill", "vanished", "unkillable", "failed_start", "init_teardown", "ended"
-]  # fmt: skip
+EntryKind = Literal["sigkill", "vanished", "unkillable", "failed_start", "init_teardown", "ended"]
 COUNTED_KINDS = ("sigkill", "vanished", "unkillable")  # debt, once per process
 DISPUTED_KINDS = ("failed_start", "init_teardown")  # shown, never debt
 ENDED_KIND = "ended"  # bookkeeping: a signal of ours is about to end this rank
@@ -105,16 +103,29 @@ class Entry:
 
     def survivor(self, node: str) -> Survivor:
         """An `unkillable` entry as the shared survivor policy reads one."""
-        return Survivor(node=node, pid=self.pid, start_time=self.start_time,
-                        cmdline=self.cmdline, role="?", state="uninterruptible",
-                        model=self.model or "", backend=self.backend or "unknown",
-                        devices=self.devices, holds_port=self.holds_port)  # fmt: skip
+        return Survivor(
+            node=node,
+            pid=self.pid,
+            start_time=self.start_time,
+            cmdline=self.cmdline,
+            role="?",
+            state="uninterruptible",
+            model=self.model or "",
+            backend=self.backend or "unknown",
+            devices=self.devices,
+            holds_port=self.holds_port,
+        )
 
     def to_record(self) -> dict[str, Any]:
         """As the file keeps it: optional facts only when said."""
-        record: dict[str, Any] = {"kind": self.kind, "pid": self.pid,
-                                  "start_time": self.start_time, "devices": list(self.devices),
-                                  "model": self.model, "at": self.at}  # fmt: skip
+        record: dict[str, Any] = {
+            "kind": self.kind,
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "devices": list(self.devices),
+            "model": self.model,
+            "at": self.at,
+        }
         if self.cmdline:
             record["cmdline"] = list(self.cmdline)
         if self.backend is not None:
@@ -125,11 +136,19 @@ class Entry:
 
     def to_json(self) -> dict[str, Any]:
         """As `mlx-medic node ledger --json` shows it: every field, and how it counts."""
-        return {"kind": self.kind, "pid": self.pid, "start_time": self.start_time,
-                "devices": list(self.devices), "model": self.model, "at": self.at,
-                "cmdline": list(self.cmdline), "backend": self.backend,
-                "holds_port": self.holds_port, "disputed": self.disputed,
-                "counted": self.counted}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "devices": list(self.devices),
+            "model": self.model,
+            "at": self.at,
+            "cmdline": list(self.cmdline),
+            "backend": self.backend,
+            "holds_port": self.holds_port,
+            "disputed": self.disputed,
+            "counted": self.counted,
+        }
 
     @classmethod
     def from_record(cls, data: Mapping[str, Any]) -> Entry:
@@ -137,13 +156,17 @@ class Entry:
         if kind not in ENTRY_KINDS:
             raise ValueError(f"entry kind {kind!r}")
         backend = data.get("backend")
-        return cls(kind=kind, pid=int(data["pid"]), start_time=float(data["start_time"]),
-                   devices=tuple(str(d) for d in data.get("devices", ())),
-                   model=None if data.get("model") is None else str(data["model"]),
-                   at=float(data.get("at", 0.0)),
-                   cmdline=tuple(str(w) for w in data.get("cmdline", ())),
-                   backend=None if backend is None else str(backend),
-                   holds_port=bool(data.get("holds_port", False)))  # fmt: skip
+        return cls(
+            kind=kind,
+            pid=int(data["pid"]),
+            start_time=float(data["start_time"]),
+            devices=tuple(str(d) for d in data.get("devices", ())),
+            model=None if data.get("model") is None else str(data["model"]),
+            at=float(data.get("at", 0.0)),
+            cmdline=tuple(str(w) for w in data.get("cmdline", ())),
+            backend=None if backend is None else str(backend),
+            holds_port=bool(data.get("holds_port", False)),
+        )
 
 
 @dataclass(frozen=True)
@@ -180,8 +203,9 @@ class Ledger:
             group[2].extend(d for d in entry.devices if d not in group[2])
             if entry.kind not in group[3]:
                 group[3].append(entry.kind)
-        return [Spend(pid, start, tuple(devices), tuple(kinds))
-                for pid, start, devices, kinds in found]  # fmt: skip
+        return [
+            Spend(pid, start, tuple(devices), tuple(kinds)) for pid, start, devices, kinds in found
+        ]
 
     @property
     def debt(self) -> int:
@@ -202,8 +226,9 @@ class Ledger:
         """Disputed init/teardown cycles and failed starts, once per process."""
         seen: list[tuple[str, int, float]] = []
         for entry in self.entries:
-            if entry.disputed and not any(k == entry.kind and entry.same_process(p, s)
-                                          for k, p, s in seen):  # fmt: skip
+            if entry.disputed and not any(
+                k == entry.kind and entry.same_process(p, s) for k, p, s in seen
+            ):
                 seen.append((entry.kind, entry.pid, entry.start_time))
         return len(seen) + self.cycles_dropped
 
@@ -214,9 +239,11 @@ class Ledger:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "schema": SCHEMA, "node": self.node, "boot_id": self.boot_id,
+            "schema": SCHEMA,
+            "node": self.node,
+            "boot_id": self.boot_id,
             "entries": [entry.to_record() for entry in self.entries],
-        }  # fmt: skip
+        }
         if self.cycles_dropped:
             data["cycles_dropped"] = self.cycles_dropped
         return data
@@ -294,8 +321,9 @@ def live_survivors(
     """The `unkillable` entries whose process still lives on this node, once each."""
     found: list[Entry] = []
     for entry in ledger.survivors:
-        if not any(e.same_process(entry.pid, entry.start_time) for e in found) \
-                and alive(entry.pid, entry.start_time):  # fmt: skip
+        if not any(e.same_process(entry.pid, entry.start_time) for e in found) and alive(
+            entry.pid, entry.start_time
+        ):
             found.append(entry)
     return found
 
@@ -311,8 +339,10 @@ def _parse(path: Path, text: str, node: str) -> tuple[str, list[Entry], int]:
     try:
         data = json.loads(text)
         if data.get("schema") not in READABLE_SCHEMAS:
-            raise ValueError(f"schema {data.get('schema')!r}, expected one of"
-                             f" {', '.join(map(str, READABLE_SCHEMAS))}")  # fmt: skip
+            raise ValueError(
+                f"schema {data.get('schema')!r}, expected one of"
+                f" {', '.join(map(str, READABLE_SCHEMAS))}"
+            )
         if data.get("node") != node:
             raise ValueError(f"it is node {data.get('node')!r}'s ledger, not {node!r}'s")
         entries = [Entry.from_record(e) for e in data["entries"]]
@@ -357,8 +387,8 @@ def _bound(ledger: Ledger) -> None:
     disputed ones dropped. Debt is never dropped."""
     ended = [e for e in ledger.entries if e.kind == ENDED_KIND]
     disputed = [e for e in ledger.entries if e.disputed]
-    drop = {id(e) for e in ended[:max(0, len(ended) - MAX_ENDED)]}
-    drop |= {id(e) for e in disputed[:max(0, len(disputed) - MAX_DISPUTED)]}
+    drop = {id(e) for e in ended[: max(0, len(ended) - MAX_ENDED)]}
+    drop |= {id(e) for e in disputed[: max(0, len(disputed) - MAX_DISPUTED)]}
     if not drop:
         return
     before = ledger.disputed_cycles
@@ -399,8 +429,9 @@ def record_spend(
     this kind is already recorded for the process."""
     if kind not in ENTRY_KINDS:
         raise ValueError(f"{kind!r} is not a ledger entry (one of {', '.join(ENTRY_KINDS)})")
-    entry = Entry(kind, pid, start_time, tuple(devices), model, clock(), tuple(cmdline),
-                  backend, holds_port)  # fmt: skip
+    entry = Entry(
+        kind, pid, start_time, tuple(devices), model, clock(), tuple(cmdline), backend, holds_port
+    )
     with _locked(state_dir):
         ledger = read_ledger(state_dir, node, boot_id)
         same = [e for e in ledger.entries if e.same_process(pid, start_time)]

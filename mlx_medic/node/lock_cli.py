@@ -63,14 +63,23 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise BadArguments(str(exc)) from None
     try:
-        done = act_on_lock(path, args.action, info=getattr(args, "info", None),
-                           token=getattr(args, "token", None),
-                           expected_token=getattr(args, "expected_token", None),
-                           expected_sha256=getattr(args, "expected_sha256", None))
+        done = act_on_lock(
+            path,
+            args.action,
+            info=getattr(args, "info", None),
+            token=getattr(args, "token", None),
+            expected_token=getattr(args, "expected_token", None),
+            expected_sha256=getattr(args, "expected_sha256", None),
+        )
         text = read_text_nofollow(path)
     except StateFileError as exc:
         raise HelperError(str(exc)) from None
-    document: dict[str, Any] = {"model": model, "action": args.action, "path": str(path),
-                                "done": done, "text": text}  # fmt: skip
+    document: dict[str, Any] = {
+        "model": model,
+        "action": args.action,
+        "path": str(path),
+        "done": done,
+        "text": text,
+    }
     emit("lock", document, args.json, text if text is not None else f"{model}: not locked")
     return EXIT_OK if done else EXIT_FAILED

@@ -23,8 +23,9 @@ def log_sizes(files: Sequence[Path]) -> dict[str, int | None]:
     return sizes
 
 
-def written_after(entry: Mapping[str, Any], marks: Mapping[str, int | None],
-                  sizes: Mapping[str, Any]) -> bool:  # fmt: skip
+def written_after(
+    entry: Mapping[str, Any], marks: Mapping[str, int | None], sizes: Mapping[str, Any]
+) -> bool:
     """Whether a `log_errors` entry was written after its file's mark: at or past the mark,
     or anywhere in a file that had none (not there yet) or has shrunk below it since
     (rotated or truncated). An entry of a file without a mark, or without an offset, is

@@ -11,9 +11,14 @@ from mlx_medic.node.model_arg import placed_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                        help="only this model (with an inventory: one placed on this node;"
-                             " default: every model found)")
+    parser.add_argument(
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        default=None,
+        help="only this model (with an inventory: one placed on this node;"
+        " default: every model found)",
+    )
     add_node_arguments(parser)
 
 
@@ -32,18 +37,34 @@ def run(args: argparse.Namespace) -> int:
 
     def entry(found: Any) -> dict[str, Any]:
         proc = found.proc
-        return {"pid": proc.pid, "start_time": proc.create_time, "cmdline": list(proc.cmdline),
-                "model": found.model, "role": str(found.role), "state": str(proc.state),
-                "rule": str(found.rule)}  # fmt: skip
+        return {
+            "pid": proc.pid,
+            "start_time": proc.create_time,
+            "cmdline": list(proc.cmdline),
+            "model": found.model,
+            "role": str(found.role),
+            "state": str(proc.state),
+            "rule": str(found.rule),
+        }
 
     wanted = (lambda model: True) if args.model is None else (lambda model: model == args.model)
     orphans = [entry(o) for o in report.orphans if wanted(o.model)]
     suspects = [entry(s) for s in report.suspects if wanted(s.model)]
     lines = [f"node {context.node}: {len(orphans)} orphan(s), {len(suspects)} suspect(s)"]
-    lines += [f"  orphan {e['pid']} {e['model']} {e['role']} {e['state']} [{e['rule']}]:"
-              f" {' '.join(e['cmdline'])[:160]}" for e in orphans]  # fmt: skip
-    lines += [f"  suspect {e['pid']} {e['model']} {e['role']} {e['state']} [{e['rule']}]:"
-              f" {' '.join(e['cmdline'])[:160]}" for e in suspects]  # fmt: skip
-    emit("orphans", {"node": context.node, "model": args.model, "orphans": orphans,
-                     "suspects": suspects}, args.json, "\n".join(lines))  # fmt: skip
+    lines += [
+        f"  orphan {e['pid']} {e['model']} {e['role']} {e['state']} [{e['rule']}]:"
+        f" {' '.join(e['cmdline'])[:160]}"
+        for e in orphans
+    ]
+    lines += [
+        f"  suspect {e['pid']} {e['model']} {e['role']} {e['state']} [{e['rule']}]:"
+        f" {' '.join(e['cmdline'])[:160]}"
+        for e in suspects
+    ]
+    emit(
+        "orphans",
+        {"node": context.node, "model": args.model, "orphans": orphans, "suspects": suspects},
+        args.json,
+        "\n".join(lines),
+    )
     return EXIT_OK

@@ -23,15 +23,24 @@ def _pid(value: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=_pid, metavar="PID", help="a process id on this node")
-    parser.add_argument("--start-time", type=float, default=None, metavar="UNIX_TIME",
-                        help="its start; another start means a reused pid")  # fmt: skip
+    parser.add_argument(
+        "--start-time",
+        type=float,
+        default=None,
+        metavar="UNIX_TIME",
+        help="its start; another start means a reused pid",
+    )
     add_node_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     context = node_context(args)
     liveness, why = local_liveness(args.pid, args.start_time)
-    document = {"pid": args.pid, "start_time": args.start_time, "liveness": str(liveness),
-                "why": why}  # fmt: skip
+    document = {
+        "pid": args.pid,
+        "start_time": args.start_time,
+        "liveness": str(liveness),
+        "why": why,
+    }
     emit("pid-alive", document, args.json, f"pid {args.pid} on {context.node}: {why}")
     return EXIT_OK

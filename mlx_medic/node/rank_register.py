@@ -37,13 +37,29 @@ def register_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "runs" / "ranks"
 
 
-def register(state_dir: Path, *, model: str, run_id: str, pid: int, start_time: float,
-             devices: tuple[str, ...]) -> Path:  # fmt: skip
+def register(
+    state_dir: Path,
+    *,
+    model: str,
+    run_id: str,
+    pid: int,
+    start_time: float,
+    devices: tuple[str, ...],
+) -> Path:
     """Note a JACCL rank before it starts."""
     path = register_dir(state_dir) / f"{pid}-{int(start_time * 1000)}.json"
-    write_text_atomic(path, json.dumps({"model": model, "run_id": run_id, "pid": pid,
-                                        "start_time": start_time,
-                                        "devices": list(devices)}))  # fmt: skip
+    write_text_atomic(
+        path,
+        json.dumps(
+            {
+                "model": model,
+                "run_id": run_id,
+                "pid": pid,
+                "start_time": start_time,
+                "devices": list(devices),
+            }
+        ),
+    )
     return path
 
 
@@ -58,9 +74,16 @@ def registered(state_dir: Path) -> list[Registered]:
         path = register_dir(state_dir) / name
         try:
             data = json.loads(read_text_nofollow(path) or "")
-            found.append(Registered(str(data["model"]), str(data["run_id"]), int(data["pid"]),
-                                    float(data["start_time"]),
-                                    tuple(str(d) for d in data.get("devices", ())), path))
+            found.append(
+                Registered(
+                    str(data["model"]),
+                    str(data["run_id"]),
+                    int(data["pid"]),
+                    float(data["start_time"]),
+                    tuple(str(d) for d in data.get("devices", ())),
+                    path,
+                )
+            )
         except (StateFileError, ValueError, KeyError, TypeError):
             continue
     return found
@@ -71,14 +94,17 @@ def _alive(pid: int, start_time: float) -> bool:
 
     try:
         process = psutil.Process(pid)
-        return (process.status() != psutil.STATUS_ZOMBIE
-                and abs(process.create_time() - start_time) <= START_TOLERANCE)
+        return (
+            process.status() != psutil.STATUS_ZOMBIE
+            and abs(process.create_time() - start_time) <= START_TOLERANCE
+        )
     except psutil.Error:
         return False
 
 
-def count_gone(state_dir: Path, node: str, *,
-               alive: Callable[[int, float], bool] = _alive) -> list[Registered]:  # fmt: skip
+def count_gone(
+    state_dir: Path, node: str, *, alive: Callable[[int, float], bool] = _alive
+) -> list[Registered]:
     """Count every registered rank that is gone and that the ledger does not know as
     `vanished`; forget every gone one. Returns those counted."""
     from mlx_medic.node.ledger import LedgerError, read_ledger, record_spend
@@ -89,11 +115,19 @@ def count_gone(state_dir: Path, node: str, *,
             continue
         try:
             ledger = read_ledger(state_dir, node)
-            known = any(e.pid == rank.pid and abs(e.start_time - rank.start_time)
-                        <= START_TOLERANCE for e in ledger.entries)  # fmt: skip
-            if not known and record_spend(state_dir, node, "vanished", pid=rank.pid,
-                                          start_time=rank.start_time, devices=rank.devices,
-                                          model=rank.model):  # fmt: skip
+            known = any(
+                e.pid == rank.pid and abs(e.start_time - rank.start_time) <= START_TOLERANCE
+                for e in ledger.entries
+            )
+            if not known and record_spend(
+                state_dir,
+                node,
+                "vanished",
+                pid=rank.pid,
+                start_time=rank.start_time,
+                devices=rank.devices,
+                model=rank.model,
+            ):
                 counted.append(rank)
         except LedgerError:
             continue  # counted at the next look, when the ledger reads again

@@ -47,10 +47,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     renew = actions.add_parser("renew", help="extend the lease of RUN_ID if it is current")
     clear = actions.add_parser("clear", help="end RUN_ID's lease if it is current")
     for sub, lease_required in ((set_, False), (renew, True)):
-        sub.add_argument("--lease", type=float, required=lease_required, metavar="SECONDS",
-                         help="the lease's length from now")  # fmt: skip
-        sub.add_argument("--holder", required=lease_required, default=None,
-                         help="who renews it, e.g. 'serve pid 4242 on ai001'")  # fmt: skip
+        sub.add_argument(
+            "--lease",
+            type=float,
+            required=lease_required,
+            metavar="SECONDS",
+            help="the lease's length from now",
+        )
+        sub.add_argument(
+            "--holder",
+            required=lease_required,
+            default=None,
+            help="who renews it, e.g. 'serve pid 4242 on ai001'",
+        )
     for sub in (set_, renew, clear):
         sub.add_argument("run_id", metavar="RUN_ID")
     for sub in (show, set_, renew, clear):
@@ -64,8 +73,11 @@ def _lease(lease: RunLease | None) -> dict[str, Any] | None:
 
 
 def _state(state_dir: Path, model: str) -> dict[str, Any]:
-    return {"model": model, "current": read_current_run(state_dir, model),
-            "lease": _lease(read_lease(state_dir, model))}  # fmt: skip
+    return {
+        "model": model,
+        "current": read_current_run(state_dir, model),
+        "lease": _lease(read_lease(state_dir, model)),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,11 +121,12 @@ def run(args: argparse.Namespace) -> int:
         document["refused"] = f"run {args.run_id} is not current here ({document['current']})"
     current, lease = document["current"], document["lease"]
     text = f"{model}: current run {current or 'none'}, lease " + (
-        f"{lease['run_id']} until {lease['expires_at']:.0f} ({lease['holder']})" if lease
-        else "none")  # fmt: skip
+        f"{lease['run_id']} until {lease['expires_at']:.0f} ({lease['holder']})"
+        if lease
+        else "none"
+    )
     emit("run", document, args.json, text)
     if refused:
-        print(f"mlx-medic node run: {document['refused']}; nothing changed",
-              file=sys.stderr)  # fmt: skip
+        print(f"mlx-medic node run: {document['refused']}; nothing changed", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK

@@ -66,8 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--by", default="", help="who starts it (shown in the document)")
     restart = actions.add_parser("restart", help="restart it; clear the record after success")
     for sub in (stop, start, restart):
-        sub.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                         help=f"the manager command's limit ({DEFAULT_TIMEOUT:g}s)")  # fmt: skip
+        sub.add_argument(
+            "--timeout",
+            type=float,
+            default=DEFAULT_TIMEOUT,
+            help=f"the manager command's limit ({DEFAULT_TIMEOUT:g}s)",
+        )
     status = actions.add_parser("status", help="the stop record, or null")
     for sub in (stop, start, restart, status):
         add_node_arguments(sub)
@@ -104,9 +108,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         if action == "status":
             stop = read_service_stop(state_dir, model.name)
-            document: dict[str, Any] = {"model": model.name, "action": action, "argv": None,
-                        "exit_status": None, "stdout": "", "stderr": "",
-                        "stopped_by": _record(stop)}  # fmt: skip
+            document: dict[str, Any] = {
+                "model": model.name,
+                "action": action,
+                "argv": None,
+                "exit_status": None,
+                "stdout": "",
+                "stderr": "",
+                "stopped_by": _record(stop),
+            }
             where = f"stopped by {stop.run} ({stop.reason})" if stop else "no stop recorded"
             emit("service", document, args.json, f"{model.name}: {where}")
             return EXIT_OK
@@ -120,9 +130,10 @@ def run(args: argparse.Namespace) -> int:
         exit_status, stdout, stderr = run_manager(argv, args.timeout)
         manager_seconds = round(time.monotonic() - began, 3)
         done = exit_status == 0 or (
-            action == "stop" and exit_status is not None
+            action == "stop"
+            and exit_status is not None
             and already_stopped(model.service.manager, exit_status, stderr)
-        )  # fmt: skip
+        )
         cleared = None
         if done and action != "stop":
             cleared = read_service_stop(state_dir, model.name)
@@ -130,12 +141,19 @@ def run(args: argparse.Namespace) -> int:
         stop = read_service_stop(state_dir, model.name)
     except (StateFileError, ValueError) as exc:
         raise HelperError(str(exc)) from None
-    document = {"model": model.name, "action": action, "argv": argv,
-                "exit_status": exit_status, "stdout": stdout, "stderr": stderr,
-                "stopped_by": _record(stop), "done": done,
-                # the manager's own time (a stop waits out the job's exit, up to its stop
-                # grace): kept apart from the remediator's own time in the run log
-                "manager_seconds": manager_seconds}  # fmt: skip
+    document = {
+        "model": model.name,
+        "action": action,
+        "argv": argv,
+        "exit_status": exit_status,
+        "stdout": stdout,
+        "stderr": stderr,
+        "stopped_by": _record(stop),
+        "done": done,
+        # the manager's own time (a stop waits out the job's exit, up to its stop
+        # grace): kept apart from the remediator's own time in the run log
+        "manager_seconds": manager_seconds,
+    }
     if action == "start":
         document["started_by"] = args.by
     if action != "stop":
@@ -144,8 +162,10 @@ def run(args: argparse.Namespace) -> int:
     verdict = "done" if done else f"failed (exit {exit_status}): {stderr.strip()[-300:]}"
     emit("service", document, args.json, f"{model.name}: {action} {verdict}")
     if not done:
-        print(f"mlx-medic node service: {' '.join(argv)}: exit {exit_status}: {stderr.strip()}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"mlx-medic node service: {' '.join(argv)}: exit {exit_status}: {stderr.strip()}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     return EXIT_OK
 

@@ -132,9 +132,7 @@ def carries_key(proc: ProcessInfo, model: Model, run_ids: set[str]) -> bool:
     return run_id is not None and run_id in run_ids
 
 
-def in_sweep_scope(
-    proc: ProcessInfo, model: Model, scoper: ModelScoper, run_ids: set[str]
-) -> bool:
+def in_sweep_scope(proc: ProcessInfo, model: Model, scoper: ModelScoper, run_ids: set[str]) -> bool:
     """The model's pattern (a role, and the exporter's scoping says this model) and one of
     its keys, or a role and one of the model's run ids; never an `mlx-medic` command."""
     if proc.role is None or is_medic_command(proc.cmdline):
@@ -178,24 +176,41 @@ class Target:
 
     def same(self, identity: Identity | None) -> bool:
         return identity is not None and identity.same_process(
-            self.proc.pid, self.proc.create_time, self.proc.cmdline)
+            self.proc.pid, self.proc.create_time, self.proc.cmdline
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.proc.pid, "start_time": self.proc.create_time,
-                "cmdline": list(self.proc.cmdline), "role": self.role, "rule": self.rule,
-                "signals": list(self.signals)}  # fmt: skip
+        return {
+            "pid": self.proc.pid,
+            "start_time": self.proc.create_time,
+            "cmdline": list(self.proc.cmdline),
+            "role": self.role,
+            "rule": self.rule,
+            "signals": list(self.signals),
+        }
 
     def survivor_json(self) -> dict[str, Any]:
-        return {"pid": self.proc.pid, "start_time": self.proc.create_time,
-                "cmdline": list(self.proc.cmdline), "role": self.role,
-                "state": str(self.state or self.proc.state)}  # fmt: skip
+        return {
+            "pid": self.proc.pid,
+            "start_time": self.proc.create_time,
+            "cmdline": list(self.proc.cmdline),
+            "role": self.role,
+            "state": str(self.state or self.proc.state),
+        }
 
     def survivor(self, node: str, model: str) -> Survivor:
-        return Survivor(node=node, pid=self.proc.pid, start_time=self.proc.create_time,
-                        cmdline=tuple(self.proc.cmdline), role=self.role,
-                        state=str(self.state or self.proc.state), model=model,
-                        backend=backend_of(self.proc), devices=self.devices,
-                        holds_port=self.holds_port)  # fmt: skip
+        return Survivor(
+            node=node,
+            pid=self.proc.pid,
+            start_time=self.proc.create_time,
+            cmdline=tuple(self.proc.cmdline),
+            role=self.role,
+            state=str(self.state or self.proc.state),
+            model=model,
+            backend=backend_of(self.proc),
+            devices=self.devices,
+            holds_port=self.holds_port,
+        )
 
 
 @dataclass
@@ -227,32 +242,45 @@ class SweepReport:
     def settled(self) -> bool:
         """Nothing survived, or only what no sweep can end and no start needs: a start may
         go on around it."""
-        return all(s.state is State.UNINTERRUPTIBLE and not s.holds_port
-                   for s in self.survivors)  # fmt: skip
+        return all(s.state is State.UNINTERRUPTIBLE and not s.holds_port for s in self.survivors)
 
     def spare(self, proc: ProcessInfo, reason: str) -> None:
         self.spared.append({"pid": proc.pid, "cmdline": list(proc.cmdline), "reason": reason})
 
     def foreign(self, proc: ProcessInfo, uid: int | None, holds_port: bool, why: str) -> None:
         """Another user's process this helper may not signal: named, never ended."""
-        self.not_ours.append({"pid": proc.pid, "start_time": proc.create_time,
-                              "cmdline": list(proc.cmdline), "role": str(proc.role),
-                              **owner_fields(uid), "holds_port": holds_port, "why": why})
+        self.not_ours.append(
+            {
+                "pid": proc.pid,
+                "start_time": proc.create_time,
+                "cmdline": list(proc.cmdline),
+                "role": str(proc.role),
+                **owner_fields(uid),
+                "holds_port": holds_port,
+                "why": why,
+            }
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "model": self.model, "node": self.node, "mode": str(self.mode),
-            "run_id": self.run_id, "dry_run": self.dry_run,
+            "model": self.model,
+            "node": self.node,
+            "mode": str(self.mode),
+            "run_id": self.run_id,
+            "dry_run": self.dry_run,
             "signalled": [t.to_json() for t in self.targets if t.signals or self.dry_run],
             "exited": self.exited,
             "survivors": [s.survivor_json() for s in self.survivors],
-            "unkillable": [s.survivor(self.node, self.model).to_json()
-                           for s in self.unkillable],
-            "spared": self.spared, "pd_spent": self.pd_spent, "complete": self.complete,
-            "settled": self.settled, "listeners_signalled": self.listeners_signalled,
-            "serving_listener": self.serving_listener, "not_ours": self.not_ours,
+            "unkillable": [s.survivor(self.node, self.model).to_json() for s in self.unkillable],
+            "spared": self.spared,
+            "pd_spent": self.pd_spent,
+            "complete": self.complete,
+            "settled": self.settled,
+            "listeners_signalled": self.listeners_signalled,
+            "serving_listener": self.serving_listener,
+            "not_ours": self.not_ours,
             "grace_waited": round(self.grace_waited, 3),
-        }  # fmt: skip
+        }
 
 
 # --- the sweep -------------------------------------------------------------------------------
@@ -267,8 +295,12 @@ def answers_health_probe(model: Model, state_dir: Path) -> Health:
     once can crash JACCL ranks, mlx-lm#1737), and whether a failure was a timeout."""
     from mlx_medic.health import probe_host, probe_model
 
-    result = probe_model(probe_host(model.host), model.port, timeout=HEALTH_TIMEOUT,
-                         lock_dir=_probe_lock_dir(state_dir))  # fmt: skip
+    result = probe_model(
+        probe_host(model.host),
+        model.port,
+        timeout=HEALTH_TIMEOUT,
+        lock_dir=_probe_lock_dir(state_dir),
+    )
     return result.up, result.reason, result.timed_out or not result.conclusive
 
 
@@ -394,14 +426,20 @@ class Sweep:
         self.run_id = run_id
         self.dry_run = dry_run
         self.seams = seams or Seams()
-        self.ledger = (spend if isinstance(spend, LedgerNotes)
-                       else _CallableNotes(spend) if spend is not None
-                       else LedgerNotes(self.state_dir, node))  # fmt: skip
+        self.ledger = (
+            spend
+            if isinstance(spend, LedgerNotes)
+            else _CallableNotes(spend)
+            if spend is not None
+            else LedgerNotes(self.state_dir, node)
+        )
         # SIGTERM to SIGKILL: the policy's, or a shorter one the caller chose
-        self.grace = model.policy.kill_grace if grace is None else min(grace,
-                                                                       model.policy.kill_grace)
-        self.scan = scan or OrphanScan(node=node, inventory=inventory, state_dir=self.state_dir,
-                                       read_file=self.seams.read_file)  # fmt: skip
+        self.grace = (
+            model.policy.kill_grace if grace is None else min(grace, model.policy.kill_grace)
+        )
+        self.scan = scan or OrphanScan(
+            node=node, inventory=inventory, state_dir=self.state_dir, read_file=self.seams.read_file
+        )
         # the start sweep of a wrapper relaunching after its own run crashed: that run's
         # listener is the wrapper's own, ended even when it answers
         self.crashed_run = crashed_run if mode is Mode.START_SWEEP else None
@@ -413,8 +451,11 @@ class Sweep:
     # --- choosing ---------------------------------------------------------------------
 
     def _other_ports(self) -> list[tuple[str, int]]:
-        return [(m.name, m.port) for m in self.inventory.models
-                if m.name != self.model.name and m.port != self.model.port]  # fmt: skip
+        return [
+            (m.name, m.port)
+            for m in self.inventory.models
+            if m.name != self.model.name and m.port != self.model.port
+        ]
 
     def plan(self) -> list[Target]:
         """The targets of this mode; what is spared and why goes in the report."""
@@ -440,13 +481,16 @@ class Sweep:
                 continue
             holds_port = result.probe(proc.pid, self.model.port) is True
             if not self.seams.may_signal(proc.pid):  # after the guards: a serving one is spared
-                self.report.foreign(proc, self.seams.owner(proc.pid), holds_port,
-                                    "may not signal it (another user's process): left alone")
+                self.report.foreign(
+                    proc,
+                    self.seams.owner(proc.pid),
+                    holds_port,
+                    "may not signal it (another user's process): left alone",
+                )
                 if proc.pid in self.report.listeners_signalled:  # a hung one: not by us
                     self.report.listeners_signalled.remove(proc.pid)
                 continue
-            target = Target(proc, rule if isinstance(rule, str) else None,
-                            holds_port=holds_port)
+            target = Target(proc, rule if isinstance(rule, str) else None, holds_port=holds_port)
             if is_jaccl_rank(proc):
                 target.devices = self._devices(proc)
             targets.append(target)
@@ -460,8 +504,9 @@ class Sweep:
 
         return read_current_run(self.state_dir, self.model.name)
 
-    def _mode_rule(self, proc: ProcessInfo, result: ScanResult,
-                   current: str | None) -> str | bool | None:  # fmt: skip
+    def _mode_rule(
+        self, proc: ProcessInfo, result: ScanResult, current: str | None
+    ) -> str | bool | None:
         """The orphan rule (orphans-only), None (a target with no rule), or False (not
         a target in this mode; spared with its reason where that helps)."""
         if self.mode is Mode.RUN:
@@ -497,14 +542,18 @@ class Sweep:
         answers, why = self._judge_listener()
         port = self.model.port
         if answers:
-            self.report.spare(proc, f"listens on the model's port {port} and answers the"
-                              " health probe: a serving process is never touched")  # fmt: skip
+            self.report.spare(
+                proc,
+                f"listens on the model's port {port} and answers the"
+                " health probe: a serving process is never touched",
+            )
             if self.mode is Mode.START_SWEEP:
                 self.report.serving_listener = {"pid": proc.pid, "cmdline": list(proc.cmdline)}
                 self.seams.warn(
                     f"mlx-medic node sweep --start-sweep: pid {proc.pid} listens on model"
                     f" {self.model.name}'s port {port} and answers the health probe: another"
-                    " instance serves the model, so it is left alone and nothing may start")
+                    " instance serves the model, so it is left alone and nothing may start"
+                )
             return True
         if self.mode in (Mode.SCOPE, Mode.START_SWEEP):
             # A hung rank holding the port: it would make the next start fail with
@@ -512,12 +561,16 @@ class Sweep:
             if self.mode is Mode.START_SWEEP:
                 self.seams.warn(
                     f"mlx-medic node sweep --start-sweep: pid {proc.pid} listens on model"
-                    f" {self.model.name}'s port {port} and does not answer ({why}); ending it")
+                    f" {self.model.name}'s port {port} and does not answer ({why}); ending it"
+                )
             self.report.listeners_signalled.append(proc.pid)
             return False
-        self.report.spare(proc, f"listens on the model's port {port} and does not answer"
-                          f" the health probe ({why}); only the default sweep or the start"
-                          " sweep ends a hung listener")  # fmt: skip
+        self.report.spare(
+            proc,
+            f"listens on the model's port {port} and does not answer"
+            f" the health probe ({why}); only the default sweep or the start"
+            " sweep ends a hung listener",
+        )
         return True
 
     def _judge_listener(self) -> tuple[bool, str]:
@@ -539,8 +592,10 @@ class Sweep:
                 if answers:
                     break
             took = self.seams.clock() - started
-            self._health = (answers, why if answers else
-                            f"{PROBES} probes over {took:.0f}s failed; the last: {why}")
+            self._health = (
+                answers,
+                why if answers else f"{PROBES} probes over {took:.0f}s failed; the last: {why}",
+            )
         return self._health
 
     # --- signalling ---------------------------------------------------------------------
@@ -559,8 +614,12 @@ class Sweep:
             return False
         except PermissionError:  # its owner changed since the check (a setuid exec)
             target.foreign = True
-            self.report.foreign(proc, self.seams.owner(proc.pid), target.holds_port,
-                                f"{signum.name} refused (another user's process): left alone")
+            self.report.foreign(
+                proc,
+                self.seams.owner(proc.pid),
+                target.holds_port,
+                f"{signum.name} refused (another user's process): left alone",
+            )
             return False
         target.signals.append(signum.name)
         return True
@@ -589,7 +648,8 @@ class Sweep:
         proc = target.proc
         return target.state is State.UNINTERRUPTIBLE and any(
             pid == proc.pid and abs(start - proc.create_time) <= IDENTITY_TOLERANCE
-            for pid, start in self._survivors)  # fmt: skip
+            for pid, start in self._survivors
+        )
 
     def run(self) -> SweepReport:
         targets = self.plan()
@@ -622,15 +682,21 @@ class Sweep:
         for target in report.unkillable:
             self._record_survivor(target)
         survivors = {t.proc.pid for t in alive}
-        report.exited = [t.proc.pid for t in targets if t.proc.pid not in survivors
-                         and t.proc.pid not in self._reused and not t.foreign]
+        report.exited = [
+            t.proc.pid
+            for t in targets
+            if t.proc.pid not in survivors and t.proc.pid not in self._reused and not t.foreign
+        ]
         return report
 
     def _note_ended(self, targets: list[Target]) -> None:
         """Before SIGTERM: the JACCL ranks a signal of ours ends, so their guards do not
         count them as vanished (a spend of unknown cause)."""
-        ranks = [(t.proc.pid, t.proc.create_time, self.model.name, t.devices)
-                 for t in targets if is_jaccl_rank(t.proc)]  # fmt: skip
+        ranks = [
+            (t.proc.pid, t.proc.create_time, self.model.name, t.devices)
+            for t in targets
+            if is_jaccl_rank(t.proc)
+        ]
         if ranks:
             self.ledger.ended(ranks)
 
@@ -639,22 +705,36 @@ class Sweep:
         identity = self.seams.identity(target.proc.pid)
         if identity is not None and not target.same(identity):
             self._reused.add(target.proc.pid)
-            self.report.spare(target.proc, "its pid now belongs to another process (pid"
-                              " reused between listing and signalling): not signalled")
+            self.report.spare(
+                target.proc,
+                "its pid now belongs to another process (pid"
+                " reused between listing and signalling): not signalled",
+            )
 
     def _record_spend(self, target: Target) -> None:
         proc = target.proc
         if not is_jaccl_rank(proc):
             return
-        if self.ledger.spend(kind="sigkill", pid=proc.pid, start_time=proc.create_time,
-                             devices=target.devices, model=self.model.name):  # fmt: skip
+        if self.ledger.spend(
+            kind="sigkill",
+            pid=proc.pid,
+            start_time=proc.create_time,
+            devices=target.devices,
+            model=self.model.name,
+        ):
             self.report.pd_spent += 1
 
     def _record_survivor(self, target: Target) -> None:
         """A survivor of SIGKILL holds its domains until reboot: one ledger entry per
         process (a JACCL rank SIGKILLed just now is the same spend, not another)."""
         proc = target.proc
-        self.ledger.spend(kind="unkillable", pid=proc.pid, start_time=proc.create_time,
-                          devices=target.devices, model=self.model.name,
-                          cmdline=tuple(proc.cmdline), backend=backend_of(proc),
-                          holds_port=target.holds_port)  # fmt: skip
+        self.ledger.spend(
+            kind="unkillable",
+            pid=proc.pid,
+            start_time=proc.create_time,
+            devices=target.devices,
+            model=self.model.name,
+            cmdline=tuple(proc.cmdline),
+            backend=backend_of(proc),
+            holds_port=target.holds_port,
+        )

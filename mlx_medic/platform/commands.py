@@ -64,15 +64,21 @@ def run_command(argv: Sequence[str], timeout: float, *, user: str | None = None)
     env = dict(os.environ, LC_ALL="C")
     try:
         completed = subprocess.run(
-            argv, capture_output=True, timeout=timeout, check=False,
-            stdin=subprocess.DEVNULL, env=env, user=user,
+            argv,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            user=user,
         )
     except FileNotFoundError as exc:
         raise CommandNotFound(f"{argv[0]} is not installed on this host") from exc
     except subprocess.TimeoutExpired as exc:
         printed = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else ""
-        raise CommandTimeout(f"`{_quote(argv)}` did not finish within {timeout:g}s",
-                             printed[:MAX_OUTPUT_CHARS]) from exc  # fmt: skip
+        raise CommandTimeout(
+            f"`{_quote(argv)}` did not finish within {timeout:g}s", printed[:MAX_OUTPUT_CHARS]
+        ) from exc
     except (OSError, KeyError) as exc:  # KeyError: no such user
         who = f" as {user}" if user else ""
         raise CommandError(f"`{_quote(argv)}` could not run{who}: {exc}") from exc

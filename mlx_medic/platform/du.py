@@ -101,8 +101,13 @@ def run_du(du: str, dir_fd: int, names: Sequence[str]) -> DuRun:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
                 returncode = subprocess.run(
-                    du_argv(du, batch), cwd=f"/proc/self/fd/{dir_fd}", pass_fds=(dir_fd,),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, check=False,
+                    du_argv(du, batch),
+                    cwd=f"/proc/self/fd/{dir_fd}",
+                    pass_fds=(dir_fd,),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    check=False,
                     env={"LC_ALL": "C", "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                 ).returncode
             except OSError as exc:
@@ -110,8 +115,9 @@ def run_du(du: str, dir_fd: int, names: Sequence[str]) -> DuRun:
             out.seek(0)
             err.seek(0)
             stdout, stderr = out.read(), err.read()
-        complaints = [line for line in stderr.decode("utf-8", "replace").splitlines()
-                      if line.strip()]
+        complaints = [
+            line for line in stderr.decode("utf-8", "replace").splitlines() if line.strip()
+        ]
         found = parse_du_output(stdout) if returncode in (0, 1) else {}
         if returncode != 0 and not found:  # failed as a whole, not just some subtrees
             detail = complaints[-1] if complaints else "no message"

@@ -56,8 +56,9 @@ def netlink_listening(family: int) -> dict[int, set[str]]:
     socket inodes, by one sock_diag dump that holds listeners only."""
     request = _DIAG_REQUEST.pack(family, socket.IPPROTO_TCP, 0, 1 << _TCP_LISTEN)
     request += bytes(_SOCKID_BYTES)
-    header = _NLMSG.pack(_NLMSG.size + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP,
-                         1, 0)  # fmt: skip
+    header = _NLMSG.pack(
+        _NLMSG.size + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP, 1, 0
+    )
     found: dict[int, set[str]] = {}
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as link:
         link.sendall(header + request)

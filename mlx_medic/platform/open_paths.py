@@ -33,7 +33,7 @@ class PathsInUse:
         names: set[str] = set()
         for path in self.paths:
             if path.startswith(prefix):
-                names.add(path[len(prefix):].split("/", 1)[0])
+                names.add(path[len(prefix) :].split("/", 1)[0])
         names.discard("")
         return names
 

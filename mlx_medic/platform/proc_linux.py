@@ -152,7 +152,11 @@ class LinuxProcessTable:
             cmdline = ()
         same = old if old is not None and old.ino == ino else None
         return recheck(
-            same, cmdline, now, lambda: self._read_env(pid), lambda argv: _Entry(argv, ino=ino),
+            same,
+            cmdline,
+            now,
+            lambda: self._read_env(pid),
+            lambda argv: _Entry(argv, ino=ino),
             self.classifier,
         )
 
@@ -244,4 +248,3 @@ class LinuxProcessTable:
                 if info.role is Role.EXO_RUNNER:
                     seen[info.pid].role = Role.EXO_RUNNER
         return list(infos.values())
-

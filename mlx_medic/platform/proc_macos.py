@@ -99,9 +99,7 @@ def parse_ps_axo(text: str) -> dict[int, PsRow]:
 
 
 def run_ps() -> str:
-    return subprocess.run(
-        PS_COMMAND, capture_output=True, text=True, check=True, timeout=10
-    ).stdout
+    return subprocess.run(PS_COMMAND, capture_output=True, text=True, check=True, timeout=10).stdout
 
 
 class MacProcessTable:
@@ -169,8 +167,13 @@ class MacProcessTable:
                 status = proc.info.get("status")  # type: ignore[attr-defined]
                 state = _PSUTIL_STATES.get(str(status), State.SLEEPING)
             infos[pid] = ProcessInfo(
-                pid=pid, ppid=ppid, state=state, cmdline=entry.cmdline,
-                create_time=created, name=name, role=entry.role,
+                pid=pid,
+                ppid=ppid,
+                state=state,
+                cmdline=entry.cmdline,
+                create_time=created,
+                name=name,
+                role=entry.role,
                 env_loader=entry.env_loader(lambda: self._env_of(proc)),
             )
             return infos[pid]

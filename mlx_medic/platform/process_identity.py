@@ -26,8 +26,11 @@ class Identity:
 
     def same_process(self, pid: int, start_time: float, cmdline: tuple[str, ...]) -> bool:
         # Start times come from one formula; a tick (10 ms) of slack covers float rounding.
-        return (self.pid == pid and abs(self.start_time - start_time) < 0.005
-                and self.cmdline == cmdline)  # fmt: skip
+        return (
+            self.pid == pid
+            and abs(self.start_time - start_time) < 0.005
+            and self.cmdline == cmdline
+        )
 
 
 @functools.cache  # a failure raises, so it is not kept: the next call reads again
@@ -65,8 +68,9 @@ def _macos_identity(pid: int) -> Identity | None:
         proc = psutil.Process(pid)
         with proc.oneshot():
             start, cmdline = proc.create_time(), tuple(proc.cmdline())
-        stat = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
-                              text=True, timeout=10).stdout  # fmt: skip
+        stat = subprocess.run(
+            ["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True, timeout=10
+        ).stdout
         state = parse_ps_stat(stat) if stat.strip() else None
     except (psutil.Error, OSError, PsParseError, subprocess.SubprocessError):
         return None

@@ -95,8 +95,9 @@ def user_temp_dirs(
                 text = output_of(runner_as(user), GETCONF_ARGV, GETCONF_TIMEOUT)
                 dirs = [parse_darwin_user_temp_dir(text)]
             except (CommandError, ParseError) as exc:
-                log.warning("cannot find %s's temp dir, its launch leftovers are not"
-                            " counted: %s", user, exc)
+                log.warning(
+                    "cannot find %s's temp dir, its launch leftovers are not counted: %s", user, exc
+                )
                 dirs = []
         else:
             dirs = [Path("/tmp")]

@@ -31,34 +31,62 @@ def render(site: Site) -> list[Rendered]:
     if interval is not None:
         check_duration(interval, "--alertmanager.group-interval")
     routes: list[dict[str, object]] = [
-        {"receiver": "mlx-medic", "matchers": [f'alertname="{name}"'], "group_by": group_by,
-         "group_wait": wait or "10s", "group_interval": interval or "1m",
-         "repeat_interval": "30m", "continue": True}
+        {
+            "receiver": "mlx-medic",
+            "matchers": [f'alertname="{name}"'],
+            "group_by": group_by,
+            "group_wait": wait or "10s",
+            "group_interval": interval or "1m",
+            "repeat_interval": "30m",
+            "continue": True,
+        }
         for name, group_by in REMEDIATOR_ALERTS.items()
     ]
     routes.append({"receiver": "oncall"})
     data = {
-        "route": {"receiver": "oncall", "group_by": ["alertname", "node", "model"],
-                  "group_wait": wait or "30s", "group_interval": interval or "5m",
-                  "repeat_interval": "4h",
-                  "routes": routes},
+        "route": {
+            "receiver": "oncall",
+            "group_by": ["alertname", "node", "model"],
+            "group_wait": wait or "30s",
+            "group_interval": interval or "5m",
+            "repeat_interval": "4h",
+            "routes": routes,
+        },
         "receivers": [
-            {"name": "mlx-medic", "webhook_configs": [{
-                "url": f"{url}/alerts", "send_resolved": True, "max_alerts": 0,
-                "http_config": {"authorization": {
-                    "type": "Bearer",
-                    "credentials_file": site.alertmanager_credentials_file}}}]},
-            {"name": "oncall", "webhook_configs": [
-                {"url": site.oncall_url, "send_resolved": True}]},
+            {
+                "name": "mlx-medic",
+                "webhook_configs": [
+                    {
+                        "url": f"{url}/alerts",
+                        "send_resolved": True,
+                        "max_alerts": 0,
+                        "http_config": {
+                            "authorization": {
+                                "type": "Bearer",
+                                "credentials_file": site.alertmanager_credentials_file,
+                            }
+                        },
+                    }
+                ],
+            },
+            {
+                "name": "oncall",
+                "webhook_configs": [{"url": site.oncall_url, "send_resolved": True}],
+            },
         ],
         "inhibit_rules": [
-            {"source_matchers": ['alertname="MLXRDMAProtectionDomainsExhausted"'],
-             "target_matchers": ['alertname="MLXRDMAProtectionDomainsHigh"'],
-             "equal": ["node"]},
+            {
+                "source_matchers": ['alertname="MLXRDMAProtectionDomainsExhausted"'],
+                "target_matchers": ['alertname="MLXRDMAProtectionDomainsHigh"'],
+                "equal": ["node"],
+            },
         ],
     }
-    oncall = ("The oncall receiver is a placeholder: your pager." if site.oncall_url ==
-              ONCALL_PLACEHOLDER else f"On-call: {site.oncall_url}.")
+    oncall = (
+        "The oncall receiver is a placeholder: your pager."
+        if site.oncall_url == ONCALL_PLACEHOLDER
+        else f"On-call: {site.oncall_url}."
+    )
     comment = (
         "Check with: amtool check-config alertmanager.yml\n"
         f"{', '.join(REMEDIATOR_ALERTS)} reach the remediator (it answers at once and\n"

@@ -49,8 +49,9 @@ def check_public_key(line: str, source: str) -> str:
 
 
 def forced_command(medic_command: str, medic_config: str, key: str) -> str:
-    return shlex.join([medic_command, "node", "forced-command", "--config.file", medic_config,
-                       "--key", key])  # fmt: skip
+    return shlex.join(
+        [medic_command, "node", "forced-command", "--config.file", medic_config, "--key", key]
+    )
 
 
 def _quoted(text: str) -> str:
@@ -80,17 +81,24 @@ def serve_keys(site: Site) -> dict[str, dict[str, list[str]]]:
 
 
 def render(site: Site) -> list[Rendered]:
-    key = site.need(site.public_key, "--ssh.public-key (or the inventory's ssh.identity_file"
-                    " with its .pub beside it)", TARGET)
+    key = site.need(
+        site.public_key,
+        "--ssh.public-key (or the inventory's ssh.identity_file with its .pub beside it)",
+        TARGET,
+    )
     addresses = list(site.inventory.ssh.remediator_addresses)
     if not addresses:
-        raise RenderError(f"render {TARGET} needs {ADDRESSES_FIELD} in the inventory (where the"
-                          " remediator's replicas log in from): a key line without from= could"
-                          " be used from anywhere")  # fmt: skip
+        raise RenderError(
+            f"render {TARGET} needs {ADDRESSES_FIELD} in the inventory (where the"
+            " remediator's replicas log in from): a key line without from= could"
+            " be used from anywhere"
+        )
     serve = serve_keys(site)
     if any(line.split()[1] == key.split()[1] for keys in serve.values() for line in keys):
-        raise RenderError(f"render {TARGET}: the serve wrapper's key is the remediator's; give"
-                          " each its own key (serve.identity_file, ssh.identity_file)")
+        raise RenderError(
+            f"render {TARGET}: the serve wrapper's key is the remediator's; give"
+            " each its own key (serve.identity_file, ssh.identity_file)"
+        )
     files = []
     for node in site.inventory.nodes:
         medic = (services.medic_command(node), str(node.medic_config))
@@ -101,9 +109,10 @@ def render(site: Site) -> list[Rendered]:
             f"{key_line(forced_command(*medic, 'remediator'), addresses, key)}\n"
         )
         for serve_key, heads in serve.get(node.name, {}).items():
-            text += ("# The serve wrapper's key, from the heads of the models this node is a"
-                     " peer of:\n"
-                     f"{key_line(forced_command(*medic, 'serve'), heads, serve_key)}\n")
-        files.append(Rendered(PurePosixPath(TARGET) / node.name / "authorized_keys", text,
-                              0o600))
+            text += (
+                "# The serve wrapper's key, from the heads of the models this node is a"
+                " peer of:\n"
+                f"{key_line(forced_command(*medic, 'serve'), heads, serve_key)}\n"
+            )
+        files.append(Rendered(PurePosixPath(TARGET) / node.name / "authorized_keys", text, 0o600))
     return files

@@ -21,10 +21,13 @@ def _plist(job: dict[str, Any], comment: str, fields: dict[str, str] | None = No
     head, _, body = text.partition("<plist")
     note = "\n     ".join(f"{GENERATED}\n{comment}".splitlines())
     if "--" in note:
-        field, value = next(((f, v) for f, v in (fields or {}).items() if "--" in v),
-                            ("the comment", note))
-        raise RenderError(f"{field}: {value!r} holds '--', which the launchd job's comment"
-                          " (XML) cannot; choose a name without it")
+        field, value = next(
+            ((f, v) for f, v in (fields or {}).items() if "--" in v), ("the comment", note)
+        )
+        raise RenderError(
+            f"{field}: {value!r} holds '--', which the launchd job's comment"
+            " (XML) cannot; choose a name without it"
+        )
     return f"{head}<!-- {note} -->\n<plist{body}"
 
 
@@ -81,8 +84,11 @@ def _models(site: Site) -> list[Rendered]:
         )
         path = services.head_dir(TARGET, model) / service.plist_path.name
         named = ("plist", str(service.plist)) if service.plist else ("label", service.label)
-        fields = {f"models.{model.name}": model.name, f"nodes.{model.head}": model.head,
-                  f"models.{model.name}.service.{named[0]}": named[1]}
+        fields = {
+            f"models.{model.name}": model.name,
+            f"nodes.{model.head}": model.head,
+            f"models.{model.name}.service.{named[0]}": named[1],
+        }
         files.append(Rendered(path, _plist(job, comment, fields)))
     return files
 
@@ -110,8 +116,9 @@ def _remediator(site: Site) -> Rendered:
         "log, remediate) find it too. ExitTimeOut 60: SIGTERM lets a run finish its step\n"
         "and release the model lock."
     )
-    return Rendered(PurePosixPath(TARGET) / f"{services.REMEDIATOR_LABEL}.plist",
-                    _plist(job, comment))
+    return Rendered(
+        PurePosixPath(TARGET) / f"{services.REMEDIATOR_LABEL}.plist", _plist(job, comment)
+    )
 
 
 def render(site: Site) -> list[Rendered]:

@@ -33,8 +33,11 @@ def global_settings(site: Site) -> dict[str, str]:
     if site.prometheus_interval is None:
         return {"scrape_interval": "15s", "evaluation_interval": "15s"}
     interval = check_duration(site.prometheus_interval, "--prometheus.interval")
-    return {"scrape_interval": interval, "evaluation_interval": interval,
-            "scrape_timeout": interval}
+    return {
+        "scrape_interval": interval,
+        "evaluation_interval": interval,
+        "scrape_timeout": interval,
+    }
 
 
 def render(site: Site) -> list[Rendered]:
@@ -47,12 +50,16 @@ def render(site: Site) -> list[Rendered]:
         "rule_files": [RULES_GLOB],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [
-            {"job_name": "mlx-medic-exporter",
-             "static_configs": [{"targets": exporters}]},
-            {"job_name": "mlx-medic-remediator", "scheme": scheme,
-             "authorization": {"type": "Bearer",
-                               "credentials_file": site.prometheus_credentials_file},
-             "static_configs": [{"targets": [remediator]}]},
+            {"job_name": "mlx-medic-exporter", "static_configs": [{"targets": exporters}]},
+            {
+                "job_name": "mlx-medic-remediator",
+                "scheme": scheme,
+                "authorization": {
+                    "type": "Bearer",
+                    "credentials_file": site.prometheus_credentials_file,
+                },
+                "static_configs": [{"targets": [remediator]}],
+            },
         ],
     }
     comment = (

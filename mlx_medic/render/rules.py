@@ -27,8 +27,12 @@ SOURCE: Traversable = files("mlx_medic.render") / "mlx-medic.rules.yaml"
 
 def _overridden(text: str, site: Site) -> str:
     rules: dict[str, Any] = yaml.safe_load(text)
-    alerts = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]
-              if "alert" in rule}
+    alerts = {
+        rule["alert"]: rule
+        for group in rules["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
     unknown = sorted(set(site.rules.for_overrides) - set(alerts))
     if unknown:
         raise RenderError(f"--rules.for: no such alert in {site.rules.source}: {unknown}")
@@ -38,8 +42,10 @@ def _overridden(text: str, site: Site) -> str:
         interval = check_duration(site.rules.interval, "--rules.interval")
         for group in rules["groups"]:
             group["interval"] = interval
-    note = (f"# {GENERATED}\n# From {site.rules.source.name} with overrides: for "
-            f"{site.rules.for_overrides or 'none'}, interval {site.rules.interval or 'none'}.\n")
+    note = (
+        f"# {GENERATED}\n# From {site.rules.source.name} with overrides: for "
+        f"{site.rules.for_overrides or 'none'}, interval {site.rules.interval or 'none'}.\n"
+    )
     return note + yaml.safe_dump(rules, sort_keys=False, width=100)
 
 
@@ -48,8 +54,11 @@ def render(site: Site) -> list[Rendered]:
     try:
         text = source.read_text(encoding="utf-8")
     except OSError as exc:
-        what = ("the rules shipped with mlx-medic (reinstall it, or give --rules.file)"
-                if source == SOURCE else "--rules.file")
+        what = (
+            "the rules shipped with mlx-medic (reinstall it, or give --rules.file)"
+            if source == SOURCE
+            else "--rules.file"
+        )
         raise RenderError(f"{what} {source}: cannot read ({exc.strerror or exc})") from None
     if site.rules.for_overrides or site.rules.interval is not None:
         text = _overridden(text, site)

@@ -43,8 +43,16 @@ def exporter_listen(node: Node) -> str:
 
 
 def exporter_argv(node: Node) -> list[str]:
-    return [medic_command(node), "exporter", "--config.file", str(node.medic_config),
-            "--node", node.name, "--web.listen-address", exporter_listen(node)]
+    return [
+        medic_command(node),
+        "exporter",
+        "--config.file",
+        str(node.medic_config),
+        "--node",
+        node.name,
+        "--web.listen-address",
+        exporter_listen(node),
+    ]
 
 
 def serve_argv(inventory: Inventory, model: Model) -> list[str]:
@@ -66,8 +74,9 @@ def remediator_environment(config: str) -> dict[str, str]:
 def wrapper_models(inventory: Inventory, manager: ServiceManager) -> list[Model]:
     """Models whose service this manager runs and which run the serve wrapper (a `script`
     service is the site's own file)."""
-    return [m for m in inventory.models
-            if m.service.manager == manager and m.service.kind == "wrapper"]
+    return [
+        m for m in inventory.models if m.service.manager == manager and m.service.kind == "wrapper"
+    ]
 
 
 def stop_bound(model: Model) -> int:

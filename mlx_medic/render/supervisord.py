@@ -42,10 +42,14 @@ def render(site: Site) -> list[Rendered]:
             f"stopwaitsecs={services.stop_bound(model)}",
             f"stdout_logfile={_value(stdout)}",
         ]
-        lines += (["redirect_stderr=true"] if stderr == stdout
-                  else [f"stderr_logfile={_value(stderr)}"])
-        where = (f"the [include] of {model.service.config}" if model.service.config
-                 else "the [include] of supervisord.conf")
+        lines += (
+            ["redirect_stderr=true"] if stderr == stdout else [f"stderr_logfile={_value(stderr)}"]
+        )
+        where = (
+            f"the [include] of {model.service.config}"
+            if model.service.config
+            else "the [include] of supervisord.conf"
+        )
         comment = (
             f"Model {model.name} on its head {model.head}: the serve wrapper, for {where}.\n"
             "stopwaitsecs: SIGKILL only after the wrapper's own teardown bound\n"

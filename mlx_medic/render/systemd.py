@@ -36,9 +36,9 @@ def _comment(text: str) -> str:
 
 def _unit(comment: str, description: str, service: list[str]) -> str:
     return (
-        _comment(comment)
-        + f"[Unit]\nDescription={description}\nAfter=network-online.target\n"
-        "Wants=network-online.target\n\n[Service]\n" + "".join(f"{line}\n" for line in service)
+        _comment(comment) + f"[Unit]\nDescription={description}\nAfter=network-online.target\n"
+        "Wants=network-online.target\n\n[Service]\n"
+        + "".join(f"{line}\n" for line in service)
         + "\n[Install]\nWantedBy=multi-user.target\n"
     )
 
@@ -71,8 +71,9 @@ def _exporters(site: Site) -> list[Rendered]:
             "UMask=0027",
         ]
         text = _unit(comment, "mlx-medic exporter", service)
-        files.append(Rendered(PurePosixPath(TARGET) / node.name / "mlx-medic-exporter.service",
-                              text))
+        files.append(
+            Rendered(PurePosixPath(TARGET) / node.name / "mlx-medic-exporter.service", text)
+        )
         files.append(tmpfiles.rendered(site.inventory, node, TARGET))
     return files
 

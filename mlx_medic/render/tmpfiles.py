@@ -24,16 +24,18 @@ def _path(path: PurePosixPath) -> str:
     """A tmpfiles.d path: absolute, one word, `%` doubled (a specifier otherwise)."""
     text = str(path)
     if not path.is_absolute() or any(c.isspace() for c in text) or not text.isprintable():
-        raise RenderError(f"state_dir: {text!r}: tmpfiles.d needs an absolute path without"
-                          " spaces")
+        raise RenderError(f"state_dir: {text!r}: tmpfiles.d needs an absolute path without spaces")
     return text.replace("%", "%%")
 
 
 def conf(inventory: Inventory, node: Node) -> str:
     """The node's tmpfiles.d file: its state dir and the dirs in it, `d` lines."""
     state_dir = PurePosixPath(inventory.state_dir)
-    lines = [f"d {_path(state_dir / part if part else state_dir)} {DIR_MODE:04o} {node.user}"
-             f" {STATE_GROUP} -" for part in ("", *DIRS)]  # fmt: skip
+    lines = [
+        f"d {_path(state_dir / part if part else state_dir)} {DIR_MODE:04o} {node.user}"
+        f" {STATE_GROUP} -"
+        for part in ("", *DIRS)
+    ]
     comment = (
         f"{GENERATED}\n"
         f"The state dir of node {node.name} (the inventory's state_dir), owned by its login\n"
@@ -49,5 +51,6 @@ def conf(inventory: Inventory, node: Node) -> str:
 
 
 def rendered(inventory: Inventory, node: Node, target: str) -> Rendered:
-    return Rendered(PurePosixPath(target) / node.name / "tmpfiles.d" / CONF_NAME,
-                    conf(inventory, node))
+    return Rendered(
+        PurePosixPath(target) / node.name / "tmpfiles.d" / CONF_NAME, conf(inventory, node)
+    )

@@ -47,11 +47,17 @@ def candidates(model: Model, choice: BackendChoice) -> tuple[list[Candidate], li
         if name in configured:
             found.append(Candidate(name, configured[name]))
         else:
-            refused.append(Failure(name, model.head, f"pinned to {name} by"
-                                   f" {choice.by or 'someone'} ({choice.reason}) but the"
-                                   f" model has no {name} backend")
-                           if choice.pinned else
-                           Failure(name, model.head, f"the model has no {name} backend"))
+            refused.append(
+                Failure(
+                    name,
+                    model.head,
+                    f"pinned to {name} by"
+                    f" {choice.by or 'someone'} ({choice.reason}) but the"
+                    f" model has no {name} backend",
+                )
+                if choice.pinned
+                else Failure(name, model.head, f"the model has no {name} backend")
+            )
     return found, refused
 
 
@@ -68,9 +74,11 @@ def jaccl_devices(model: Model) -> dict[str, tuple[str, ...]]:
 
 
 def ledger_refusal(
-    model: Model, ledgers: Ledgers, inventory: Inventory | None = None,
+    model: Model,
+    ledgers: Ledgers,
+    inventory: Inventory | None = None,
     devices: dict[str, tuple[str, ...]] | None = None,
-) -> Failure | None:  # fmt: skip
+) -> Failure | None:
     """A reason not to start JACCL: a device a node needs at the model's reserve, or a
     ledger that cannot be read (an unknown debt is not room for another spend). The
     refusal names every model placed on that node: they share its devices."""
@@ -88,22 +96,29 @@ def ledger_refusal(
             continue
         full = [d for d in wanted if device_debt(units, d) >= reserve] or sorted(units)
         spent = ", ".join(f"{d}: {device_debt(units, d)} spent" for d in full)
-        sharing = ([m.name for m in inventory.models_on(node)] if inventory is not None
-                   else [model.name])  # fmt: skip
-        return Failure("jaccl", node, f"the protection-domain ledger is at the reserve on"
-                       f" {spent} (reserve {reserve} per device, this boot): no JACCL start"
-                       f" there until it reboots (models placed on {node}: "
-                       f"{', '.join(sharing)})")  # fmt: skip
+        sharing = (
+            [m.name for m in inventory.models_on(node)] if inventory is not None else [model.name]
+        )
+        return Failure(
+            "jaccl",
+            node,
+            f"the protection-domain ledger is at the reserve on"
+            f" {spent} (reserve {reserve} per device, this boot): no JACCL start"
+            f" there until it reboots (models placed on {node}: "
+            f"{', '.join(sharing)})",
+        )
     return None
 
 
 def boot_ids(ledgers: Ledgers) -> dict[str, str]:
-    return {node: str(ledger["boot_id"]) for node, ledger in ledgers.items()
-            if ledger.get("boot_id")}  # fmt: skip
+    return {
+        node: str(ledger["boot_id"]) for node, ledger in ledgers.items() if ledger.get("boot_id")
+    }
 
 
-def fail_back(state_dir: Path, model: Model, choice: BackendChoice,
-              boots: dict[str, str]) -> tuple[BackendChoice, str | None]:  # fmt: skip
+def fail_back(
+    state_dir: Path, model: Model, choice: BackendChoice, boots: dict[str, str]
+) -> tuple[BackendChoice, str | None]:
     """The choice to start with. A ring pin mlx-medic set itself is stamped with the
     nodes' boot ids at the first start under it, and lifted (to auto, once) when a node
     has rebooted since: a reboot frees the domains its failure left. A person's pin
@@ -112,28 +127,49 @@ def fail_back(state_dir: Path, model: Model, choice: BackendChoice,
         return choice, None
     current = {node: boots[node] for node in model.nodes if node in boots}
     if not choice.boots:
-        stamped = write_backend_choice(state_dir, model.name, "ring", by=choice.by,
-                                       reason=choice.reason, now=choice.at, boots=current)
+        stamped = write_backend_choice(
+            state_dir,
+            model.name,
+            "ring",
+            by=choice.by,
+            reason=choice.reason,
+            now=choice.at,
+            boots=current,
+        )
         return stamped, None
     rebooted = choice.rebooted_since(current)
     if not rebooted:
         return choice, None
-    said = (f"{', '.join(rebooted)} rebooted since {choice.by} pinned ring ({choice.reason});"
-            " JACCL is tried again, with its smoke test")  # fmt: skip
-    lifted = write_backend_choice(state_dir, model.name, "auto", by=SERVE_CHOOSER,
-                                  reason=f"ring pin lifted: {said}", boots=current)
+    said = (
+        f"{', '.join(rebooted)} rebooted since {choice.by} pinned ring ({choice.reason});"
+        " JACCL is tried again, with its smoke test"
+    )
+    lifted = write_backend_choice(
+        state_dir,
+        model.name,
+        "auto",
+        by=SERVE_CHOOSER,
+        reason=f"ring pin lifted: {said}",
+        boots=current,
+    )
     return lifted, said
 
 
 def pin_ring_again(state_dir: Path, model: Model, boots: dict[str, str], why: str) -> None:
     """After a lifted pin's JACCL start failed: ring again until the next reboot."""
-    write_backend_choice(state_dir, model.name, "ring", by=SERVE_CHOOSER,
-                         reason=f"JACCL failed again after the reboot: {why}"[:500],
-                         boots={n: boots[n] for n in model.nodes if n in boots})  # fmt: skip
+    write_backend_choice(
+        state_dir,
+        model.name,
+        "ring",
+        by=SERVE_CHOOSER,
+        reason=f"JACCL failed again after the reboot: {why}"[:500],
+        boots={n: boots[n] for n in model.nodes if n in boots},
+    )
 
 
-def smoke_can_be_skipped(record: ServeRecord | None, boots: dict[str, str],
-                         nodes: list[str], backend: str = "jaccl") -> bool:  # fmt: skip
+def smoke_can_be_skipped(
+    record: ServeRecord | None, boots: dict[str, str], nodes: list[str], backend: str = "jaccl"
+) -> bool:
     """The backend's last start came up in every node's current boot, and no error of
     it (a failed start, a JACCL error line) has been seen since."""
     if record is None:

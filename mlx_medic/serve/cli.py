@@ -39,8 +39,13 @@ DEFAULT_CONFIG = Path("/etc/mlx-medic/inventory.yaml")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
     parser.add_argument("model", help="the model's name in the inventory")
-    parser.add_argument("--config.file", dest="config_file", type=Path, default=DEFAULT_CONFIG,
-                        help=f"the inventory (default {DEFAULT_CONFIG})")
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help=f"the inventory (default {DEFAULT_CONFIG})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,8 +95,9 @@ async def serve(inventory: Inventory, model: Model) -> int:
     stop = asyncio.Event()
 
     def on_signal(signum: int) -> None:
-        log.warning("serve %s: %s: ending every rank of this run", model.name,
-                    signal.Signals(signum).name)  # fmt: skip
+        log.warning(
+            "serve %s: %s: ending every rank of this run", model.name, signal.Signals(signum).name
+        )
         stop.set()
 
     loop = asyncio.get_running_loop()
@@ -102,8 +108,9 @@ async def serve(inventory: Inventory, model: Model) -> int:
     limit = model.policy.kill_grace + inventory.ssh.connect_timeout + 30.0
     nodes = ModelNodes(NodeHelpers(transport, inventory, limit), model, limit)
     locks = ModelLocks(inventory, transport, this_node=model.head, in_process=True)
-    relaunches = Relaunches(model.serve.relaunch_limit, model.serve.relaunch_window,
-                            model.serve.relaunch_interval)  # fmt: skip
+    relaunches = Relaunches(
+        model.serve.relaunch_limit, model.serve.relaunch_window, model.serve.relaunch_interval
+    )
     holder = f"serve pid {os.getpid()} on {model.head}"
     records: RecordKeeper | None = None
     ended: ServeRun | None = None  # a run that crashed, whose ranks the next start sweeps
@@ -127,37 +134,59 @@ async def serve(inventory: Inventory, model: Model) -> int:
                     await locks.release(lock)
                     print(f"mlx-medic serve: {exc}", file=sys.stderr)
                     return EXIT_BUSY
-                records = RecordKeeper(state_dir, model.name, first_record(
-                    previous, run_id, os.getpid(), process_start_time(os.getpid())))
+                records = RecordKeeper(
+                    state_dir,
+                    model.name,
+                    first_record(previous, run_id, os.getpid(), process_start_time(os.getpid())),
+                )
             else:
                 records.update("starting", run_id=run_id)
             log.info("serve %s: run %s starting (%s)", model.name, run_id, holder)
-            context = RunContext(inventory, model, run_id, holder, nodes, locks, lock, stop,
-                                 records, not_before,
-                                 ended.w.run_id if ended is not None else None)  # fmt: skip
+            context = RunContext(
+                inventory,
+                model,
+                run_id,
+                holder,
+                nodes,
+                locks,
+                lock,
+                stop,
+                records,
+                not_before,
+                ended.w.run_id if ended is not None else None,
+            )
             run = ServeRun(context)
             result = await run.run()
             if not result.relaunch or not relaunches.allow():
                 if result.relaunch:
-                    log.error("serve %s: %d relaunches within %gs spent (serve.relaunch_limit):"
-                              " exiting, for the service manager to restart", model.name,
-                              model.serve.relaunch_limit, model.serve.relaunch_window)  # fmt: skip
+                    log.error(
+                        "serve %s: %d relaunches within %gs spent (serve.relaunch_limit):"
+                        " exiting, for the service manager to restart",
+                        model.name,
+                        model.serve.relaunch_limit,
+                        model.serve.relaunch_window,
+                    )
                 await run.teardown(result)
                 return result.code
             relaunches.record()
             await run.end_launch()
             ended = run
             not_before = relaunches.not_before(result.launched_at)
-            log.warning("serve %s: relaunching at once (%d of %d within %gs); the start sweep"
-                        " ends what the crashed launch left on every node", model.name,
-                        relaunches.used, model.serve.relaunch_limit,
-                        model.serve.relaunch_window)  # fmt: skip
+            log.warning(
+                "serve %s: relaunching at once (%d of %d within %gs); the start sweep"
+                " ends what the crashed launch left on every node",
+                model.name,
+                relaunches.used,
+                model.serve.relaunch_limit,
+                model.serve.relaunch_window,
+            )
     finally:
         await transport.close()
 
 
-def first_record(previous: ServeRecord | None, run_id: str, pid: int,
-                 pid_start: float | None) -> ServeRecord:  # fmt: skip
+def first_record(
+    previous: ServeRecord | None, run_id: str, pid: int, pid_start: float | None
+) -> ServeRecord:
     """This wrapper's record, carrying over what a KeepAlive restart must not lose: why
     the last start failed (the fallback's evidence, kept until a start serves) and each
     backend's last success and error (the smoke test's skip rule)."""
@@ -166,8 +195,15 @@ def first_record(previous: ServeRecord | None, run_id: str, pid: int,
     if previous is None:
         return ServeRecord(run_id, pid, pid_start, "starting")
     return ServeRecord(
-        run_id, pid, pid_start, "starting", failed_starts=previous.failed_starts,
-        failures=previous.failures, reboot=previous.reboot,
-        last_jaccl_success=previous.last_jaccl_success, jaccl_error_at=previous.jaccl_error_at,
-        last_ring_success=previous.last_ring_success, ring_error_at=previous.ring_error_at,
-    )  # fmt: skip
+        run_id,
+        pid,
+        pid_start,
+        "starting",
+        failed_starts=previous.failed_starts,
+        failures=previous.failures,
+        reboot=previous.reboot,
+        last_jaccl_success=previous.last_jaccl_success,
+        jaccl_error_at=previous.jaccl_error_at,
+        last_ring_success=previous.last_ring_success,
+        ring_error_at=previous.ring_error_at,
+    )

@@ -24,6 +24,10 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlx_medic.node.ledger import EntryKind
 
 # The guard sits on every launch's critical path (before mlx.launch on the head, before
 # each rank): what only its watcher needs is imported there, after the fork.
@@ -32,14 +36,35 @@ POLL = 1.0  # seconds between looks at the lease
 START_TOLERANCE = 0.5  # seconds: psutil's start times of one process agree closely
 
 
-def guard_argv(python: str, *, model: str, run_id: str, state_dir: Path, grace: float,
-               sigkill: bool, backend: str, python_args: bool,
-               smoke: bool = False) -> list[str]:  # fmt: skip
+def guard_argv(
+    python: str,
+    *,
+    model: str,
+    run_id: str,
+    state_dir: Path,
+    grace: float,
+    sigkill: bool,
+    backend: str,
+    python_args: bool,
+    smoke: bool = False,
+) -> list[str]:
     """The guard's own words, to put before `-- COMMAND` (for `mlx.launch --python P`,
     leave out `python`: mlx.launch puts the interpreter first itself)."""
-    argv = [*([python] if python else []), "-m", "mlx_medic.serve.guard",
-            "--model", model, "--run", run_id, "--state-dir", str(state_dir),
-            "--grace", f"{grace:g}", "--backend", backend]  # fmt: skip
+    argv = [
+        *([python] if python else []),
+        "-m",
+        "mlx_medic.serve.guard",
+        "--model",
+        model,
+        "--run",
+        run_id,
+        "--state-dir",
+        str(state_dir),
+        "--grace",
+        f"{grace:g}",
+        "--backend",
+        backend,
+    ]
     if not sigkill:
         argv.append("--no-sigkill")
     if python_args:
@@ -105,16 +130,29 @@ def end_process(pid: int, started: float, grace: float, sigkill: bool) -> bool:
     return False
 
 
-def record_spend_of(state_dir: Path, model: str, pid: int, started: float, kind: str,
-                    devices: tuple[str, ...]) -> None:  # fmt: skip
+def record_spend_of(
+    state_dir: Path,
+    model: str,
+    pid: int,
+    started: float,
+    kind: EntryKind,
+    devices: tuple[str, ...],
+) -> None:
     """A SIGKILLed (or vanished) JACCL rank spends its devices' domains until reboot."""
     from mlx_medic.node.ledger import record_spend
     from mlx_medic.node_identity import read_node_id
 
     node = read_node_id(state_dir)
     if node is not None:
-        record_spend(state_dir, node, kind, pid=pid, start_time=started,  # type: ignore[arg-type]
-                     devices=devices, model=model)  # fmt: skip
+        record_spend(
+            state_dir,
+            node,
+            kind,
+            pid=pid,
+            start_time=started,
+            devices=devices,
+            model=model,
+        )
 
 
 def watch(args: argparse.Namespace) -> int:
@@ -125,8 +163,9 @@ def watch(args: argparse.Namespace) -> int:
             print(f"guard: ending pid {args.pid} of run {args.run}: {why}", flush=True)
             killed = end_process(args.pid, args.start, args.grace, args.sigkill)
             if killed and args.backend == "jaccl":
-                record_spend_of(args.state_dir, args.model, args.pid, args.start, "sigkill",
-                                devices)  # fmt: skip
+                record_spend_of(
+                    args.state_dir, args.model, args.pid, args.start, "sigkill", devices
+                )
             return 0
         time.sleep(POLL)
     if args.backend == "jaccl":
@@ -144,8 +183,11 @@ def count_vanished(state_dir: Path) -> None:
     if node is None:
         return
     for rank in count_gone(state_dir, node):
-        print(f"guard: JACCL rank pid {rank.pid} of run {rank.run_id} ended without a signal"
-              " of ours: counted as a spend (vanished)", flush=True)  # fmt: skip
+        print(
+            f"guard: JACCL rank pid {rank.pid} of run {rank.run_id} ended without a signal"
+            " of ours: counted as a spend (vanished)",
+            flush=True,
+        )
 
 
 def own_devices() -> tuple[str, ...]:
@@ -161,8 +203,7 @@ def own_devices() -> tuple[str, ...]:
     return rank_devices(os.environ, read)
 
 
-def _watcher(args: argparse.Namespace, pid: int, started: float,
-             devices: tuple[str, ...]) -> None:  # fmt: skip
+def _watcher(args: argparse.Namespace, pid: int, started: float, devices: tuple[str, ...]) -> None:
     """In the forked child: detach and exec the watcher with a clean environment."""
     try:
         os.setsid()
@@ -170,8 +211,7 @@ def _watcher(args: argparse.Namespace, pid: int, started: float,
         from mlx_medic.state_layout import FILE_MODE, ensure_dir
 
         ensure_dir(log_path.parent)
-        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
-                      FILE_MODE)  # fmt: skip
+        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out, 1)
@@ -179,11 +219,29 @@ def _watcher(args: argparse.Namespace, pid: int, started: float,
         from mlx_medic.process_model import WATCHED_ENV
 
         env = {k: v for k, v in os.environ.items() if k not in WATCHED_ENV}
-        argv = [sys.executable, "-I", "-m", "mlx_medic.serve.guard", "--watch", str(pid),
-                "--start", repr(started), "--model", args.model, "--run", args.run,
-                "--state-dir", str(args.state_dir), "--grace", f"{args.grace:g}",
-                "--backend", args.backend, "--devices", ",".join(devices),
-                *([] if args.sigkill else ["--no-sigkill"])]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-I",
+            "-m",
+            "mlx_medic.serve.guard",
+            "--watch",
+            str(pid),
+            "--start",
+            repr(started),
+            "--model",
+            args.model,
+            "--run",
+            args.run,
+            "--state-dir",
+            str(args.state_dir),
+            "--grace",
+            f"{args.grace:g}",
+            "--backend",
+            args.backend,
+            "--devices",
+            ",".join(devices),
+            *([] if args.sigkill else ["--no-sigkill"]),
+        ]
         os.execve(sys.executable, argv, env)
     finally:
         os._exit(70)  # only reached when exec failed
@@ -194,22 +252,32 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
-    parser = argparse.ArgumentParser(prog="python -m mlx_medic.serve.guard",
-                                     description=__doc__.splitlines()[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m mlx_medic.serve.guard", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--model", required=True)
     parser.add_argument("--run", required=True)
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--no-sigkill", dest="sigkill", action="store_false")
-    parser.add_argument("--backend", default="none",
-                        help="the rank's backend: a SIGKILLed jaccl rank is a ledger spend;"
-                        " none for mlx.launch itself")  # fmt: skip
-    parser.add_argument("--python-args", action="store_true",
-                        help="COMMAND is this interpreter's arguments (`-m mlx_lm server`)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="COMMAND is a smoke test's rank: it records its own outcome, and"
-                        " mlx.launch ends the others when one fails, so its end is not"
-                        " counted as vanished")  # fmt: skip
+    parser.add_argument(
+        "--backend",
+        default="none",
+        help="the rank's backend: a SIGKILLed jaccl rank is a ledger spend;"
+        " none for mlx.launch itself",
+    )
+    parser.add_argument(
+        "--python-args",
+        action="store_true",
+        help="COMMAND is this interpreter's arguments (`-m mlx_lm server`)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="COMMAND is a smoke test's rank: it records its own outcome, and"
+        " mlx.launch ends the others when one fails, so its end is not"
+        " counted as vanished",
+    )
     parser.add_argument("--devices", default="", help=argparse.SUPPRESS)
     parser.add_argument("--watch", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--start", type=float, default=None, help=argparse.SUPPRESS)
@@ -233,8 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == "jaccl" and not args.smoke:
         from mlx_medic.node.rank_register import register
 
-        register(args.state_dir, model=args.model, run_id=args.run, pid=pid,
-                 start_time=started, devices=devices)  # fmt: skip
+        register(
+            args.state_dir,
+            model=args.model,
+            run_id=args.run,
+            pid=pid,
+            start_time=started,
+            devices=devices,
+        )
     if os.fork() == 0:
         _watcher(args, pid, started, devices)
     target = [sys.executable, *command] if args.python_args else command

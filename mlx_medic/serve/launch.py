@@ -35,44 +35,86 @@ def mlx_launch_program(model: Model) -> str:
 
 def server_command(model: Model, backend: Backend) -> list[str]:
     """mlx_lm.server's arguments after the interpreter."""
-    return ["-m", "mlx_lm", "server", "--model", model.model, "--host", model.host,
-            "--port", str(model.port), *(["--pipeline"] if backend.pipeline else []),
-            *model.serve_flags()]  # fmt: skip
+    return [
+        "-m",
+        "mlx_lm",
+        "server",
+        "--model",
+        model.model,
+        "--host",
+        model.host,
+        "--port",
+        str(model.port),
+        *(["--pipeline"] if backend.pipeline else []),
+        *model.serve_flags(),
+    ]
 
 
 def serve_args_warnings(model: Model) -> list[str]:
     """What the inventory's serve arguments leave to chance."""
     if "prefill-step-size" in model.serve_args:
         return []
-    return [f"model {model.name} has no prefill-step-size in serve_args: mlx_lm.server then"
-            " prefills with its own default step, whatever the model's memory allows"]
+    return [
+        f"model {model.name} has no prefill-step-size in serve_args: mlx_lm.server then"
+        " prefills with its own default step, whatever the model's memory allows"
+    ]
 
 
 def smoke_command(model: Model, backend_name: str, inventory: Inventory) -> list[str]:
-    return ["-m", "mlx_medic.serve.smoke", "--backend", backend_name,
-            "--state-dir", str(inventory.state_dir), "--model", model.name]  # fmt: skip
+    return [
+        "-m",
+        "mlx_medic.serve.smoke",
+        "--backend",
+        backend_name,
+        "--state-dir",
+        str(inventory.state_dir),
+        "--model",
+        model.name,
+    ]
 
 
 def launch_argv(
-    inventory: Inventory, model: Model, backend_name: str, backend: Backend, run_id: str,
+    inventory: Inventory,
+    model: Model,
+    backend_name: str,
+    backend: Backend,
+    run_id: str,
     rank_command: list[str],
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """What the wrapper runs on the head: guard, mlx.launch, guard, the rank command."""
     policy = model.policy
-    guard = {"model": model.name, "run_id": run_id, "state_dir": inventory.state_dir,
-             "grace": policy.kill_grace, "sigkill": policy.sigkill,
-             "backend": backend_name}  # fmt: skip
-    env = [word for key, value in run_env(model.name, run_id).items()
-           for word in ("--env", f"{key}={value}")]  # fmt: skip
-    ports = ([] if model.serve.starting_port is None
-             else ["--starting-port", str(model.serve.starting_port)])  # fmt: skip
+    guard = {
+        "model": model.name,
+        "run_id": run_id,
+        "state_dir": inventory.state_dir,
+        "grace": policy.kill_grace,
+        "sigkill": policy.sigkill,
+        "backend": backend_name,
+    }
+    env = [
+        word
+        for key, value in run_env(model.name, run_id).items()
+        for word in ("--env", f"{key}={value}")
+    ]
+    ports = (
+        []
+        if model.serve.starting_port is None
+        else ["--starting-port", str(model.serve.starting_port)]
+    )
     smoke = rank_command[:2] == ["-m", "mlx_medic.serve.smoke"]
     return [
         # mlx.launch is no rank: its SIGKILL spends no protection domain
-        *guard_argv(sys.executable, python_args=False,
-                    **{**guard, "backend": "none"}),  # type: ignore[arg-type]
-        mlx_launch_program(model), "--hostfile", str(backend.hostfile),
-        "--backend", backend_name, "--python", rank_python(model), *env, *ports,
-        "--", *guard_argv("", python_args=True, smoke=smoke, **guard),  # type: ignore[arg-type]
+        *guard_argv(sys.executable, python_args=False, **{**guard, "backend": "none"}),  # type: ignore[arg-type]
+        mlx_launch_program(model),
+        "--hostfile",
+        str(backend.hostfile),
+        "--backend",
+        backend_name,
+        "--python",
+        rank_python(model),
+        *env,
+        *ports,
+        "--",
+        *guard_argv("", python_args=True, smoke=smoke, **guard),  # type: ignore[arg-type]
         *rank_command,
-    ]  # fmt: skip
+    ]

@@ -38,8 +38,10 @@ class SweepOutcome:
     def ledgers(self) -> dict[str, dict[str, Any]]:
         """Each node's ledger as its sweep left it (`boot_id`, `debt_by_unit`), or
         `error`: what a start is judged by."""
-        return {node: dict(document.get("ledger") or {"error": "the sweep sent no ledger"})
-                for node, document in self.replies.items()}  # fmt: skip
+        return {
+            node: dict(document.get("ledger") or {"error": "the sweep sent no ledger"})
+            for node, document in self.replies.items()
+        }
 
     @property
     def blocked(self) -> bool:
@@ -65,15 +67,20 @@ def judge_sweep(model: str, replies: dict[str, HelperReply | HelperCallError]) -
         settled = document.get("settled", document.get("complete", False))
         if not reply.ok or not settled:
             outcome.complete = False
-            killable = [s for s in document.get("survivors", [])
-                        if s.get("pid") not in {u.get("pid") for u in
-                                                document.get("unkillable", [])}]  # fmt: skip
+            killable = [
+                s
+                for s in document.get("survivors", [])
+                if s.get("pid") not in {u.get("pid") for u in document.get("unkillable", [])}
+            ]
             if killable:
-                outcome.problems.append(f"{node}: {len(killable)} process(es) survived the"
-                                        " sweep and are not in uninterruptible sleep")
+                outcome.problems.append(
+                    f"{node}: {len(killable)} process(es) survived the"
+                    " sweep and are not in uninterruptible sleep"
+                )
             elif not document.get("unkillable"):
-                outcome.problems.append(f"{node}: the sweep did not complete:"
-                                        f" {reply.stderr.strip()[-300:] or 'exit 1'}")
+                outcome.problems.append(
+                    f"{node}: the sweep did not complete: {reply.stderr.strip()[-300:] or 'exit 1'}"
+                )
     outcome.survivors = survivors_of(model, outcome.replies)
     return outcome
 
@@ -107,40 +114,72 @@ class ModelNodes:
         a dead launch's, ended with the short grace (an answering listener is spared,
         but for one of `crashed_run`: the wrapper's own run that just crashed)."""
         crashed = ["--crashed-run", crashed_run] if crashed_run else []
-        return judge_sweep(self.model.name, await self.on_all(
-            "sweep", self.model.name, "--start-sweep", "--grace", self.dead_launch_grace,
-            *crashed))
+        return judge_sweep(
+            self.model.name,
+            await self.on_all(
+                "sweep",
+                self.model.name,
+                "--start-sweep",
+                "--grace",
+                self.dead_launch_grace,
+                *crashed,
+            ),
+        )
 
-    async def sweep_run(self, run_id: str, timeout: float,
-                        launcher_dead: bool = False) -> SweepOutcome:  # fmt: skip
+    async def sweep_run(
+        self, run_id: str, timeout: float, launcher_dead: bool = False
+    ) -> SweepOutcome:
         grace = ["--grace", self.dead_launch_grace] if launcher_dead else []
-        return judge_sweep(self.model.name, await self.on_all(
-            "sweep", self.model.name, "--run", run_id, *grace, timeout=timeout))
+        return judge_sweep(
+            self.model.name,
+            await self.on_all("sweep", self.model.name, "--run", run_id, *grace, timeout=timeout),
+        )
 
     async def clean(self) -> list[str]:
         """Problems, one per node whose clean failed (a clean that fails stops nothing:
         stale files waste space, they start no rank)."""
         replies = await self.on_all("clean", self.model.name)
-        return [_failed(node, reply) for node, reply in replies.items()
-                if isinstance(reply, HelperCallError) or not reply.ok]  # fmt: skip
+        return [
+            _failed(node, reply)
+            for node, reply in replies.items()
+            if isinstance(reply, HelperCallError) or not reply.ok
+        ]
 
     async def record_run(self, run_id: str, lease: float, holder: str) -> list[str]:
-        replies = await self.on_all("run", self.model.name, "set", run_id,
-                                    "--lease", f"{lease:g}", "--holder", holder)  # fmt: skip
-        return [_failed(node, reply) for node, reply in replies.items()
-                if isinstance(reply, HelperCallError) or not reply.ok]  # fmt: skip
+        replies = await self.on_all(
+            "run", self.model.name, "set", run_id, "--lease", f"{lease:g}", "--holder", holder
+        )
+        return [
+            _failed(node, reply)
+            for node, reply in replies.items()
+            if isinstance(reply, HelperCallError) or not reply.ok
+        ]
 
     async def renew_run(self, run_id: str, lease: float, holder: str) -> list[str]:
-        replies = await self.on_all("run", self.model.name, "renew", run_id,
-                                    "--lease", f"{lease:g}", "--holder", holder,
-                                    timeout=lease / 2)  # fmt: skip
-        return [_failed(node, reply) for node, reply in replies.items()
-                if isinstance(reply, HelperCallError) or not reply.ok]  # fmt: skip
+        replies = await self.on_all(
+            "run",
+            self.model.name,
+            "renew",
+            run_id,
+            "--lease",
+            f"{lease:g}",
+            "--holder",
+            holder,
+            timeout=lease / 2,
+        )
+        return [
+            _failed(node, reply)
+            for node, reply in replies.items()
+            if isinstance(reply, HelperCallError) or not reply.ok
+        ]
 
     async def clear_run(self, run_id: str, timeout: float) -> list[str]:
         replies = await self.on_all("run", self.model.name, "clear", run_id, timeout=timeout)
-        return [_failed(node, reply) for node, reply in replies.items()
-                if isinstance(reply, HelperCallError) or not reply.ok]  # fmt: skip
+        return [
+            _failed(node, reply)
+            for node, reply in replies.items()
+            if isinstance(reply, HelperCallError) or not reply.ok
+        ]
 
     async def ledgers(self) -> dict[str, HelperReply | HelperCallError]:
         return await self.on_all("ledger")
@@ -150,7 +189,8 @@ def _failed(node: str, reply: HelperReply | HelperCallError) -> str:
     if isinstance(reply, HelperCallError):
         return str(reply)
     return f"{node}: mlx-medic node {reply.helper}: exit {reply.exit_status}: " + (
-        reply.stderr.strip()[-300:] or str(reply.document)[:300])
+        reply.stderr.strip()[-300:] or str(reply.document)[:300]
+    )
 
 
 class LeaseKeeper:
@@ -178,4 +218,3 @@ class LeaseKeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-

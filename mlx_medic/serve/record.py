@@ -113,20 +113,24 @@ def read_serve_record(state_dir: Path, model: str) -> ServeRecord | None:
             pid_start=None if data.get("pid_start") is None else float(data["pid_start"]),
             state=state,  # type: ignore[arg-type]
             backend=None if data.get("backend") is None else str(data["backend"]),
-            failures=tuple(Failure(str(f["backend"]), str(f["host"]), str(f["reason"]),
-                                   str(f.get("line", ""))) for f in data.get("failures", [])),
+            failures=tuple(
+                Failure(str(f["backend"]), str(f["host"]), str(f["reason"]), str(f.get("line", "")))
+                for f in data.get("failures", [])
+            ),
             failed_starts=int(data.get("failed_starts", 0)),
             last_jaccl_success=_success(success),
-            jaccl_error_at=(None if data.get("jaccl_error_at") is None
-                            else float(data["jaccl_error_at"])),
+            jaccl_error_at=(
+                None if data.get("jaccl_error_at") is None else float(data["jaccl_error_at"])
+            ),
             last_ring_success=_success(ring_success),
-            ring_error_at=(None if data.get("ring_error_at") is None
-                           else float(data["ring_error_at"])),
+            ring_error_at=(
+                None if data.get("ring_error_at") is None else float(data["ring_error_at"])
+            ),
             reboot=tuple(str(node) for node in data.get("reboot", ())),
             backend_reason=str(data.get("backend_reason", "")),
             argv=tuple(str(word) for word in data.get("argv", ())),
             updated=float(data.get("updated", 0.0)),
-        )  # fmt: skip
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise StateFileError(f"{path} is not a serve record ({exc})") from None
 

@@ -13,8 +13,13 @@ from collections.abc import Callable
 class Relaunches:
     """At most `limit` relaunches per `window` seconds; launches `interval` apart."""
 
-    def __init__(self, limit: int, window: float, interval: float,
-                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        limit: int,
+        window: float,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.limit, self.window, self.interval, self.clock = limit, window, interval, clock
         self._times: deque[float] = deque()
 

@@ -110,13 +110,14 @@ class ServeRun:
             return self._result(EXIT_STOPPED)
         except AlreadyServed as exc:
             print(f"mlx-medic serve: {exc}", file=sys.stderr, flush=True)
-            self.w.records.update("failed", failures=(Failure("start", self.model.head,
-                                                               str(exc)),))  # fmt: skip
+            self.w.records.update("failed", failures=(Failure("start", self.model.head, str(exc)),))
             return self._result(EXIT_BUSY)
         except BlockedBySurvivor as exc:
-            self._fail_start([Failure("start", node, str(exc)) for node in
-                              exc.verdict.reboot_nodes], str(exc),
-                             reboot=tuple(exc.verdict.reboot_nodes))  # fmt: skip
+            self._fail_start(
+                [Failure("start", node, str(exc)) for node in exc.verdict.reboot_nodes],
+                str(exc),
+                reboot=tuple(exc.verdict.reboot_nodes),
+            )
             return self._result(EXIT_FAILED)
         except StartRefused as exc:
             self._fail_start([], str(exc))
@@ -141,8 +142,9 @@ class ServeRun:
         def recorded() -> None:  # from here on, nodes may hold the run: the teardown ends it
             self.recorded = True
 
-        prepared = await prepare_nodes(self.w.nodes, self.w.run_id, lease, self.w.holder,
-                                       recorded, self.w.crashed_run)  # fmt: skip
+        prepared = await prepare_nodes(
+            self.w.nodes, self.w.run_id, lease, self.w.holder, recorded, self.w.crashed_run
+        )
         self.cleaning = prepared.cleaning
         self.leases = LeaseKeeper(self.w.nodes, self.w.run_id, lease, self.w.holder)
         self.leases.start()
@@ -150,8 +152,9 @@ class ServeRun:
         for warning in serve_args_warnings(model):
             log.warning("%s", warning)
         if model.serve.simulated_jaccl:
-            log.warning("JACCL is the testbed's simulation (serve.simulated_jaccl): never on a"
-                        " real cluster")  # fmt: skip
+            log.warning(
+                "JACCL is the testbed's simulation (serve.simulated_jaccl): never on a real cluster"
+            )
         ledgers = prepared.ledgers
         boots = boot_ids(ledgers)
         try:
@@ -162,8 +165,11 @@ class ServeRun:
         if lifted:
             log.warning("backend: %s", lifted)
         tried, failures = candidates(model, choice)
-        log.info("backend choice %s%s", choice.choice,
-                 f" (by {choice.by}: {choice.reason})" if choice.by else "")  # fmt: skip
+        log.info(
+            "backend choice %s%s",
+            choice.choice,
+            f" (by {choice.by}: {choice.reason})" if choice.by else "",
+        )
         for index, candidate in enumerate(tried):
             self._check_stop()
             why = self._why(candidate, choice.pinned, failures)
@@ -187,8 +193,10 @@ class ServeRun:
             log.error("%s did not start: %s", candidate.name, failure.describe())
             if candidate.name == "jaccl" and lifted:
                 pin_ring_again(inventory.state_dir, model, boots, failure.describe())
-                log.warning("backend: ring pinned again until the next reboot (JACCL failed"
-                            " after the pin was lifted)")  # fmt: skip
+                log.warning(
+                    "backend: ring pinned again until the next reboot (JACCL failed"
+                    " after the pin was lifted)"
+                )
             await self._end_attempt()
             self._falling_back(tried, index)
         self._fail_start(failures, "no backend started")
@@ -211,14 +219,22 @@ class ServeRun:
         success = BackendSuccess(boots, time.time())
         self.w.records.update(None, **{f"last_{candidate.name}_success": success})
 
-    def _fail_start(self, failures: list[Failure], summary: str,
-                    reboot: tuple[str, ...] = ()) -> None:  # fmt: skip
-        self.w.records.update("failed", failures=tuple(failures), reboot=reboot,
-                              failed_starts=self.record.failed_starts + 1)  # fmt: skip
+    def _fail_start(
+        self, failures: list[Failure], summary: str, reboot: tuple[str, ...] = ()
+    ) -> None:
+        self.w.records.update(
+            "failed",
+            failures=tuple(failures),
+            reboot=reboot,
+            failed_starts=self.record.failed_starts + 1,
+        )
         said = "; ".join(f.describe() for f in failures if f.reason != summary)
-        print(f"mlx-medic serve {self.model.name}: the start failed: {summary}"
-              f"{': ' + said if said else ''}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"mlx-medic serve {self.model.name}: the start failed: {summary}"
+            f"{': ' + said if said else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     async def _wait_for_launch_slot(self) -> None:
         """The relaunch interval: launches of the model start at least that far apart."""
@@ -233,19 +249,35 @@ class ServeRun:
     async def _smoke(self, candidate: Candidate, boots: dict[str, str], last: bool) -> Verdict:
         model, inventory = self.model, self.w.inventory
         if candidate.name == "ring" and last:
-            log.info("ring smoke test skipped: ring is the last backend to try, and a ring"
-                     " that cannot start fails its launch (it never falls back silently)")
+            log.info(
+                "ring smoke test skipped: ring is the last backend to try, and a ring"
+                " that cannot start fails its launch (it never falls back silently)"
+            )
             return Verdict(True)
         if smoke_can_be_skipped(self.record, boots, model.nodes, candidate.name):
-            log.info("%s smoke test skipped: its last start came up this boot and no %s error"
-                     " was seen since", candidate.name, candidate.name)  # fmt: skip
+            log.info(
+                "%s smoke test skipped: its last start came up this boot and no %s error"
+                " was seen since",
+                candidate.name,
+                candidate.name,
+            )
             return Verdict(True)
         await self._wait_for_launch_slot()
         limit = model.serve.smoke_timeout
-        log.info("smoke test: %s all-reduce over %s (limit %gs)", candidate.name,
-                 ", ".join(model.nodes), limit)  # fmt: skip
-        argv = launch_argv(inventory, model, candidate.name, candidate.backend, self.w.run_id,
-                           smoke_command(model, candidate.name, inventory))  # fmt: skip
+        log.info(
+            "smoke test: %s all-reduce over %s (limit %gs)",
+            candidate.name,
+            ", ".join(model.nodes),
+            limit,
+        )
+        argv = launch_argv(
+            inventory,
+            model,
+            candidate.name,
+            candidate.backend,
+            self.w.run_id,
+            smoke_command(model, candidate.name, inventory),
+        )
         smoke = Launch(argv, self.env)
         with phase(f"{candidate.name} smoke test"):
             self.launched_at = time.monotonic()
@@ -262,8 +294,11 @@ class ServeRun:
         if timed_out:
             await smoke.end(model.policy.kill_grace)
         verdict = judge(smoke.output, list(model.nodes), timed_out, limit)
-        log.info("smoke test %s: %s", candidate.name, "ok" if verdict.ok else
-                 f"failed on {verdict.host}: {verdict.reason}")  # fmt: skip
+        log.info(
+            "smoke test %s: %s",
+            candidate.name,
+            "ok" if verdict.ok else f"failed on {verdict.host}: {verdict.reason}",
+        )
         return verdict
 
     async def _end_attempt(self) -> None:
@@ -273,14 +308,16 @@ class ServeRun:
             await self.launch.end(grace)
             self.launch = None
         with phase("end of the failed attempt"):
-            sweep = await self.w.nodes.sweep_run(self.w.run_id, timeout=self.w.nodes.timeout,
-                                                 launcher_dead=True)  # fmt: skip
+            sweep = await self.w.nodes.sweep_run(
+                self.w.run_id, timeout=self.w.nodes.timeout, launcher_dead=True
+            )
         for problem in sweep.problems:
             log.error("after the failed attempt: %s", problem)
         if not sweep.complete:
             left = sweep.problems or [sweep.survivors.describe() if sweep.survivors else "?"]
-            raise StartRefused("a failed attempt's ranks could not all be ended: "
-                               + "; ".join(left))  # fmt: skip
+            raise StartRefused(
+                "a failed attempt's ranks could not all be ended: " + "; ".join(left)
+            )
 
     async def _launch(self, candidate: Candidate, why: str, survivors: str) -> bool:
         """Start the model's ranks; True once the model answers (the lock then released)."""
@@ -289,8 +326,14 @@ class ServeRun:
         model = self.model
         reason = why + (f"; survivors left: {survivors}" if survivors else "")
         self.w.records.update("starting", backend=candidate.name, backend_reason=reason)
-        argv = launch_argv(self.w.inventory, model, candidate.name, candidate.backend,
-                           self.w.run_id, server_command(model, candidate.backend))  # fmt: skip
+        argv = launch_argv(
+            self.w.inventory,
+            model,
+            candidate.name,
+            candidate.backend,
+            self.w.run_id,
+            server_command(model, candidate.backend),
+        )
         await self._wait_for_launch_slot()
         self.w.records.update(None, argv=tuple(argv))
         log.info("launching on %s (%s): %s", candidate.name, reason, " ".join(argv))
@@ -312,8 +355,12 @@ class ServeRun:
                 await asyncio.sleep(PROBE_EVERY)
         await self._release_lock()
         self.w.records.update("serving", backend=candidate.name, failures=(), reboot=())
-        log.info("serving %s on %s (run %s); the model lock is released", model.name,
-                 candidate.name, self.w.run_id)  # fmt: skip
+        log.info(
+            "serving %s on %s (run %s); the model lock is released",
+            model.name,
+            candidate.name,
+            self.w.run_id,
+        )
         return True
 
     def _launch_verdict(self) -> Verdict:
@@ -324,16 +371,24 @@ class ServeRun:
             match = LAUNCH_RANK_LINE.search(launch.rank_ended)
             rank = int(match.group(1)) if match else 0
             nodes = self.model.nodes
-            return Verdict(False, nodes[rank] if rank < len(nodes) else f"rank {rank}",
-                           f"a rank ended: {launch.rank_ended}",
-                           launch.rank_ended)  # fmt: skip
+            return Verdict(
+                False,
+                nodes[rank] if rank < len(nodes) else f"rank {rank}",
+                f"a rank ended: {launch.rank_ended}",
+                launch.rank_ended,
+            )
         if not launch.running:
             tail = next((x for x in reversed(launch.lines) if x.strip()), "")
             code = launch.process.returncode if launch.process else "?"
-            return Verdict(False, self.model.head,
-                           f"mlx.launch exited {code} before the model answered", tail)
-        return Verdict(False, self.model.head, "the model did not answer within"
-                       f" policy.start_timeout ({self.model.policy.start_timeout:g}s)")
+            return Verdict(
+                False, self.model.head, f"mlx.launch exited {code} before the model answered", tail
+            )
+        return Verdict(
+            False,
+            self.model.head,
+            "the model did not answer within"
+            f" policy.start_timeout ({self.model.policy.start_timeout:g}s)",
+        )
 
     def _on_line(self, line: str) -> None:
         from mlx_medic.serve.supervise import is_jaccl_error
@@ -350,11 +405,15 @@ class ServeRun:
         while not self.w.stop.is_set():
             if launch.rank_ended or not launch.running:
                 verdict = self._launch_verdict()
-                failure = Failure(self.record.backend or "?", verdict.host, verdict.reason,
-                                  verdict.line)  # fmt: skip
+                failure = Failure(
+                    self.record.backend or "?", verdict.host, verdict.reason, verdict.line
+                )
                 self.w.records.update("failed", failures=(failure,))
-                print(f"mlx-medic serve {self.model.name}: {failure.describe()}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"mlx-medic serve {self.model.name}: {failure.describe()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.w.stop.wait(), WATCH_EVERY)
@@ -385,8 +444,9 @@ class ServeRun:
         if self.leases is not None:
             await self.leases.stop()
         if self.launch is not None:
-            await self.launch.end(min(self.model.policy.dead_launch_grace,
-                                      self.model.policy.kill_grace))  # fmt: skip
+            await self.launch.end(
+                min(self.model.policy.dead_launch_grace, self.model.policy.kill_grace)
+            )
 
     async def teardown(self, result: RunResult) -> None:
         """Before the wrapper exits: every rank of the run on every node ended, the run
@@ -399,8 +459,11 @@ class ServeRun:
             with phase("teardown"):
                 problems = await end_run(self.w.nodes, self.w.run_id, self.launch, deadline)
             if problems:
-                print(f"mlx-medic serve {self.model.name}: the teardown left: "
-                      + "; ".join(problems), file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"mlx-medic serve {self.model.name}: the teardown left: " + "; ".join(problems),
+                    file=sys.stderr,
+                    flush=True,
+                )
             else:
                 log.info("every rank of run %s is ended", self.w.run_id)
         stopped = self.w.stop.is_set()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from mlx_medic.node.ledger import EntryKind
     from mlx_medic.platform.macos_rdma import RdmaPort
 
 MARK = "mlx-medic smoke:"
@@ -46,8 +47,11 @@ def judge(output: str, nodes: list[str], timed_out: bool, limit: float) -> Verdi
     else the rank mlx.launch saw end, else mlx.launch's own error, else the ranks that
     said nothing in time."""
     lines = [ANSI.sub("", line).strip() for line in output.splitlines()]
-    ok = {int(m.group(1)) for line in lines if (m := OK_LINE.search(line))
-          and int(m.group(3)) == len(nodes)}  # fmt: skip
+    ok = {
+        int(m.group(1))
+        for line in lines
+        if (m := OK_LINE.search(line)) and int(m.group(3)) == len(nodes)
+    }
     if ok == set(range(len(nodes))):
         return Verdict(True)
 
@@ -63,18 +67,20 @@ def judge(output: str, nodes: list[str], timed_out: bool, limit: float) -> Verdi
             return Verdict(False, nodes[0], f"mlx.launch refused to start: {error}", error)
     for line in lines:
         if (m := LAUNCH_RANK_LINE.search(line)) and int(m.group(1)) not in ok:
-            return Verdict(False, host(int(m.group(1))), f"rank {m.group(1)} {m.group(2)}",
-                           line)  # fmt: skip
+            return Verdict(False, host(int(m.group(1))), f"rank {m.group(1)} {m.group(2)}", line)
     silent = [host(rank) for rank in range(len(nodes)) if rank not in ok]
     tail = next((x for x in reversed(lines) if x), "")
     if timed_out:
-        return Verdict(False, ", ".join(silent),
-                       f"no all-reduce within {limit:g}s (ranks {', '.join(silent)} silent)", tail)
-    return Verdict(False, ", ".join(silent), "the smoke test ended without every rank's sum",
-                   tail)  # fmt: skip
+        return Verdict(
+            False,
+            ", ".join(silent),
+            f"no all-reduce within {limit:g}s (ranks {', '.join(silent)} silent)",
+            tail,
+        )
+    return Verdict(False, ", ".join(silent), "the smoke test ended without every rank's sum", tail)
 
 
-def _record(state_dir: Path, model: str, kind: str) -> None:
+def _record(state_dir: Path, model: str, kind: EntryKind) -> None:
     from mlx_medic.model_lock import process_start_time
     from mlx_medic.node.ledger import record_spend
     from mlx_medic.node_identity import read_node_id
@@ -82,18 +88,25 @@ def _record(state_dir: Path, model: str, kind: str) -> None:
     node = read_node_id(state_dir)
     started = process_start_time(os.getpid())
     if node is None or started is None:
-        print(f"{MARK} cannot record {kind} in the ledger: no node-id in {state_dir}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{MARK} cannot record {kind} in the ledger: no node-id in {state_dir}", file=sys.stderr
+        )
         return
-    record_spend(state_dir, node, kind, pid=os.getpid(), start_time=started,  # type: ignore[arg-type]
-                 model=model)  # fmt: skip
+    record_spend(
+        state_dir,
+        node,
+        kind,
+        pid=os.getpid(),
+        start_time=started,
+        model=model,
+    )
 
 
 PD_ERROR = "Couldn't allocate protection domain"
 
 
 def link_fault(devices: tuple[str, ...], read_ports: Callable[[], list[RdmaPort] | None]) -> str:
-    """" (link fault: rdma_en3 port 1 PORT_DOWN ...)" for this rank's devices whose port is
+    """ " (link fault: rdma_en3 port 1 PORT_DOWN ...)" for this rank's devices whose port is
     not active; "" when every port is up or the states cannot be read here."""
     try:
         ports = read_ports()
@@ -103,8 +116,10 @@ def link_fault(devices: tuple[str, ...], read_ports: Callable[[], list[RdmaPort]
     if not down:
         return ""
     named = ", ".join(f"{p.device} port {p.port} {p.state}" for p in down)
-    return (f" (link fault: {named}; ibv_alloc_pd fails on a down port with the same words,"
-            " so no protection domain is short: reseat the cable)")
+    return (
+        f" (link fault: {named}; ibv_alloc_pd fails on a down port with the same words,"
+        " so no protection domain is short: reseat the cable)"
+    )
 
 
 def read_ibv_ports() -> list[RdmaPort] | None:

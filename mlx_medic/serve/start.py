@@ -33,16 +33,21 @@ class AlreadyServed(Exception):
 
 def busy_message(model: Model, why: str) -> str:
     restart = shlex.join(service_argv(model, "restart"))
-    return (f"model {model.name} is already being started or served: {why}. A second"
-            f" `mlx-medic serve` changes nothing; to restart the model, restart its service"
-            f" (`{restart}`): that stops the running wrapper, which ends every rank of its"
-            " run, and starts a new one")  # fmt: skip
+    return (
+        f"model {model.name} is already being started or served: {why}. A second"
+        f" `mlx-medic serve` changes nothing; to restart the model, restart its service"
+        f" (`{restart}`): that stops the running wrapper, which ends every rank of its"
+        " run, and starts a new one"
+    )
 
 
 def refuse_if_live(model: Model, record: ServeRecord | None) -> None:
     if record is not None and wrapper_alive(record):
-        raise AlreadyServed(busy_message(
-            model, f"wrapper pid {record.pid} ({record.state}, run {record.run_id}) lives"))
+        raise AlreadyServed(
+            busy_message(
+                model, f"wrapper pid {record.pid} ({record.state}, run {record.run_id}) lives"
+            )
+        )
 
 
 async def take_lock(locks: ModelLocks, model: Model, run_id: str) -> LockHandle:
@@ -73,15 +78,22 @@ async def refuse_if_answering(model: Model) -> None:
 
     result = await probe_model_async(probe_host(model.host), model.port, timeout=5.0)
     if result.up:
-        raise AlreadyServed(f"another instance serves model {model.name} on port {model.port}:"
-                            f" {result.reason}; a serving process is never touched, so this"
-                            " start touches nothing on any node: stop it, or leave the model"
-                            " to it")  # fmt: skip
+        raise AlreadyServed(
+            f"another instance serves model {model.name} on port {model.port}:"
+            f" {result.reason}; a serving process is never touched, so this"
+            " start touches nothing on any node: stop it, or leave the model"
+            " to it"
+        )
 
 
-async def prepare_nodes(nodes: ModelNodes, run_id: str, lease: float, holder: str,
-                        recorded: Callable[[], None],
-                        crashed_run: str | None = None) -> Prepared:  # fmt: skip
+async def prepare_nodes(
+    nodes: ModelNodes,
+    run_id: str,
+    lease: float,
+    holder: str,
+    recorded: Callable[[], None],
+    crashed_run: str | None = None,
+) -> Prepared:
     """On every node at once: the start sweep and the new run recorded as current (the
     crashed run's guards then end what the sweep has not yet); then the clean, left
     running beside the launch. `recorded` is called before the run is recorded anywhere
@@ -94,32 +106,44 @@ async def prepare_nodes(nodes: ModelNodes, run_id: str, lease: float, holder: st
     recorded()
     with phase("start sweep and run record"):
         sweep, problems = await asyncio.gather(
-            nodes.start_sweep(crashed_run), nodes.record_run(run_id, lease, holder))
+            nodes.start_sweep(crashed_run), nodes.record_run(run_id, lease, holder)
+        )
     for node, document in sweep.replies.items():
         for line in sweep.said.get(node, "").splitlines():
             log.warning("start sweep on %s: %s", node, line)
         if document.get("signalled"):
-            log.warning("start sweep on %s ended %d process(es) of the model (no run of it may"
-                        " exist before this start)", node, len(document["signalled"]))  # fmt: skip
+            log.warning(
+                "start sweep on %s ended %d process(es) of the model (no run of it may"
+                " exist before this start)",
+                node,
+                len(document["signalled"]),
+            )
     if sweep.serving:
         node, listener = next(iter(sweep.serving.items()))
-        raise AlreadyServed(f"another instance serves model {nodes.model.name} on port"
-                            f" {nodes.model.port}: pid {listener.get('pid')} on {node} answers"
-                            " the health probe, and a serving process is never touched; stop"
-                            " it, or leave the model to it")  # fmt: skip
+        raise AlreadyServed(
+            f"another instance serves model {nodes.model.name} on port"
+            f" {nodes.model.port}: pid {listener.get('pid')} on {node} answers"
+            " the health probe, and a serving process is never touched; stop"
+            " it, or leave the model to it"
+        )
     assert sweep.survivors is not None
     if sweep.blocked:
         raise BlockedBySurvivor(sweep.survivors, nodes.helpers.inventory)
     if not sweep.complete:
-        raise StartRefused("the start sweep is incomplete, so nothing is started on top of"
-                           " possible orphans: " + "; ".join(sweep.problems))  # fmt: skip
+        raise StartRefused(
+            "the start sweep is incomplete, so nothing is started on top of"
+            " possible orphans: " + "; ".join(sweep.problems)
+        )
     if problems:
-        raise StartRefused("the new run could not be recorded on every node: "
-                           + "; ".join(problems))  # fmt: skip
+        raise StartRefused(
+            "the new run could not be recorded on every node: " + "; ".join(problems)
+        )
     if sweep.survivors.survivors:
-        log.warning("start sweep: what survives SIGKILL is recorded in each node's ledger and"
-                    " the start goes on around it: %s",
-                    sweep.survivors.describe(nodes.helpers.inventory))  # fmt: skip
+        log.warning(
+            "start sweep: what survives SIGKILL is recorded in each node's ledger and"
+            " the start goes on around it: %s",
+            sweep.survivors.describe(nodes.helpers.inventory),
+        )
     return Prepared(sweep.survivors, sweep.ledgers, asyncio.create_task(cleaned(nodes)))
 
 

@@ -26,9 +26,13 @@ def is_jaccl_error(line: str) -> bool:
 class Launch:
     """One guarded mlx.launch, its output copied to this process's stdout."""
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None,
-                 on_line: Callable[[str], None] | None = None,
-                 keep: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        on_line: Callable[[str], None] | None = None,
+        keep: int | None = None,
+    ):
         """`keep`: how many of the last output lines `lines` holds (None: all, for a
         smoke test judged by its whole output)."""
         self.argv = argv
@@ -41,8 +45,12 @@ class Launch:
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env=self.env, start_new_session=True,
+            *self.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
         )
         self._reader = asyncio.create_task(self._read())
 

@@ -23,8 +23,9 @@ def teardown_deadline(model: Model) -> float:
     return time.monotonic() + max(1.0, model.policy.stop_timeout - EXIT_MARGIN)
 
 
-async def end_run(nodes: ModelNodes, run_id: str, launch: Launch | None,
-                  deadline: float) -> list[str]:  # fmt: skip
+async def end_run(
+    nodes: ModelNodes, run_id: str, launch: Launch | None, deadline: float
+) -> list[str]:
     """What could not be ended (one sentence per node); empty when all went. Ranks whose
     mlx.launch is gone get the short grace of a dead launch (docs/decisions.md)."""
     budget = remaining(deadline)

@@ -24,9 +24,11 @@ class LocalTransport:
             raise ValueError("an empty command has no meaning")
         try:
             process = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            )  # fmt: skip
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
         except OSError as exc:  # as a shell over SSH would answer: 127, and why
             return CommandResult(127, "", f"{argv[0]}: {exc.strerror or exc}\n")
         try:

@@ -9,9 +9,21 @@ from mlx_medic.remediator.playbooks.sweep_orphans import SWEEP_ORPHANS, SweepOrp
 
 def builtin_playbooks() -> dict[str, Playbook]:
     """The playbooks a config may route to, by name."""
-    return {"recover": RecoverPlaybook(), FINISH_STOP: FinishStopPlaybook(),
-            SWEEP_ORPHANS: SweepOrphansPlaybook()}
+    return {
+        "recover": RecoverPlaybook(),
+        FINISH_STOP: FinishStopPlaybook(),
+        SWEEP_ORPHANS: SweepOrphansPlaybook(),
+    }
 
 
-__all__ = ["FINISH_STOP", "SWEEP_ORPHANS", "FinishStopPlaybook", "Playbook", "RecheckVerdict",
-           "RecoverPlaybook", "SweepOrphansPlaybook", "builtin_playbooks", "recheck_model_down"]
+__all__ = [
+    "FINISH_STOP",
+    "SWEEP_ORPHANS",
+    "FinishStopPlaybook",
+    "Playbook",
+    "RecheckVerdict",
+    "RecoverPlaybook",
+    "SweepOrphansPlaybook",
+    "builtin_playbooks",
+    "recheck_model_down",
+]

@@ -78,6 +78,7 @@ async def recheck_model_down(context: RunContext) -> RecheckVerdict:
         case ModelState.UP:
             return RecheckVerdict.skip(f"model is up again: {verdict.reason}")
     return RecheckVerdict.skip(
-        f"could not confirm {model.name} is down: {verdict.reason}", undecided=True,
+        f"could not confirm {model.name} is down: {verdict.reason}",
+        undecided=True,
         unreachable_node=verdict.unreachable_node,
     )

@@ -49,8 +49,9 @@ async def read_stop_record(helpers: NodeHelpers, model: Model) -> StopRecord | N
     {run, reason} or null); HelperCallError when the head cannot be asked or says no."""
     reply = await helpers.call(model.head, "service", model.name, "status")
     if not reply.ok:
-        raise HelperCallError(model.head, "service",
-                              f"exit {reply.exit_status}: {reply.stderr.strip()[-300:]}")
+        raise HelperCallError(
+            model.head, "service", f"exit {reply.exit_status}: {reply.stderr.strip()[-300:]}"
+        )
     record = reply.document.get("stopped_by")
     if isinstance(record, dict) and record.get("run"):
         return StopRecord(str(record["run"]), str(record.get("reason", "")))
@@ -67,8 +68,12 @@ class FinishStopPlaybook(Playbook):
         steps: list[Step] = [Sweep(model=model)]
         if model.scope_dirs():
             steps.append(CleanTmp(model=model))
-        return [*steps, StartService(model=model), Verify(model=model),
-                Escalate(model=model, fallback=True)]  # fmt: skip
+        return [
+            *steps,
+            StartService(model=model),
+            Verify(model=model),
+            Escalate(model=model, fallback=True),
+        ]
 
     async def recheck(self, context: RunContext) -> RecheckVerdict:
         """Act only while the head still says a remediation run stopped the service."""
@@ -78,7 +83,8 @@ class FinishStopPlaybook(Playbook):
         except HelperCallError as exc:
             return RecheckVerdict.skip(
                 f"could not read {model.head}'s service record: {exc}",
-                undecided=True, unreachable_node=model.head if exc.unreachable else None,
+                undecided=True,
+                unreachable_node=model.head if exc.unreachable else None,
             )
         if record is None or not record.by_a_remediator:
             return RecheckVerdict.skip(f"{model.service.label} is no longer left stopped by a run")

@@ -43,9 +43,11 @@ class RecoverPlaybook(Playbook):
         steps += [StartService(model=model), Verify(model=model)]
         wrapper = model.service.kind == "wrapper"
         if wrapper and model.backends.jaccl is not None and model.backends.ring is not None:
-            steps += [PinRing(model=model, fallback=True),
-                      StartService(model=model, action="restart", fallback=True),
-                      Verify(model=model, backend="ring", fallback=True)]  # fmt: skip
+            steps += [
+                PinRing(model=model, fallback=True),
+                StartService(model=model, action="restart", fallback=True),
+                Verify(model=model, backend="ring", fallback=True),
+            ]
         steps.append(Escalate(model=model, fallback=True))
         return steps
 

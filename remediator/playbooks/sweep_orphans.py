@@ -64,12 +64,14 @@ class SweepOrphansPlaybook(Playbook):
         nodes = list(context.nodes or model.nodes)
         # the model's health is asked beside the orphans, not after them: one round trip
         # less before the sweep, while the orphans may still be killable
-        replies, health = await asyncio.gather(ask(context, nodes, "orphans", model.name),
-                                               context.health(model))  # fmt: skip
+        replies, health = await asyncio.gather(
+            ask(context, nodes, "orphans", model.name), context.health(model)
+        )
         if replies.errors:
             node, error = next(iter(replies.errors.items()))
             return RecheckVerdict.skip(
-                f"could not ask {node} for its orphans: {error}", undecided=True,
+                f"could not ask {node} for its orphans: {error}",
+                undecided=True,
                 unreachable_node=node if error.unreachable else None,
             )
         fresh, known = [], 0

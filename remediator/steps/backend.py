@@ -30,7 +30,8 @@ class PinRing(Step):
     def describe(self) -> StepDescription:
         head = self.model.head
         return StepDescription(
-            "pin-ring", head,
+            "pin-ring",
+            head,
             f"if {head}'s service log or serve record shows a JACCL failure, pin"
             f" {self.model.name} to the ring backend (with --pipeline) on {head}; never"
             " while a process that survives SIGKILL holds the model's port",
@@ -43,7 +44,8 @@ class PinRing(Step):
         survivors = context.survivors
         if survivors is not None and survivors.blocked:
             return StepResult(
-                StepOutcome.FAILED, unrecoverable=True,
+                StepOutcome.FAILED,
+                unrecoverable=True,
                 detail=f"{model.name} did not answer after its start: a process that survives"
                 f" SIGKILL holds its port on {', '.join(survivors.reboot_nodes)}, so no"
                 " backend can listen there and no pin was made",
@@ -56,25 +58,44 @@ class PinRing(Step):
         facts = read_facts(facts_replies)[head]
         failure = facts.jaccl_failure()
         if failure is None or model.backends.ring is None:
-            why = ("neither the service log nor the serve wrapper's record shows a JACCL"
-                   " failure, so a ring pin would not help" if failure is None
-                   else f"{model.name} has no ring backend in the inventory")  # fmt: skip
+            why = (
+                "neither the service log nor the serve wrapper's record shows a JACCL"
+                " failure, so a ring pin would not help"
+                if failure is None
+                else f"{model.name} has no ring backend in the inventory"
+            )
             report = await maintainers_report(context, list(model.nodes))
             return StepResult(
-                StepOutcome.FAILED, output=facts_replies.output(), unrecoverable=True,
+                StepOutcome.FAILED,
+                output=facts_replies.output(),
+                unrecoverable=True,
                 detail=f"{model.name} did not answer after its start; {why}. {report}",
                 next_action=f"read {model.name}'s service log on {head} and recover by hand",
             )
         reason = f"JACCL failed on {failure.host}: {failure.line}"[:500]
-        replies = await ask(context, [head], "backend", model.name, "set", "ring",
-                            "--by", context.by, "--reason", reason)  # fmt: skip
+        replies = await ask(
+            context,
+            [head],
+            "backend",
+            model.name,
+            "set",
+            "ring",
+            "--by",
+            context.by,
+            "--reason",
+            reason,
+        )
         unanswered = not_answered(replies, "`backend set ring`", HEAD_UNREACHABLE)
         if unanswered is not None:
             return unanswered
         reply = one_reply(replies)
         output = facts_replies.output() + "\n" + replies.output()
         if not reply.ok:
-            return StepResult(StepOutcome.FAILED, output=output,
-                              detail=f"could not pin ring: {replies.why_not(head)}")  # fmt: skip
-        return StepResult(StepOutcome.OK, output=output,
-                          detail=f"pinned {model.name} to ring on {head}: {reason}")  # fmt: skip
+            return StepResult(
+                StepOutcome.FAILED,
+                output=output,
+                detail=f"could not pin ring: {replies.why_not(head)}",
+            )
+        return StepResult(
+            StepOutcome.OK, output=output, detail=f"pinned {model.name} to ring on {head}: {reason}"
+        )

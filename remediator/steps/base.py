@@ -103,8 +103,9 @@ class RunContext:
 
     def __post_init__(self) -> None:
         if self.helpers is None:
-            self.helpers = NodeHelpers(self.transport, self.inventory,
-                                       timeout=self.inventory.ssh.command_timeout)
+            self.helpers = NodeHelpers(
+                self.transport, self.inventory, timeout=self.inventory.ssh.command_timeout
+            )
 
     @property
     def node_helpers(self) -> NodeHelpers:

@@ -29,7 +29,8 @@ class CleanTmp(Step):
     def describe(self) -> StepDescription:
         nodes = ", ".join(self.model.nodes)
         return StepDescription(
-            "clean-tmp", nodes,
+            "clean-tmp",
+            nodes,
             f"remove stale tmp* entries of {self.model.name} on {nodes}, after the sweep",
             targets=[f"{d}/tmp*" for d in self.model.scope_dirs()],
         )
@@ -37,14 +38,17 @@ class CleanTmp(Step):
     async def run(self, context: RunContext) -> StepResult:
         model = self.model
         replies = await ask(context, model.nodes, "clean", model.name)
-        problem = not_done(replies, "the clean",
-                           "check that {nodes} is up and answers SSH; nothing was started")
+        problem = not_done(
+            replies, "the clean", "check that {nodes} is up and answers SSH; nothing was started"
+        )
         if problem is not None:
             return problem
         freed = []
         for node, reply in replies.replies.items():
             removed = document_list(reply.document, "removed")
-            freed.append(f"{node}: {len(removed)} removed,"
-                         f" {reply.document.get('bytes_freed', 0)} bytes freed"
-                         f"{not_ours_said(reply.document)}")  # fmt: skip
+            freed.append(
+                f"{node}: {len(removed)} removed,"
+                f" {reply.document.get('bytes_freed', 0)} bytes freed"
+                f"{not_ours_said(reply.document)}"
+            )
         return StepResult(StepOutcome.OK, detail="; ".join(freed), output=replies.output())

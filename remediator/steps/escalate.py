@@ -22,12 +22,16 @@ class Escalate(Step):
 
     def describe(self) -> StepDescription:
         if self.model.service.kind == "script":
-            text = ("the start failed verification and the model runs its own start script"
-                    " (a backend pin changes nothing there): page on-call")
+            text = (
+                "the start failed verification and the model runs its own start script"
+                " (a backend pin changes nothing there): page on-call"
+            )
         else:
             text = "every backend failed verification: page on-call"
-        text += (" with what maintainers ask for (and, if the sweep left survivors, each"
-                 " with the node to reboot for it)")
+        text += (
+            " with what maintainers ask for (and, if the sweep left survivors, each"
+            " with the node to reboot for it)"
+        )
         return StepDescription("escalate", self.model.head, text, targets=list(self.model.nodes))
 
     async def run(self, context: RunContext) -> StepResult:
@@ -35,16 +39,21 @@ class Escalate(Step):
         nodes = ", ".join(model.nodes)
         report = await maintainers_report(context, list(model.nodes))
         if model.service.kind == "script":
-            detail = (f"{model.name} did not answer after its start script ran; it starts its"
-                      " ranks itself, so a backend pin changes nothing: change its script (to"
-                      f" ring with --pipeline, if JACCL failed) by hand. {report}")
+            detail = (
+                f"{model.name} did not answer after its start script ran; it starts its"
+                " ranks itself, so a backend pin changes nothing: change its script (to"
+                f" ring with --pipeline, if JACCL failed) by hand. {report}"
+            )
         else:
             detail = f"every backend of {model.name} failed verification. {report}"
         detail, next_action = survivor_escalation(
-            context.survivors, context.inventory, detail,
+            context.survivors,
+            context.inventory,
+            detail,
             f"stop every rank of {model.name}, check the Thunderbolt links"
             f" (`ibv_devinfo`: PORT_ACTIVE), reboot all its nodes ({nodes})",
             after_start=True,
         )
-        return StepResult(StepOutcome.OK, detail=detail, unrecoverable=True,
-                          next_action=next_action)
+        return StepResult(
+            StepOutcome.OK, detail=detail, unrecoverable=True, next_action=next_action
+        )

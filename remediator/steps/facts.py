@@ -69,13 +69,24 @@ class NodeFacts:
     @classmethod
     def read(cls, node: str, document: dict[str, Any]) -> NodeFacts:
         versions, memory = _mapping(document, "versions"), _mapping(document, "memory")
-        ports = [(f"{p.get('device', '?')}:{p.get('port', '?')}",
-                  p["active"] if isinstance(p.get("active"), bool) else None)
-                 for p in document_list(_mapping(document, "rdma"), "ports")]  # fmt: skip
-        errors = [ErrorLine(str(e.get("signature", "")), str(e.get("line", "")), node,
-                            str(e["file"]) if isinstance(e.get("file"), str) else None,
-                            _number(e.get("offset")))
-                  for e in document_list(document, "log_errors") if e.get("line")]  # fmt: skip
+        ports = [
+            (
+                f"{p.get('device', '?')}:{p.get('port', '?')}",
+                p["active"] if isinstance(p.get("active"), bool) else None,
+            )
+            for p in document_list(_mapping(document, "rdma"), "ports")
+        ]
+        errors = [
+            ErrorLine(
+                str(e.get("signature", "")),
+                str(e.get("line", "")),
+                node,
+                str(e["file"]) if isinstance(e.get("file"), str) else None,
+                _number(e.get("offset")),
+            )
+            for e in document_list(document, "log_errors")
+            if e.get("line")
+        ]
         serve = _mapping(document, "serve")
         failure = _mapping(serve, "failure")
         serve_failure = None
@@ -86,13 +97,18 @@ class NodeFacts:
                 str(failure.get("host") or node),
             )
         return cls(
-            node, _text(_mapping(document, "os").get("build")), _text(versions.get("mlx")),
-            _text(versions.get("mlx-lm")), _number(memory.get("available_bytes")),
-            ports, errors, serve_failure,
-            _text(serve.get("backend")), _text(serve.get("state")),
+            node,
+            _text(_mapping(document, "os").get("build")),
+            _text(versions.get("mlx")),
+            _text(versions.get("mlx-lm")),
+            _number(memory.get("available_bytes")),
+            ports,
+            errors,
+            serve_failure,
+            _text(serve.get("backend")),
+            _text(serve.get("state")),
             _number(serve.get("failed_starts")),
-            tuple(str(b) for b in serve.get("failed_backends") or ()
-                  if isinstance(b, str)),
+            tuple(str(b) for b in serve.get("failed_backends") or () if isinstance(b, str)),
             {str(k): _number(v) for k, v in _mapping(document, "log_sizes").items()},
         )
 
@@ -123,8 +139,9 @@ class NodeFacts:
         ended before a start, `node service start`'s `log_sizes`); None if none."""
         for error in reversed(self.errors):
             entry = {"file": error.file, "offset": error.offset}
-            if (error.signature.startswith(JACCL_SIGNATURE_PREFIX)
-                    and written_after(entry, marks, self.log_sizes)):
+            if error.signature.startswith(JACCL_SIGNATURE_PREFIX) and written_after(
+                entry, marks, self.log_sizes
+            ):
                 return error
         return None
 
@@ -143,8 +160,11 @@ class NodeFacts:
 
     def summary(self) -> str:
         """For an escalation: `ai002: macOS build 24G84, mlx 0.29.1, mlx-lm 0.28.0`."""
-        parts = [f"OS build {self.os_build or 'unknown'}", f"mlx {self.mlx or 'unknown'}",
-                 f"mlx-lm {self.mlx_lm or 'unknown'}"]  # fmt: skip
+        parts = [
+            f"OS build {self.os_build or 'unknown'}",
+            f"mlx {self.mlx or 'unknown'}",
+            f"mlx-lm {self.mlx_lm or 'unknown'}",
+        ]
         return f"{self.node}: {', '.join(parts)}"
 
 

@@ -39,9 +39,18 @@ class NodeReplies:
         """The journal's output: one JSON line per node, its document or why it has none."""
         lines = []
         for node, reply in self.replies.items():
-            lines.append(json.dumps({"node": node, "argv": reply.argv, "exit_status":
-                                     reply.exit_status, "document": reply.document,
-                                     "stderr": reply.stderr[-2000:]}, sort_keys=True))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {
+                        "node": node,
+                        "argv": reply.argv,
+                        "exit_status": reply.exit_status,
+                        "document": reply.document,
+                        "stderr": reply.stderr[-2000:],
+                    },
+                    sort_keys=True,
+                )
+            )
         for node, error in self.errors.items():
             entry = {"node": node, "error": str(error), "unreachable": error.unreachable}
             lines.append(json.dumps(entry, sort_keys=True))
@@ -56,8 +65,9 @@ class NodeReplies:
         return f"{node}: mlx-medic node {self.helper}: {said[0][:300]}"
 
 
-async def ask(context: RunContext, nodes: Sequence[str], helper: str, *args: str,
-              timeout: float | None = None) -> NodeReplies:  # fmt: skip
+async def ask(
+    context: RunContext, nodes: Sequence[str], helper: str, *args: str, timeout: float | None = None
+) -> NodeReplies:
     """The helper on every node at once; each node's document or why there is none."""
     answers = await context.node_helpers.on_nodes(list(nodes), helper, *args, timeout=timeout)
     replies = NodeReplies(helper)
@@ -83,11 +93,16 @@ def not_answered(replies: NodeReplies, what: str, next_action: str) -> StepResul
         action = next_action.format(nodes=", ".join(nodes))
     else:  # it answered, but not as the helper: a missing helper, a bad inventory path
         outcome, said = StepOutcome.FAILED, "gave no helper document for"
-        action = (f"run `mlx-medic node {replies.helper}` on {', '.join(nodes)} by hand and"
-                  " fix what it says (the step's output has its stderr)")
+        action = (
+            f"run `mlx-medic node {replies.helper}` on {', '.join(nodes)} by hand and"
+            " fix what it says (the step's output has its stderr)"
+        )
     return StepResult(
-        outcome, detail=f"{', '.join(nodes)} {said} {what}: {reasons}",
-        output=replies.output(), unrecoverable=True, unreachable=tuple(unreachable),
+        outcome,
+        detail=f"{', '.join(nodes)} {said} {what}: {reasons}",
+        output=replies.output(),
+        unrecoverable=True,
+        unreachable=tuple(unreachable),
         next_action=action,
     )
 

@@ -28,7 +28,8 @@ class Preflight(Step):
     def describe(self) -> StepDescription:
         nodes = self.model.nodes
         return StepDescription(
-            "preflight", ", ".join(nodes),
+            "preflight",
+            ", ".join(nodes),
             f"every node of {self.model.name} answers `mlx-medic node facts` (memory, RDMA"
             " ports) before anything is stopped; an unreachable node escalates",
             targets=list(nodes),
@@ -38,7 +39,8 @@ class Preflight(Step):
         model = self.model
         replies = await ask(context, model.nodes, "facts", model.name)
         problem = not_done(
-            replies, "the preflight",
+            replies,
+            "the preflight",
             f"nothing was stopped or restarted: the sweep of {model.name} could not be"
             " complete. Check that {nodes} is up and answers SSH, reboot it if it hangs",
         )

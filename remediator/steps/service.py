@@ -23,8 +23,9 @@ from mlx_medic.remediator.steps.base import (
 from mlx_medic.remediator.steps.on_nodes import ask, not_answered, one_reply
 from mlx_medic.service_manager import ServiceAction, service_argv
 
-HEAD_UNREACHABLE = ("check that {nodes} (the head) is up and answers SSH; the service's"
-                    " state there is unknown")  # fmt: skip
+HEAD_UNREACHABLE = (
+    "check that {nodes} (the head) is up and answers SSH; the service's state there is unknown"
+)
 
 
 def start_marks(document: dict[str, Any]) -> StartMarks:
@@ -33,13 +34,13 @@ def start_marks(document: dict[str, Any]) -> StartMarks:
     failed = document.get("failed_starts")
     return StartMarks(
         {str(k): v if isinstance(v, int) else None for k, v in sizes.items()}
-        if isinstance(sizes, dict) else {},
+        if isinstance(sizes, dict)
+        else {},
         failed if isinstance(failed, int) and not isinstance(failed, bool) else None,
-    )  # fmt: skip
+    )
 
 
-async def service_helper(context: RunContext, action: ServiceAction, *extra: str
-                         ) -> StepResult:  # fmt: skip
+async def service_helper(context: RunContext, action: ServiceAction, *extra: str) -> StepResult:
     """`node service MODEL ACTION` on the head; the step's result from its reply."""
     model = context.model
     replies = await ask(context, [model.head], "service", model.name, action, *extra)
@@ -56,11 +57,16 @@ async def service_helper(context: RunContext, action: ServiceAction, *extra: str
     label = model.service.label
     if not reply.ok:
         why = said or replies.why_not(model.head)
-        return StepResult(StepOutcome.FAILED, detail=f"{action} {label} failed: {why}",
-                          output=replies.output(), exit_status=exit_status)  # fmt: skip
+        return StepResult(
+            StepOutcome.FAILED,
+            detail=f"{action} {label} failed: {why}",
+            output=replies.output(),
+            exit_status=exit_status,
+        )
     detail = f"{action} {label}: done" + (f" ({said})" if said else "")
-    return StepResult(StepOutcome.OK, detail=detail, output=replies.output(),
-                      exit_status=exit_status)
+    return StepResult(
+        StepOutcome.OK, detail=detail, output=replies.output(), exit_status=exit_status
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,16 +78,22 @@ class StopService(Step):
     def describe(self) -> StepDescription:
         service = self.model.service
         return StepDescription(
-            "stop-service", self.model.head,
+            "stop-service",
+            self.model.head,
             f"record on {self.model.head} that this run stops {service.label}, then stop the"
             f" {service.manager} service so it cannot respawn ranks during the sweep",
-            targets=[service.label], argv=service_argv(self.model, "stop"),
+            targets=[service.label],
+            argv=service_argv(self.model, "stop"),
         )
 
     async def run(self, context: RunContext) -> StepResult:
         return await service_helper(
-            context, "stop", "--by", context.by,
-            "--reason", f"{self.model.name} is down: stop, sweep, clean, start",
+            context,
+            "stop",
+            "--by",
+            context.by,
+            "--reason",
+            f"{self.model.name} is down: stop, sweep, clean, start",
         )
 
 
@@ -94,13 +106,18 @@ class StartService(Step):
 
     def describe(self) -> StepDescription:
         service = self.model.service
-        who = ("the serve wrapper takes the model lock and chooses the backend"
-               if service.kind == "wrapper" else "the site's start script starts the ranks")
+        who = (
+            "the serve wrapper takes the model lock and chooses the backend"
+            if service.kind == "wrapper"
+            else "the site's start script starts the ranks"
+        )
         verb = "restart (the job stays loaded)" if self.action == "restart" else "start"
         return StepDescription(
-            f"{self.action}-service", self.model.head,
+            f"{self.action}-service",
+            self.model.head,
             f"release the model lock, {verb} {service.manager} service {service.label}: {who}",
-            targets=[service.label], argv=service_argv(self.model, self.action),
+            targets=[service.label],
+            argv=service_argv(self.model, self.action),
         )
 
     async def run(self, context: RunContext) -> StepResult:

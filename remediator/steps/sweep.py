@@ -50,16 +50,19 @@ from mlx_medic.remediator.steps.on_nodes import (
 )
 from mlx_medic.survivors import SurvivorVerdict, survivors_of
 
-UNREACHABLE_NEXT = ("the sweep could not be complete, so nothing was started: check that"
-                    " {nodes} is up and answers SSH, reboot it if it hangs")  # fmt: skip
+UNREACHABLE_NEXT = (
+    "the sweep could not be complete, so nothing was started: check that"
+    " {nodes} is up and answers SSH, reboot it if it hangs"
+)
 SURVIVE = "that only a reboot of its node ends: "
 
 
 def unkillable_by_node(replies: NodeReplies) -> dict[str, list[dict]]:
     """Node -> the processes its sweep found unkillable (state D: reboot the node), for
     every node that answered (an empty list: none)."""
-    return {node: document_list(reply.document, "unkillable")
-            for node, reply in replies.replies.items()}  # fmt: skip
+    return {
+        node: document_list(reply.document, "unkillable") for node, reply in replies.replies.items()
+    }
 
 
 def identity(entry: dict) -> tuple[int, float]:
@@ -71,8 +74,9 @@ def identity(entry: dict) -> tuple[int, float]:
 
 
 def describe_processes(entries: list[dict]) -> str:
-    return ", ".join(f"pid {e.get('pid')} ({e.get('role', '?')}, state {e.get('state', '?')})"
-                     for e in entries)  # fmt: skip
+    return ", ".join(
+        f"pid {e.get('pid')} ({e.get('role', '?')}, state {e.get('state', '?')})" for e in entries
+    )
 
 
 def killable_survivors(replies: NodeReplies) -> dict[str, list[dict]]:
@@ -81,8 +85,9 @@ def killable_survivors(replies: NodeReplies) -> dict[str, list[dict]]:
     found = {}
     for node, reply in replies.replies.items():
         stuck = {identity(e) for e in document_list(reply.document, "unkillable")}
-        found[node] = [e for e in document_list(reply.document, "survivors")
-                       if identity(e) not in stuck]  # fmt: skip
+        found[node] = [
+            e for e in document_list(reply.document, "survivors") if identity(e) not in stuck
+        ]
     return found
 
 
@@ -91,9 +96,11 @@ def not_ours_said(document: dict) -> str:
     entries = document_list(document, "not_ours")
     if not entries:
         return ""
-    named = ", ".join(f"pid {e.get('pid')} {e.get('role', '?')}, {e.get('owner', '?')}'s"
-                      + (", on the model's port" if e.get("holds_port") else "")
-                      for e in entries)  # fmt: skip
+    named = ", ".join(
+        f"pid {e.get('pid')} {e.get('role', '?')}, {e.get('owner', '?')}'s"
+        + (", on the model's port" if e.get("holds_port") else "")
+        for e in entries
+    )
     return f", {len(entries)} not ours ({named}: may not signal, left alone)"
 
 
@@ -107,13 +114,21 @@ def blocking_advice(verdict: SurvivorVerdict, inventory: Inventory) -> str:
         label = "its service"
     first = "; ".join(advice[node] for node in verdict.reboot_nodes)
     others = [advice[node] for node in verdict.nodes if node not in verdict.reboot_nodes]
-    return (f"{first}: a process there that survives SIGKILL holds {verdict.model}'s port,"
-            f" so no start can listen on it until then; {label} is left started and serves"
-            " once the port is free" + (f"; also {'; '.join(others)}" if others else ""))
+    return (
+        f"{first}: a process there that survives SIGKILL holds {verdict.model}'s port,"
+        f" so no start can listen on it until then; {label} is left started and serves"
+        " once the port is free" + (f"; also {'; '.join(others)}" if others else "")
+    )
 
 
-def survivor_escalation(verdict: SurvivorVerdict | None, inventory: Inventory, detail: str,
-                        next_action: str, *, after_start: bool) -> tuple[str, str]:  # fmt: skip
+def survivor_escalation(
+    verdict: SurvivorVerdict | None,
+    inventory: Inventory,
+    detail: str,
+    next_action: str,
+    *,
+    after_start: bool,
+) -> tuple[str, str]:
     """An escalation's (detail, next action) for a run whose sweep left survivors: the
     detail names them, the next action carries their nodes' reboot advice. After a start
     that failed verification, a survivor holding the model's port is the reason: its reboot
@@ -152,14 +167,20 @@ class Sweep(Step):
 
     def describe(self) -> StepDescription:
         model = self.model
-        what = ("the orphans (by the exporter's rules; never suspects or the current run)"
-                if self.orphans_only else "every process in the model's scope")
-        after = ("named once with the node to reboot, and the model keeps serving"
-                 if self.orphans_only else
-                 "named with the node to reboot, and the start goes on around them (one"
-                 f" holding :{model.port} makes the start fail until that reboot)")  # fmt: skip
+        what = (
+            "the orphans (by the exporter's rules; never suspects or the current run)"
+            if self.orphans_only
+            else "every process in the model's scope"
+        )
+        after = (
+            "named once with the node to reboot, and the model keeps serving"
+            if self.orphans_only
+            else "named with the node to reboot, and the start goes on around them (one"
+            f" holding :{model.port} makes the start fail until that reboot)"
+        )
         return StepDescription(
-            "sweep-orphans" if self.orphans_only else "sweep", ", ".join(self.on),
+            "sweep-orphans" if self.orphans_only else "sweep",
+            ", ".join(self.on),
             f"end {what} of {model.name} on {', '.join(self.on)}, whatever its parent:"
             f" SIGTERM, {model.policy.kill_grace:g}s grace, then SIGKILL"
             f"{'' if model.policy.sigkill else ' (not allowed by policy)'}; never a :{model.port}"
@@ -179,35 +200,53 @@ class Sweep(Step):
         output = replies.output()
         found = unkillable_by_node(replies)
         identities = {node: [identity(e) for e in entries] for node, entries in found.items()}
-        verdict = survivors_of(model.name, {node: reply.document
-                                            for node, reply in replies.replies.items()})
+        verdict = survivors_of(
+            model.name, {node: reply.document for node, reply in replies.replies.items()}
+        )
         known = 0
         if self.orphans_only:  # named once: an earlier run found them and said so
             fresh = [s for s in verdict.survivors if s.identity not in context.known_unkillable]
             known = len(verdict.survivors) - len(fresh)
             verdict = SurvivorVerdict(model.name, fresh)
         named = verdict if verdict.survivors else None
-        report = (". " + await maintainers_report(context, verdict.nodes)
-                  if verdict.survivors else "")  # fmt: skip
+        report = (
+            ". " + await maintainers_report(context, verdict.nodes) if verdict.survivors else ""
+        )
         killable = killable_survivors(replies)
-        failed = [node for node, reply in replies.replies.items()
-                  if killable[node] or (not reply.ok and not found[node])]  # fmt: skip
+        failed = [
+            node
+            for node, reply in replies.replies.items()
+            if killable[node] or (not reply.ok and not found[node])
+        ]
         if failed:
             reasons = "; ".join(
                 f"{node}: {describe_processes(killable[node])} survived the sweep, not in"
-                " uninterruptible sleep" if killable[node] else replies.why_not(node)
-                for node in failed)  # fmt: skip
-            also = (f"; also {len(verdict.survivors)} survivor(s) {SURVIVE}"
-                    f"{verdict.describe(context.inventory)}" if named else "")  # fmt: skip
-            return StepResult(StepOutcome.FAILED, output=output, unkillable=identities,
-                              survivors=named,
-                              detail=f"survivors after the sweep: {reasons}{also}{report}")
+                " uninterruptible sleep"
+                if killable[node]
+                else replies.why_not(node)
+                for node in failed
+            )
+            also = (
+                f"; also {len(verdict.survivors)} survivor(s) {SURVIVE}"
+                f"{verdict.describe(context.inventory)}"
+                if named
+                else ""
+            )
+            return StepResult(
+                StepOutcome.FAILED,
+                output=output,
+                unkillable=identities,
+                survivors=named,
+                detail=f"survivors after the sweep: {reasons}{also}{report}",
+            )
         counts = []
         for node, reply in replies.replies.items():
             doc = reply.document
-            counts.append(f"{node}: {len(document_list(doc, 'signalled'))} signalled,"
-                          f" {len(document_list(doc, 'spared'))} spared,"
-                          f" {doc.get('pd_spent', 0)} PD spent{not_ours_said(doc)}")  # fmt: skip
+            counts.append(
+                f"{node}: {len(document_list(doc, 'signalled'))} signalled,"
+                f" {len(document_list(doc, 'spared'))} spared,"
+                f" {doc.get('pd_spent', 0)} PD spent{not_ours_said(doc)}"
+            )
         if known:
             counts.append(f"{known} unkillable process(es) an earlier run named, left alone")
         detail, next_action = "; ".join(counts), None
@@ -216,20 +255,30 @@ class Sweep(Step):
             if named.blocked and not self.orphans_only:
                 next_action = blocking_advice(named, context.inventory)
             detail += report
-        return StepResult(StepOutcome.OK, detail=detail, output=output, unkillable=identities,
-                          survivors=named, next_action=next_action)
+        return StepResult(
+            StepOutcome.OK,
+            detail=detail,
+            output=output,
+            unkillable=identities,
+            survivors=named,
+            next_action=next_action,
+        )
 
     def _survivors_said(self, verdict: SurvivorVerdict, inventory: Inventory) -> str:
         said = f"{len(verdict.survivors)} survivor(s) {SURVIVE}{verdict.describe(inventory)}"
         if self.orphans_only:
-            return (f"{said}; the model keeps serving (the node's exporter pages"
-                    " MLXUnkillableSurvivors until the reboot)")
+            return (
+                f"{said}; the model keeps serving (the node's exporter pages"
+                " MLXUnkillableSurvivors until the reboot)"
+            )
         if not verdict.blocked:
             return f"{said}; the start goes on around them"
         nodes = ", ".join(verdict.reboot_nodes)
         advice = dict(zip(verdict.nodes, verdict.advice(inventory), strict=True))
-        return (f"{said}. One holds {verdict.model}'s port, so no start can listen there until"
-                f" {nodes} reboots; the start goes on anyway (a survivor never leaves the"
-                " service stopped: the serve wrapper keeps trying and names the reboot in its"
-                " error and serve record), so its verify fails until then; next action: "
-                + "; ".join(advice[node] for node in verdict.reboot_nodes))
+        return (
+            f"{said}. One holds {verdict.model}'s port, so no start can listen there until"
+            f" {nodes} reboots; the start goes on anyway (a survivor never leaves the"
+            " service stopped: the serve wrapper keeps trying and names the reboot in its"
+            " error and serve record), so its verify fails until then; next action: "
+            + "; ".join(advice[node] for node in verdict.reboot_nodes)
+        )

@@ -65,19 +65,24 @@ class Verify(Step):
 
     def describe(self) -> StepDescription:
         where = f"{self.model.host}:{self.model.port}"
-        asked = (f", asked again for up to {self.wait:g}s" if self.wait > 0
-                 else ", asked once")  # fmt: skip
+        asked = f", asked again for up to {self.wait:g}s" if self.wait > 0 else ", asked once"
         return StepDescription(
-            "verify" if self.backend is None else f"verify-{self.backend}", self.model.head,
-            f"health probe {where}: a real 1-token request{asked}", targets=[where],
+            "verify" if self.backend is None else f"verify-{self.backend}",
+            self.model.head,
+            f"health probe {where}: a real 1-token request{asked}",
+            targets=[where],
         )
 
     async def run(self, context: RunContext) -> StepResult:
         if self.only_if_answered_before and context.answered_before is False:
-            return StepResult(StepOutcome.SKIPPED, detail=(
-                f"{self.model.name} was not answering before the sweep (a start or a crash"
-                " in progress), so the sweep did not take it down; LLMModelDown acts on a"
-                " model that stays down"))  # fmt: skip
+            return StepResult(
+                StepOutcome.SKIPPED,
+                detail=(
+                    f"{self.model.name} was not answering before the sweep (a start or a crash"
+                    " in progress), so the sweep did not take it down; LLMModelDown acts on a"
+                    " model that stays down"
+                ),
+            )
         deadline = time.monotonic() + self.wait
         while True:
             verdict = await context.health(self.model)
@@ -92,11 +97,15 @@ class Verify(Step):
             await asyncio.sleep(self.poll_interval)
         if verdict.state is ModelState.DOWN and self.only_if_answered_before:
             # seen in the loop (tests/loop): a second crash between the re-check and here
-            return StepResult(StepOutcome.SKIPPED, detail=(
-                f"{self.model.name} answered before the sweep and not after it"
-                f" ({verdict.reason}); the sweep ends only what the orphan rules name and"
-                " spares the process on the model's port, so this reads as a crash during"
-                " the run; LLMModelDown acts on a model that stays down"))  # fmt: skip
+            return StepResult(
+                StepOutcome.SKIPPED,
+                detail=(
+                    f"{self.model.name} answered before the sweep and not after it"
+                    f" ({verdict.reason}); the sweep ends only what the orphan rules name and"
+                    " spares the process on the model's port, so this reads as a crash during"
+                    " the run; LLMModelDown acts on a model that stays down"
+                ),
+            )
         if verdict.state is ModelState.DOWN:
             return StepResult(StepOutcome.FAILED, detail=verdict.reason)
         return StepResult(
@@ -104,17 +113,24 @@ class Verify(Step):
             detail=f"could not tell whether {self.model.name} is up: {verdict.reason}",
         )
 
-    async def _start_failed(self, context: RunContext, verdict: HealthVerdict
-                            ) -> StepResult | None:  # fmt: skip
+    async def _start_failed(self, context: RunContext, verdict: HealthVerdict) -> StepResult | None:
         """A failed verify when the model is down and the head shows its start failed in a
         way waiting cannot mend; None otherwise (ask again)."""
         marks = context.start_marks
         model = self.model
         script = model.service.kind == "script"
-        wrapper_can_pin = (model.service.kind == "wrapper" and model.backends.ring is not None
-                           and model.backends.jaccl is not None)  # fmt: skip
-        if (verdict.state is not ModelState.DOWN or marks is None or self.backend is not None
-                or self.only_if_answered_before or not (script or wrapper_can_pin)):
+        wrapper_can_pin = (
+            model.service.kind == "wrapper"
+            and model.backends.ring is not None
+            and model.backends.jaccl is not None
+        )
+        if (
+            verdict.state is not ModelState.DOWN
+            or marks is None
+            or self.backend is not None
+            or self.only_if_answered_before
+            or not (script or wrapper_can_pin)
+        ):
             return None
         head = model.head
         facts = read_facts(await ask(context, [head], "facts", model.name)).get(head)
@@ -125,17 +141,25 @@ class Verify(Step):
             error = facts.jaccl_error_after(marks.log_sizes)
             if error is None:
                 return None
-            return StepResult(StepOutcome.FAILED, detail=(
-                f"{model.name} is down ({verdict.reason}) and its start script wrote a JACCL"
-                f" error after this start, on {error.host}: {error.line}; a plain JACCL"
-                f" script fails the same way on every restart, {wait}"))  # fmt: skip
+            return StepResult(
+                StepOutcome.FAILED,
+                detail=(
+                    f"{model.name} is down ({verdict.reason}) and its start script wrote a JACCL"
+                    f" error after this start, on {error.host}: {error.line}; a plain JACCL"
+                    f" script fails the same way on every restart, {wait}"
+                ),
+            )
         failure = facts.jaccl_start_failed_after(marks.failed_starts)
         if failure is None:
             return None
-        return StepResult(StepOutcome.FAILED, detail=(
-            f"{model.name} is down ({verdict.reason}) and the serve wrapper's start after"
-            f" this one failed on JACCL alone, on {failure.host}: {failure.line}; ring was"
-            f" not tried, {wait}"))  # fmt: skip
+        return StepResult(
+            StepOutcome.FAILED,
+            detail=(
+                f"{model.name} is down ({verdict.reason}) and the serve wrapper's start after"
+                f" this one failed on JACCL alone, on {failure.host}: {failure.line}; ring was"
+                f" not tried, {wait}"
+            ),
+        )
 
     async def _served_backend(self, context: RunContext) -> BackendName | None:
         """The backend the head's serve record says the live wrapper serves on (one of the
@@ -143,5 +167,6 @@ class Verify(Step):
         head = self.model.head
         facts = read_facts(await ask(context, [head], "facts", self.model.name)).get(head)
         served = facts.serving_backend if facts is not None else None
-        return next((name for name, _spec in self.model.backends.in_order() if name == served),
-                    None)
+        return next(
+            (name for name, _spec in self.model.backends.in_order() if name == served), None
+        )

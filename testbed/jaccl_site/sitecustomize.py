@@ -25,8 +25,9 @@ _CONFIG_ENV = "MLX_MEDIC_JACCL_SIM"
 
 def _is_jaccl_rank() -> bool:
     env = os.environ
-    return bool(env.get(_CONFIG_ENV) and env.get("MLX_IBV_DEVICES")
-                and env.get("MLX_JACCL_COORDINATOR"))  # fmt: skip
+    return bool(
+        env.get(_CONFIG_ENV) and env.get("MLX_IBV_DEVICES") and env.get("MLX_JACCL_COORDINATOR")
+    )
 
 
 def _runtime() -> Any:
@@ -44,8 +45,11 @@ def _runtime() -> Any:
         import traceback
 
         traceback.print_exc()
-        print(f"mlx-medic testbed: refusing to run a JACCL rank: {path} did not load",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"mlx-medic testbed: refusing to run a JACCL rank: {path} did not load",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(2)
     return module
 

@@ -18,9 +18,13 @@ class CountingCompletionServer:
     def __init__(self, delay: float = 0.0, status: int = 200, body: bytes | None = None):
         self.delay = delay
         self.status = status
-        self.body = body if body is not None else json.dumps(
-            {"choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}}]}
-        ).encode()
+        self.body = (
+            body
+            if body is not None
+            else json.dumps(
+                {"choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}}]}
+            ).encode()
+        )
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -131,4 +135,3 @@ def silent_listener(trickle_every: float | None = None) -> Iterator[int]:
         for conn in accepted:
             conn.close()
         listener.close()
-

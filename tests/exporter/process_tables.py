@@ -69,8 +69,12 @@ def rank_argv(port: int = 8080, model: str = MODEL_PATH) -> list[str]:
     return [PYTHON, "-m", "mlx_lm.server", "--model", model, "--port", str(port)]
 
 
-def launch_script(rank: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
-                  hostfile: str = '[["10.0.0.1:32323"]]') -> str:
+def launch_script(
+    rank: int,
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    hostfile: str = '[["10.0.0.1:32323"]]',
+) -> str:
     """The script mlx.launch's RemoteProcess.make_launch_script builds (ring backend)."""
     script = "stty -echo; pidfile=$(mktemp); echo $$ > $pidfile; "
     script += 'printf "%s\\n" $pidfile; if [[ -d /srv ]]; then   cd /srv; fi; '
@@ -83,8 +87,9 @@ def launch_script(rank: int, argv: Sequence[str], env: Mapping[str, str] | None 
     return script
 
 
-def ssh_client_argv(host: str, rank: int, argv: Sequence[str], env=None,
-                    hostfile: str = '[["10.0.0.1:32323"]]') -> list[str]:
+def ssh_client_argv(
+    host: str, rank: int, argv: Sequence[str], env=None, hostfile: str = '[["10.0.0.1:32323"]]'
+) -> list[str]:
     return ["ssh", "-tt", "-o", "LogLevel=QUIET", host, launch_script(rank, argv, env, hostfile)]
 
 
@@ -100,8 +105,16 @@ def launched_env(rank: int, hostfile_path: str, **extra: str) -> dict[str, str]:
 
 
 def launcher_argv(argv: Sequence[str]) -> list[str]:
-    return [PYTHON, "/opt/mlx/venv/bin/mlx.launch", "--backend", "ring",
-            "--hostfile", "/etc/mlx-medic/ring.json", "--", *argv]
+    return [
+        PYTHON,
+        "/opt/mlx/venv/bin/mlx.launch",
+        "--backend",
+        "ring",
+        "--hostfile",
+        "/etc/mlx-medic/ring.json",
+        "--",
+        *argv,
+    ]
 
 
 def table(*processes: ProcessInfo) -> list[ProcessInfo]:
@@ -134,14 +147,15 @@ class FakeProc:
         directory.mkdir()
         raw = argv if isinstance(argv, bytes) else b"".join(a.encode() + b"\0" for a in argv)
         (directory / "cmdline").write_bytes(raw)
-        name = comm if comm is not None else (Path(argv[0]).name[:15] if argv and not
-                                               isinstance(argv, bytes) else "x")
+        name = (
+            comm
+            if comm is not None
+            else (Path(argv[0]).name[:15] if argv and not isinstance(argv, bytes) else "x")
+        )
         rest = " ".join(["0"] * 17)
         # fields after comm: state ppid pgrp session tty tpgid flags minflt cminflt majflt
         # cmajflt utime stime cutime cstime priority nice num_threads itrealvalue starttime
-        (directory / "stat").write_text(
-            f"{pid} ({name}) {state} {ppid} {rest} {starttime} 0 0\n"
-        )
+        (directory / "stat").write_text(f"{pid} ({name}) {state} {ppid} {rest} {starttime} 0 0\n")
         environ = b"".join(f"{k}={v}".encode() + b"\0" for k, v in (env or {}).items())
         (directory / "environ").write_bytes(environ)
         return directory

@@ -34,22 +34,38 @@ def mlx_lm_server(model: Path, log_path: Path) -> Iterator[RealServer]:
     port = free_port()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "mlx_lm", "server", "--model", str(model),
-             "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "mlx_lm",
+                "server",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     server = RealServer(process, port, log_path)
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"mlx_lm.server exited with {process.returncode}:\n"
-                                   + log_path.read_text(errors="replace")[-3000:])
+                raise RuntimeError(
+                    f"mlx_lm.server exited with {process.returncode}:\n"
+                    + log_path.read_text(errors="replace")[-3000:]
+                )
             if probe_model("127.0.0.1", port, timeout=10).up:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"mlx_lm.server did not serve within {START_TIMEOUT:g}s:\n"
-                                   + log_path.read_text(errors="replace")[-3000:])
+                raise RuntimeError(
+                    f"mlx_lm.server did not serve within {START_TIMEOUT:g}s:\n"
+                    + log_path.read_text(errors="replace")[-3000:]
+                )
             time.sleep(0.5)
         yield server
     finally:

@@ -41,8 +41,12 @@ def samples(scrape: ScrapeCollector) -> list[tuple[str, dict[str, str]]]:
 def test_with_a_node_name_every_series_carries_it_the_framework_ones_too() -> None:
     scraped = samples(ScrapeCollector([Fixed()], node="ai002"))
     assert {name for name, _ in scraped} == {
-        "mlx_fixed", "mlx_plain", "mlx_counted_total",
-        "mlx_medic_collector_duration_seconds", "mlx_medic_collector_success"}
+        "mlx_fixed",
+        "mlx_plain",
+        "mlx_counted_total",
+        "mlx_medic_collector_duration_seconds",
+        "mlx_medic_collector_success",
+    }
     assert all(labels.get("node") == "ai002" for _, labels in scraped), scraped
     assert ("mlx_fixed", {"node": "ai002", "model": "m1"}) in scraped
     assert ("mlx_plain", {"node": "ai002"}) in scraped

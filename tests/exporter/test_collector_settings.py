@@ -47,8 +47,9 @@ def test_a_variable_counts_when_no_flag_is_given() -> None:
 def test_a_flag_overrides_the_variable_and_the_default(monkeypatch, built) -> None:
     monkeypatch.setenv(VARIABLE, "7")
     monkeypatch.setenv("MLX_MEDIC_SERVICE_INTERVAL", "9")
-    context, scrape = exporter(built, "--collector.tmpdirs.interval", "5",
-                               "--collector.service.timeout=2.5")
+    context, scrape = exporter(
+        built, "--collector.tmpdirs.interval", "5", "--collector.service.timeout=2.5"
+    )
     assert context.settings_for(TmpDirsSettings).interval == 5.0
     assert context.settings_for(ServiceSettings) == ServiceSettings(interval=9.0, timeout=2.5)
     by_name = {c.name: c for c in scrape.collectors}
@@ -60,8 +61,9 @@ def test_a_flag_overrides_the_variable_and_the_default(monkeypatch, built) -> No
 
 
 def test_logs_settings_reach_the_collector(built) -> None:
-    _, scrape = exporter(built, "--collector.logs.max-read-per-scrape", "0",
-                         "--collector.logs.prefilter", "find")
+    _, scrape = exporter(
+        built, "--collector.logs.max-read-per-scrape", "0", "--collector.logs.prefilter", "find"
+    )
     logs = next(c for c in scrape.collectors if c.name == "logs")
     assert isinstance(logs, LogsCollector)
     assert logs.max_read_per_scrape is None  # 0: no limit
@@ -69,20 +71,31 @@ def test_logs_settings_reach_the_collector(built) -> None:
     assert LogsSettings().prefilter == "auto"
 
 
-@pytest.mark.parametrize(("raw", "problem"),
-                         [("x", "is not a number of seconds"), ("0", "must be positive")])
+@pytest.mark.parametrize(
+    ("raw", "problem"), [("x", "is not a number of seconds"), ("0", "must be positive")]
+)
 def test_a_bad_variable_is_an_error_naming_it(raw: str, problem: str) -> None:
     with pytest.raises(ValueError, match=f"{VARIABLE}='{raw}' {problem}"):
         read_settings(TmpDirsSettings, environ={VARIABLE: raw})
 
 
-@pytest.mark.parametrize(("argv", "said"), [
-    (["--collector.tmpdirs.interval", "-1"], "--collector.tmpdirs.interval: '-1' must be positive"),
-    (["--collector.logs.prefilter", "grep"],
-     "--collector.logs.prefilter: 'grep' is not one of auto, hyperscan, find"),
-    (["--collector.logs.max-read-per-scrape", "1M"],
-     "--collector.logs.max-read-per-scrape: '1M' is not a whole number of bytes"),
-])
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["--collector.tmpdirs.interval", "-1"],
+            "--collector.tmpdirs.interval: '-1' must be positive",
+        ),
+        (
+            ["--collector.logs.prefilter", "grep"],
+            "--collector.logs.prefilter: 'grep' is not one of auto, hyperscan, find",
+        ),
+        (
+            ["--collector.logs.max-read-per-scrape", "1M"],
+            "--collector.logs.max-read-per-scrape: '1M' is not a whole number of bytes",
+        ),
+    ],
+)
 def test_a_bad_flag_is_an_error_naming_it(capsys, argv: list[str], said: str) -> None:
     with pytest.raises(SystemExit) as exit_:
         parse_args(["exporter", *argv])
@@ -96,11 +109,16 @@ def test_help_lists_every_setting_of_every_collector(capsys) -> None:
     shown = capsys.readouterr().out
     flags = [
         flag_name(name, field.name)
-        for name, registration in REGISTRY.items() if registration.settings
+        for name, registration in REGISTRY.items()
+        if registration.settings
         for field in dataclasses.fields(registration.settings)
     ]
-    assert {"--collector.tmpdirs.interval", "--collector.service.interval",
-            "--collector.service.timeout", "--collector.logs.max-read-per-scrape"} <= set(flags)
+    assert {
+        "--collector.tmpdirs.interval",
+        "--collector.service.interval",
+        "--collector.service.timeout",
+        "--collector.logs.max-read-per-scrape",
+    } <= set(flags)
     for flag in flags:
         assert flag in shown
     assert f"${VARIABLE}" in shown  # the fallback is documented where the flag is

@@ -54,16 +54,25 @@ def test_a_runner_whose_exo_was_killed_is_reported_as_an_orphaned_exo_runner(tmp
         runner_pid = int(exo.stdout.readline())
         table = LinuxProcessTable()
         collector = ProcessesCollector(
-            node="n1", inventory=None, state_dir=tmp_path, table=table, clock=time.time,
+            node="n1",
+            inventory=None,
+            state_dir=tmp_path,
+            table=table,
+            clock=time.time,
             established=lambda sshd: True,
-        )  # fmt: skip
+        )
 
         def orphans() -> float | None:
             return sample_value(
-                list(collector.collect()), "mlx_orphan_processes",
-                {"model": "exo", "role": "exo_runner", "state": "sleeping",
-                 "rule": "launcher_gone"},
-            )  # fmt: skip
+                list(collector.collect()),
+                "mlx_orphan_processes",
+                {
+                    "model": "exo",
+                    "role": "exo_runner",
+                    "state": "sleeping",
+                    "rule": "launcher_gone",
+                },
+            )
 
         def runner_role():
             found = [p for p in table.snapshot() if p.pid == runner_pid]

@@ -32,8 +32,12 @@ SLACK = 2.0
 
 def raw_post(port: int, results: list[int]) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request("POST", "/v1/chat/completions", body=b'{"messages": []}',
-                       headers={"Content-Type": "application/json"})
+    connection.request(
+        "POST",
+        "/v1/chat/completions",
+        body=b'{"messages": []}',
+        headers={"Content-Type": "application/json"},
+    )
     results.append(connection.getresponse().status)
     connection.close()
 
@@ -119,12 +123,15 @@ def test_health_answering_200_is_not_proof_the_model_serves():
     assert "no complete answer from POST /v1/chat/completions" in result.reason
 
 
-@pytest.mark.parametrize("status, body, reason", [
-    (503, b'{"error": "unavailable"}', "HTTP 503 from POST /v1/chat/completions"),
-    (200, b"<html>proxy login</html>", "answered 200 but not with JSON"),
-    (200, b'{"choices": []}', "without a completion"),
-    (200, b'["not", "an", "object"]', "without a completion"),
-])
+@pytest.mark.parametrize(
+    "status, body, reason",
+    [
+        (503, b'{"error": "unavailable"}', "HTTP 503 from POST /v1/chat/completions"),
+        (200, b"<html>proxy login</html>", "answered 200 but not with JSON"),
+        (200, b'{"choices": []}', "without a completion"),
+        (200, b'["not", "an", "object"]', "without a completion"),
+    ],
+)
 def test_an_answer_that_is_not_a_completion_reads_down_and_says_why(status, body, reason):
     with CountingCompletionServer(status=status, body=body) as server:
         result = probe_model("127.0.0.1", server.port, timeout=5)
@@ -152,17 +159,21 @@ def test_the_completions_path_sends_a_prompt():
         assert server.last_request is not None and server.last_request["prompt"] == "ping"
 
 
-@pytest.mark.parametrize("host, port, timeout, path, problem", [
-    ("127.0.0.1", 0, 1.0, "/v1/chat/completions", "port 0 is not a TCP port"),
-    ("127.0.0.1", 70000, 1.0, "/v1/chat/completions", "port 70000"),
-    ("127.0.0.1", True, 1.0, "/v1/chat/completions", "not a TCP port"),
-    ("", 8080, 1.0, "/v1/chat/completions", "host '' is not"),
-    ("127.0.0.1/evil", 8080, 1.0, "/v1/chat/completions", "not a host"),
-    ("127.0.0.1", 8080, 0, "/v1/chat/completions", "timeout 0 must be a positive"),
-    ("127.0.0.1", 8080, 1.0, "/health", "path '/health' is not one of"),
-])
+@pytest.mark.parametrize(
+    "host, port, timeout, path, problem",
+    [
+        ("127.0.0.1", 0, 1.0, "/v1/chat/completions", "port 0 is not a TCP port"),
+        ("127.0.0.1", 70000, 1.0, "/v1/chat/completions", "port 70000"),
+        ("127.0.0.1", True, 1.0, "/v1/chat/completions", "not a TCP port"),
+        ("", 8080, 1.0, "/v1/chat/completions", "host '' is not"),
+        ("127.0.0.1/evil", 8080, 1.0, "/v1/chat/completions", "not a host"),
+        ("127.0.0.1", 8080, 0, "/v1/chat/completions", "timeout 0 must be a positive"),
+        ("127.0.0.1", 8080, 1.0, "/health", "path '/health' is not one of"),
+    ],
+)
 def test_bad_probe_targets_are_refused_with_an_error_that_names_them(
-        host, port, timeout, path, problem):
+    host, port, timeout, path, problem
+):
     with pytest.raises(ValueError, match=problem):
         probe_model(host, port, timeout=timeout, path=path)
 
@@ -174,8 +185,9 @@ def test_the_counting_server_does_see_overlap_when_requests_race():
     # The control for the tests below: unserialized requests do overlap.
     with CountingCompletionServer(delay=0.3) as server:
         statuses: list[int] = []
-        threads = [threading.Thread(target=raw_post, args=(server.port, statuses))
-                   for _ in range(2)]
+        threads = [
+            threading.Thread(target=raw_post, args=(server.port, statuses)) for _ in range(2)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -188,8 +200,11 @@ def test_probes_racing_from_many_threads_never_overlap():
     with CountingCompletionServer(delay=0.2) as server:
         results: list[ProbeResult] = []
         threads = [
-            threading.Thread(target=lambda: results.append(
-                probe_model("127.0.0.1", server.port, timeout=5, lock_wait=30)))
+            threading.Thread(
+                target=lambda: results.append(
+                    probe_model("127.0.0.1", server.port, timeout=5, lock_wait=30)
+                )
+            )
             for _ in range(5)
         ]
         for thread in threads:
@@ -204,12 +219,18 @@ def test_probes_racing_from_many_threads_never_overlap():
 async def test_async_probes_and_sync_probes_share_one_lock():
     with CountingCompletionServer(delay=0.2) as server:
         sync_results: list[ProbeResult] = []
-        thread = threading.Thread(target=lambda: sync_results.extend(
-            probe_model("127.0.0.1", server.port, timeout=5, lock_wait=30) for _ in range(2)))
+        thread = threading.Thread(
+            target=lambda: sync_results.extend(
+                probe_model("127.0.0.1", server.port, timeout=5, lock_wait=30) for _ in range(2)
+            )
+        )
         thread.start()
-        async_results = await asyncio.gather(*(
-            probe_model_async("127.0.0.1", server.port, timeout=5, lock_wait=30)
-            for _ in range(3)))
+        async_results = await asyncio.gather(
+            *(
+                probe_model_async("127.0.0.1", server.port, timeout=5, lock_wait=30)
+                for _ in range(3)
+            )
+        )
         await asyncio.to_thread(thread.join, 30)
     assert all(r.up for r in [*sync_results, *async_results])
     assert server.requests == 5
@@ -218,8 +239,9 @@ async def test_async_probes_and_sync_probes_share_one_lock():
 
 def test_probes_of_different_servers_do_not_wait_for_each_other():
     with silent_listener() as hung_port, CountingCompletionServer() as healthy:
-        hung = threading.Thread(target=probe_model, args=("127.0.0.1", hung_port),
-                                kwargs={"timeout": 3.0})
+        hung = threading.Thread(
+            target=probe_model, args=("127.0.0.1", hung_port), kwargs={"timeout": 3.0}
+        )
         hung.start()
         time.sleep(0.2)
         result = probe_model("127.0.0.1", healthy.port, timeout=5, lock_wait=0.0)
@@ -229,8 +251,9 @@ def test_probes_of_different_servers_do_not_wait_for_each_other():
 
 def test_a_probe_that_cannot_get_the_lock_is_inconclusive_not_down():
     with silent_listener() as port:
-        holder = threading.Thread(target=probe_model, args=("127.0.0.1", port),
-                                  kwargs={"timeout": 2.0})
+        holder = threading.Thread(
+            target=probe_model, args=("127.0.0.1", port), kwargs={"timeout": 2.0}
+        )
         holder.start()
         time.sleep(0.3)
         result = probe_model("127.0.0.1", port, timeout=1.0, lock_wait=0.1)
@@ -257,11 +280,14 @@ def test_a_shared_lock_dir_keeps_probes_from_two_processes_apart(tmp_path: Path)
     with CountingCompletionServer(delay=0.15) as server:
         child = subprocess.Popen(
             [sys.executable, "-c", PROBE_IN_CHILD, str(server.port), str(lock_dir), "6"],
-            stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2],
+            stdout=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[2],
         )
         try:
-            mine = [probe_model("127.0.0.1", server.port, timeout=5, lock_wait=60,
-                                lock_dir=lock_dir).up for _ in range(6)]
+            mine = [
+                probe_model("127.0.0.1", server.port, timeout=5, lock_wait=60, lock_dir=lock_dir).up
+                for _ in range(6)
+            ]
             out, _ = child.communicate(timeout=120)
         finally:
             if child.poll() is None:

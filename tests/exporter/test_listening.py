@@ -22,15 +22,17 @@ from mlx_medic.platform.listening import (
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 # /proc/net/tcp as Linux writes it: a listener on 127.0.0.1:8080 (0x1F90), a connection.
-PROC_NET_TCP = "\n".join([
-    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout"
-    " inode",
-    "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0"
-    " 4242 1 0000000000000000 100 0 0 10 0",
-    "   1: 0100007F:1F90 0100007F:D0A2 01 00000000:00000000 00:00000000 00000000     0        0"
-    " 4343 1 0000000000000000 20 4 30 10 -1",
-    "",
-])
+PROC_NET_TCP = "\n".join(
+    [
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout"
+        " inode",
+        "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0"
+        " 4242 1 0000000000000000 100 0 0 10 0",
+        "   1: 0100007F:1F90 0100007F:D0A2 01 00000000:00000000 00:00000000 00000000     0        0"
+        " 4343 1 0000000000000000 20 4 30 10 -1",
+        "",
+    ]
+)
 
 
 def test_the_socket_table_gives_the_listening_sockets_by_port():
@@ -45,10 +47,14 @@ def listener():
     port = server.getsockname()[1]
     server.close()
     child = subprocess.Popen(
-        [sys.executable, "-c", "import socket, sys, time; s = socket.socket();"
-         " s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
-         f" s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True);"
-         " time.sleep(60)"],
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys, time; s = socket.socket();"
+            " s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
+            f" s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True);"
+            " time.sleep(60)",
+        ],
         stdout=subprocess.PIPE,
     )
     assert child.stdout is not None and child.stdout.readline() == b"up\n"

@@ -20,14 +20,23 @@ from mlx_medic.inventory import parse_inventory
 from mlx_medic.signatures import BUILTIN, signature_set
 
 PD = b"RuntimeError: [jaccl] Couldn't allocate protection domain\n"
-TIMEOUT = (b"libc++abi: terminating due to uncaught exception of type std::runtime_error: "
-           b"[METAL] Command buffer execution failed: Caused GPU Timeout Error "
-           b"(00000002:kIOGPUCommandBufferCallbackErrorTimeout).\n")
+TIMEOUT = (
+    b"libc++abi: terminating due to uncaught exception of type std::runtime_error: "
+    b"[METAL] Command buffer execution failed: Caused GPU Timeout Error "
+    b"(00000002:kIOGPUCommandBufferCallbackErrorTimeout).\n"
+)
 NOISE = b'INFO:     127.0.0.1:52344 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
 
 HAVE_HYPERSCAN = importlib.util.find_spec("hyperscan") is not None
-ENGINES = ["find", pytest.param("hyperscan", marks=pytest.mark.skipif(
-    not HAVE_HYPERSCAN, reason="hyperscan is not installed (no wheel for this platform)"))]
+ENGINES = [
+    "find",
+    pytest.param(
+        "hyperscan",
+        marks=pytest.mark.skipif(
+            not HAVE_HYPERSCAN, reason="hyperscan is not installed (no wheel for this platform)"
+        ),
+    ),
+]
 
 
 class CountingHandle:
@@ -61,14 +70,16 @@ class CountingOpener:
 
 def make_collector(files, state_dir: Path, engine: str = "find", **kwargs) -> LogsCollector:
     kwargs.setdefault("opener", CountingOpener())
-    return LogsCollector([str(f) for f in files], BUILTIN, state_dir / "logs-positions.json",
-                         engine=engine, **kwargs)
+    return LogsCollector(
+        [str(f) for f in files], BUILTIN, state_dir / "logs-positions.json", engine=engine, **kwargs
+    )
 
 
 def count(collector: LogsCollector, path: Path, signature: str = "jaccl_protection_domain"):
     families = list(collector.collect())
-    return sample_value(families, "mlx_log_errors_total", {"signature": signature,
-                                                           "file": str(path)})
+    return sample_value(
+        families, "mlx_log_errors_total", {"signature": signature, "file": str(path)}
+    )
 
 
 def readable(collector: LogsCollector, path: Path) -> float | None:
@@ -92,9 +103,7 @@ def state_dir(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_every_signature_and_file_is_exported_at_zero_before_any_error(
-    log_file, state_dir, engine
-):
+def test_every_signature_and_file_is_exported_at_zero_before_any_error(log_file, state_dir, engine):
     log_file.write_bytes(NOISE * 3)
     other = log_file.with_name("model.out.log")
     collector = make_collector([log_file, other], state_dir, engine)
@@ -115,8 +124,7 @@ def test_a_line_with_two_signatures_counts_for_both_and_a_repeated_one_counts_on
         NOISE
         + b"[jaccl] Couldn't allocate protection domain [ring] connection to a peer was lost\n"
         + b"[jaccl] Couldn't allocate protection domain; [jaccl] Couldn't allocate protection "
-          b"domain\n"
-        + NOISE
+        b"domain\n" + NOISE
     )
     collector = make_collector([log_file], state_dir, engine)
     assert count(collector, log_file) == 2
@@ -342,11 +350,13 @@ def test_a_very_long_line_is_judged_by_its_head_and_never_buffered_whole(
 
 
 def test_an_inventory_signature_without_a_literal_is_counted_on_the_slow_path(log_file, state_dir):
-    signatures = signature_set(parse_inventory(
-        "nodes: {ai001: {ssh: 127.0.0.1}}\n"
-        "signatures:\n"
-        "  - {name: swap_storm, pattern: '(?i)swap(ping)? storm'}\n"
-    ).signatures)
+    signatures = signature_set(
+        parse_inventory(
+            "nodes: {ai001: {ssh: 127.0.0.1}}\n"
+            "signatures:\n"
+            "  - {name: swap_storm, pattern: '(?i)swap(ping)? storm'}\n"
+        ).signatures
+    )
     log_file.write_bytes(NOISE + b"kernel: SWAP STORM detected\n" + b"swapping storm\n" + PD)
     collector = LogsCollector([str(log_file)], signatures, state_dir / "p.json", engine="find")
     assert count(collector, log_file, "swap_storm") == 2
@@ -378,8 +388,12 @@ models:
     context = ExporterContext(node="ai001", inventory=inventory, state_dir=tmp_path / "state")
     collector = logs_module.make(context)
     families = list(collector.collect())
-    assert sample_value(families, "mlx_log_errors_total",
-                        {"signature": "custom_one", "file": str(err)}) == 1
+    assert (
+        sample_value(
+            families, "mlx_log_errors_total", {"signature": "custom_one", "file": str(err)}
+        )
+        == 1
+    )
     assert sample_value(families, "mlx_log_file_readable", {"file": str(peer_log)}) is None
     collector.close()
 
@@ -390,16 +404,20 @@ def test_a_huge_backlog_is_read_over_several_scrapes_within_a_per_scrape_budget(
     lines = (NOISE * 2000 + PD) * 10  # ~1.5 MB holding 10 errors
     log_file.write_bytes(lines)
     opener = CountingOpener()
-    collector = make_collector([log_file], state_dir, opener=opener,
-                               max_read_per_scrape=256 * 1024)
+    collector = make_collector([log_file], state_dir, opener=opener, max_read_per_scrape=256 * 1024)
     seen, scrapes = [], 0
     while scrapes < 50:
         before = opener.bytes_read
         families = list(collector.collect())
         scrapes += 1
         assert opener.bytes_read - before <= 256 * 1024 + log_scanner.CHUNK_BYTES
-        seen.append(sample_value(families, "mlx_log_errors_total",
-                                 {"signature": "jaccl_protection_domain", "file": str(log_file)}))
+        seen.append(
+            sample_value(
+                families,
+                "mlx_log_errors_total",
+                {"signature": "jaccl_protection_domain", "file": str(log_file)},
+            )
+        )
         if sample_value(families, "mlx_log_unread_bytes", {"file": str(log_file)}) == 0:
             break
     assert seen[-1] == 10

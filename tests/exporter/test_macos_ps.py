@@ -87,7 +87,9 @@ def test_a_word_that_is_not_a_state_is_refused_with_its_text():
 def test_ps_axo_rows_keep_pid_ppid_and_state_and_skip_junk():
     rows = parse_ps_axo("    1     0 Ss\n  812     1 Us+\nPID PPID STAT\ngarbage\n  900   812 Q\n")
     assert {pid: (row.ppid, row.state) for pid, row in rows.items()} == {
-        1: (0, State.SLEEPING), 812: (1, State.UNINTERRUPTIBLE)}
+        1: (0, State.SLEEPING),
+        812: (1, State.UNINTERRUPTIBLE),
+    }
 
 
 # --- the table, with psutil and ps injected -------------------------------------------
@@ -95,8 +97,13 @@ def test_ps_axo_rows_keep_pid_ppid_and_state_and_skip_junk():
 
 class FakePsutilProcess:
     def __init__(self, pid, ppid, cmdline, *, status="running", env=None, created=1.0):
-        self.info = {"pid": pid, "ppid": ppid, "name": Path(cmdline[0]).name,
-                     "create_time": created, "status": status}
+        self.info = {
+            "pid": pid,
+            "ppid": ppid,
+            "name": Path(cmdline[0]).name,
+            "create_time": created,
+            "status": status,
+        }
         self._cmdline = cmdline
         self._env = env or {}
 
@@ -132,8 +139,9 @@ def test_without_a_ps_row_psutil_is_trusted_only_for_zombie_and_stopped():
         FakePsutilProcess(10, 1, rank, status="zombie"),
         FakePsutilProcess(11, 1, rank, status="running"),
     ]
-    table = MacProcessTable(ps=lambda: "    1     0 Ss\n   10     1 ?\n",
-                            process_iter=lambda attrs: processes)
+    table = MacProcessTable(
+        ps=lambda: "    1     0 Ss\n   10     1 ?\n", process_iter=lambda attrs: processes
+    )
     snapshot = {p.pid: p for p in table.snapshot()}
     assert snapshot[10].state is State.ZOMBIE
     assert snapshot[11].state is State.SLEEPING

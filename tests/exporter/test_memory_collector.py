@@ -22,10 +22,12 @@ from tests.exporter.macos_commands import FakeRunner, macos_output, ok
 MACOS_ONLY = {"mlx_memory_pressure_level", "mlx_memory_wired_bytes", "mlx_memory_compressor_bytes"}
 
 
-def macos_collector(pressure: CommandResult | Exception,
-                    vm_stat: CommandResult | Exception) -> MemoryCollector:
+def macos_collector(
+    pressure: CommandResult | Exception, vm_stat: CommandResult | Exception
+) -> MemoryCollector:
     return MemoryCollector(
-        available_bytes=lambda: 123_456_789, platform="darwin",
+        available_bytes=lambda: 123_456_789,
+        platform="darwin",
         runner=FakeRunner({PRESSURE_ARGV: pressure, VM_STAT_ARGV: vm_stat}),
     )
 
@@ -46,15 +48,20 @@ def test_pressure_level_normal_and_critical_from_real_sysctl_output():
     assert parse_pressure_level(macos_output("sysctl_pressure_level_critical.txt")) == 4
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("kern.memorystatus_vm_pressure_level: 3\n", "known levels are 1, 2 and 4"),
-    ("kern.memorystatus_vm_pressure_level: high\n", "known levels"),
-    ("sysctl: unknown oid 'kern.memorystatus_vm_pressure_level'\n", "not `kern."),
-    ("", "printed nothing"),
-    ("\x00\xff garbage\n", "not `kern."),
-    ("kern.memorystatus_vm_pressure_level: 1\nkern.memorystatus_vm_pressure_level: 4\n",
-     "not `kern."),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("kern.memorystatus_vm_pressure_level: 3\n", "known levels are 1, 2 and 4"),
+        ("kern.memorystatus_vm_pressure_level: high\n", "known levels"),
+        ("sysctl: unknown oid 'kern.memorystatus_vm_pressure_level'\n", "not `kern."),
+        ("", "printed nothing"),
+        ("\x00\xff garbage\n", "not `kern."),
+        (
+            "kern.memorystatus_vm_pressure_level: 1\nkern.memorystatus_vm_pressure_level: 4\n",
+            "not `kern.",
+        ),
+    ],
+)
 def test_pressure_level_rejects_anything_but_one_known_level(text, problem):
     with pytest.raises(ParseError, match=problem):
         parse_pressure_level(text)
@@ -78,7 +85,8 @@ def test_vm_stat_from_a_mac_under_pressure_counts_the_compressor():
 
 def test_vm_stat_takes_the_page_size_from_its_header_not_a_constant():
     text = macos_output("vm_stat_wazuh_22113.txt").replace(
-        "page size of 4096", "page size of 16384")
+        "page size of 4096", "page size of 16384"
+    )
     assert parse_vm_stat(text).wired_bytes == 715958 * 16384
 
 
@@ -87,14 +95,19 @@ def test_vm_stat_ignores_lines_it_does_not_know():
     assert parse_vm_stat(text).wired_bytes == 852647 * 4096
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("", "printed nothing"),
-    ("Pages free: 5.\n", "header"),
-    ("Mach Virtual Memory Statistics: (page size of 4096 bytes)\n", "no counters"),
-    ("Mach Virtual Memory Statistics: (page size of 1000 bytes)\nPages free: 1.\n",
-     "power of two"),
-    ("\x00\x01\x02\xff", "header"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("", "printed nothing"),
+        ("Pages free: 5.\n", "header"),
+        ("Mach Virtual Memory Statistics: (page size of 4096 bytes)\n", "no counters"),
+        (
+            "Mach Virtual Memory Statistics: (page size of 1000 bytes)\nPages free: 1.\n",
+            "power of two",
+        ),
+        ("\x00\x01\x02\xff", "header"),
+    ],
+)
 def test_vm_stat_garbage_is_a_parse_error_that_says_what_is_wrong(text, problem):
     with pytest.raises(ParseError, match=problem):
         parse_vm_stat(text)
@@ -132,12 +145,15 @@ def test_on_macos_pressure_wired_and_compressor_are_reported():
     assert sample_value(families, "mlx_memory_compressor_bytes", {}) == 372004 * 4096
 
 
-@pytest.mark.parametrize("bad", [
-    CommandError("`sysctl kern.memorystatus_vm_pressure_level` did not finish within 5s"),
-    CommandNotFound("sysctl is not installed on this host"),
-    CommandResult(PRESSURE_ARGV, 1, "", "sysctl: unknown oid\n"),
-    CommandResult(PRESSURE_ARGV, 0, "\x00\xff\xfe", ""),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        CommandError("`sysctl kern.memorystatus_vm_pressure_level` did not finish within 5s"),
+        CommandNotFound("sysctl is not installed on this host"),
+        CommandResult(PRESSURE_ARGV, 1, "", "sysctl: unknown oid\n"),
+        CommandResult(PRESSURE_ARGV, 0, "\x00\xff\xfe", ""),
+    ],
+)
 def test_a_failing_pressure_tool_leaves_only_its_series_out_with_a_log_line(bad, caplog):
     collector = macos_collector(bad, ok(VM_STAT_ARGV, macos_output("vm_stat_wazuh_22113.txt")))
     with caplog.at_level(logging.WARNING, logger="mlx_medic.exporter.memory"):

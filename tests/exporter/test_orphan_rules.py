@@ -28,8 +28,16 @@ from tests.exporter.process_tables import (
 )
 
 
-def judge(processes: list[ProcessInfo], *, node: str | None, current=None, established=None,
-          listening=None, files=None, inventory=INVENTORY):
+def judge(
+    processes: list[ProcessInfo],
+    *,
+    node: str | None,
+    current=None,
+    established=None,
+    listening=None,
+    files=None,
+    inventory=INVENTORY,
+):
     """The rules over a synthetic table; `listening`: pid -> ports, `files`: path -> text."""
     scoped = scope(processes, ModelScoper(inventory))
     ports = listening or {}
@@ -96,8 +104,12 @@ def test_any_command_started_with_mlx_rank_is_a_rank_like_the_seeds_serve_py():
 
 
 def test_exo_runners_are_spawn_children_of_exo():
-    spawn = [PYTHON, "-c", "from multiprocessing.spawn import spawn_main; spawn_main()",
-             "--multiprocessing-fork"]
+    spawn = [
+        PYTHON,
+        "-c",
+        "from multiprocessing.spawn import spawn_main; spawn_main()",
+        "--multiprocessing-fork",
+    ]
     processes = table(
         proc(10, 1, [PYTHON, "/opt/exo/bin/exo"]),
         proc(11, 10, spawn),
@@ -109,8 +121,11 @@ def test_exo_runners_are_spawn_children_of_exo():
     assert roles[21] is None
 
 
-EXO_SPAWN = ["-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5,"
-             " pipe_handle=7)", "--multiprocessing-fork"]
+EXO_SPAWN = [
+    "-c",
+    "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+    "--multiprocessing-fork",
+]
 
 
 def test_an_exo_runner_whose_exo_was_killed_is_an_orphan_found_by_its_interpreter():
@@ -139,11 +154,13 @@ def test_scope_is_by_port_then_tmpdir_then_model_path_with_an_inventory():
     scoper = ModelScoper(INVENTORY)
     assert scoper.model_of(proc(1, 0, rank_argv(port=8081))) == "qwq"
     assert scoper.model_of(proc(1, 0, rank_argv(port=9999))) is None  # a manual test server
-    share = proc(1, 0, [PYTHON, "-m", "mlx_lm", "share", "--tmpdir",
-                        "/Users/ai/.cache/mlx-share/glm/x"])
+    share = proc(
+        1, 0, [PYTHON, "-m", "mlx_lm", "share", "--tmpdir", "/Users/ai/.cache/mlx-share/glm/x"]
+    )
     assert scoper.model_of(share) == "glm"
-    assert scoper.model_of(proc(1, 0, [PYTHON, "-m", "mlx_lm.server", "--model", MODEL_PATH])) \
-        == "glm"
+    assert (
+        scoper.model_of(proc(1, 0, [PYTHON, "-m", "mlx_lm.server", "--model", MODEL_PATH])) == "glm"
+    )
     client = proc(1, 0, ssh_client_argv("192.168.101.2", 1, rank_argv(port=8081)))
     assert scoper.model_of(client) == "qwq"
 
@@ -163,8 +180,10 @@ def test_two_peer_ranks_whose_sessions_both_hold_a_client_are_suspects_never_a_g
     processes = peer_with_two_runs()
     report = judge(processes, node="ai002")
     assert orphan_rules(report) == {}
-    assert suspect_rules(report) == {201: SuspectRule.EXCESS_RANKS_UNDECIDED,
-                                     301: SuspectRule.EXCESS_RANKS_UNDECIDED}
+    assert suspect_rules(report) == {
+        201: SuspectRule.EXCESS_RANKS_UNDECIDED,
+        301: SuspectRule.EXCESS_RANKS_UNDECIDED,
+    }
 
 
 def test_a_ppid_1_sweep_finds_nothing_on_that_peer():

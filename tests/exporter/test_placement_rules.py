@@ -32,8 +32,11 @@ from tests.exporter.process_tables import (
 from tests.exporter.test_orphan_rules import judge, orphan_rules, suspect_rules
 
 OTHER_PORTS = '[["192.168.101.1:40000"], ["192.168.101.2:40001"]]\n'
-FILES = {"/var/folders/T/tmp.AAAA": GLM_RING, "/var/folders/T/tmp.BBBB": GLM_RING,
-         "/var/folders/T/tmp.CCCC": OTHER_PORTS}
+FILES = {
+    "/var/folders/T/tmp.AAAA": GLM_RING,
+    "/var/folders/T/tmp.BBBB": GLM_RING,
+    "/var/folders/T/tmp.CCCC": OTHER_PORTS,
+}
 
 
 def seed_peer(*, second_hostfile: str = "/var/folders/T/tmp.BBBB") -> list[ProcessInfo]:
@@ -45,8 +48,14 @@ def seed_peer(*, second_hostfile: str = "/var/folders/T/tmp.BBBB") -> list[Proce
         proc(1, 0, ["/sbin/launchd"]),
         proc(100, 1, SSHD_LISTENER),
         proc(200, 100, SSHD_SESSION, name="sshd"),
-        proc(201, 200, rank_argv(), env=launched_env(1, "/var/folders/T/tmp.AAAA"),
-             created=1000, state=State.UNINTERRUPTIBLE),
+        proc(
+            201,
+            200,
+            rank_argv(),
+            env=launched_env(1, "/var/folders/T/tmp.AAAA"),
+            created=1000,
+            state=State.UNINTERRUPTIBLE,
+        ),
         proc(300, 100, SSHD_SESSION, name="sshd"),
         proc(301, 300, rank_argv(), env=launched_env(1, second_hostfile), created=2000),
     )
@@ -60,12 +69,20 @@ def lingering_attempt_on_the_head() -> list[ProcessInfo]:
     return table(
         proc(1, 0, ["/sbin/launchd"]),
         proc(10, 1, rank_argv(), env=launched_env(0, "/var/folders/T/tmp.AAAA"), created=1000),
-        proc(11, 1, ssh_client_argv("192.168.101.2", 1, rank_argv(), hostfile=GLM_RING.strip()),
-             created=1000),
+        proc(
+            11,
+            1,
+            ssh_client_argv("192.168.101.2", 1, rank_argv(), hostfile=GLM_RING.strip()),
+            created=1000,
+        ),
         proc(20, 1, launcher_argv(rank_argv()), created=2000),
         proc(21, 20, rank_argv(), env=launched_env(0, "/var/folders/T/tmp.BBBB"), created=2000),
-        proc(22, 20, ssh_client_argv("192.168.101.2", 1, rank_argv(), hostfile=GLM_RING.strip()),
-             created=2000),
+        proc(
+            22,
+            20,
+            ssh_client_argv("192.168.101.2", 1, rank_argv(), hostfile=GLM_RING.strip()),
+            created=2000,
+        ),
     )
 
 
@@ -96,24 +113,26 @@ def test_a_jaccl_placement_is_the_coordinator_and_the_device_matrix():
     assert elsewhere is not None and elsewhere.key != one.key
 
 
-@pytest.mark.parametrize("env,files", [
-    ({"MLX_RANK": "0", "MLX_HOSTFILE": "/t/x"}, {"/t/x": ""}),  # a one-rank launch
-    ({"MLX_RANK": "0"}, {}),  # MLX_RANK set by hand: no placement handed
-    ({"MLX_RANK": "1", "MLX_HOSTFILE": "/t/gone"}, {}),  # cleaned away: unreadable
-    ({"MLX_RANK": "7", "MLX_HOSTFILE": "/t/x"}, {"/t/x": GLM_RING}),  # not a rank of it
-    ({"MLX_RANK": "one", "MLX_HOSTFILE": "/t/x"}, {"/t/x": GLM_RING}),
-    ({"MLX_RANK": "1", "MLX_HOSTFILE": "/t/x"}, {"/t/x": "not json"}),
-])
-def test_no_placement_is_made_up_where_the_launch_handed_none_that_two_launches_share(
-    env, files
-):
+@pytest.mark.parametrize(
+    "env,files",
+    [
+        ({"MLX_RANK": "0", "MLX_HOSTFILE": "/t/x"}, {"/t/x": ""}),  # a one-rank launch
+        ({"MLX_RANK": "0"}, {}),  # MLX_RANK set by hand: no placement handed
+        ({"MLX_RANK": "1", "MLX_HOSTFILE": "/t/gone"}, {}),  # cleaned away: unreadable
+        ({"MLX_RANK": "7", "MLX_HOSTFILE": "/t/x"}, {"/t/x": GLM_RING}),  # not a rank of it
+        ({"MLX_RANK": "one", "MLX_HOSTFILE": "/t/x"}, {"/t/x": GLM_RING}),
+        ({"MLX_RANK": "1", "MLX_HOSTFILE": "/t/x"}, {"/t/x": "not json"}),
+    ],
+)
+def test_no_placement_is_made_up_where_the_launch_handed_none_that_two_launches_share(env, files):
     assert placement_of_env(env, files.get) is None
 
 
 def test_an_ssh_client_carries_the_placement_of_the_rank_it_starts():
     client = ssh_client_argv("192.168.101.2", 1, rank_argv(), hostfile=GLM_RING.strip())
     assert placement_of_ssh_client(tuple(client)) == placement_of_env(
-        launched_env(1, "/var/folders/T/tmp.AAAA"), FILES.get)
+        launched_env(1, "/var/folders/T/tmp.AAAA"), FILES.get
+    )
 
 
 # --- duplicate ranks --------------------------------------------------------------------
@@ -123,29 +142,43 @@ def test_an_ssh_client_carries_the_placement_of_the_rank_it_starts():
 def test_the_seeds_peer_orphan_is_found_as_two_ranks_of_one_placement_and_rank_number(inventory):
     """Both sessions hold a client and no peer rank serves HTTP: nothing on the peer tells
     which launch is current, so both are suspects, with or without an inventory."""
-    report = judge(seed_peer(), node=None if inventory is None else "ai002", files=FILES,
-                   inventory=inventory)
+    report = judge(
+        seed_peer(), node=None if inventory is None else "ai002", files=FILES, inventory=inventory
+    )
     assert orphan_rules(report) == {}
-    assert suspect_rules(report) == {201: SuspectRule.DUPLICATE_RANK_UNDECIDED,
-                                     301: SuspectRule.DUPLICATE_RANK_UNDECIDED}
+    assert suspect_rules(report) == {
+        201: SuspectRule.DUPLICATE_RANK_UNDECIDED,
+        301: SuspectRule.DUPLICATE_RANK_UNDECIDED,
+    }
 
 
 def test_without_an_inventory_ranks_of_two_placements_may_both_be_current():
-    report = judge(seed_peer(second_hostfile="/var/folders/T/tmp.CCCC"), node=None,
-                   files=FILES, inventory=None)
+    report = judge(
+        seed_peer(second_hostfile="/var/folders/T/tmp.CCCC"), node=None, files=FILES, inventory=None
+    )
     assert report.orphans == [] and report.suspects == []
 
 
 def test_once_the_dead_launchs_client_is_gone_its_peer_rank_is_the_orphan():
-    report = judge(seed_peer(), node=None, files=FILES, inventory=None,
-                   established=lambda sshd: sshd.pid == 300)
+    report = judge(
+        seed_peer(),
+        node=None,
+        files=FILES,
+        inventory=None,
+        established=lambda sshd: sshd.pid == 300,
+    )
     assert orphan_rules(report) == {201: Rule.SSH_CLIENT_LOST}
     assert report.suspects == []
 
 
 def test_where_a_session_cannot_be_read_the_duplicates_stay_suspects():
-    report = judge(seed_peer(), node=None, files=FILES, inventory=None,
-                   established=lambda sshd: True if sshd.pid == 300 else None)
+    report = judge(
+        seed_peer(),
+        node=None,
+        files=FILES,
+        inventory=None,
+        established=lambda sshd: True if sshd.pid == 300 else None,
+    )
     assert orphan_rules(report) == {}
     assert set(suspect_rules(report)) == {201, 301}
 
@@ -156,8 +189,13 @@ def test_a_lingering_failed_attempt_never_marks_the_rank_that_serves(inventory):
     serving rank would be the orphan. It listens on the model's port: it is the current
     one, the failed attempt is the duplicate, and the dead launch's ssh client, which holds
     the serving run's peer rank, is kept."""
-    report = judge(lingering_attempt_on_the_head(), node=None if inventory is None else "ai001",
-                   files=FILES, inventory=inventory, listening={10: {8080}})
+    report = judge(
+        lingering_attempt_on_the_head(),
+        node=None if inventory is None else "ai001",
+        files=FILES,
+        inventory=inventory,
+        listening={10: {8080}},
+    )
     assert orphan_rules(report) == {21: Rule.DUPLICATE_RANK}
     assert report.suspects == []
     assert not report.suspected_remote
@@ -190,18 +228,34 @@ def test_listening_on_another_port_is_not_serving_the_model():
 
 
 def test_two_dead_launches_beside_the_serving_one_leave_their_clients_undecided():
-    processes = [*lingering_attempt_on_the_head()[:3],
-                 proc(12, 1, ssh_client_argv("192.168.101.2", 1, rank_argv(),
-                                             hostfile=GLM_RING.strip()), created=500)]
+    processes = [
+        *lingering_attempt_on_the_head()[:3],
+        proc(
+            12,
+            1,
+            ssh_client_argv("192.168.101.2", 1, rank_argv(), hostfile=GLM_RING.strip()),
+            created=500,
+        ),
+    ]
     report = judge(processes, node="ai001", files=FILES, listening={10: {8080}})
     assert report.orphans == []
-    assert suspect_rules(report) == {11: SuspectRule.DUPLICATE_RANK_UNDECIDED,
-                                     12: SuspectRule.DUPLICATE_RANK_UNDECIDED}
+    assert suspect_rules(report) == {
+        11: SuspectRule.DUPLICATE_RANK_UNDECIDED,
+        12: SuspectRule.DUPLICATE_RANK_UNDECIDED,
+    }
 
 
 def test_share_ranks_and_server_ranks_of_one_placement_are_not_duplicates_of_each_other():
-    share = ["python3", "-m", "mlx_lm", "share", "--model", "x", "--tmpdir",
-             "/Users/ai/.cache/mlx-share/glm/t"]
+    share = [
+        "python3",
+        "-m",
+        "mlx_lm",
+        "share",
+        "--model",
+        "x",
+        "--tmpdir",
+        "/Users/ai/.cache/mlx-share/glm/t",
+    ]
     processes = table(
         proc(1, 0, ["/sbin/launchd"]),
         proc(100, 1, SSHD_LISTENER),
@@ -241,13 +295,16 @@ def test_excess_ranks_keep_the_one_that_serves_not_the_newest():
     assert orphan_rules(report) == {11: Rule.EXCESS_RANKS}
     report = judge(processes, node="ai001")
     assert orphan_rules(report) == {}
-    assert suspect_rules(report) == {10: SuspectRule.EXCESS_RANKS_UNDECIDED,
-                                     11: SuspectRule.EXCESS_RANKS_UNDECIDED}
+    assert suspect_rules(report) == {
+        10: SuspectRule.EXCESS_RANKS_UNDECIDED,
+        11: SuspectRule.EXCESS_RANKS_UNDECIDED,
+    }
 
 
 def test_on_a_node_the_model_does_not_use_even_a_serving_rank_is_left_alone():
-    processes = table(proc(1, 0, ["/sbin/launchd"]), proc(10, 1, rank_argv()),
-                      proc(11, 1, rank_argv()))
+    processes = table(
+        proc(1, 0, ["/sbin/launchd"]), proc(10, 1, rank_argv()), proc(11, 1, rank_argv())
+    )
     report = judge(processes, node="ai003", listening={10: {8080}})
     assert orphan_rules(report) == {11: Rule.EXCESS_RANKS}
 

@@ -30,8 +30,14 @@ def test_a_symlink_a_fifo_a_device_a_large_file_or_a_relative_path_is_refused(tm
     os.mkfifo(tmp_path / "fifo")  # opening it for reading would block without O_NONBLOCK
     (tmp_path / "large").write_bytes(b"x" * (LIMIT + 1))
     started = time.monotonic()
-    for path in (tmp_path / "link", tmp_path / "fifo", Path("/dev/zero"), tmp_path / "large",
-                 tmp_path / "missing", tmp_path):
+    for path in (
+        tmp_path / "link",
+        tmp_path / "fifo",
+        Path("/dev/zero"),
+        tmp_path / "large",
+        tmp_path / "missing",
+        tmp_path,
+    ):
         assert read_process_file(os.getpid(), str(path)) is None, path
     assert read_process_file(os.getpid(), "target") is None
     assert time.monotonic() - started < 5
@@ -44,8 +50,9 @@ def test_on_linux_the_file_is_read_in_the_processs_own_mount_namespace():
     unshare = require_tool("unshare")  # fails under CI when missing
     name = f"mlx-medic-hostfile-{uuid.uuid4().hex[:8]}"
     ready = Path("/var/tmp") / f"{name}.ready"
-    script = (f"mount -t tmpfs tmpfs /tmp && echo private > /tmp/{name}"
-              f" && touch {ready} && exec sleep 60")
+    script = (
+        f"mount -t tmpfs tmpfs /tmp && echo private > /tmp/{name} && touch {ready} && exec sleep 60"
+    )
     rank = subprocess.Popen([unshare, "--mount", "--propagation", "private", "sh", "-c", script])
     try:
         deadline = time.monotonic() + 10

@@ -56,10 +56,24 @@ share: ['mlx-share-rank\.py .*--tmpdir {SHARE_DIR}( .*)?']
 INVENTORY = parse_inventory(seed_inventory(SEED_PATTERNS))
 PATTERNS = PatternSet.of(INVENTORY)
 
-SERVE = [PYTHON, "/opt/seed/serve.py", "--model", "mlx-community/GLM-4.6-5bit",
-         "--port", "8080", "--prefill-step-size", "2048"]
-SHARE_RANK = [PYTHON, "/opt/seed/mlx-share-rank.py", "--model", "mlx-community/GLM-4.6-5bit",
-              "--tmpdir", SHARE_DIR]
+SERVE = [
+    PYTHON,
+    "/opt/seed/serve.py",
+    "--model",
+    "mlx-community/GLM-4.6-5bit",
+    "--port",
+    "8080",
+    "--prefill-step-size",
+    "2048",
+]
+SHARE_RANK = [
+    PYTHON,
+    "/opt/seed/mlx-share-rank.py",
+    "--model",
+    "mlx-community/GLM-4.6-5bit",
+    "--tmpdir",
+    SHARE_DIR,
+]
 
 
 def role(argv, env=None, patterns=PATTERNS):
@@ -67,10 +81,13 @@ def role(argv, env=None, patterns=PATTERNS):
 
 
 def test_the_command_text_is_what_runs_and_its_arguments_never_the_interpreter():
-    assert command_text(SERVE) == ("serve.py --model mlx-community/GLM-4.6-5bit --port 8080"
-                                   " --prefill-step-size 2048")
-    assert command_text(["/usr/bin/python3", "-u", "-m", "mlx_lm", "server", "--port", "1"]) \
+    assert command_text(SERVE) == (
+        "serve.py --model mlx-community/GLM-4.6-5bit --port 8080 --prefill-step-size 2048"
+    )
+    assert (
+        command_text(["/usr/bin/python3", "-u", "-m", "mlx_lm", "server", "--port", "1"])
         == "mlx_lm server --port 1"
+    )
     assert command_text(["/usr/local/bin/serve.py", "--port", "1"]) == "serve.py --port 1"
     assert command_text([PYTHON, "-c", "import serve"]) is None
 
@@ -86,15 +103,18 @@ def test_the_seeds_share_rank_is_a_share_not_a_rank():
     assert role(SHARE_RANK, {"MLX_RANK": "2"}, patterns=PatternSet()) is Role.RANK  # before
 
 
-@pytest.mark.parametrize("argv", [
-    ["grep", "serve.py --model x --port 8080"],
-    ["/bin/bash", "-c", "python3 serve.py --model x --port 8080"],
-    ["vim", "serve.py"],
-    [PYTHON, "/opt/seed/serve.py.bak", "--model", "x", "--port", "8080"],
-    [PYTHON, "/opt/seed/serve.py", "--model", "x", "--port", "80801"],
-    [PYTHON, "-c", "serve.py --model x --port 8080"],
-    [PYTHON, "/opt/seed/mlx-share-rank.py", "--tmpdir", SHARE_DIR + "-other"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["grep", "serve.py --model x --port 8080"],
+        ["/bin/bash", "-c", "python3 serve.py --model x --port 8080"],
+        ["vim", "serve.py"],
+        [PYTHON, "/opt/seed/serve.py.bak", "--model", "x", "--port", "8080"],
+        [PYTHON, "/opt/seed/serve.py", "--model", "x", "--port", "80801"],
+        [PYTHON, "-c", "serve.py --model x --port 8080"],
+        [PYTHON, "/opt/seed/mlx-share-rank.py", "--tmpdir", SHARE_DIR + "-other"],
+    ],
+)
 def test_a_pattern_must_match_the_whole_command_text(argv):
     assert role(argv) is None
 
@@ -102,11 +122,14 @@ def test_a_pattern_must_match_the_whole_command_text(argv):
 ANY_ORDER = r"serve\.py(?=.* --model \S+( |$))(?=.* --port 8080( |$))( .*)?"
 
 
-@pytest.mark.parametrize("args", [
-    ["--model", "m", "--port", "8080"],
-    ["--port", "8080", "--host", "0.0.0.0", "--model", "m"],
-    ["--host", "0.0.0.0", "--model", "m", "--port", "8080", "--pipeline"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--model", "m", "--port", "8080"],
+        ["--port", "8080", "--host", "0.0.0.0", "--model", "m"],
+        ["--host", "0.0.0.0", "--model", "m", "--port", "8080", "--pipeline"],
+    ],
+)
 def test_a_pattern_written_with_lookaheads_matches_whatever_the_order_of_the_arguments(args):
     patterns = PatternSet.of(parse_inventory(seed_inventory(f"rank: ['{ANY_ORDER}']")))
     assert role([PYTHON, "/opt/seed/serve.py", *args], patterns=patterns) is Role.RANK
@@ -116,16 +139,23 @@ def test_a_pattern_written_with_lookaheads_matches_whatever_the_order_of_the_arg
 
 
 def test_a_pattern_puts_the_process_and_the_ssh_client_that_starts_it_in_the_models_scope():
-    processes = [proc(10, 1, SERVE), proc(11, 1, SHARE_RANK, env={"MLX_RANK": "1"}),
-                 proc(12, 1, ssh_client_argv("192.168.101.2", 1, SERVE))]
+    processes = [
+        proc(10, 1, SERVE),
+        proc(11, 1, SHARE_RANK, env={"MLX_RANK": "1"}),
+        proc(12, 1, ssh_client_argv("192.168.101.2", 1, SERVE)),
+    ]
     for process in processes:
         process.role = role(process.cmdline, process.env)
     assert [p.role for p in processes] == [Role.RANK, Role.SHARE, Role.SSH_CLIENT]
     scoper = ModelScoper(INVENTORY)
     assert [scoper.model_of(p) for p in processes] == ["glm-4_6-5b"] * 3
     # Without the patterns: no port of the model, no tmp dir, so by the --model path alone.
-    assert ModelScoper(parse_inventory(seed_inventory("rank: []\n"))).model_of(
-        proc(13, 1, [*SHARE_RANK[:2], "--tmpdir", SHARE_DIR])) is None
+    assert (
+        ModelScoper(parse_inventory(seed_inventory("rank: []\n"))).model_of(
+            proc(13, 1, [*SHARE_RANK[:2], "--tmpdir", SHARE_DIR])
+        )
+        is None
+    )
 
 
 def test_the_linux_table_finds_a_serve_py_whose_environment_it_cannot_read(tmp_path: Path):
@@ -150,26 +180,31 @@ def problems(patterns: str) -> list[str]:
 def test_a_pattern_that_is_not_a_regular_expression_is_refused_with_its_line_and_field():
     assert problems("rank: ['serve\\.py (']\n") == [
         "line 12: models.glm-4_6-5b.process_patterns.rank[0]: not a regular expression:"
-        " missing ), unterminated subpattern at position 10"]
+        " missing ), unterminated subpattern at position 10"
+    ]
 
 
-@pytest.mark.parametrize("pattern,matched", [
-    (".*", "bash"),
-    (".*serve\\.py.*", "grep serve.py"),
-    ("(ba)?sh.*", "bash"),
-])
+@pytest.mark.parametrize(
+    "pattern,matched",
+    [
+        (".*", "bash"),
+        (".*serve\\.py.*", "grep serve.py"),
+        ("(ba)?sh.*", "bash"),
+    ],
+)
 def test_a_pattern_that_would_take_shells_or_grep_into_the_models_scope_is_refused(
     pattern, matched
 ):
     (problem,) = problems(f"share:\n  - '{pattern}'\n")
-    assert problem.startswith("line 13: models.glm-4_6-5b.process_patterns.share[0]: too broad:"
-                              f" it matches `{matched}`")
+    assert problem.startswith(
+        f"line 13: models.glm-4_6-5b.process_patterns.share[0]: too broad: it matches `{matched}`"
+    )
 
 
 def test_process_patterns_know_only_the_rank_and_share_roles():
     assert problems("launcher: ['mlx\\.launch .*']\n") == [
-        "line 12: models.glm-4_6-5b.process_patterns.launcher: unknown field (check the"
-        " spelling)"]
+        "line 12: models.glm-4_6-5b.process_patterns.launcher: unknown field (check the spelling)"
+    ]
 
 
 # --- the exporter, for real ---------------------------------------------------------------
@@ -185,24 +220,43 @@ def test_a_scrape_counts_the_seeds_serve_py_and_share_rank_by_their_roles(tmp_pa
     for name in ("serve.py", "mlx-share-rank.py"):
         (scripts / name).write_text("import time\ntime.sleep(120)\n")
     port = 20000 + int(token[:4], 16) % 20000
-    patterns = (f"rank: ['serve\\.py --model \\S+ --port {port}( .*)?']\n"
-                f"share: ['mlx-share-rank\\.py .*--tmpdir {share_dir}( .*)?']\n")
+    patterns = (
+        f"rank: ['serve\\.py --model \\S+ --port {port}( .*)?']\n"
+        f"share: ['mlx-share-rank\\.py .*--tmpdir {share_dir}( .*)?']\n"
+    )
     text = seed_inventory(patterns).replace("port: 8080", f"port: {port}")
     text += f"state_dir: {tmp_path / 'state'}\n"
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(text)
     started = [
-        subprocess.Popen([sys.executable, str(scripts / "serve.py"), "--model", "m",
-                          "--port", str(port)], env={**os.environ}),
-        subprocess.Popen([sys.executable, str(scripts / "mlx-share-rank.py"), "--tmpdir",
-                          str(share_dir)], env={**os.environ, "MLX_RANK": "1"}),
+        subprocess.Popen(
+            [sys.executable, str(scripts / "serve.py"), "--model", "m", "--port", str(port)],
+            env={**os.environ},
+        ),
+        subprocess.Popen(
+            [sys.executable, str(scripts / "mlx-share-rank.py"), "--tmpdir", str(share_dir)],
+            env={**os.environ, "MLX_RANK": "1"},
+        ),
     ]
     try:
         scrape = subprocess.run(
-            [sys.executable, "-m", "mlx_medic.cli", "exporter", "--once", "--config.file",
-             str(inventory), "--node", "ai001", "--no-collector.service"],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "mlx_medic.cli",
+                "exporter",
+                "--once",
+                "--config.file",
+                str(inventory),
+                "--node",
+                "ai001",
+                "--no-collector.service",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         for process in started:
             process.kill()
@@ -210,21 +264,29 @@ def test_a_scrape_counts_the_seeds_serve_py_and_share_rank_by_their_roles(tmp_pa
     assert scrape.returncode == 0, scrape.stderr
     lines = scrape.stdout.splitlines()
     for role_ in ("rank", "share"):
-        assert (f'mlx_processes{{model="glm-4_6-5b",node="ai001",role="{role_}",'
-                f'state="sleeping"}} 1.0') in lines
+        assert (
+            f'mlx_processes{{model="glm-4_6-5b",node="ai001",role="{role_}",state="sleeping"}} 1.0'
+        ) in lines
 
 
 def test_check_config_points_the_seeds_extra_params_at_serve_args(tmp_path: Path):
     inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(seed_inventory("rank: []\n") + "    extra_params:\n"
-                         "      prefill-step-size: 2048\n")
-    result = subprocess.run([sys.executable, "-m", "mlx_medic.cli", "check-config",
-                             str(inventory)], cwd=REPO, capture_output=True, text=True,
-                            timeout=60)
+    inventory.write_text(
+        seed_inventory("rank: []\n") + "    extra_params:\n      prefill-step-size: 2048\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "mlx_medic.cli", "check-config", str(inventory)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
-    assert ("line 14: models.glm-4_6-5b.extra_params: unknown field: mlx-medic calls it"
-            " `serve_args` (the seed's `extra_params`: the same flags without dashes, e.g."
-            " `serve_args: {prefill-step-size: 2048}`)") in result.stderr
+    assert (
+        "line 14: models.glm-4_6-5b.extra_params: unknown field: mlx-medic calls it"
+        " `serve_args` (the seed's `extra_params`: the same flags without dashes, e.g."
+        " `serve_args: {prefill-step-size: 2048}`)"
+    ) in result.stderr
 
 
 def test_the_inventory_reference_tells_how_a_pattern_matches_as_the_code_does():
@@ -233,15 +295,22 @@ def test_the_inventory_reference_tells_how_a_pattern_matches_as_the_code_does():
     text = (REPO / "docs" / "inventory.md").read_text()
     section = text.split("## Process patterns", 1)[1].split("\n## ", 1)[0]
     words = " ".join(section.split())
-    command = "python3 /opt/seed/serve.py --model mlx-community/GLM-4.6-5bit --port 8080" \
-              " --prefill-step-size 2048"
-    said = ("has the command text `serve.py --model mlx-community/GLM-4.6-5bit --port 8080"
-            " --prefill-step-size 2048`, which `serve\\.py --model \\S+ --port 8080( .*)?`"
-            " matches and `serve\\.py --model \\S+ --port 80` does not")
+    command = (
+        "python3 /opt/seed/serve.py --model mlx-community/GLM-4.6-5bit --port 8080"
+        " --prefill-step-size 2048"
+    )
+    said = (
+        "has the command text `serve.py --model mlx-community/GLM-4.6-5bit --port 8080"
+        " --prefill-step-size 2048`, which `serve\\.py --model \\S+ --port 8080( .*)?`"
+        " matches and `serve\\.py --model \\S+ --port 80` does not"
+    )
     assert command in words and said in words
-    assert command_text(command.split()) == \
-        "serve.py --model mlx-community/GLM-4.6-5bit --port 8080 --prefill-step-size 2048"
+    assert (
+        command_text(command.split())
+        == "serve.py --model mlx-community/GLM-4.6-5bit --port 8080 --prefill-step-size 2048"
+    )
     assert re.fullmatch(r"serve\.py --model \S+ --port 8080( .*)?", command_text(command.split()))
     assert not re.fullmatch(r"serve\.py --model \S+ --port 80", command_text(command.split()))
-    assert "`extra_params` is answered with the field that means it: `serve_args`" in \
-        " ".join(text.split())
+    assert "`extra_params` is answered with the field that means it: `serve_args`" in " ".join(
+        text.split()
+    )

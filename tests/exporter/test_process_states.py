@@ -25,9 +25,14 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 def test_every_proc_state_letter_maps_into_the_closed_set():
     expected = {
-        "R": State.RUNNING, "S": State.SLEEPING, "I": State.SLEEPING,
-        "D": State.UNINTERRUPTIBLE, "T": State.STOPPED, "t": State.STOPPED,
-        "Z": State.ZOMBIE, "X": State.ZOMBIE,
+        "R": State.RUNNING,
+        "S": State.SLEEPING,
+        "I": State.SLEEPING,
+        "D": State.UNINTERRUPTIBLE,
+        "T": State.STOPPED,
+        "t": State.STOPPED,
+        "Z": State.ZOMBIE,
+        "X": State.ZOMBIE,
     }
     for letter, state in expected.items():
         assert state_from_letter(letter) is state
@@ -38,7 +43,11 @@ def test_stat_parsing_survives_a_comm_with_spaces_and_parentheses():
     fields = " ".join(["0"] * 17)
     stat = parse_stat(f"42 (my (odd) name) D 7 {fields} 12345 0 0\n".encode())
     assert (stat.comm, stat.state, stat.ppid, stat.starttime) == (
-        "my (odd) name", State.UNINTERRUPTIBLE, 7, 12345)
+        "my (odd) name",
+        State.UNINTERRUPTIBLE,
+        7,
+        12345,
+    )
 
 
 # --- real processes -------------------------------------------------------------
@@ -88,16 +97,22 @@ def ranks() -> Iterator[Ranks]:
 def _counts(collector: ProcessesCollector, model: str) -> dict[State, float]:
     families = list(collector.collect())
     return {
-        state: sample_value(families, "mlx_processes",
-                            {"model": model, "role": "rank", "state": state.value}) or 0.0
+        state: sample_value(
+            families, "mlx_processes", {"model": model, "role": "rank", "state": state.value}
+        )
+        or 0.0
         for state in State
     }
 
 
 def _collector() -> ProcessesCollector:
     return ProcessesCollector(
-        node="here", inventory=None, state_dir=Path("/nonexistent"),
-        table=LinuxProcessTable(), clock=time.time, established=lambda sshd: None,
+        node="here",
+        inventory=None,
+        state_dir=Path("/nonexistent"),
+        table=LinuxProcessTable(),
+        clock=time.time,
+        established=lambda sshd: None,
     )
 
 

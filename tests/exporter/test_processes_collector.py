@@ -41,12 +41,25 @@ class StaticTable:
         return list(self.processes)
 
 
-def collect(processes, *, node="ai002", state_dir=Path("/nonexistent"), now=10_000.0,
-            established=lambda sshd: True, inventory=INVENTORY, listening=None, files=None):
+def collect(
+    processes,
+    *,
+    node="ai002",
+    state_dir=Path("/nonexistent"),
+    now=10_000.0,
+    established=lambda sshd: True,
+    inventory=INVENTORY,
+    listening=None,
+    files=None,
+):
     ports = listening or {}
     collector = ProcessesCollector(
-        node=node, inventory=inventory, state_dir=state_dir, table=StaticTable(processes),
-        clock=lambda: now, established=established,
+        node=node,
+        inventory=inventory,
+        state_dir=state_dir,
+        table=StaticTable(processes),
+        clock=lambda: now,
+        established=established,
         listening=lambda: lambda pid, port: port in ports.get(pid, ()),
         read_file=lambda p, path: (files or {}).get(path),
     )
@@ -57,8 +70,13 @@ def value(families, name, **labels):
     return sample_value(families, name, labels)
 
 
-ORPHAN_RULES = ("stale_run_id", "excess_ranks", "launcher_gone", "ssh_client_lost",
-                "duplicate_rank")
+ORPHAN_RULES = (
+    "stale_run_id",
+    "excess_ranks",
+    "launcher_gone",
+    "ssh_client_lost",
+    "duplicate_rank",
+)
 SUSPECT_RULES = ("duplicate_rank_undecided", "excess_ranks_undecided")
 
 
@@ -68,14 +86,31 @@ def test_every_state_role_and_rule_is_present_for_every_inventory_model_even_whe
         assert value(families, "mlx_orphan_oldest_age_seconds", model=model) == 0.0
         for role in Role:
             for state in State:
-                assert value(families, "mlx_processes", model=model, role=role,
-                             state=state) == 0.0
+                assert value(families, "mlx_processes", model=model, role=role, state=state) == 0.0
                 for rule in ORPHAN_RULES:
-                    assert value(families, "mlx_orphan_processes", model=model, role=role,
-                                 state=state, rule=rule) == 0.0
+                    assert (
+                        value(
+                            families,
+                            "mlx_orphan_processes",
+                            model=model,
+                            role=role,
+                            state=state,
+                            rule=rule,
+                        )
+                        == 0.0
+                    )
                 for rule in SUSPECT_RULES:
-                    assert value(families, "mlx_suspected_orphan_processes", model=model,
-                                 role=role, state=state, rule=rule) == 0.0
+                    assert (
+                        value(
+                            families,
+                            "mlx_suspected_orphan_processes",
+                            model=model,
+                            role=role,
+                            state=state,
+                            rule=rule,
+                        )
+                        == 0.0
+                    )
 
 
 def peer_with_two_ranks() -> list[ProcessInfo]:
@@ -83,52 +118,110 @@ def peer_with_two_ranks() -> list[ProcessInfo]:
         proc(1, 0, ["/sbin/launchd"]),
         proc(100, 1, SSHD_LISTENER),
         proc(200, 100, SSHD_SESSION, name="sshd"),
-        proc(201, 200, rank_argv(), env={"MLX_RANK": "1"}, created=1000,
-             state=State.UNINTERRUPTIBLE),
+        proc(
+            201, 200, rank_argv(), env={"MLX_RANK": "1"}, created=1000, state=State.UNINTERRUPTIBLE
+        ),
         proc(300, 100, SSHD_SESSION, name="sshd"),
         proc(301, 300, rank_argv(), env={"MLX_RANK": "1"}, created=9000),
     )
 
 
 def test_the_peer_reports_its_uninterruptible_orphan_by_rule_and_age():
-    families = collect(peer_with_two_ranks(), now=62_200.0,
-                       established=lambda sshd: sshd.pid == 300)
-    assert value(families, "mlx_processes", model="glm", role="rank",
-                 state="uninterruptible") == 1
+    families = collect(
+        peer_with_two_ranks(), now=62_200.0, established=lambda sshd: sshd.pid == 300
+    )
+    assert value(families, "mlx_processes", model="glm", role="rank", state="uninterruptible") == 1
     assert value(families, "mlx_processes", model="glm", role="rank", state="sleeping") == 1
-    assert value(families, "mlx_orphan_processes", model="glm", role="rank",
-                 state="uninterruptible", rule="ssh_client_lost") == 1
-    assert value(families, "mlx_orphan_processes", model="glm", role="rank",
-                 state="sleeping", rule="ssh_client_lost") == 0
+    assert (
+        value(
+            families,
+            "mlx_orphan_processes",
+            model="glm",
+            role="rank",
+            state="uninterruptible",
+            rule="ssh_client_lost",
+        )
+        == 1
+    )
+    assert (
+        value(
+            families,
+            "mlx_orphan_processes",
+            model="glm",
+            role="rank",
+            state="sleeping",
+            rule="ssh_client_lost",
+        )
+        == 0
+    )
     assert value(families, "mlx_orphan_oldest_age_seconds", model="glm") == 61_200.0
 
 
 def test_ranks_nothing_tells_apart_are_suspects_in_their_own_series_never_orphans():
     families = collect(peer_with_two_ranks(), now=62_200.0)
     for state in ("uninterruptible", "sleeping"):
-        assert value(families, "mlx_suspected_orphan_processes", model="glm", role="rank",
-                     state=state, rule="excess_ranks_undecided") == 1
-    assert sum(s.value for f in families if f.name == "mlx_orphan_processes"
-               for s in f.samples) == 0
+        assert (
+            value(
+                families,
+                "mlx_suspected_orphan_processes",
+                model="glm",
+                role="rank",
+                state=state,
+                rule="excess_ranks_undecided",
+            )
+            == 1
+        )
+    assert (
+        sum(s.value for f in families if f.name == "mlx_orphan_processes" for s in f.samples) == 0
+    )
     assert value(families, "mlx_orphan_oldest_age_seconds", model="glm") == 0
 
 
 def test_without_inventory_two_ranks_of_one_placement_and_rank_are_found_on_the_peer():
     ring = '[["127.0.0.2:45000"], ["127.0.0.3:45001"]]\n'
     processes = [p for p in peer_with_two_ranks() if p.pid not in (201, 301)] + table(
-        proc(201, 200, rank_argv(model="/srv/tiny"),
-             env={"MLX_RANK": "1", "MLX_HOSTFILE": "/tmp/tmp.a"}, created=1000),
-        proc(301, 300, rank_argv(model="/srv/tiny"),
-             env={"MLX_RANK": "1", "MLX_HOSTFILE": "/tmp/tmp.b"}, created=9000),
+        proc(
+            201,
+            200,
+            rank_argv(model="/srv/tiny"),
+            env={"MLX_RANK": "1", "MLX_HOSTFILE": "/tmp/tmp.a"},
+            created=1000,
+        ),
+        proc(
+            301,
+            300,
+            rank_argv(model="/srv/tiny"),
+            env={"MLX_RANK": "1", "MLX_HOSTFILE": "/tmp/tmp.b"},
+            created=9000,
+        ),
     )
     files = {"/tmp/tmp.a": ring, "/tmp/tmp.b": ring}
     families = collect(processes, inventory=None, node=None, files=files)
-    assert value(families, "mlx_suspected_orphan_processes", model="/srv/tiny", role="rank",
-                 state="sleeping", rule="duplicate_rank_undecided") == 2
-    families = collect(processes, inventory=None, node=None, files=files,
-                       established=lambda sshd: sshd.pid == 300)
-    assert value(families, "mlx_orphan_processes", model="/srv/tiny", role="rank",
-                 state="sleeping", rule="ssh_client_lost") == 1
+    assert (
+        value(
+            families,
+            "mlx_suspected_orphan_processes",
+            model="/srv/tiny",
+            role="rank",
+            state="sleeping",
+            rule="duplicate_rank_undecided",
+        )
+        == 2
+    )
+    families = collect(
+        processes, inventory=None, node=None, files=files, established=lambda sshd: sshd.pid == 300
+    )
+    assert (
+        value(
+            families,
+            "mlx_orphan_processes",
+            model="/srv/tiny",
+            role="rank",
+            state="sleeping",
+            rule="ssh_client_lost",
+        )
+        == 1
+    )
 
 
 def test_a_ranks_placement_is_read_when_it_is_first_seen_and_outlives_its_hostfile():
@@ -143,27 +236,55 @@ def test_a_ranks_placement_is_read_when_it_is_first_seen_and_outlives_its_hostfi
         return files.get(path)
 
     launcher = proc(5, 1, launcher_argv(rank_argv(model="/srv/tiny")))
-    first = proc(10, 5, rank_argv(model="/srv/tiny"),
-                 env={"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/tmp.a"}, created=1000)
+    first = proc(
+        10,
+        5,
+        rank_argv(model="/srv/tiny"),
+        env={"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/tmp.a"},
+        created=1000,
+    )
     source = StaticTable(table(proc(1, 0, ["/sbin/init"]), launcher, first))
     collector = ProcessesCollector(
-        node=None, inventory=None, state_dir=Path("/nonexistent"), table=source,
-        clock=lambda: 0.0, established=lambda sshd: True,
-        listening=lambda: lambda pid, port: False, read_file=read,
+        node=None,
+        inventory=None,
+        state_dir=Path("/nonexistent"),
+        table=source,
+        clock=lambda: 0.0,
+        established=lambda sshd: True,
+        listening=lambda: lambda pid, port: False,
+        read_file=read,
     )
     list(collector.collect())
     del files["/tmp/tmp.a"]  # cleaned away while the rank runs
-    second = proc(11, 5, rank_argv(model="/srv/tiny"),
-                  env={"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/tmp.b"}, created=2000)
+    second = proc(
+        11,
+        5,
+        rank_argv(model="/srv/tiny"),
+        env={"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/tmp.b"},
+        created=2000,
+    )
     source.processes.append(second)
     families = list(collector.collect())
-    assert value(families, "mlx_suspected_orphan_processes", model="/srv/tiny", role="rank",
-                 state="sleeping", rule="duplicate_rank_undecided") == 2
+    assert (
+        value(
+            families,
+            "mlx_suspected_orphan_processes",
+            model="/srv/tiny",
+            role="rank",
+            state="sleeping",
+            rule="duplicate_rank_undecided",
+        )
+        == 2
+    )
     assert reads == ["/tmp/tmp.a", "/tmp/tmp.b"]  # once each
     # pid 10 ends and is reused by another process: that one is read afresh
-    source.processes[2] = proc(10, 5, rank_argv(model="/srv/tiny"),
-                               env={"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/tmp.c"},
-                               created=3000)
+    source.processes[2] = proc(
+        10,
+        5,
+        rank_argv(model="/srv/tiny"),
+        env={"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/tmp.c"},
+        created=3000,
+    )
     list(collector.collect())
     assert reads[-1] == "/tmp/tmp.c"
 
@@ -176,8 +297,17 @@ def test_a_stale_run_id_is_read_from_the_state_dir(tmp_path: Path):
         proc(11, 1, rank_argv(), env={"MLX_RANK": "1", "MLX_MEDIC_RUN_ID": "run-new"}),
     )
     families = collect(processes, state_dir=tmp_path, established=lambda sshd: None)
-    assert value(families, "mlx_orphan_processes", model="glm", role="rank",
-                 state="sleeping", rule="stale_run_id") == 1
+    assert (
+        value(
+            families,
+            "mlx_orphan_processes",
+            model="glm",
+            role="rank",
+            state="sleeping",
+            rule="stale_run_id",
+        )
+        == 1
+    )
 
 
 def test_the_launching_node_reports_the_dead_launchs_leftovers_and_the_suspected_peer():
@@ -188,8 +318,17 @@ def test_the_launching_node_reports_the_dead_launchs_leftovers_and_the_suspected
     )
     families = collect(processes, node="ai001")
     for role in ("rank", "ssh_client"):
-        assert value(families, "mlx_orphan_processes", model="glm", role=role,
-                     state="sleeping", rule="launcher_gone") == 1
+        assert (
+            value(
+                families,
+                "mlx_orphan_processes",
+                model="glm",
+                role=role,
+                state="sleeping",
+                rule="launcher_gone",
+            )
+            == 1
+        )
     assert value(families, "mlx_suspected_remote_orphans", model="glm", peer="ai002") == 1
 
 
@@ -215,8 +354,12 @@ def test_without_inventory_models_are_named_by_their_model_argument():
 def test_without_inventory_each_model_found_is_logged_once_with_how_it_was_found(caplog):
     processes = table(proc(1, 0, ["/sbin/init"]), proc(10, 1, rank_argv(model="/srv/tiny")))
     collector = ProcessesCollector(
-        node="x", inventory=None, state_dir=Path("/nonexistent"),
-        table=StaticTable(processes), clock=lambda: 0.0, established=lambda sshd: True,
+        node="x",
+        inventory=None,
+        state_dir=Path("/nonexistent"),
+        table=StaticTable(processes),
+        clock=lambda: 0.0,
+        established=lambda sshd: True,
     )
     with caplog.at_level("INFO", logger="mlx_medic.exporter.processes"):
         list(collector.collect())
@@ -260,9 +403,14 @@ def test_an_unreadable_proc_entry_never_fails_a_scrape(tmp_path: Path):
     assert processes[10].env == {}
     assert 12 not in processes
     assert table_.read_errors >= 1
-    collector = ProcessesCollector(node="x", inventory=None, state_dir=tmp_path,
-                                   table=table_, clock=lambda: 0.0,
-                                   established=lambda sshd: None)
+    collector = ProcessesCollector(
+        node="x",
+        inventory=None,
+        state_dir=tmp_path,
+        table=table_,
+        clock=lambda: 0.0,
+        established=lambda sshd: None,
+    )
     assert list(collector.collect())
 
 
@@ -270,9 +418,14 @@ def test_a_command_line_with_odd_bytes_never_fails_a_scrape(tmp_path: Path):
     fake = FakeProc(tmp_path / "proc")
     fake.add(1, 0, ["/sbin/init"])
     fake.add(10, 1, b"/usr/bin/python3\0-m\0mlx_lm.server\0--model\0/srv/\xff\xfe\x00bad\0")
-    collector = ProcessesCollector(node="x", inventory=None, state_dir=tmp_path,
-                                   table=fake_table(fake.root), clock=lambda: 0.0,
-                                   established=lambda sshd: None)
+    collector = ProcessesCollector(
+        node="x",
+        inventory=None,
+        state_dir=tmp_path,
+        table=fake_table(fake.root),
+        clock=lambda: 0.0,
+        established=lambda sshd: None,
+    )
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
@@ -332,25 +485,43 @@ def test_promtool_accepts_a_live_scrape(tmp_path: Path):
     )
     try:
         scrape = subprocess.run(
-            [sys.executable, "-m", "mlx_medic.cli", "exporter", "--once",
-             "--state-dir", str(tmp_path)],
-            cwd=REPO, capture_output=True, timeout=120, check=True,
+            [
+                sys.executable,
+                "-m",
+                "mlx_medic.cli",
+                "exporter",
+                "--once",
+                "--state-dir",
+                str(tmp_path),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            timeout=120,
+            check=True,
         )
     finally:
         rank.kill()
         rank.wait()
-    assert f'mlx_processes{{model="{model}",role="rank",state="sleeping"}} 1.0'.encode() \
+    assert (
+        f'mlx_processes{{model="{model}",role="rank",state="sleeping"}} 1.0'.encode()
         in scrape.stdout
-    check = subprocess.run([promtool, "check", "metrics"], input=scrape.stdout,
-                           capture_output=True, timeout=60)
+    )
+    check = subprocess.run(
+        [promtool, "check", "metrics"], input=scrape.stdout, capture_output=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
 
 
 def ledger_reader(processes: list[ProcessInfo], state_dir: Path, boot: str):
     return ProcessesCollector(
-        node="ai002", inventory=INVENTORY, state_dir=state_dir, table=StaticTable(processes),
-        clock=lambda: 62_200.0, established=lambda sshd: sshd.pid == 300,
-        listening=lambda: lambda pid, port: False, read_file=lambda p, path: None,
+        node="ai002",
+        inventory=INVENTORY,
+        state_dir=state_dir,
+        table=StaticTable(processes),
+        clock=lambda: 62_200.0,
+        established=lambda sshd: sshd.pid == 300,
+        listening=lambda: lambda pid, port: False,
+        read_file=lambda p, path: None,
         boot_id=lambda: boot,
     )
 
@@ -366,39 +537,91 @@ def test_an_orphan_the_ledger_records_as_a_survivor_of_sigkill_is_not_counted_as
     orphan alert does not send the remediator's sweep-orphans after it again and again."""
     from mlx_medic.node.ledger import record_spend
 
-    record_spend(tmp_path, "ai002", "unkillable", pid=201, start_time=1000.0,
-                 backend="jaccl", model="glm", boot_id="b1")  # fmt: skip
+    record_spend(
+        tmp_path,
+        "ai002",
+        "unkillable",
+        pid=201,
+        start_time=1000.0,
+        backend="jaccl",
+        model="glm",
+        boot_id="b1",
+    )
     families = collect_with_ledger(peer_with_two_ranks(), tmp_path, "b1")
-    assert value(families, "mlx_orphan_processes", model="glm", role="rank",
-                 state="uninterruptible", rule="ssh_client_lost") == 0
+    assert (
+        value(
+            families,
+            "mlx_orphan_processes",
+            model="glm",
+            role="rank",
+            state="uninterruptible",
+            rule="ssh_client_lost",
+        )
+        == 0
+    )
     # every other series as before: the process is still there, and still the oldest orphan
-    assert value(families, "mlx_processes", model="glm", role="rank",
-                 state="uninterruptible") == 1
+    assert value(families, "mlx_processes", model="glm", role="rank", state="uninterruptible") == 1
     assert value(families, "mlx_orphan_oldest_age_seconds", model="glm") == 61_200.0
     # another boot's ledger is empty: the orphan is counted again
     families = collect_with_ledger(peer_with_two_ranks(), tmp_path, "b2")
-    assert value(families, "mlx_orphan_processes", model="glm", role="rank",
-                 state="uninterruptible", rule="ssh_client_lost") == 1
+    assert (
+        value(
+            families,
+            "mlx_orphan_processes",
+            model="glm",
+            role="rank",
+            state="uninterruptible",
+            rule="ssh_client_lost",
+        )
+        == 1
+    )
 
 
 def test_a_reused_pid_of_a_recorded_survivor_is_an_orphan_like_any_other(tmp_path: Path):
     from mlx_medic.node.ledger import record_spend
 
-    record_spend(tmp_path, "ai002", "unkillable", pid=201, start_time=999.0,
-                 backend="jaccl", model="glm", boot_id="b1")  # another process, gone
+    record_spend(
+        tmp_path,
+        "ai002",
+        "unkillable",
+        pid=201,
+        start_time=999.0,
+        backend="jaccl",
+        model="glm",
+        boot_id="b1",
+    )  # another process, gone
     families = collect_with_ledger(peer_with_two_ranks(), tmp_path, "b1")
-    assert value(families, "mlx_orphan_processes", model="glm", role="rank",
-                 state="uninterruptible", rule="ssh_client_lost") == 1
+    assert (
+        value(
+            families,
+            "mlx_orphan_processes",
+            model="glm",
+            role="rank",
+            state="uninterruptible",
+            rule="ssh_client_lost",
+        )
+        == 1
+    )
 
 
 def test_an_unreadable_ledger_leaves_the_orphans_counted_and_the_scrape_working(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ):
     (tmp_path / "pd-ledger.json").write_text("{not json")
     collector = ledger_reader(peer_with_two_ranks(), tmp_path, "b1")
     for _ in range(2):
         families = list(collector.collect())
-        assert value(families, "mlx_orphan_processes", model="glm", role="rank",
-                     state="uninterruptible", rule="ssh_client_lost") == 1
+        assert (
+            value(
+                families,
+                "mlx_orphan_processes",
+                model="glm",
+                role="rank",
+                state="uninterruptible",
+                rule="ssh_client_lost",
+            )
+            == 1
+        )
     warned = [r for r in caplog.records if "counted as orphans" in r.getMessage()]
     assert len(warned) == 1  # said once while it stays the same

@@ -45,11 +45,21 @@ def scrape(cluster: Cluster, node: str, inventory: Path | None) -> dict[tuple, f
     (without `node`, checked to be this node on every series: the node's state dir holds
     its node-id). `inventory=None`: discovery mode, where models are named by their
     `--model` argument."""
-    where = (["--config.file", str(inventory), "--node", node] if inventory is not None
-             else ["--state-dir", str(cluster.node(node).state_mount)])
+    where = (
+        ["--config.file", str(inventory), "--node", node]
+        if inventory is not None
+        else ["--state-dir", str(cluster.node(node).state_mount)]
+    )
     popen = cluster.node(node).spawn(
-        [cluster.python, "-m", "mlx_medic.cli", "exporter", "--once", *where,
-         "--no-collector.service"],  # the live probe is another test's business
+        [
+            cluster.python,
+            "-m",
+            "mlx_medic.cli",
+            "exporter",
+            "--once",
+            *where,
+            "--no-collector.service",
+        ],  # the live probe is another test's business
         env=cluster.env(PYTHONPATH=str(REPO)),
         cwd=str(REPO),
         stdout=subprocess.PIPE,
@@ -114,9 +124,13 @@ class Scenario:
         the same content under a new temporary path)."""
         offset = 0 if same_placement else 5 * attempt
         ports = ["--starting-port", str(self.ring_port + offset)]
-        return start_launch(self.cluster, self.hostfile, self.rank_argv,
-                            env=self.cluster.env(HF_HUB_OFFLINE="1"),
-                            launch_args=[*ports, *extra])
+        return start_launch(
+            self.cluster,
+            self.hostfile,
+            self.rank_argv,
+            env=self.cluster.env(HF_HUB_OFFLINE="1"),
+            launch_args=[*ports, *extra],
+        )
 
 
 def prepare(cluster: Cluster, tiny_model: Path, *, real_server: bool = False) -> Scenario:
@@ -127,21 +141,39 @@ def prepare(cluster: Cluster, tiny_model: Path, *, real_server: bool = False) ->
     port = free_port()
     hostfile = cluster.hostfile(cluster.workdir / f"ring-{token}.json", ["ai001", "ai002"])
     inventory = cluster.workdir / f"inventory-{token}.yaml"
-    inventory.write_text(cluster.inventory_yaml([{
-        "name": "tiny",
-        "model": str(tiny_model),
-        "nodes": ["ai001", "ai002"],
-        "port": port,
-        "service": {"manager": "supervisord", "label": f"tiny-{token}"},
-        "backends": {"ring": {"hostfile": str(hostfile)}},
-        "process_patterns": {"rank": [rf"serve\.py --model \S+ --port {port}"]},
-    }]))
+    inventory.write_text(
+        cluster.inventory_yaml(
+            [
+                {
+                    "name": "tiny",
+                    "model": str(tiny_model),
+                    "nodes": ["ai001", "ai002"],
+                    "port": port,
+                    "service": {"manager": "supervisord", "label": f"tiny-{token}"},
+                    "backends": {"ring": {"hostfile": str(hostfile)}},
+                    "process_patterns": {"rank": [rf"serve\.py --model \S+ --port {port}"]},
+                }
+            ]
+        )
+    )
     rank_argv = [cluster.python, str(script), "--model", str(tiny_model), "--port", str(port)]
     if real_server:
-        rank_argv = [cluster.python, "-m", "mlx_lm", "server", "--model", str(tiny_model),
-                     "--host", "127.0.0.1", "--port", str(port), "--pipeline"]
-    return Scenario(cluster, token, script, hostfile, inventory, rank_argv,
-                    random.randrange(42000, 52000, 20))
+        rank_argv = [
+            cluster.python,
+            "-m",
+            "mlx_lm",
+            "server",
+            "--model",
+            str(tiny_model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--pipeline",
+        ]
+    return Scenario(
+        cluster, token, script, hostfile, inventory, rank_argv, random.randrange(42000, 52000, 20)
+    )
 
 
 def test_the_peer_finds_the_seeds_orphan_under_sshd_with_or_without_an_inventory(
@@ -192,21 +224,34 @@ def test_the_peer_finds_the_seeds_orphan_under_sshd_with_or_without_an_inventory
             assert total(on_head, "mlx_processes", model=model, role="rank") == 2
             assert total(on_head, "mlx_processes", model=model, role="ssh_client") == 2
             for role in ("rank", "ssh_client"):
-                assert total(on_head, "mlx_orphan_processes", model=model, role=role,
-                             rule="launcher_gone") == 1
+                assert (
+                    total(
+                        on_head,
+                        "mlx_orphan_processes",
+                        model=model,
+                        role=role,
+                        rule="launcher_gone",
+                    )
+                    == 1
+                )
                 assert total(on_head, "mlx_orphan_processes", model=model, role=role) == 1
             assert total(on_head, "mlx_suspected_orphan_processes", model=model) == 0
             peer_label = "ai002" if config is not None else peer.address
-            assert on_head[("mlx_suspected_remote_orphans", ("model", model),
-                            ("peer", peer_label))] == 1
+            assert (
+                on_head[("mlx_suspected_remote_orphans", ("model", model), ("peer", peer_label))]
+                == 1
+            )
 
         # The seed's end state: the orphan stuck in uninterruptible wait, its sshd stuck
         # with it, and the client gone. Freeze both (cgroup v1 freezer: state D, SIGKILL
         # pends), then SIGKILL the dead launch's ssh client on the head.
         head = cluster.node("ai001")
-        (old_client,) = [p for p in head.host_pids()
-                         if processes.cmdline(p)[:1] == ["/usr/bin/ssh"]
-                         and head.ns_pid_of(processes.ppid(p)) == 1]
+        (old_client,) = [
+            p
+            for p in head.host_pids()
+            if processes.cmdline(p)[:1] == ["/usr/bin/ssh"]
+            and head.ns_pid_of(processes.ppid(p)) == 1
+        ]
         with frozen([old_peer_rank, parent], token):
             os.kill(old_client, signal.SIGKILL)
             wait_gone(old_client)
@@ -216,10 +261,23 @@ def test_the_peer_finds_the_seeds_orphan_under_sshd_with_or_without_an_inventory
             for model, config in modes.items():
                 on_peer = scrape(cluster, "ai002", config)
                 assert total(on_peer, "mlx_orphan_processes", model=model, role="rank") == 1
-                assert total(on_peer, "mlx_orphan_processes", model=model, role="rank",
-                             state="uninterruptible", rule="ssh_client_lost") == 1
-                assert total(on_peer, "mlx_processes", model=model, role="rank",
-                             state="uninterruptible") == 1
+                assert (
+                    total(
+                        on_peer,
+                        "mlx_orphan_processes",
+                        model=model,
+                        role="rank",
+                        state="uninterruptible",
+                        rule="ssh_client_lost",
+                    )
+                    == 1
+                )
+                assert (
+                    total(
+                        on_peer, "mlx_processes", model=model, role="rank", state="uninterruptible"
+                    )
+                    == 1
+                )
                 assert total(on_peer, "mlx_suspected_orphan_processes", model=model) == 0
                 assert on_peer[("mlx_orphan_oldest_age_seconds", ("model", model))] > 0
     finally:
@@ -234,8 +292,16 @@ def peer_has_two_rank_1_suspects(cluster: Cluster, modes: dict[str, Path | None]
         on_peer = scrape(cluster, "ai002", config)
         assert total(on_peer, "mlx_processes", model=model, role="rank") == 2
         assert total(on_peer, "mlx_orphan_processes", model=model) == 0
-        assert total(on_peer, "mlx_suspected_orphan_processes", model=model, role="rank",
-                     rule="duplicate_rank_undecided") == 2
+        assert (
+            total(
+                on_peer,
+                "mlx_suspected_orphan_processes",
+                model=model,
+                role="rank",
+                rule="duplicate_rank_undecided",
+            )
+            == 2
+        )
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -256,8 +322,9 @@ def test_with_run_ids_every_leftover_of_the_dead_launch_is_a_stale_run(
         for attempt, run_id in enumerate(("run-1", "run-2")):
             for node in nodes:
                 record_current_run(node.state_dir, "tiny", run_id)
-            run = scenario.launch(attempt, "--env", f"MLX_MEDIC_RUN_ID={run_id}",
-                                  "--env", "MLX_MEDIC_MODEL=tiny")
+            run = scenario.launch(
+                attempt, "--env", f"MLX_MEDIC_RUN_ID={run_id}", "--env", "MLX_MEDIC_MODEL=tiny"
+            )
             runs.append(run)
             wait_ready(run, 2)
             if attempt == 0:
@@ -265,16 +332,19 @@ def test_with_run_ids_every_leftover_of_the_dead_launch_is_a_stale_run(
 
         on_peer = scrape(cluster, "ai002", scenario.inventory)
         assert total(on_peer, "mlx_orphan_processes", model="tiny") == 1
-        assert total(on_peer, "mlx_orphan_processes", model="tiny", role="rank",
-                     rule="stale_run_id") == 1
+        assert (
+            total(on_peer, "mlx_orphan_processes", model="tiny", role="rank", rule="stale_run_id")
+            == 1
+        )
 
         on_head = scrape(cluster, "ai001", scenario.inventory)
         assert total(on_head, "mlx_orphan_processes", model="tiny") == 2
         for role in ("rank", "ssh_client"):
-            assert total(on_head, "mlx_orphan_processes", model="tiny", role=role,
-                         rule="stale_run_id") == 1
-        assert on_head[("mlx_suspected_remote_orphans", ("model", "tiny"),
-                        ("peer", "ai002"))] == 1
+            assert (
+                total(on_head, "mlx_orphan_processes", model="tiny", role=role, rule="stale_run_id")
+                == 1
+            )
+        assert on_head[("mlx_suspected_remote_orphans", ("model", "tiny"), ("peer", "ai002"))] == 1
     finally:
         for run in runs:
             run.close()
@@ -311,9 +381,12 @@ def test_real_mlx_lm_server_ranks_the_seeds_stuck_peer_orphan_beside_the_restart
         session = processes.ppid(old_peer_rank)
         with frozen([old_peer_rank, session], scenario.token):
             runs[0].kill()
-            leftovers = [p for p in head.host_pids()
-                         if processes.ppid(p) == head.init_pid  # adopted by the node's pid 1
-                         and processes.cmdline(p)[:1] in (["/usr/bin/ssh"], [cluster.python])]
+            leftovers = [
+                p
+                for p in head.host_pids()
+                if processes.ppid(p) == head.init_pid  # adopted by the node's pid 1
+                and processes.cmdline(p)[:1] in (["/usr/bin/ssh"], [cluster.python])
+            ]
             assert len(leftovers) == 2, [processes.cmdline(p) for p in leftovers]
             for pid in leftovers:  # what launchd does to the dead job's process group
                 os.kill(pid, signal.SIGKILL)
@@ -330,17 +403,29 @@ def test_real_mlx_lm_server_ranks_the_seeds_stuck_peer_orphan_beside_the_restart
 
             on_peer = scrape(cluster, "ai002", scenario.inventory)
             assert total(on_peer, "mlx_processes", model="tiny", role="rank") == 2
-            assert total(on_peer, "mlx_processes", model="tiny", role="rank",
-                         state="uninterruptible") == 1
+            assert (
+                total(on_peer, "mlx_processes", model="tiny", role="rank", state="uninterruptible")
+                == 1
+            )
             assert total(on_peer, "mlx_orphan_processes", model="tiny") == 1
-            assert total(on_peer, "mlx_orphan_processes", model="tiny", role="rank",
-                         state="uninterruptible", rule="ssh_client_lost") == 1
+            assert (
+                total(
+                    on_peer,
+                    "mlx_orphan_processes",
+                    model="tiny",
+                    role="rank",
+                    state="uninterruptible",
+                    rule="ssh_client_lost",
+                )
+                == 1
+            )
 
             on_head = scrape(cluster, "ai001", scenario.inventory)
             assert total(on_head, "mlx_processes", model="tiny", role="rank") == 1
             assert total(on_head, "mlx_orphan_processes", model="tiny") == 0
-            assert on_head[("mlx_suspected_remote_orphans", ("model", "tiny"),
-                            ("peer", "ai002"))] == 0
+            assert (
+                on_head[("mlx_suspected_remote_orphans", ("model", "tiny"), ("peer", "ai002"))] == 0
+            )
     finally:
         for run in runs:
             run.close()
@@ -383,8 +468,16 @@ def test_a_lingering_failed_launch_attempt_never_marks_the_rank_that_serves(
                 on_head = scrape(cluster, "ai001", config)
                 assert total(on_head, "mlx_processes", model=model, role="rank") == 2
                 assert total(on_head, "mlx_orphan_processes", model=model) == 1
-                assert total(on_head, "mlx_orphan_processes", model=model, role="rank",
-                             rule="duplicate_rank") == 1
+                assert (
+                    total(
+                        on_head,
+                        "mlx_orphan_processes",
+                        model=model,
+                        role="rank",
+                        rule="duplicate_rank",
+                    )
+                    == 1
+                )
                 assert total(on_head, "mlx_suspected_orphan_processes", model=model) == 0
                 assert total(on_head, "mlx_suspected_remote_orphans", model=model) == 0
 

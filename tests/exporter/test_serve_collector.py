@@ -39,8 +39,9 @@ models:
 
 
 def scrape(tmp_path: Path, node: str = "n1", now: float = 1000.0) -> list[object]:
-    context = ExporterContext(node=node, inventory=parse_inventory(INVENTORY),
-                              state_dir=tmp_path, clock=lambda: now)  # fmt: skip
+    context = ExporterContext(
+        node=node, inventory=parse_inventory(INVENTORY), state_dir=tmp_path, clock=lambda: now
+    )
     return list(ScrapeCollector([ServeCollector(context)], node=node).collect())
 
 
@@ -49,8 +50,13 @@ def value(families: list[object], name: str, **labels: str) -> float | None:
 
 
 def me(state: str = "serving", **changes: object) -> ServeRecord:
-    return ServeRecord("r1", os.getpid(), process_start_time(os.getpid()), state,  # type: ignore[arg-type]
-                       **changes)  # fmt: skip
+    return ServeRecord(
+        "r1",
+        os.getpid(),
+        process_start_time(os.getpid()),
+        state,  # type: ignore[arg-type]
+        **changes,
+    )
 
 
 def test_the_backend_the_live_run_serves_on_is_1_and_the_others_0(tmp_path: Path) -> None:
@@ -72,8 +78,7 @@ def test_a_sigkilled_wrapper_recorded_as_serving_is_failed_and_serves_no_backend
 ) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    write_serve_record(tmp_path, "m1", ServeRecord("r1", gone.pid, 1.0, "serving",
-                                                   backend="ring"))  # fmt: skip
+    write_serve_record(tmp_path, "m1", ServeRecord("r1", gone.pid, 1.0, "serving", backend="ring"))
     families = scrape(tmp_path)
     assert value(families, "mlx_serve_state", model="m1", state="failed") == 1
     assert value(families, "mlx_serve_state", model="m1", state="serving") == 0
@@ -102,8 +107,12 @@ def test_a_node_whose_reboot_the_last_start_needs_is_served_once_each(tmp_path: 
     """A survivor of SIGKILL there holds the model's port: the reboot alert names the node."""
     write_serve_record(tmp_path, "m1", me("failed", reboot=("n1", "n2", "n1")))
     families = scrape(tmp_path)
-    reboots = {(s.labels["model"], s.labels["reboot_node"]): s.value for f in families
-               for s in getattr(f, "samples", []) if s.name == "mlx_serve_reboot_needed"}
+    reboots = {
+        (s.labels["model"], s.labels["reboot_node"]): s.value
+        for f in families
+        for s in getattr(f, "samples", [])
+        if s.name == "mlx_serve_reboot_needed"
+    }
     assert reboots == {("m1", "n1"): 1.0, ("m1", "n2"): 1.0}
     assert value(families, "mlx_serve_reboot_needed", model="m1", reboot_node="n2") == 1
 
@@ -111,5 +120,9 @@ def test_a_node_whose_reboot_the_last_start_needs_is_served_once_each(tmp_path: 
 def test_no_reboot_needed_is_no_series(tmp_path: Path) -> None:
     write_serve_record(tmp_path, "m1", me("serving", backend="ring"))
     families = scrape(tmp_path)
-    assert not [s for f in families for s in getattr(f, "samples", [])
-                if s.name == "mlx_serve_reboot_needed"]  # fmt: skip
+    assert not [
+        s
+        for f in families
+        for s in getattr(f, "samples", [])
+        if s.name == "mlx_serve_reboot_needed"
+    ]

@@ -53,8 +53,9 @@ def up_of(collector: ModelServiceCollector, model: str) -> float | None:
     return sample_value(list(collector.collect()), "mlx_model_up", {"model": model})
 
 
-def wait_for_reading(collector: ModelServiceCollector, model: str, want: float,
-                     within: float = 30.0) -> float | None:
+def wait_for_reading(
+    collector: ModelServiceCollector, model: str, want: float, within: float = 30.0
+) -> float | None:
     deadline = time.monotonic() + within
     value = up_of(collector, model)
     while value != want and time.monotonic() < deadline:
@@ -83,7 +84,8 @@ def test_only_models_whose_head_is_this_node_are_probed(tmp_path, collectors):
 
 def test_a_model_listening_on_every_address_is_probed_on_loopback(tmp_path, collectors):
     text = inventory_text(free_port(), free_port()).replace(
-        "    port: ", "    host: 0.0.0.0\n    port: ", 1)
+        "    port: ", "    host: 0.0.0.0\n    port: ", 1
+    )
     inventory = parse_inventory(text)
     collector = make(ExporterContext(node="head", inventory=inventory, state_dir=tmp_path))
     collectors.append(collector)
@@ -94,8 +96,9 @@ def test_without_an_inventory_nothing_is_probed_or_reported(tmp_path, collectors
     collector = make(ExporterContext(node="anything", inventory=None, state_dir=tmp_path))
     collectors.append(collector)
     families = list(ScrapeCollector([collector]).collect())
-    assert not [s for f in families for s in getattr(f, "samples", [])
-                if s.name.startswith("mlx_model_")]
+    assert not [
+        s for f in families for s in getattr(f, "samples", []) if s.name.startswith("mlx_model_")
+    ]
     assert not (tmp_path / "locks").exists()
 
 
@@ -104,10 +107,12 @@ def test_without_an_inventory_nothing_is_probed_or_reported(tmp_path, collectors
 
 @pytest.mark.slow
 def test_a_real_mlx_lm_server_reads_up_and_after_it_is_stopped_reads_down(
-        tiny_model, tmp_path, collectors):
+    tiny_model, tmp_path, collectors
+):
     with mlx_lm_server(tiny_model, tmp_path / "server.log") as server:
         collector = ModelServiceCollector(
-            [ProbeTarget("tiny", "127.0.0.1", server.port)], interval=0.5, timeout=30)
+            [ProbeTarget("tiny", "127.0.0.1", server.port)], interval=0.5, timeout=30
+        )
         collectors.append(collector)
         assert wait_for_reading(collector, "tiny", 1.0) == 1.0
         server.stop()
@@ -122,8 +127,8 @@ def test_a_real_mlx_lm_server_reads_up_and_after_it_is_stopped_reads_down(
 def test_a_server_that_accepts_but_never_answers_reads_down_after_the_timeout(collectors):
     with silent_listener() as port:
         collector = ModelServiceCollector(
-            [ProbeTarget("hung", "127.0.0.1", port)], interval=0.2, timeout=0.5,
-            first_result_wait=0)
+            [ProbeTarget("hung", "127.0.0.1", port)], interval=0.2, timeout=0.5, first_result_wait=0
+        )
         collectors.append(collector)
         assert wait_for_reading(collector, "hung", 0.0, within=10) == 0.0
         families = list(collector.collect())
@@ -138,8 +143,13 @@ def test_a_model_not_probed_yet_is_absent_not_down(collectors):
         release.wait(30)
         return ProbeResult(True, "ok", 0.01)
 
-    collector = ModelServiceCollector([ProbeTarget("slow", "127.0.0.1", 9)], probe=stuck_probe,
-                                      interval=60, timeout=1, first_result_wait=0)
+    collector = ModelServiceCollector(
+        [ProbeTarget("slow", "127.0.0.1", 9)],
+        probe=stuck_probe,
+        interval=60,
+        timeout=1,
+        first_result_wait=0,
+    )
     collectors.append(collector)
     try:
         assert up_of(collector, "slow") is None
@@ -161,8 +171,9 @@ def test_a_scrape_during_a_hung_probe_returns_the_last_reading_without_waiting(c
         release.wait(60)
         return ProbeResult(False, "no complete answer", 10.0)
 
-    collector = ModelServiceCollector([ProbeTarget("m", "127.0.0.1", 9)], probe=probe,
-                                      interval=0.01, timeout=10)
+    collector = ModelServiceCollector(
+        [ProbeTarget("m", "127.0.0.1", 9)], probe=probe, interval=0.01, timeout=10
+    )
     collectors.append(collector)
     assert probing.wait(10)
     try:
@@ -177,17 +188,21 @@ def test_the_first_scrape_waits_briefly_for_the_first_probe_so_once_mode_has_a_v
         time.sleep(0.2)
         return ProbeResult(True, "ok", 0.2)
 
-    collector = ModelServiceCollector([ProbeTarget("m", "127.0.0.1", 9)], probe=probe,
-                                      interval=60, timeout=5)
+    collector = ModelServiceCollector(
+        [ProbeTarget("m", "127.0.0.1", 9)], probe=probe, interval=60, timeout=5
+    )
     collectors.append(collector)
     assert up_of(collector, "m") == 1.0
 
 
 def test_an_inconclusive_probe_keeps_the_previous_reading(collectors):
-    answers = [ProbeResult(False, "not probed: busy", 0.0, conclusive=False),
-               ProbeResult(True, "ok", 0.01)]
+    answers = [
+        ProbeResult(False, "not probed: busy", 0.0, conclusive=False),
+        ProbeResult(True, "ok", 0.01),
+    ]
     collector = ModelServiceCollector(
-        [ProbeTarget("m", "127.0.0.1", 9)], probe=lambda h, p, **k: answers.pop(), start=False)
+        [ProbeTarget("m", "127.0.0.1", 9)], probe=lambda h, p, **k: answers.pop(), start=False
+    )
     collector.probe_all_once()
     collector.probe_all_once()
     assert up_of(collector, "m") == 1.0
@@ -202,8 +217,13 @@ def test_a_probe_that_raises_is_logged_and_the_loop_keeps_going(caplog, collecto
             raise OSError("lock dir vanished")
         return ProbeResult(True, "ok", 0.01)
 
-    collector = ModelServiceCollector([ProbeTarget("m", "127.0.0.1", 9)], probe=probe,
-                                      interval=0.05, timeout=1, first_result_wait=0)
+    collector = ModelServiceCollector(
+        [ProbeTarget("m", "127.0.0.1", 9)],
+        probe=probe,
+        interval=0.05,
+        timeout=1,
+        first_result_wait=0,
+    )
     collectors.append(collector)
     assert wait_for_reading(collector, "m", 1.0) == 1.0
     assert "probe of model m at 127.0.0.1:9 failed to run" in caplog.text
@@ -225,7 +245,8 @@ def test_help_is_the_same_whatever_the_settings_and_the_age_is_a_series_of_its_o
 def test_racing_scrapes_and_a_remediator_recheck_never_overlap_probes(collectors):
     with CountingCompletionServer(delay=0.1) as server:
         collector = ModelServiceCollector(
-            [ProbeTarget("m", "127.0.0.1", server.port)], interval=0.01, timeout=5)
+            [ProbeTarget("m", "127.0.0.1", server.port)], interval=0.01, timeout=5
+        )
         collectors.append(collector)
         scrape = ScrapeCollector([collector])
         rechecks: list[ProbeResult] = []
@@ -253,7 +274,8 @@ def test_racing_scrapes_and_a_remediator_recheck_never_overlap_probes(collectors
 def test_scrapes_do_not_add_requests_to_the_model(collectors):
     with CountingCompletionServer() as server:
         collector = ModelServiceCollector(
-            [ProbeTarget("m", "127.0.0.1", server.port)], interval=3600, timeout=5)
+            [ProbeTarget("m", "127.0.0.1", server.port)], interval=3600, timeout=5
+        )
         collectors.append(collector)
         for _ in range(10):
             assert up_of(collector, "m") == 1.0
@@ -261,7 +283,8 @@ def test_scrapes_do_not_add_requests_to_the_model(collectors):
 
 
 def test_the_exporter_factory_degrades_to_in_process_locking_when_state_dir_is_unusable(
-        tmp_path: Path, caplog, collectors):
+    tmp_path: Path, caplog, collectors
+):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the state dir should be")
     inventory = parse_inventory(inventory_text(free_port(), free_port()))

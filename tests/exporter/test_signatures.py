@@ -24,47 +24,75 @@ VERBATIM = [
     # seed 002 quotes the same failure without the `[jaccl] ` prefix
     ("RuntimeError: Couldn't allocate protection domain", ["jaccl_protection_domain"]),
     ("[jaccl] Changing queue pair to RTR failed with errno 16", ["jaccl_qp_rtr_errno_16"]),
-    ("RuntimeError: [jaccl] Changing queue pair to RTR failed with errno 22",
-     ["jaccl_qp_rtr_errno_22"]),
+    (
+        "RuntimeError: [jaccl] Changing queue pair to RTR failed with errno 22",
+        ["jaccl_qp_rtr_errno_22"],
+    ),
     ("[jaccl] Changing queue pair to RTR failed with errno 96", ["jaccl_qp_rtr_errno_96"]),
     # the format is "[jaccl] Creating the queue pair failed with '<strerror> (16)'."
-    ("[jaccl] Creating the queue pair failed with 'Device or resource busy (16)'.",
-     ["jaccl_qp_create"]),
+    (
+        "[jaccl] Creating the queue pair failed with 'Device or resource busy (16)'.",
+        ["jaccl_qp_create"],
+    ),
     ("[jaccl] Couldn't connect (error: 60)", ["jaccl_connect_error_60"]),
     ("RuntimeError: [jaccl] Couldn't connect (error: 65)", ["jaccl_connect_error_65"]),
     # lyogavin/airllm#367 and exo#948 (no trailing dot), jundot/omlx#2029 (with it)
-    ("libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] "
-     "Command buffer execution failed: Caused GPU Timeout Error "
-     "(00000002:kIOGPUCommandBufferCallbackErrorTimeout)", ["metal_gpu_timeout"]),
-    ("libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] "
-     "Command buffer execution failed: Caused GPU Timeout Error "
-     "(00000002:kIOGPUCommandBufferCallbackErrorTimeout).", ["metal_gpu_timeout"]),
+    (
+        "libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] "
+        "Command buffer execution failed: Caused GPU Timeout Error "
+        "(00000002:kIOGPUCommandBufferCallbackErrorTimeout)",
+        ["metal_gpu_timeout"],
+    ),
+    (
+        "libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] "
+        "Command buffer execution failed: Caused GPU Timeout Error "
+        "(00000002:kIOGPUCommandBufferCallbackErrorTimeout).",
+        ["metal_gpu_timeout"],
+    ),
     # seed 000 prints the same error wrapped over three lines; the code is on the last
     ("(00000002:kIOGPUCommandBufferCallbackErrorTimeout).", ["metal_gpu_timeout"]),
     # mlx PR #479; and the unified-log form (ddalcu/mlx-serve#321)
-    ("[METAL] Command buffer execution failed: Insufficient Memory "
-     "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", ["metal_out_of_memory"]),
-    ("Execution of the command buffer was aborted due to an error during execution. "
-     "Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)",
-     ["metal_out_of_memory"]),
+    (
+        "[METAL] Command buffer execution failed: Insufficient Memory "
+        "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)",
+        ["metal_out_of_memory"],
+    ),
+    (
+        "Execution of the command buffer was aborted due to an error during execution. "
+        "Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)",
+        ["metal_out_of_memory"],
+    ),
     ("[metal::malloc] Resource limit (499000) exceeded.", ["metal_malloc_resource_limit"]),
     # seed 000: the first line of the wrapped traceback, and the whole command on one line
-    ("subprocess.CalledProcessError: Command 'ssh ai005 'pid=$(cat /var/folders/.../tmp.None);",
-     ["launch_teardown_failed"]),
-    ("subprocess.CalledProcessError: Command 'ssh ai005 'pid=$(cat /var/folders/.../tmp.None); "
-     "if ps -p $pid >/dev/null; then kill $pid; echo 1; else echo 0; fi; "
-     "rm /var/folders/.../tmp.None'' returned non-zero exit status 1.",
-     ["launch_teardown_failed"]),
-    ("  rm /var/folders/.../tmp.None'' returned non-zero exit status 1.",
-     ["launch_teardown_failed"]),
+    (
+        "subprocess.CalledProcessError: Command 'ssh ai005 'pid=$(cat /var/folders/.../tmp.None);",
+        ["launch_teardown_failed"],
+    ),
+    (
+        "subprocess.CalledProcessError: Command 'ssh ai005 'pid=$(cat /var/folders/.../tmp.None); "
+        "if ps -p $pid >/dev/null; then kill $pid; echo 1; else echo 0; fi; "
+        "rm /var/folders/.../tmp.None'' returned non-zero exit status 1.",
+        ["launch_teardown_failed"],
+    ),
+    (
+        "  rm /var/folders/.../tmp.None'' returned non-zero exit status 1.",
+        ["launch_teardown_failed"],
+    ),
     # seed 004: mlx.launch refuses a JACCL hostfile (argparse's `prog: error:` line); the other
     # two texts are launch.py's own (as installed), which the seed's run did not reach
-    ("mlx.launch: error: The hostfile is malformed: no RDMA device is listed for m3-ultra-1 to "
-     "m3-ultra-2, ...", ["launch_hostfile_malformed"]),
-    ("mlx.launch: error: The hostfile is malformed: number of RDMA devices does not match hosts",
-     ["launch_hostfile_malformed"]),
-    ("mlx.launch: error: The hostfile is malformed: RDMA device of self should be null",
-     ["launch_hostfile_malformed"]),
+    (
+        "mlx.launch: error: The hostfile is malformed: no RDMA device is listed for m3-ultra-1 to "
+        "m3-ultra-2, ...",
+        ["launch_hostfile_malformed"],
+    ),
+    (
+        "mlx.launch: error: The hostfile is malformed: number of RDMA devices does not match hosts",
+        ["launch_hostfile_malformed"],
+    ),
+    (
+        "mlx.launch: error: The hostfile is malformed: RDMA device of self should be null",
+        ["launch_hostfile_malformed"],
+    ),
     ("\x1b[33m[WARN] Node with rank 1 exited with code 1 \x1b[0m", ["launch_rank_failed"]),
     ("\x1b[33m[WARN] Node with rank 0 was killed \x1b[0m", ["launch_rank_failed"]),
     ("\x1b[33m[WARN] Node with rank 3 exited with code -9 \x1b[0m", ["launch_rank_failed"]),
@@ -104,7 +132,7 @@ NEAR_MISSES = [
     "\x1b[34m[INFO] Node with rank 0 completed \x1b[0m",
     "[ring] Too many send/recv errors. Failing pending tasks...",
     "Exception in thread Thread-1 (worker):",
-    "INFO:     127.0.0.1:52344 - \"POST /v1/chat/completions HTTP/1.1\" 200 OK",
+    'INFO:     127.0.0.1:52344 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
 ]
 
 
@@ -120,12 +148,21 @@ def test_near_misses_match_no_signature(line):
 
 def test_the_issue_lists_every_builtin_name_and_names_are_label_safe_snake_case():
     assert [s.name for s in BUILTIN] == [
-        "jaccl_protection_domain", "jaccl_qp_rtr_errno_16", "jaccl_qp_rtr_errno_22",
-        "jaccl_qp_rtr_errno_96", "jaccl_qp_create", "jaccl_connect_error_60",
-        "jaccl_connect_error_65", "metal_gpu_timeout", "metal_out_of_memory",
-        "metal_malloc_resource_limit", "launch_teardown_failed", "launch_hostfile_malformed",
+        "jaccl_protection_domain",
+        "jaccl_qp_rtr_errno_16",
+        "jaccl_qp_rtr_errno_22",
+        "jaccl_qp_rtr_errno_96",
+        "jaccl_qp_create",
+        "jaccl_connect_error_60",
+        "jaccl_connect_error_65",
+        "metal_gpu_timeout",
+        "metal_out_of_memory",
+        "metal_malloc_resource_limit",
+        "launch_teardown_failed",
+        "launch_hostfile_malformed",
         "launch_rank_failed",
-        "ring_peer_lost", "generate_thread_died",
+        "ring_peer_lost",
+        "generate_thread_died",
     ]
     for signature in BUILTIN:
         assert signature.name == signature.name.lower()

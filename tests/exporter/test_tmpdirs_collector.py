@@ -67,8 +67,9 @@ def write(path: Path, size: int) -> Path:
 def du_kib(*paths: Path) -> int:
     """The real du's total for the paths, in KiB (hard links counted once across them)."""
     du = require_tool("du")
-    out = subprocess.run([du, "-skc", *map(str, paths)], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [du, "-skc", *map(str, paths)], check=True, capture_output=True, text=True
+    ).stdout
     return int(out.strip().splitlines()[-1].split()[0])
 
 
@@ -150,13 +151,16 @@ def fake_du(tmp_path: Path, script: str | None) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("script", [
-    "exit 2",  # du fails
-    "echo 'du: something broke' >&2; exit 1",  # fails with no record at all
-    "printf 'not a du record'",  # prints what we cannot parse
-    "kill -9 $$",  # killed
-    None,  # gone since the capability check
-])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "exit 2",  # du fails
+        "echo 'du: something broke' >&2; exit 1",  # fails with no record at all
+        "printf 'not a du record'",  # prints what we cannot parse
+        "kill -9 $$",  # killed
+        None,  # gone since the capability check
+    ],
+)
 def test_a_du_that_fails_hands_the_dir_to_our_walk_with_one_log_line(
     share_dir, tmp_path, caplog, script
 ):
@@ -241,8 +245,11 @@ def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir, weigher)
     inner = share_dir / "tmp0abcdefg" / "mnt"
     inner.mkdir()
     age_tree(share_dir)
-    weigher_code = (f"weighers.DuWeigher({weigher.du!r})" if isinstance(weigher, DuWeigher)
-                    else "weighers.PythonWeigher()")
+    weigher_code = (
+        f"weighers.DuWeigher({weigher.du!r})"
+        if isinstance(weigher, DuWeigher)
+        else "weighers.PythonWeigher()"
+    )
     script = (
         "import json, math, subprocess, sys, time\n"
         "from mlx_medic.exporter.collectors import tmpdirs\n"
@@ -258,11 +265,25 @@ def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir, weigher)
     )
     entries = [str(p) for p in tmp_entries(share_dir)]
     done = subprocess.run(
-        [unshare, "--mount", "--propagation", "private", "sh", "-c",
-         f'{mount} -t tmpfs tmpfs "$2" && s="$1" i="$2" d="$3" && shift 3 &&'
-         ' exec "$0" -c "$s" "$d" "$i" "$@"',
-         sys.executable, script, str(inner), str(share_dir), *entries],
-        cwd=Path(__file__).parents[2], capture_output=True, text=True, check=False,
+        [
+            unshare,
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'{mount} -t tmpfs tmpfs "$2" && s="$1" i="$2" d="$3" && shift 3 &&'
+            ' exec "$0" -c "$s" "$d" "$i" "$@"',
+            sys.executable,
+            script,
+            str(inner),
+            str(share_dir),
+            *entries,
+        ],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     ours_kib, du_kib = json.loads(done.stdout)
@@ -273,11 +294,13 @@ def test_a_filesystem_mounted_inside_an_entry_is_not_entered(share_dir, weigher)
 def test_an_entry_changed_recently_anywhere_in_its_tree_is_not_stale(share_dir, weigher):
     deep = share_dir / "tmp1abcdefg" / "blobs" / "sha256-b"
     os.utime(deep, None)  # a transfer still writing deep inside an old-looking dir
-    report = scan_watched_dir(WatchedDir(share_dir, stale_age=600), NOBODY_IN_USE, time.time(),
-                              weigher)
+    report = scan_watched_dir(
+        WatchedDir(share_dir, stale_age=600), NOBODY_IN_USE, time.time(), weigher
+    )
     assert report.stale_entries == 3
-    younger = scan_watched_dir(WatchedDir(share_dir, stale_age=2 * 86400), NOBODY_IN_USE,
-                               time.time(), weigher)
+    younger = scan_watched_dir(
+        WatchedDir(share_dir, stale_age=2 * 86400), NOBODY_IN_USE, time.time(), weigher
+    )
     assert younger.stale_entries == 0
 
 
@@ -293,11 +316,16 @@ def processes_using(share_dir) -> Iterator[list[subprocess.Popen]]:
     )
     children = [
         subprocess.Popen(["sleep", "120"], cwd=share_dir / "tmp0abcdefg"),
-        subprocess.Popen([sys.executable, "-c", holder,
-                          str(share_dir / "tmp1abcdefg" / "blobs" / "sha256-b")],
-                         stdout=subprocess.PIPE, text=True),
-        subprocess.Popen([sys.executable, "-c", holder, str(share_dir / "tmp2abcdefg" / "refs")],
-                         stdout=subprocess.PIPE, text=True),
+        subprocess.Popen(
+            [sys.executable, "-c", holder, str(share_dir / "tmp1abcdefg" / "blobs" / "sha256-b")],
+            stdout=subprocess.PIPE,
+            text=True,
+        ),
+        subprocess.Popen(
+            [sys.executable, "-c", holder, str(share_dir / "tmp2abcdefg" / "refs")],
+            stdout=subprocess.PIPE,
+            text=True,
+        ),
     ]
     try:
         for child in children[1:]:
@@ -336,11 +364,13 @@ def test_the_macos_seam_collects_cwd_and_open_files_and_counts_refusals():
         def open_files(self):
             return [File(f) for f in self._files]
 
-    found = psutil_paths_in_use(lambda: [
-        Proc("/Users/ai/.cache/mlx-share/tmpab12", ["/var/log/x.log"]),
-        Proc("/", ["/Users/ai/.cache/mlx-share/tmpcd34/blobs/sha256-1"]),
-        Proc("/", [], denied=True),
-    ])
+    found = psutil_paths_in_use(
+        lambda: [
+            Proc("/Users/ai/.cache/mlx-share/tmpab12", ["/var/log/x.log"]),
+            Proc("/", ["/Users/ai/.cache/mlx-share/tmpcd34/blobs/sha256-1"]),
+            Proc("/", [], denied=True),
+        ]
+    )
     assert found.unreadable == 1
     assert found.under("/Users/ai/.cache/mlx-share") == {"tmpab12", "tmpcd34"}
 
@@ -349,8 +379,9 @@ def test_a_missing_dir_and_a_dir_replaced_by_a_file_are_skipped_with_a_log_line(
     share_dir, tmp_path, caplog
 ):
     missing = tmp_path / "never-created"
-    walker = TmpWalker([WatchedDir(share_dir), WatchedDir(missing)], launch_dirs=lambda: [],
-                       in_use=PathsInUse)
+    walker = TmpWalker(
+        [WatchedDir(share_dir), WatchedDir(missing)], launch_dirs=lambda: [], in_use=PathsInUse
+    )
     collector = TmpDirsCollector(BackgroundWalker(walker.walk), first_scrape_wait=0)
     collector.walker.latest = walker.walk()
     families = list(collector.collect())
@@ -390,8 +421,9 @@ def scan_as_nobody(path: Path, weigher: DuWeigher | PythonWeigher) -> list:
             os.setgid(nobody.pw_gid)
             os.setuid(nobody.pw_uid)
             report = scan_watched_dir(WatchedDir(path), PathsInUse(), time.time(), weigher)
-            os.write(write_end, json.dumps(
-                [report.error, report.stale_entries, report.skipped]).encode())
+            os.write(
+                write_end, json.dumps([report.error, report.stale_entries, report.skipped]).encode()
+            )
         finally:
             os._exit(0)
     os.close(write_end)
@@ -498,7 +530,11 @@ def test_the_shared_rule_lists_exactly_the_entries_the_collector_counts(share_di
     report = scan_watched_dir(WatchedDir(share_dir, 600), busy, now, weigher)
     assert listed.error is report.error is None
     assert sorted(e.path.name for e in listed.entries) == [
-        "tmp0abcdefg", "tmp1abcdefg", "tmp2abcdefg", "tmpfile_partial"]  # one name per file
+        "tmp0abcdefg",
+        "tmp1abcdefg",
+        "tmp2abcdefg",
+        "tmpfile_partial",
+    ]  # one name per file
     assert len(listed.entries) == report.stale_entries
     assert sum(e.bytes for e in listed.entries) == report.stale_bytes
     assert min(e.newest_mtime for e in listed.entries) == report.oldest_mtime
@@ -514,8 +550,12 @@ def test_the_shared_rule_lists_exactly_the_entries_the_collector_counts(share_di
     assert [e.path.name for e in again.entries] == ["tmpfile_second_name"]
     assert scan_watched_dir(WatchedDir(share_dir, 600), busy, now, weigher).stale_entries == 1
     assert {p.name for p in share_dir.iterdir()} == {
-        "tmpfresh0001", "tmpbusy00001", "tmpalias", "tmpfile_second_name",
-        "models--mlx-community--GLM"}
+        "tmpfresh0001",
+        "tmpbusy00001",
+        "tmpalias",
+        "tmpfile_second_name",
+        "models--mlx-community--GLM",
+    }
 
 
 # --- mlx.launch leftovers -----------------------------------------------------------
@@ -526,8 +566,7 @@ def run_launch_script(temp_dir: Path, command: list[str], files: dict[str, str])
     launch = pytest.importorskip("mlx._distributed_utils.launch")
     script = launch.RemoteProcess.make_launch_script(0, None, None, files, [], command, True)
     env = {"PATH": os.environ["PATH"], "TMPDIR": str(temp_dir)}
-    return subprocess.Popen(["/bin/bash", "-c", script], env=env, stdout=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(["/bin/bash", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
 
 
 RING_HOSTFILE = json.dumps([["127.0.0.1:32323"], ["127.0.0.2:32324"]])
@@ -597,17 +636,24 @@ def test_the_shared_rule_lists_exactly_the_leftovers_the_collector_counts(tmp_pa
     assert LeftoverCounter().count([temp_dir, tmp_path / "gone"]) == len(scan.files)
 
 
-@pytest.mark.parametrize(("content", "kind"), [
-    (b"71234\n", "pidfile"),
-    (RING_HOSTFILE.encode() + b"\n", "hostfile"),
-    (IBV_DEVICES.encode() + b"\n", "hostfile"),
-    (json.dumps([[None, ["rdma_en3", "rdma_en4"]], [["rdma_en3", "rdma_en4"], None]]).encode(),
-     "hostfile"),
-    (b"\n", None),  # a one-host ring writes an empty hostfile: nothing to tell it by
-    (b"[1, 2, 3]", None),
-    (b"\x00\xff garbage", None),
-    (b"[[\"not an address\"]]", None),
-])
+@pytest.mark.parametrize(
+    ("content", "kind"),
+    [
+        (b"71234\n", "pidfile"),
+        (RING_HOSTFILE.encode() + b"\n", "hostfile"),
+        (IBV_DEVICES.encode() + b"\n", "hostfile"),
+        (
+            json.dumps(
+                [[None, ["rdma_en3", "rdma_en4"]], [["rdma_en3", "rdma_en4"], None]]
+            ).encode(),
+            "hostfile",
+        ),
+        (b"\n", None),  # a one-host ring writes an empty hostfile: nothing to tell it by
+        (b"[1, 2, 3]", None),
+        (b"\x00\xff garbage", None),
+        (b'[["not an address"]]', None),
+    ],
+)
 def test_launch_files_are_told_apart_by_content(content, kind):
     assert classify_launch_file(content) == kind
 
@@ -643,14 +689,24 @@ def test_an_exporter_running_as_root_asks_getconf_as_the_service_user_not_itself
         def runner(argv, timeout):
             asked_as.append(user)
             assert list(argv) == ["getconf", "DARWIN_USER_TEMP_DIR"]
-            fixture = ("getconf_darwin_user_temp_dir_root.txt" if user is None
-                       else "getconf_darwin_user_temp_dir.txt")
+            fixture = (
+                "getconf_darwin_user_temp_dir_root.txt"
+                if user is None
+                else "getconf_darwin_user_temp_dir.txt"
+            )
             return CommandResult(tuple(argv), 0, getconf_fixture(fixture), "")
+
         return runner
 
     def dirs(users):
-        return user_temp_dirs(users, "darwin", runner_for(None), runner_for,
-                              environ={"TMPDIR": "/opt/mlx/tmp"}, me=lambda: "root")
+        return user_temp_dirs(
+            users,
+            "darwin",
+            runner_for(None),
+            runner_for,
+            environ={"TMPDIR": "/opt/mlx/tmp"},
+            me=lambda: "root",
+        )
 
     assert dirs(["ai"]) == [Path("/var/folders/qg/s5jp5ffx2p1fxv0hy2l_p3hm0000gn/T")]
     assert asked_as == ["ai"]
@@ -658,13 +714,15 @@ def test_an_exporter_running_as_root_asks_getconf_as_the_service_user_not_itself
     assert dirs(["root"]) == dirs([None])  # the exporter's own user: asked directly
     assert dirs(["ai", None, "ai"]) == [  # each user asked once, each dir listed once
         Path("/var/folders/qg/s5jp5ffx2p1fxv0hy2l_p3hm0000gn/T"),
-        Path("/var/folders/zz/zyxvpxvq6csfxvn_n0000000000000/T")]
+        Path("/var/folders/zz/zyxvpxvq6csfxvn_n0000000000000/T"),
+    ]
 
 
 def test_a_service_user_whose_temp_dir_cannot_be_asked_for_is_logged_and_left_out(caplog):
     def refused(user: str):
         def runner(argv, timeout):
             raise CommandError(f"`getconf DARWIN_USER_TEMP_DIR` could not run as {user}: denied")
+
         return runner
 
     with caplog.at_level(logging.WARNING):
@@ -677,7 +735,9 @@ def test_on_linux_another_users_temp_dir_is_the_default_tmp_and_ours_follows_tmp
     mine = {"TMPDIR": "/var/tmp/medic"}
     assert user_temp_dirs(["nobody"], "linux", environ=mine, me=lambda: "root") == [Path("/tmp")]
     assert user_temp_dirs([None], "linux", environ=mine, me=lambda: "root") == [
-        Path("/var/tmp/medic"), Path("/tmp")]
+        Path("/var/tmp/medic"),
+        Path("/tmp"),
+    ]
 
 
 def test_a_command_asked_as_another_user_runs_as_that_user():
@@ -716,12 +776,15 @@ def test_the_exporter_counts_leftovers_in_the_temp_dir_of_the_models_service_use
     assert tmpdirs.launch_dirs_of(ExporterContext(node=None, inventory=None))() == ours
     pinned = parse_inventory(SERVICE_USER_INVENTORY + f"launch_temp_dirs: [{tmp_path}/T]\n")
     assert tmpdirs.launch_dirs_of(ExporterContext(node="ai002", inventory=pinned))() == [
-        tmp_path / "T"]
+        tmp_path / "T"
+    ]
 
 
 def test_linux_uses_tmpdir_then_tmp_and_bad_getconf_output_is_named():
     assert launch_temp_dirs("linux", environ={"TMPDIR": "/var/tmp/x"}) == [
-        Path("/var/tmp/x"), Path("/tmp")]
+        Path("/var/tmp/x"),
+        Path("/tmp"),
+    ]
     assert launch_temp_dirs("linux", environ={}) == [Path("/tmp")]
     with pytest.raises(ValueError, match="not one absolute path"):
         parse_darwin_user_temp_dir("getconf: no such configuration parameter\n")

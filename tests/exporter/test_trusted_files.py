@@ -54,8 +54,9 @@ def test_a_world_writable_virtualenv_is_refused_naming_the_path_and_its_mode(roo
     (found,) = untrusted([Checked("virtualenv", path, tree=True)])
     assert (found.path, found.why) == (str(path), "is world-writable")
     said = found.describe()
-    assert said.startswith(f"the virtualenv {path} is world-writable (owner root,"
-                           " mode drwxrwxrwx 0777)")
+    assert said.startswith(
+        f"the virtualenv {path} is world-writable (owner root, mode drwxrwxrwx 0777)"
+    )
     assert "could gain root through it" in said
 
 
@@ -69,11 +70,13 @@ def test_anything_below_the_virtualenv_another_user_may_change_is_refused(root_d
     group = path / "bin" / "activate"
     group.write_text("")
     group.chmod(0o664)
-    assert sorted(faults(Checked("virtualenv", path, tree=True))) == sorted([
-        (str(module), f"is owned by {OTHER} (uid {OTHER}), not root"),
-        (str(sticky), "is world-writable"),
-        (str(group), "is group-writable (gid 0)"),
-    ])
+    assert sorted(faults(Checked("virtualenv", path, tree=True))) == sorted(
+        [
+            (str(module), f"is owned by {OTHER} (uid {OTHER}), not root"),
+            (str(sticky), "is world-writable"),
+            (str(group), "is group-writable (gid 0)"),
+        ]
+    )
 
 
 def test_a_world_writable_inventory_or_a_dir_on_its_way_is_refused(root_dir: Path):
@@ -83,14 +86,18 @@ def test_a_world_writable_inventory_or_a_dir_on_its_way_is_refused(root_dir: Pat
     inventory = loose / "inventory.yaml"
     inventory.write_text("nodes: {}\n")
     assert faults(Checked("inventory", inventory, regular_file=True)) == [
-        (str(loose), "is world-writable")]
+        (str(loose), "is world-writable")
+    ]
     inventory.chmod(0o666)
     assert [why for _, why in faults(Checked("inventory", inventory))] == [
-        "is world-writable", "is world-writable"]
+        "is world-writable",
+        "is world-writable",
+    ]
     os.chown(inventory, OTHER, OTHER)
     inventory.chmod(0o644)
     assert (str(inventory), f"is owned by {OTHER} (uid {OTHER}), not root") in faults(
-        Checked("inventory", inventory))
+        Checked("inventory", inventory)
+    )
 
 
 def test_a_sticky_dir_on_the_way_is_fine_but_a_link_into_another_users_dir_is_not(
@@ -110,7 +117,8 @@ def test_a_sticky_dir_on_the_way_is_fine_but_a_link_into_another_users_dir_is_no
     link = root_dir / "python"
     link.symlink_to(theirs / "python")
     assert faults(Checked("interpreter", link)) == [
-        (str(theirs), f"is owned by {OTHER} (uid {OTHER}), not root")]
+        (str(theirs), f"is owned by {OTHER} (uid {OTHER}), not root")
+    ]
 
 
 def test_a_fifo_given_as_the_inventory_is_refused_before_it_is_read(root_dir: Path):
@@ -131,16 +139,23 @@ def test_only_root_is_refused_and_the_check_covers_what_this_interpreter_runs_fr
     checks = {(c.what, str(c.path)) for c in running_paths(loose / "inventory.yaml")}
     import mlx_medic
 
-    assert {("interpreter", sys.executable), ("virtualenv", sys.prefix),
-            ("inventory", str(loose / "inventory.yaml"))} <= checks  # fmt: skip
+    assert {
+        ("interpreter", sys.executable),
+        ("virtualenv", sys.prefix),
+        ("inventory", str(loose / "inventory.yaml")),
+    } <= checks
     assert ("package", mlx_medic.__path__[0]) in checks
-    assert {path for what, path in checks if what == "import path"} >= {
-        p for p in sys.path if p}
+    assert {path for what, path in checks if what == "import path"} >= {p for p in sys.path if p}
 
 
 def exporter(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-I", "-m", "mlx_medic.cli", "exporter", "--once",
-                           *argv], capture_output=True, text=True, timeout=60, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-I", "-m", "mlx_medic.cli", "exporter", "--once", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
 
 
 def test_the_root_exporter_refuses_an_inventory_in_a_0777_dir_and_says_why(root_dir: Path):
@@ -149,11 +164,14 @@ def test_the_root_exporter_refuses_an_inventory_in_a_0777_dir_and_says_why(root_
     loose.chmod(0o777)
     inventory = loose / "inventory.yaml"
     inventory.write_text("nodes: {n1: {ssh: 127.0.0.2}}\nmodels: {}\n")
-    result = exporter("--config.file", str(inventory), "--node", "n1",
-                      "--state-dir", str(root_dir / "state"))
+    result = exporter(
+        "--config.file", str(inventory), "--node", "n1", "--state-dir", str(root_dir / "state")
+    )
     assert result.returncode == 2 and result.stdout == ""
-    assert (f"refusing to run as root: the inventory {inventory}: {loose} is world-writable"
-            " (owner root, mode drwxrwxrwx 0777)") in result.stderr
+    assert (
+        f"refusing to run as root: the inventory {inventory}: {loose} is world-writable"
+        " (owner root, mode drwxrwxrwx 0777)"
+    ) in result.stderr
 
 
 def test_a_fifo_at_a_log_path_in_a_tmp_dir_or_as_a_tmp_dir_is_reported_never_read(
@@ -179,8 +197,8 @@ models:
     port: 18081
     service: {{manager: supervisord, label: m}}
     backends: {{ring: {{hostfile: /etc/ring.json}}}}
-    tmp_dirs: [{tmp}, {root_dir / 'tmpdir'}]
-    log_files: [{logs / 'm.err.log'}]
+    tmp_dirs: [{tmp}, {root_dir / "tmpdir"}]
+    log_files: [{logs / "m.err.log"}]
 launch_temp_dirs: [{launch}]
 """)
     result = exporter("--config.file", str(inventory), "--node", "n1")

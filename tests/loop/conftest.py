@@ -14,8 +14,20 @@ from testbed.jaccl_sim import JacclSim, OnSigkill, start_jaccl_sim
 from testbed.node_users import NodeUser
 from tests.tools import require_root, require_tool
 
-TOOLS = ("sshd", "ssh", "unshare", "nsenter", "supervisord", "supervisorctl", "sudo",
-         "setpriv", "prometheus", "prometheus-alertmanager", "lsof", "pgrep")
+TOOLS = (
+    "sshd",
+    "ssh",
+    "unshare",
+    "nsenter",
+    "supervisord",
+    "supervisorctl",
+    "sudo",
+    "setpriv",
+    "prometheus",
+    "prometheus-alertmanager",
+    "lsof",
+    "pgrep",
+)
 
 
 @pytest.fixture(scope="module")

@@ -30,11 +30,17 @@ def processes_naming(path: Path | str) -> list[int]:
 def listeners(*paths: Path | str) -> dict[tuple[str, int], int]:
     """Every TCP address listened on by a process naming one of `paths`: its pid."""
     pids = {pid for path in paths for pid in processes_naming(path)}
-    return {(c.laddr.ip, c.laddr.port): c.pid for c in psutil.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN and c.pid in pids}  # fmt: skip
+    return {
+        (c.laddr.ip, c.laddr.port): c.pid
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    }
 
 
 def off_loopback(addresses: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
     """Those not on a loopback address (0.0.0.0 and :: included)."""
-    return {address: pid for address, pid in addresses.items()
-            if not ipaddress.ip_address(address[0]).is_loopback}  # fmt: skip
+    return {
+        address: pid
+        for address, pid in addresses.items()
+        if not ipaddress.ip_address(address[0]).is_loopback
+    }

@@ -26,14 +26,23 @@ def test_the_short_demo_narrates_the_loop_the_model_answers_and_nothing_is_left(
     require_root()
     for tool in ("sshd", "supervisord", "prometheus", "prometheus-alertmanager"):
         require_tool(tool)
-    result = subprocess.run([str(REPO / "scripts" / "demo.sh"), "--short"], cwd=REPO,
-                            capture_output=True, text=True, timeout=1200, check=False)  # fmt: skip
+    result = subprocess.run(
+        [str(REPO / "scripts" / "demo.sh"), "--short"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
-    ours = out[out.index("mlx-medic (serve + remediator): the loop stands"):
-               out.index("the seed's first fix: the loop stands")]  # fmt: skip
+    ours = out[
+        out.index("mlx-medic (serve + remediator): the loop stands") : out.index(
+            "the seed's first fix: the loop stands"
+        )
+    ]
     assert "FAULT 1: mlx.launch and the head's rank SIGKILLed together" in ours
-    after_fault = ours[ours.index("FAULT 1"):]
+    after_fault = ours[ours.index("FAULT 1") :]
     assert "the model answers" in after_fault  # back by itself
     assert "protection domains in use:" in ours and "orphans (exporters):" in ours
     assert "Prometheus http://127.0.0.1:" in ours and "the on-call page http://127.0.0.1:" in ours
@@ -50,9 +59,14 @@ def test_ctrl_c_twice_while_the_loop_stands_still_cleans_up_everything():
     require_root()
     for tool in ("sshd", "supervisord", "prometheus", "prometheus-alertmanager"):
         require_tool(tool)
-    demo = subprocess.Popen([str(REPO / "scripts" / "demo.sh"), "--short"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    demo = subprocess.Popen(
+        [str(REPO / "scripts" / "demo.sh"), "--short"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     assert demo.stdout is not None
     seen: list[str] = []
     try:

@@ -19,8 +19,19 @@ class Helpers:
     state: Path
 
     def run(self, helper: str, *args: str, node: str = "n1") -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "mlx_medic.cli", "node", helper, *args,
-                "--config.file", str(self.config), "--node", node, "--json"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "mlx_medic.cli",
+            "node",
+            helper,
+            *args,
+            "--config.file",
+            str(self.config),
+            "--node",
+            node,
+            "--json",
+        ]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
     def document(self, helper: str, *args: str, node: str = "n1", status: int = 0) -> Any:

@@ -17,8 +17,16 @@ def test_show_is_auto_until_a_choice_is_recorded(tmp_path: Path) -> None:
 
 def test_set_pins_with_who_and_why_and_auto_unpins(tmp_path: Path) -> None:
     helpers = two_model_helpers(tmp_path)
-    pinned = helpers.document("backend", "m1", "set", "ring", "--by", "remediator run 12",
-                              "--reason", "JACCL failed to start")  # fmt: skip
+    pinned = helpers.document(
+        "backend",
+        "m1",
+        "set",
+        "ring",
+        "--by",
+        "remediator run 12",
+        "--reason",
+        "JACCL failed to start",
+    )
     assert (pinned["choice"], pinned["pinned"], pinned["by"]) == ("ring", True, "remediator run 12")
     assert pinned["reason"] == "JACCL failed to start" and pinned["at"] > 0
     assert read_backend_choice(helpers.state, "m1").choice == "ring"

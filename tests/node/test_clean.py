@@ -23,7 +23,7 @@ OLD = time.time() - 7200
 
 def inventory(tmp: Path, shared: Path):
     return parse_inventory(f"""
-state_dir: {tmp / 'state'}
+state_dir: {tmp / "state"}
 nodes:
   n1: {{ssh: 127.0.0.2}}
 models:
@@ -33,7 +33,7 @@ models:
     port: 8080
     service: {{manager: supervisord, label: m1}}
     backends: {{ring: {{hostfile: /etc/ring.json}}}}
-    tmp_dirs: [{tmp / 'm1'}]
+    tmp_dirs: [{tmp / "m1"}]
     cache_dirs: [{shared}]
     policy: {{stale_tmp_age: 10m}}
   m2:
@@ -44,7 +44,7 @@ models:
     backends: {{ring: {{hostfile: /etc/ring.json}}}}
     cache_dirs: [{shared}]
     policy: {{stale_tmp_age: 3h}}
-launch_temp_dirs: [{tmp / 'launch'}]
+launch_temp_dirs: [{tmp / "launch"}]
 """)
 
 
@@ -56,9 +56,7 @@ def aged(path: Path, when: float = OLD) -> Path:
     return path
 
 
-def stale_dir(
-    parent: Path, name: str, content: bytes = b"x" * 5000, when: float = OLD
-) -> Path:
+def stale_dir(parent: Path, name: str, content: bytes = b"x" * 5000, when: float = OLD) -> Path:
     entry = parent / name
     entry.mkdir(parents=True)
     (entry / "part").write_bytes(content)
@@ -67,9 +65,16 @@ def stale_dir(
 
 def cleaner(tmp: Path, shared: Path, *, dry_run=False, in_use=PathsInUse, clock=time.time):
     inv = inventory(tmp, shared)
-    return Cleaner(model=inv.model("m1"), node="n1", dirs=scope_dirs(inv.models_on("n1")),
-                   launch_dirs=[tmp / "launch"], dry_run=dry_run, clock=clock,
-                   in_use=in_use, weigher=PythonWeigher())  # fmt: skip
+    return Cleaner(
+        model=inv.model("m1"),
+        node="n1",
+        dirs=scope_dirs(inv.models_on("n1")),
+        launch_dirs=[tmp / "launch"],
+        dry_run=dry_run,
+        clock=clock,
+        in_use=in_use,
+        weigher=PythonWeigher(),
+    )
 
 
 def test_only_stale_entries_go_and_a_symlink_inside_one_is_never_followed(tmp_path: Path):
@@ -167,7 +172,10 @@ def test_a_dead_launchs_leftovers_go_whatever_their_age_and_young_unowned_files_
     assert removed == {"tmp.Dead000001", "tmp.Host000001"}
     assert {r["kind"] for r in document["removed"]} == {"launch_leftover"}
     assert sorted(p.name for p in launch.iterdir()) == [
-        "tmp.Live000001", "tmp.Other00001", "tmp.Young00001"]
+        "tmp.Live000001",
+        "tmp.Other00001",
+        "tmp.Young00001",
+    ]
 
 
 def test_a_dry_run_lists_what_would_go_and_removes_nothing(tmp_path: Path):
@@ -184,15 +192,20 @@ def test_clean_refuses_a_model_not_on_this_node_and_prints_the_json_contract(tmp
     config = tmp_path / "inventory.yaml"
     launch = tmp_path / "launch"  # never the host's own temp dir
     launch.mkdir()
-    config.write_text(two_models(str(tmp_path / "state"),
-                                 m1=f"\n    tmp_dirs: [{tmp_path / 'm1'}]")
-                      + f"launch_temp_dirs: [{launch}]\n")  # fmt: skip
+    config.write_text(
+        two_models(str(tmp_path / "state"), m1=f"\n    tmp_dirs: [{tmp_path / 'm1'}]")
+        + f"launch_temp_dirs: [{launch}]\n"
+    )
     write_node_id(tmp_path / "state", "n1")
     stale = stale_dir(tmp_path / "m1", "tmpcli")
 
     def node(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "mlx_medic.cli", "node", *argv],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "mlx_medic.cli", "node", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     refused = node("clean", "m2", "--json", "--config.file", str(config))
     assert refused.returncode == 2 and "'m2'" in refused.stderr
@@ -200,7 +213,11 @@ def test_clean_refuses_a_model_not_on_this_node_and_prints_the_json_contract(tmp
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert (document["schema"], document["command"], document["model"], document["node"]) == (
-        1, "clean", "m1", "n1")
+        1,
+        "clean",
+        "m1",
+        "n1",
+    )
     assert [r["path"] for r in document["removed"]] == [str(stale)] and not stale.exists()
     assert document["bytes_freed"] > 0 and document["dry_run"] is False
     assert "skipped" in document and document["not_ours"] == []  # root may remove anything

@@ -33,8 +33,16 @@ def test_a_helper_runs_with_the_nodes_inventory_and_name_and_its_document_comes_
     reply = asyncio.run(helpers.call("n1", "ledger"))
     assert reply.ok and reply.document["node"] == "n1" and reply.document["debt"] == 0
     config = str(tmp_path / "inventory.yaml")
-    assert reply.argv == [MEDIC, "node", "ledger", "--config.file", config, "--node", "n1",
-                          "--json"]  # fmt: skip
+    assert reply.argv == [
+        MEDIC,
+        "node",
+        "ledger",
+        "--config.file",
+        config,
+        "--node",
+        "n1",
+        "--json",
+    ]
 
 
 def test_helper_argv_never_passes_through_a_shell() -> None:
@@ -68,12 +76,15 @@ def test_a_timeout_is_an_error_not_an_answer(tmp_path: Path) -> None:
     assert not caught.value.unreachable
 
 
-@pytest.mark.parametrize(("stdout", "why"), [
-    ("", "no helper document: boom"),
-    ("not json\n", "no helper document"),
-    ('{"schema": 9, "command": "ledger"}\n', "no helper document"),
-    ('{"schema": 1, "command": "clean"}\n', "answered as 'clean'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("stdout", "why"),
+    [
+        ("", "no helper document: boom"),
+        ("not json\n", "no helper document"),
+        ('{"schema": 9, "command": "ledger"}\n', "no helper document"),
+        ('{"schema": 1, "command": "clean"}\n', "answered as 'clean'"),
+    ],
+)
 def test_output_that_is_no_helper_document_is_an_error(stdout: str, why: str) -> None:
     with pytest.raises(HelperCallError, match=why):
         parse_reply("n1", "ledger", [], 1, stdout, "boom")

@@ -24,10 +24,12 @@ PD_ERROR = "RuntimeError: [jaccl] Couldn't allocate protection domain"
 
 
 def test_on_macos_memory_reads_pressure_wired_and_compressor_as_the_exporter_does() -> None:
-    runner = FakeRunner({
-        PRESSURE_ARGV: ok(PRESSURE_ARGV, macos_output("sysctl_pressure_level_critical.txt")),
-        VM_STAT_ARGV: ok(VM_STAT_ARGV, macos_output("vm_stat_akka_2.txt")),
-    })  # fmt: skip
+    runner = FakeRunner(
+        {
+            PRESSURE_ARGV: ok(PRESSURE_ARGV, macos_output("sysctl_pressure_level_critical.txt")),
+            VM_STAT_ARGV: ok(VM_STAT_ARGV, macos_output("vm_stat_akka_2.txt")),
+        }
+    )
     facts = memory_facts(runner, "darwin")
     assert facts["available_bytes"] > 0 and facts["pressure_level"] == 4
     assert (facts["wired_bytes"], facts["compressor_bytes"]) == (852647 * 4096, 372004 * 4096)
@@ -35,8 +37,9 @@ def test_on_macos_memory_reads_pressure_wired_and_compressor_as_the_exporter_doe
 
 def test_a_failing_macos_memory_tool_leaves_its_part_null_with_the_reason() -> None:
     failed = CommandResult(VM_STAT_ARGV, 1, "", "vm_stat: boom\n")
-    runner = FakeRunner({PRESSURE_ARGV: CommandError("sysctl did not finish within 5s"),
-                         VM_STAT_ARGV: failed})  # fmt: skip
+    runner = FakeRunner(
+        {PRESSURE_ARGV: CommandError("sysctl did not finish within 5s"), VM_STAT_ARGV: failed}
+    )
     facts = memory_facts(runner, "darwin")
     assert facts["pressure_level"] is None and "did not finish" in facts["pressure_level_error"]
     assert facts["wired_bytes"] is None and "vm_stat: boom" in facts["vm_stat_error"]
@@ -48,16 +51,21 @@ def test_on_linux_memory_runs_no_macos_tool() -> None:
 
 
 def test_rdma_ports_and_objects_from_verbatim_tool_outputs() -> None:
-    runner = FakeRunner({
-        IBV_DEVINFO_ARGV: ok(IBV_DEVINFO_ARGV, macos_output("ibv_devinfo_m5max_tabs.txt")),
-        IOCLASSCOUNT_ARGV: ok(IOCLASSCOUNT_ARGV,
-                              macos_output("ioclasscount_rdma_reconstructed.txt")),
-    })  # fmt: skip
+    runner = FakeRunner(
+        {
+            IBV_DEVINFO_ARGV: ok(IBV_DEVINFO_ARGV, macos_output("ibv_devinfo_m5max_tabs.txt")),
+            IOCLASSCOUNT_ARGV: ok(
+                IOCLASSCOUNT_ARGV, macos_output("ioclasscount_rdma_reconstructed.txt")
+            ),
+        }
+    )
     facts = rdma_facts(runner)
     assert facts is not None
     assert [(p["device"], p["state"], p["active"]) for p in facts["ports"]] == [
-        ("rdma_en1", "PORT_DOWN", False), ("rdma_en6", "PORT_DOWN", False),
-        ("rdma_en2", "PORT_DOWN", False)]  # fmt: skip
+        ("rdma_en1", "PORT_DOWN", False),
+        ("rdma_en6", "PORT_DOWN", False),
+        ("rdma_en2", "PORT_DOWN", False),
+    ]
     assert facts["objects"] == {"protection_domain": 3, "queue_pair": 6}
 
 
@@ -103,26 +111,36 @@ def test_recent_errors_are_the_last_matching_lines_with_their_signature(tmp_path
 
 def test_each_error_line_says_the_byte_it_starts_at_even_in_a_cut_tail(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
-    log.write_bytes(b"INFO caf\xc3\xa9 started\r\n" + b"x" * 300 + b"\n"
-                    + f"{PD_ERROR} #1\nINFO ok\n{PD_ERROR} #2\n".encode())
+    log.write_bytes(
+        b"INFO caf\xc3\xa9 started\r\n"
+        + b"x" * 300
+        + b"\n"
+        + f"{PD_ERROR} #1\nINFO ok\n{PD_ERROR} #2\n".encode()
+    )
     data = log.read_bytes()
     for tail in (1 << 20, 150):  # the whole file, and a tail that cuts a line
         errors, _unreadable, _sizes = recent_errors([log], BUILTIN, 10, tail_bytes=tail)
         assert [e["line"] for e in errors] == [f"{PD_ERROR} #1", f"{PD_ERROR} #2"]
         for error in errors:
-            assert data[error["offset"]:].startswith(error["line"].encode())
+            assert data[error["offset"] :].startswith(error["line"].encode())
 
 
-@pytest.mark.parametrize(("entry", "marks", "sizes", "new"), [
-    ({"file": "/l", "offset": 10}, {"/l": 10}, {"/l": 40}, True),  # at the mark
-    ({"file": "/l", "offset": 9}, {"/l": 10}, {"/l": 40}, False),  # before it
-    ({"file": "/l", "offset": 0}, {"/l": None}, {"/l": 40}, True),  # no log before the start
-    ({"file": "/l", "offset": 0}, {"/l": 100}, {"/l": 40}, True),  # rotated since the start
-    ({"file": "/other", "offset": 50}, {"/l": 10}, {"/other": 90}, False),  # no mark of it
-    ({"file": "/l", "line": "no offset"}, {"/l": 10}, {"/l": 40}, False),
-])
+@pytest.mark.parametrize(
+    ("entry", "marks", "sizes", "new"),
+    [
+        ({"file": "/l", "offset": 10}, {"/l": 10}, {"/l": 40}, True),  # at the mark
+        ({"file": "/l", "offset": 9}, {"/l": 10}, {"/l": 40}, False),  # before it
+        ({"file": "/l", "offset": 0}, {"/l": None}, {"/l": 40}, True),  # no log before the start
+        ({"file": "/l", "offset": 0}, {"/l": 100}, {"/l": 40}, True),  # rotated since the start
+        ({"file": "/other", "offset": 50}, {"/l": 10}, {"/other": 90}, False),  # no mark of it
+        ({"file": "/l", "line": "no offset"}, {"/l": 10}, {"/l": 40}, False),
+    ],
+)
 def test_a_line_is_new_when_written_after_its_logs_start_mark(
-    entry: dict[str, object], marks: dict[str, int | None], sizes: dict[str, int], new: bool,
+    entry: dict[str, object],
+    marks: dict[str, int | None],
+    sizes: dict[str, int],
+    new: bool,
 ) -> None:
     assert written_after(entry, marks, sizes) is new
 
@@ -138,8 +156,9 @@ def test_the_helper_reports_versions_os_and_the_models_log_errors(tmp_path: Path
     assert document["versions"]["mlx"] == version("mlx")
     assert document["versions"]["mlx-lm"] == version("mlx-lm")
     assert document["os"]["build"]
-    assert document["log_errors"] == [{"file": str(log), "signature": "jaccl_protection_domain",
-                                       "line": PD_ERROR, "offset": 0}]  # fmt: skip
+    assert document["log_errors"] == [
+        {"file": str(log), "signature": "jaccl_protection_domain", "line": PD_ERROR, "offset": 0}
+    ]
     assert document["log_sizes"] == {str(log): len(PD_ERROR) + 1}
     assert "log_errors" not in helpers.document("facts")  # no model: no logs
     assert helpers.run("facts", "m2").returncode == 2  # m2 is not placed on n1
@@ -152,16 +171,37 @@ def test_the_helper_reports_the_serve_wrappers_last_failed_start_jaccl_first(
     in state starting, still carrying the last failed start's failures."""
     helpers = two_model_helpers(tmp_path)
     assert helpers.document("facts", "m1")["serve"] is None  # no wrapper ever ran
-    write_serve_record(helpers.state, "m1", ServeRecord(
-        "run-2", 4242, None, "starting", backend="jaccl", failures=(
-            Failure("ring", "n2", "ring did not answer"),
-            Failure("jaccl", "n1", "smoke test failed", PD_ERROR)),
-        backend_reason="jaccl: the ledger leaves room", argv=("mlx.launch", "--backend"),
-        reboot=("n2",), failed_starts=3))  # fmt: skip
+    write_serve_record(
+        helpers.state,
+        "m1",
+        ServeRecord(
+            "run-2",
+            4242,
+            None,
+            "starting",
+            backend="jaccl",
+            failures=(
+                Failure("ring", "n2", "ring did not answer"),
+                Failure("jaccl", "n1", "smoke test failed", PD_ERROR),
+            ),
+            backend_reason="jaccl: the ledger leaves room",
+            argv=("mlx.launch", "--backend"),
+            reboot=("n2",),
+            failed_starts=3,
+        ),
+    )
     assert helpers.document("facts", "m1")["serve"] == {
-        "state": "starting", "backend": "jaccl", "failed_starts": 3,
+        "state": "starting",
+        "backend": "jaccl",
+        "failed_starts": 3,
         "failed_backends": ["ring", "jaccl"],
-        "backend_reason": "jaccl: the ledger leaves room", "argv": ["mlx.launch", "--backend"],
+        "backend_reason": "jaccl: the ledger leaves room",
+        "argv": ["mlx.launch", "--backend"],
         "reboot": ["n2"],
-        "failure": {"backend": "jaccl", "host": "n1", "reason": "smoke test failed",
-                    "line": PD_ERROR}}  # fmt: skip
+        "failure": {
+            "backend": "jaccl",
+            "host": "n1",
+            "reason": "smoke test failed",
+            "line": PD_ERROR,
+        },
+    }

@@ -36,28 +36,64 @@ def check(line: str, allowed: Allowed = ALLOWED) -> list[str]:
 
 
 def lock_info(**fields: object) -> str:
-    info = {"node": None, "pid": 42, "pid_start": 1.5, "host": "replica-a", "time": 1.0,
-            "holder": "remediator", "run_id": "12", "expires": 91.0, "token": TOKEN}
+    info = {
+        "node": None,
+        "pid": 42,
+        "pid_start": 1.5,
+        "host": "replica-a",
+        "time": 1.0,
+        "holder": "remediator",
+        "run_id": "12",
+        "expires": 91.0,
+        "token": TOKEN,
+    }
     return json.dumps({**info, **fields}, sort_keys=True)
 
 
 def test_a_node_helper_runs_with_the_keys_own_inventory() -> None:
     assert check("mlx-medic node facts m1 --json") == [
-        "node", "facts", "m1", "--json", "--config.file", str(CONFIG),
-    ]  # fmt: skip
+        "node",
+        "facts",
+        "m1",
+        "--json",
+        "--config.file",
+        str(CONFIG),
+    ]
     assert check("/opt/mlx-medic/bin/mlx-medic node facts m1 --node n1 --json")[:6] == [
-        "node", "facts", "m1", "--node", "n1", "--json",
-    ]  # fmt: skip
+        "node",
+        "facts",
+        "m1",
+        "--node",
+        "n1",
+        "--json",
+    ]
     line = f"mlx-medic node clean m1 --config.file={CONFIG} --state-dir /var/lib/mlx-medic/"
-    assert check(line) == ["node", "clean", "m1", f"--config.file={CONFIG}",
-                           "--state-dir", "/var/lib/mlx-medic/"]  # fmt: skip
+    assert check(line) == [
+        "node",
+        "clean",
+        "m1",
+        f"--config.file={CONFIG}",
+        "--state-dir",
+        "/var/lib/mlx-medic/",
+    ]
 
 
 def test_the_probe_runs_for_a_models_host_and_port_as_the_remediator_asks() -> None:
-    line = ("mlx-medic probe --host 127.0.0.1 --port 8080 --timeout 10"
-            " --lock-dir /var/lib/mlx-medic/locks")  # fmt: skip
-    assert check(line) == ["probe", "--host", "127.0.0.1", "--port", "8080", "--timeout", "10",
-                           "--lock-dir", "/var/lib/mlx-medic/locks"]  # fmt: skip
+    line = (
+        "mlx-medic probe --host 127.0.0.1 --port 8080 --timeout 10"
+        " --lock-dir /var/lib/mlx-medic/locks"
+    )
+    assert check(line) == [
+        "probe",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8080",
+        "--timeout",
+        "10",
+        "--lock-dir",
+        "/var/lib/mlx-medic/locks",
+    ]
     wildcard = line.replace("8080", "8081")  # m2 listens on 0.0.0.0: probed on loopback
     assert check(wildcard)[0] == "probe"
 
@@ -121,8 +157,10 @@ def test_what_the_serve_wrapper_sends_to_a_peer_passes_its_key(line: str) -> Non
         ("mlx-medic node facts m1 $(id)", "unrecognized arguments: $(id)"),
         ("mlx-medic node facts 'unclosed", "cannot split"),
         ("/tmp/mlx-medic node facts m1", "'/tmp/mlx-medic' is not mlx-medic"),
-        ("mlx-medic node reboot", "'node reboot' is not allowed for the remediator key (helpers:"
-                                  " backend, clean,"),
+        (
+            "mlx-medic node reboot",
+            "'node reboot' is not allowed for the remediator key (helpers: backend, clean,",
+        ),
         ("mlx-medic node forced-command", "'node forced-command' is not allowed"),
         ("mlx-medic node", "no node helper"),
         ("mlx-medic remediate m1", "'remediate' is not allowed"),
@@ -142,18 +180,34 @@ def test_what_the_serve_wrapper_sends_to_a_peer_passes_its_key(line: str) -> Non
         ("mlx-medic node service m1 reboot", "invalid choice: 'reboot'"),
         ("mlx-medic node service m1 stop", "required: --by"),
         ("mlx-medic node lock m1 show --config.file /tmp/evil.yaml", "not the inventory's"),
-        ("mlx-medic probe --host 127.0.0.1 --port 9999 --timeout 10"
-         " --lock-dir /var/lib/mlx-medic/locks", "no model in the inventory listens"),
-        ("mlx-medic probe --host 10.0.0.1 --port 8080 --timeout 10"
-         " --lock-dir /var/lib/mlx-medic/locks", "no model in the inventory listens"),
-        ("mlx-medic probe --port 8080 --timeout 10 --lock-dir /var/lib/mlx-medic/locks",
-         "needs --host"),
-        ("mlx-medic probe --host 127.0.0.1 --port 8080 --timeout 10 --lock-dir /tmp",
-         "not the inventory's"),
-        ("mlx-medic probe --host 127.0.0.1 --port 8080 --timeout inf"
-         " --lock-dir /var/lib/mlx-medic/locks", "not between"),
-        ("mlx-medic probe --host 127.0.0.1 --port 80x --timeout 10"
-         " --lock-dir /var/lib/mlx-medic/locks", "not a TCP port"),
+        (
+            "mlx-medic probe --host 127.0.0.1 --port 9999 --timeout 10"
+            " --lock-dir /var/lib/mlx-medic/locks",
+            "no model in the inventory listens",
+        ),
+        (
+            "mlx-medic probe --host 10.0.0.1 --port 8080 --timeout 10"
+            " --lock-dir /var/lib/mlx-medic/locks",
+            "no model in the inventory listens",
+        ),
+        (
+            "mlx-medic probe --port 8080 --timeout 10 --lock-dir /var/lib/mlx-medic/locks",
+            "needs --host",
+        ),
+        (
+            "mlx-medic probe --host 127.0.0.1 --port 8080 --timeout 10 --lock-dir /tmp",
+            "not the inventory's",
+        ),
+        (
+            "mlx-medic probe --host 127.0.0.1 --port 8080 --timeout inf"
+            " --lock-dir /var/lib/mlx-medic/locks",
+            "not between",
+        ),
+        (
+            "mlx-medic probe --host 127.0.0.1 --port 80x --timeout 10"
+            " --lock-dir /var/lib/mlx-medic/locks",
+            "not a TCP port",
+        ),
     ],
 )
 def test_anything_else_is_refused_saying_why(line: str, reason: str) -> None:
@@ -177,17 +231,25 @@ def test_anything_else_is_refused_saying_why(line: str, reason: str) -> None:
         ("node facts m1 --lines 500", "never sends --lines"),
         ("node facts", "needs MODEL"),
         ("node service m1 start --by someone", "never sends --by"),
-        ("node service m1 stop --by 'alice at a terminal' --reason x",
-         "'alice at a terminal' is not a remediator run"),
-        ("node service m1 stop --by 'remediator run 12' --reason 'a\nb'",
-         "one line of at most 500"),
-        ("node service m1 stop --by 'remediator run 12' --reason x --timeout 1",
-         "never sends --timeout"),
+        (
+            "node service m1 stop --by 'alice at a terminal' --reason x",
+            "'alice at a terminal' is not a remediator run",
+        ),
+        (
+            "node service m1 stop --by 'remediator run 12' --reason 'a\nb'",
+            "one line of at most 500",
+        ),
+        (
+            "node service m1 stop --by 'remediator run 12' --reason x --timeout 1",
+            "never sends --timeout",
+        ),
         ("node backend m1 set jaccl --by 'remediator run 12' --reason x", "'jaccl' is not 'ring'"),
         ("node backend m1 show", "never sends 'backend show'"),
         # the model lock: only the engine's own holders and shapes
-        (f"node lock m1 take --info '{lock_info(holder='serve')}'", "holder 'serve' is not the"
-                                                                     " remediator's"),
+        (
+            f"node lock m1 take --info '{lock_info(holder='serve')}'",
+            "holder 'serve' is not the remediator's",
+        ),
         (f"node lock m1 take --info '{lock_info(run_id='r-1')}'", "not a remediator run's"),
         (f"node lock m1 take --info '{lock_info(token='')}'", "token is not one"),
         (f"node lock m1 take --info '{lock_info(node='n9')}'", "node 'n9' is not an inventory"),
@@ -211,34 +273,51 @@ def test_the_remediators_key_runs_only_what_the_remediator_sends(line: str, reas
         ("node facts m1", "'node facts' is not allowed for the serve key"),
         ("node service m1 stop --by 'remediator run 1' --reason x", "'node service' is not"),
         ("node lock m1 show", "'node lock' is not allowed for the serve key"),
-        ("probe --host 127.0.0.1 --port 8080 --timeout 10 --lock-dir /var/lib/mlx-medic/locks",
-         "'probe' is not allowed for the serve key"),
+        (
+            "probe --host 127.0.0.1 --port 8080 --timeout 10 --lock-dir /var/lib/mlx-medic/locks",
+            "'probe' is not allowed for the serve key",
+        ),
         ("node sweep m1", "needs --start-sweep"),
         ("node sweep m1 --orphans-only", "never sends --orphans-only"),
         ("node sweep m1 --start-sweep", "needs --grace"),
-        ("node sweep m1 --start-sweep --grace 9", "not the model's policy.dead_launch_grace"
-                                                  " (0.25)"),
+        (
+            "node sweep m1 --start-sweep --grace 9",
+            "not the model's policy.dead_launch_grace (0.25)",
+        ),
         ("node sweep m1 --start-sweep --grace 0.25 --crashed-run x", "not a serve run id"),
         ("node sweep m2 --start-sweep --grace 0.25", "only on m2's other nodes"),  # n2: m2's head
-        (f"node run m1 set {RUN} --lease 600 --holder 'serve pid 7 on n1'",
-         "not the model's serve.lease (10)"),
-        (f"node run m1 set {RUN} --lease 10 --holder 'serve pid 7 on n2'",
-         "is not the model's wrapper ('serve pid N on n1')"),
+        (
+            f"node run m1 set {RUN} --lease 600 --holder 'serve pid 7 on n1'",
+            "not the model's serve.lease (10)",
+        ),
+        (
+            f"node run m1 set {RUN} --lease 10 --holder 'serve pid 7 on n2'",
+            "is not the model's wrapper ('serve pid N on n1')",
+        ),
         (f"node run m1 set {RUN}", "needs --lease; needs --holder"),
         ("node run m1 clear r-1", "'r-1' is not a serve run id"),
         ("node run m1 show", "never sends 'run show'"),
     ],
 )
-def test_the_serve_key_runs_only_what_the_wrapper_sends_to_its_peers(line: str,
-                                                                     reason: str) -> None:
+def test_the_serve_key_runs_only_what_the_wrapper_sends_to_its_peers(
+    line: str, reason: str
+) -> None:
     with pytest.raises(Refused) as refused:
         check(f"mlx-medic {line}", SERVE_ON_PEER)
     assert reason in str(refused.value)
 
 
 def test_each_key_runs_its_own_helpers_and_never_the_forced_command_itself() -> None:
-    assert helper_names("remediator") == ["backend", "clean", "facts", "lock", "orphans",
-                                          "pid-alive", "service", "sweep"]  # fmt: skip
+    assert helper_names("remediator") == [
+        "backend",
+        "clean",
+        "facts",
+        "lock",
+        "orphans",
+        "pid-alive",
+        "service",
+        "sweep",
+    ]
     assert helper_names("serve") == ["clean", "pid-alive", "run", "sweep"]
     assert all("forced-command" not in helper_names(key) for key in KEYS)
 

@@ -46,8 +46,9 @@ class ForcedKey:
 
     def ssh(self, command: str, node: SimNode | None = None) -> subprocess.CompletedProcess[str]:
         argv = (node or self.node).ssh_argv(command, identity=self.key)
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        )
 
     def parsed(self) -> Inventory:
         """The inventory as the key's user reads it: logging in with this key."""
@@ -58,22 +59,41 @@ class ForcedKey:
 
 def installed(cluster: Cluster, key: KeyName) -> Iterator[ForcedKey]:
     token = uuid.uuid4().hex[:8]
-    inventory = helper_inventory(cluster, [{
-        "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", NODE], "port": free_port(),
-        "service": {"manager": "supervisord", "label": f"tiny-{token}"},
-        "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
-    }, {
-        "name": "second", "model": "/models/s", "nodes": [NODE, "ai003"], "port": free_port(),
-        "service": {"manager": "supervisord", "label": f"s-{token}"},
-        "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
-    }, {
-        "name": "elsewhere", "model": "/models/e", "nodes": ["ai003"], "port": 8081,
-        "service": {"manager": "supervisord", "label": f"e-{token}"},
-        "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
-    }], "forced")  # fmt: skip
+    inventory = helper_inventory(
+        cluster,
+        [
+            {
+                "name": "tiny",
+                "model": "/models/tiny",
+                "nodes": ["ai001", NODE],
+                "port": free_port(),
+                "service": {"manager": "supervisord", "label": f"tiny-{token}"},
+                "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
+            },
+            {
+                "name": "second",
+                "model": "/models/s",
+                "nodes": [NODE, "ai003"],
+                "port": free_port(),
+                "service": {"manager": "supervisord", "label": f"s-{token}"},
+                "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
+            },
+            {
+                "name": "elsewhere",
+                "model": "/models/e",
+                "nodes": ["ai003"],
+                "port": 8081,
+                "service": {"manager": "supervisord", "label": f"e-{token}"},
+                "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
+            },
+        ],
+        "forced",
+    )
     node = cluster.node(NODE)
-    command = (f"{sys.executable} -m mlx_medic.cli node forced-command --config.file {inventory}"
-               f" --key {key}")  # fmt: skip
+    command = (
+        f"{sys.executable} -m mlx_medic.cli node forced-command --config.file {inventory}"
+        f" --key {key}"
+    )
     path = node.install_forced_key(command)
     try:
         yield ForcedKey(node, path, inventory)
@@ -155,10 +175,11 @@ async def test_the_remediators_calls_pass_its_key_and_a_helper_outside_its_table
         await locks.release(handle)
         assert not (forced_key.node.state_dir / "locks" / "second.lock").exists()
         node = inventory.node(NODE)
-        for argv in (["run", "tiny", "set", RUN, "--lease", "10", "--holder",
-                      "serve pid 7 on ai001"],
-                     ["sweep", "tiny", "--start-sweep", "--grace", "0.25"],
-                     ["ledger"]):  # fmt: skip
+        for argv in (
+            ["run", "tiny", "set", RUN, "--lease", "10", "--holder", "serve pid 7 on ai001"],
+            ["sweep", "tiny", "--start-sweep", "--grace", "0.25"],
+            ["ledger"],
+        ):
             result = await refused(transport, node, *argv)
             assert result.exit_status == EXIT_REFUSED and "refused" in result.stderr, argv
         assert not (forced_key.node.state_dir / "runs" / "tiny.current").exists()
@@ -204,8 +225,13 @@ async def test_the_serve_wrappers_calls_to_a_peer_pass_its_key_and_nothing_else_
         assert await nodes.renew_run(run_id, model.serve.lease, holder) == []
         assert await end_run(nodes, run_id, None, teardown_deadline(model)) == []
         node = inventory.node(NODE)
-        for argv in (["facts", "tiny"], ["lock", "second", "show"], ["sweep", "tiny"],
-                     ["run", "tiny", "show"], ["ledger"]):  # fmt: skip
+        for argv in (
+            ["facts", "tiny"],
+            ["lock", "second", "show"],
+            ["sweep", "tiny"],
+            ["run", "tiny", "show"],
+            ["ledger"],
+        ):
             result = await refused(peers, node, *argv)
             assert result.exit_status == EXIT_REFUSED and "refused" in result.stderr, argv
     finally:
@@ -222,12 +248,25 @@ def test_the_key_is_accepted_only_on_the_node_it_was_installed_on(
 ) -> None:
     def with_only_the_forced_key(node: SimNode) -> subprocess.CompletedProcess[str]:
         argv = [
-            SSH, "-F", "/dev/null", "-i", str(forced_key.key), "-o", "IdentitiesOnly=yes",
-            "-o", f"UserKnownHostsFile={cluster.known_hosts}", "-o", "BatchMode=yes",
-            "-p", str(node.ssh_port), f"root@{node.address}", "mlx-medic node pid-alive 1 --json",
-        ]  # fmt: skip
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+            SSH,
+            "-F",
+            "/dev/null",
+            "-i",
+            str(forced_key.key),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={cluster.known_hosts}",
+            "-o",
+            "BatchMode=yes",
+            "-p",
+            str(node.ssh_port),
+            f"root@{node.address}",
+            "mlx-medic node pid-alive 1 --json",
+        ]
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        )
 
     assert with_only_the_forced_key(cluster.node(NODE)).returncode == 0
     other = with_only_the_forced_key(cluster.node("ai003"))

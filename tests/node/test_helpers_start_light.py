@@ -12,14 +12,20 @@ import pytest
 
 from tests.node.helper_runner import two_model_helpers
 
-HEAVY = ("aiohttp", "asyncssh", "mlx_medic.remediator", "mlx_medic.exporter",
-         "prometheus_client")  # fmt: skip
+HEAVY = ("aiohttp", "asyncssh", "mlx_medic.remediator", "mlx_medic.exporter", "prometheus_client")
 
 
-@pytest.mark.parametrize("args", [
-    ("service", "m1", "status"), ("run", "m1", "show"), ("backend", "m1", "show"),
-    ("lock", "m1", "show"), ("pid-alive", "1"), ("facts", "m1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("service", "m1", "status"),
+        ("run", "m1", "show"),
+        ("backend", "m1", "show"),
+        ("lock", "m1", "show"),
+        ("pid-alive", "1"),
+        ("facts", "m1"),
+    ],
+)
 def test_a_helper_loads_no_service_stack_ssh_or_exporter(
     tmp_path: Path, args: tuple[str, ...]
 ) -> None:
@@ -31,8 +37,9 @@ def test_a_helper_loads_no_service_stack_ssh_or_exporter(
         f"print('LOADED', *sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n"
         "sys.exit(status)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     loaded = next(line for line in result.stderr.splitlines() if line.startswith("LOADED"))
     assert loaded.split()[1:] == []
@@ -41,8 +48,17 @@ def test_a_helper_loads_no_service_stack_ssh_or_exporter(
 def test_a_helper_reads_a_validated_inventory_without_pydantic(tmp_path: Path) -> None:
     """The first helper validates the file and snapshots it; the next reads the snapshot."""
     helpers = two_model_helpers(tmp_path)
-    argv = ["node", "sweep", "m1", "--dry-run", "--config.file", str(helpers.config),
-            "--node", "n1", "--json"]  # fmt: skip
+    argv = [
+        "node",
+        "sweep",
+        "m1",
+        "--dry-run",
+        "--config.file",
+        str(helpers.config),
+        "--node",
+        "n1",
+        "--json",
+    ]
     code = (
         "import sys\nfrom mlx_medic.cli import main\n"
         f"status = main({argv!r})\n"
@@ -53,9 +69,13 @@ def test_a_helper_reads_a_validated_inventory_without_pydantic(tmp_path: Path) -
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     loaded = []
     for _ in range(2):
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                timeout=120, env=env)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+        )
         assert result.returncode == 0, result.stderr
-        loaded.append(next(line for line in result.stderr.splitlines()
-                           if line.startswith("LOADED")).split()[1:])  # fmt: skip
+        loaded.append(
+            next(line for line in result.stderr.splitlines() if line.startswith("LOADED")).split()[
+                1:
+            ]
+        )
     assert loaded == [["pydantic", "yaml"], []]

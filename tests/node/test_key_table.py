@@ -51,8 +51,10 @@ from tests.remediator.fake_helpers import DEFAULTS
 Sent = list[tuple[str, list[str]]]  # (node, argv) of every command, in order
 DOWN, UP = HealthVerdict.down("connection refused"), HealthVerdict.up("completed a request")
 JACCL_LINE = "[jaccl] Couldn't allocate protection domain"
-JACCL_FACTS = {**DEFAULTS["facts"],
-               "log_errors": [{"signature": "jaccl_protection_domain", "line": JACCL_LINE}]}
+JACCL_FACTS = {
+    **DEFAULTS["facts"],
+    "log_errors": [{"signature": "jaccl_protection_domain", "line": JACCL_LINE}],
+}
 ORPHANS = {"orphans": [{"pid": 4242, "start_time": 1.0, "rule": "stale_run"}], "suspects": []}
 DEAD = {"liveness": "dead", "why": "no such process"}
 
@@ -62,8 +64,9 @@ class Scripted:
     script: `answers[(node, helper)]`, else the helper's fake_helpers.DEFAULTS; the probe is
     up; `real` helpers run on this machine (LocalTransport: the lock keeps its state)."""
 
-    def __init__(self, answers: dict[tuple[str, str], dict[str, Any]] | None = None,
-                 real: Iterable[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self, answers: dict[tuple[str, str], dict[str, Any]] | None = None, real: Iterable[str] = ()
+    ) -> None:
         self.sent: Sent = []
         self.answers = dict(answers or {})
         self.real = set(real)
@@ -72,15 +75,20 @@ class Scripted:
     async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
         self.sent.append((node.name, list(argv)))
         if argv[1] == PROBE:
-            document: dict[str, Any] = {"up": True, "conclusive": True, "reason": "completed",
-                                        "latency_seconds": 0.1}  # fmt: skip
+            document: dict[str, Any] = {
+                "up": True,
+                "conclusive": True,
+                "reason": "completed",
+                "latency_seconds": 0.1,
+            }
             return CommandResult(0, json.dumps(document) + "\n", "")
         helper = argv[2]
         if helper in self.real:
             return await self.local.run(node, argv, timeout=timeout)
         document = self.answers.get((node.name, helper), DEFAULTS.get(helper, {}))
-        return CommandResult(0, json.dumps({"schema": SCHEMA, "command": helper, **document})
-                             + "\n", "")  # fmt: skip
+        return CommandResult(
+            0, json.dumps({"schema": SCHEMA, "command": helper, **document}) + "\n", ""
+        )
 
     async def close(self) -> None:
         await self.local.close()
@@ -90,9 +98,21 @@ def stale_lock(inventory: Inventory, model: str, node: str, pid_start: float | N
     """A lock a remediator on `node` left when it died (its pid is asked about there)."""
     path = lock_path(inventory.state_dir, model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"node": node, "pid": dead_pid(), "pid_start": pid_start,
-                                "host": "gone", "time": 0.0, "holder": "remediator", "run_id": "1",
-                                "expires": 2e9, "token": "feedfacefeedface"}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "node": node,
+                "pid": dead_pid(),
+                "pid_start": pid_start,
+                "host": "gone",
+                "time": 0.0,
+                "holder": "remediator",
+                "run_id": "1",
+                "expires": 2e9,
+                "token": "feedfacefeedface",
+            }
+        )
+    )
 
 
 async def walk(engine: Engine, *events: Any) -> None:
@@ -107,12 +127,14 @@ async def walk(engine: Engine, *events: Any) -> None:
 async def remediator_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
     """Everything the remediator sends to nodes on its paths (see the module)."""
     inventory = make_inventory(backoff=0, start_timeout="1s")  # one probe per verify
-    transport = Scripted({("ai001", "facts"): JACCL_FACTS, ("ai002", "orphans"): ORPHANS},
-                         real={"lock", "pid-alive"})  # fmt: skip
+    transport = Scripted(
+        {("ai001", "facts"): JACCL_FACTS, ("ai002", "orphans"): ORPHANS}, real={"lock", "pid-alive"}
+    )
 
     def engine(name: str, health: Health, playbook: str = "recover") -> Engine:
-        return make_engine(make_config(tmp_path / name, playbook), inventory,
-                           transport=transport, health=health)  # fmt: skip
+        return make_engine(
+            make_config(tmp_path / name, playbook), inventory, transport=transport, health=health
+        )
 
     recover = engine("recover", Health(verdicts=[DOWN, DOWN, UP]))  # verify fails: pin ring
     await walk(recover, alert("r1"))
@@ -139,8 +161,9 @@ async def remediator_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
     assert crashed is not None
     assert await locks.release_of_ended_run(MODEL, "8", "replica-a", crashed.info.pid)
 
-    await probe_model_health(inventory.model(MODEL), inventory, transport=transport,
-                             probe_from="head")  # fmt: skip
+    await probe_model_health(
+        inventory.model(MODEL), inventory, transport=transport, probe_from="head"
+    )
     await read_stop_record(NodeHelpers(transport, inventory, 30), inventory.model(MODEL))
     return inventory, transport.sent
 
@@ -158,15 +181,30 @@ async def serve_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
     """Everything the serve wrapper on the head sends to its peers (over SSH, with its own
     key); what it asks of its head runs there without SSH and is no key's."""
     path = tmp_path / "serve-inventory.yaml"
-    path.write_text(yaml.safe_dump({
-        "state_dir": str(tmp_path / "state"),
-        "nodes": {f"ai00{i}": {"ssh": f"127.0.0.{i + 1}", "medic_command": MEDIC,
-                               "medic_config": str(path)} for i in (1, 2, 3)},
-        "models": {"tiny": {
-            "model": "/models/tiny", "nodes": ["ai001", "ai002", "ai003"], "port": free_port(),
-            "service": {"manager": "supervisord", "label": "tiny"},
-            "backends": {"ring": {"hostfile": "/etc/ring.json"}}}},
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "nodes": {
+                    f"ai00{i}": {
+                        "ssh": f"127.0.0.{i + 1}",
+                        "medic_command": MEDIC,
+                        "medic_config": str(path),
+                    }
+                    for i in (1, 2, 3)
+                },
+                "models": {
+                    "tiny": {
+                        "model": "/models/tiny",
+                        "nodes": ["ai001", "ai002", "ai003"],
+                        "port": free_port(),
+                        "service": {"manager": "supervisord", "label": "tiny"},
+                        "backends": {"ring": {"hostfile": "/etc/ring.json"}},
+                    }
+                },
+            }
+        )
+    )
     inventory = load_inventory(path)
     model = inventory.model("tiny")
     peers = Scripted({("ai002", "pid-alive"): DEAD})
@@ -188,8 +226,9 @@ async def serve_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
         await keeper.stop()
         await end_run(nodes, run_id, None, teardown_deadline(model))  # mlx.launch crashed
         relaunch = new_run_id()
-        prepared = await prepare_nodes(nodes, relaunch, lease, holder, lambda: None,
-                                       crashed_run=run_id)  # fmt: skip
+        prepared = await prepare_nodes(
+            nodes, relaunch, lease, holder, lambda: None, crashed_run=run_id
+        )
         await prepared.cleaning
         await end_run(nodes, relaunch, LiveLaunch(), teardown_deadline(model))  # type: ignore[arg-type]
     finally:
@@ -206,8 +245,11 @@ def grants_sent(key: KeyName, inventory: Inventory, sent: Sent) -> set[tuple[str
         allowed = Allowed(inventory, node.medic_config, node_name, key=key)
         _, grant = checked(shlex.join(argv), allowed)
         seen.add((grant.shape(), ""))
-        seen |= {(grant.shape(), option) for option in grant.optional
-                 if any(word.partition("=")[0] == option for word in argv)}  # fmt: skip
+        seen |= {
+            (grant.shape(), option)
+            for option in grant.optional
+            if any(word.partition("=")[0] == option for word in argv)
+        }
     return seen
 
 
@@ -242,8 +284,11 @@ def positionals(parser: argparse.ArgumentParser, action: str | None) -> set[str]
     return found
 
 
-@pytest.mark.parametrize(("key", "grant"), [(k, g) for k in KEYS for g in TABLE[k]],
-                         ids=lambda item: item if isinstance(item, str) else item.shape())
+@pytest.mark.parametrize(
+    ("key", "grant"),
+    [(k, g) for k in KEYS for g in TABLE[k]],
+    ids=lambda item: item if isinstance(item, str) else item.shape(),
+)
 def test_every_grant_names_each_positional_and_only_options_its_helper_has(
     key: KeyName, grant: Grant
 ) -> None:
@@ -253,14 +298,25 @@ def test_every_grant_names_each_positional_and_only_options_its_helper_has(
     parser = helper_parser(grant.helper)
     named = set(grant.args) | ({"model"} if grant.model else set())
     assert positionals(parser, grant.action) == named | ({"action"} if grant.action else set())
-    text = " ".join(a.format_usage() for a in [parser, *(
-        s for i in parser._actions if isinstance(i, argparse._SubParsersAction)
-        for s in i.choices.values())])  # fmt: skip
+    text = " ".join(
+        a.format_usage()
+        for a in [
+            parser,
+            *(
+                s
+                for i in parser._actions
+                if isinstance(i, argparse._SubParsersAction)
+                for s in i.choices.values()
+            ),
+        ]
+    )
     assert all(option in text for option in (*grant.options, *grant.optional))
 
 
 def test_the_table_prints_as_the_docs_show_it() -> None:
     text = table_text()
     assert "### `--key remediator`" in text and "### `--key serve`" in text
-    assert ("| `mlx-medic node sweep MODEL --start-sweep --grace GRACE [--crashed-run RUN_ID]`"
-            " | the wrapper's start sweep") in text  # fmt: skip
+    assert (
+        "| `mlx-medic node sweep MODEL --start-sweep --grace GRACE [--crashed-run RUN_ID]`"
+        " | the wrapper's start sweep"
+    ) in text

@@ -39,10 +39,17 @@ from mlx_medic.placement import hostfile_devices
 BOOT = "boot-1"
 
 
-def spend(state: Path, pid: int, start: float = 100.0, devices: Sequence[str] = (),
-          kind: Any = "sigkill", **extra: Any) -> bool:  # fmt: skip
-    return record_spend(state, "n1", kind, pid=pid, start_time=start, devices=devices,
-                        boot_id=BOOT, **extra)  # fmt: skip
+def spend(
+    state: Path,
+    pid: int,
+    start: float = 100.0,
+    devices: Sequence[str] = (),
+    kind: Any = "sigkill",
+    **extra: Any,
+) -> bool:
+    return record_spend(
+        state, "n1", kind, pid=pid, start_time=start, devices=devices, boot_id=BOOT, **extra
+    )
 
 
 def read(state: Path) -> Ledger:
@@ -68,14 +75,28 @@ def test_a_process_signalled_again_is_one_spend_but_a_reused_pid_is_another(
 
 def test_vanished_and_unkillable_ranks_are_counted(tmp_path: Path) -> None:
     assert spend(tmp_path, 1, kind="vanished", devices=["rdma_en2"], model="m1") is True
-    assert spend(tmp_path, 2, kind="unkillable", devices=["rdma_en3"], backend="jaccl",
-                 cmdline=["python", "-m", "mlx_lm.server"], model="m1") is True
+    assert (
+        spend(
+            tmp_path,
+            2,
+            kind="unkillable",
+            devices=["rdma_en3"],
+            backend="jaccl",
+            cmdline=["python", "-m", "mlx_lm.server"],
+            model="m1",
+        )
+        is True
+    )
     ledger = read(tmp_path)
     assert ledger.debt == 2
     assert ledger.debt_by_unit() == {"rdma_en2": 1, "rdma_en3": 1}
     [survivor] = ledger.survivors
     assert (survivor.pid, survivor.cmdline, survivor.backend, survivor.holds_port) == (
-        2, ("python", "-m", "mlx_lm.server"), "jaccl", False)
+        2,
+        ("python", "-m", "mlx_lm.server"),
+        "jaccl",
+        False,
+    )
 
 
 def test_one_spend_per_process_across_the_counted_kinds_on_the_union_of_its_devices(
@@ -83,8 +104,17 @@ def test_one_spend_per_process_across_the_counted_kinds_on_the_union_of_its_devi
 ) -> None:
     """A frozen rank SIGKILLed at every restart and then recorded unkillable is one spend."""
     assert spend(tmp_path, 7, devices=["rdma_en2"]) is True
-    assert spend(tmp_path, 7, kind="unkillable", devices=["rdma_en2", "rdma_en3"],
-                 backend="jaccl", holds_port=True) is False  # written, but no new spend
+    assert (
+        spend(
+            tmp_path,
+            7,
+            kind="unkillable",
+            devices=["rdma_en2", "rdma_en3"],
+            backend="jaccl",
+            holds_port=True,
+        )
+        is False
+    )  # written, but no new spend
     assert spend(tmp_path, 7, kind="unkillable", backend="jaccl") is False  # once per kind
     assert spend(tmp_path, 7, kind="vanished") is False
     ledger = read(tmp_path)
@@ -100,12 +130,17 @@ def test_a_failed_jaccl_start_spends_nothing_and_is_disputed_like_a_cycle(
     tmp_path: Path,
 ) -> None:
     """ibv_alloc_pd returned NULL on the refusing device; the unwind gave the others back."""
-    assert spend(tmp_path, 7, start=1.0, kind="failed_start", model="m1",
-                 devices=["rdma_en2"]) is True
+    assert (
+        spend(tmp_path, 7, start=1.0, kind="failed_start", model="m1", devices=["rdma_en2"]) is True
+    )
     assert spend(tmp_path, 7, start=1.0, kind="failed_start") is False  # once
     [entry] = read(tmp_path).entries
     assert (entry.kind, entry.model, entry.disputed, entry.counted) == (
-        "failed_start", "m1", True, False)
+        "failed_start",
+        "m1",
+        True,
+        False,
+    )
     ledger = read(tmp_path)
     assert (ledger.debt, ledger.disputed_cycles, ledger.debt_by_unit()) == (0, 1, {})
     assert entry.to_json()["disputed"] is True and entry.to_json()["counted"] is False
@@ -128,7 +163,8 @@ def test_a_sigkilled_rank_after_its_disputed_cycle_is_still_one_spend(tmp_path: 
 
 
 def test_ended_is_bookkeeping_written_once_for_many_processes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     writes: list[int] = []
     real_write = ledger_module._write
@@ -147,7 +183,10 @@ def test_ended_is_bookkeeping_written_once_for_many_processes(
     ledger = read(tmp_path)
     assert (ledger.debt, ledger.disputed_cycles, ledger.debt_by_unit()) == (0, 0, {})
     assert [(e.kind, e.pid, e.devices, e.model) for e in ledger.entries] == [
-        ("ended", 11, ("rdma_en2",), "m1"), ("ended", 12, (), "m1"), ("ended", 13, (), None)]
+        ("ended", 11, ("rdma_en2",), "m1"),
+        ("ended", 12, (), "m1"),
+        ("ended", 13, (), None),
+    ]
     assert all(not e.disputed and not e.counted for e in ledger.entries)
     assert has_entry(ledger, 12, 2.0) and not has_entry(ledger, 12, 2.5)
     # the sweep's SIGKILL that follows is a spend all the same
@@ -234,16 +273,39 @@ def test_a_reboot_empties_the_ledger(tmp_path: Path) -> None:
 
 
 SCHEMA_1_FILE = {
-    "schema": 1, "node": "n1", "boot_id": BOOT,
+    "schema": 1,
+    "node": "n1",
+    "boot_id": BOOT,
     "entries": [
-        {"kind": "sigkill", "pid": 1, "start_time": 1.0, "devices": ["rdma_en2"],
-         "model": "m1", "at": 5.0, "disputed": False},
-        {"kind": "failed_start", "pid": 2, "start_time": 2.0, "devices": [], "model": "m1",
-         "at": 6.0, "disputed": False},
-        {"kind": "init_teardown", "pid": 3, "start_time": 3.0, "devices": [], "model": None,
-         "at": 7.0, "disputed": True},
+        {
+            "kind": "sigkill",
+            "pid": 1,
+            "start_time": 1.0,
+            "devices": ["rdma_en2"],
+            "model": "m1",
+            "at": 5.0,
+            "disputed": False,
+        },
+        {
+            "kind": "failed_start",
+            "pid": 2,
+            "start_time": 2.0,
+            "devices": [],
+            "model": "m1",
+            "at": 6.0,
+            "disputed": False,
+        },
+        {
+            "kind": "init_teardown",
+            "pid": 3,
+            "start_time": 3.0,
+            "devices": [],
+            "model": None,
+            "at": 7.0,
+            "disputed": True,
+        },
     ],
-}  # fmt: skip
+}
 
 
 def test_a_schema_1_ledger_still_reads_and_its_failed_starts_spend_nothing(
@@ -260,7 +322,11 @@ def test_a_schema_1_ledger_still_reads_and_its_failed_starts_spend_nothing(
     data = json.loads(ledger_path(tmp_path).read_text())
     assert data["schema"] == SCHEMA == 2
     assert [e["kind"] for e in data["entries"]] == [
-        "sigkill", "failed_start", "init_teardown", "vanished"]
+        "sigkill",
+        "failed_start",
+        "init_teardown",
+        "vanished",
+    ]
     assert read(tmp_path).debt == 2
 
 
@@ -268,15 +334,19 @@ def test_an_unknown_schema_or_entry_kind_in_the_file_is_refused(tmp_path: Path) 
     ledger_path(tmp_path).write_text(json.dumps({**SCHEMA_1_FILE, "schema": 3}))
     with pytest.raises(LedgerError, match="schema 3"):
         read(tmp_path)
-    bad = {**SCHEMA_1_FILE, "schema": 2,
-           "entries": [{"kind": "reboot", "pid": 1, "start_time": 1.0}]}  # fmt: skip
+    bad = {
+        **SCHEMA_1_FILE,
+        "schema": 2,
+        "entries": [{"kind": "reboot", "pid": 1, "start_time": 1.0}],
+    }
     ledger_path(tmp_path).write_text(json.dumps(bad))
     with pytest.raises(LedgerError, match="'reboot'"):
         read(tmp_path)
 
 
 def test_entries_that_are_no_debt_are_kept_to_a_bound_and_dropped_cycles_still_count(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(ledger_module, "MAX_ENDED", 3)
     monkeypatch.setattr(ledger_module, "MAX_DISPUTED", 2)
@@ -291,13 +361,22 @@ def test_entries_that_are_no_debt_are_kept_to_a_bound_and_dropped_cycles_still_c
 
 
 def test_a_survivor_lives_while_its_pid_names_the_same_process(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes],
+    tmp_path: Path,
+    sleeper: subprocess.Popen[bytes],
 ) -> None:
     started = psutil.Process(sleeper.pid).create_time()
-    spend(tmp_path, sleeper.pid, start=started, kind="unkillable", backend="jaccl",
-          devices=["rdma_en2"], model="m1")  # fmt: skip
-    spend(tmp_path, sleeper.pid, start=started + 1.0, kind="unkillable",
-          backend="jaccl", model="m1")  # the same pid, another start: a reused pid
+    spend(
+        tmp_path,
+        sleeper.pid,
+        start=started,
+        kind="unkillable",
+        backend="jaccl",
+        devices=["rdma_en2"],
+        model="m1",
+    )
+    spend(
+        tmp_path, sleeper.pid, start=started + 1.0, kind="unkillable", backend="jaccl", model="m1"
+    )  # the same pid, another start: a reused pid
     assert process_alive(sleeper.pid, started) is True
     assert process_alive(sleeper.pid, started + 1.0) is False
     [live] = live_survivors(read(tmp_path))
@@ -313,8 +392,14 @@ def jaccl_inventory(tmp_path: Path, hostfile: object) -> Any:
     glm = tmp_path / "glm-jaccl.json"
     glm.write_text(hostfile if isinstance(hostfile, str) else json.dumps(hostfile))
     qwq = tmp_path / "qwq-jaccl.json"
-    qwq.write_text(json.dumps([{"ssh": "ai002", "rdma": [None, "rdma_en4"]},
-                               {"ssh": "ai004", "rdma": ["rdma_en2", None]}]))  # fmt: skip
+    qwq.write_text(
+        json.dumps(
+            [
+                {"ssh": "ai002", "rdma": [None, "rdma_en4"]},
+                {"ssh": "ai004", "rdma": ["rdma_en2", None]},
+            ]
+        )
+    )
     return parse_inventory(f"""\
 nodes:
   ai001: {{ssh: 192.168.101.1}}
@@ -347,7 +432,7 @@ GLM_HOSTFILE = [
     {"ssh": "ai001", "ips": ["192.168.101.1"], "rdma": [None, "rdma_en2", "rdma_en3"]},
     {"ssh": "ai002", "ips": ["192.168.101.2"], "rdma": ["rdma_en2", None, "rdma_en3"]},
     {"ssh": "ai003", "ips": ["192.168.101.3"], "rdma": ["rdma_en2", "rdma_en3", None]},
-]  # fmt: skip
+]
 
 
 def test_a_models_devices_on_a_node_are_its_jaccl_hostfile_row_in_node_order(
@@ -362,13 +447,19 @@ def test_a_models_devices_on_a_node_are_its_jaccl_hostfile_row_in_node_order(
     assert hostfile_devices(glm, "ai004") == ()  # not placed there
 
 
-@pytest.mark.parametrize("hostfile", [
-    "{not json", json.dumps({"ssh": "ai001"}), json.dumps([{"ssh": "ai001"}]),
-    json.dumps([GLM_HOSTFILE[0]]),  # no row for ai002
-    json.dumps([GLM_HOSTFILE[0], "ai002", GLM_HOSTFILE[2]]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "hostfile",
+    [
+        "{not json",
+        json.dumps({"ssh": "ai001"}),
+        json.dumps([{"ssh": "ai001"}]),
+        json.dumps([GLM_HOSTFILE[0]]),  # no row for ai002
+        json.dumps([GLM_HOSTFILE[0], "ai002", GLM_HOSTFILE[2]]),
+    ],
+)
 def test_a_hostfile_that_says_nothing_readable_gives_no_devices(
-    tmp_path: Path, hostfile: str,
+    tmp_path: Path,
+    hostfile: str,
 ) -> None:
     inventory = jaccl_inventory(tmp_path, hostfile)
     assert hostfile_devices(inventory.model("glm"), "ai002") == ()
@@ -399,8 +490,9 @@ def _spend_many(state: str, first: int) -> None:
 
 def test_concurrent_writers_lose_no_spend(tmp_path: Path) -> None:
     context = multiprocessing.get_context("fork")
-    writers = [context.Process(target=_spend_many, args=(str(tmp_path), 1000 * i))
-               for i in range(1, 5)]  # fmt: skip
+    writers = [
+        context.Process(target=_spend_many, args=(str(tmp_path), 1000 * i)) for i in range(1, 5)
+    ]
     for writer in writers:
         writer.start()
     for writer in writers:

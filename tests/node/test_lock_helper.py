@@ -18,8 +18,17 @@ from tests.node.helper_runner import Helpers, two_model_helpers
 
 
 def info(token: str, run_id: str = "r1") -> str:
-    lock = LockInfo(node="n1", pid=os.getpid(), pid_start=None, host="h", time=1.0,
-                    holder="remediator", run_id=run_id, expires=2.0, token=token)  # fmt: skip
+    lock = LockInfo(
+        node="n1",
+        pid=os.getpid(),
+        pid_start=None,
+        host="h",
+        time=1.0,
+        holder="remediator",
+        run_id=run_id,
+        expires=2.0,
+        token=token,
+    )
     return lock.to_json()
 
 
@@ -46,26 +55,30 @@ def test_replace_and_release_act_only_while_the_lock_holds_the_callers_token(
 ) -> None:
     helpers.document("lock", "m1", "take", "--info", info("a"))
     renewed = json.loads(info("a")) | {"expires": 99.0}
-    helpers.document("lock", "m1", "replace", "--expected-token", "b", "--info",
-                     json.dumps(renewed), status=1)  # fmt: skip
+    helpers.document(
+        "lock", "m1", "replace", "--expected-token", "b", "--info", json.dumps(renewed), status=1
+    )
     assert LockInfo.parse(lock_file(helpers).read_text()).expires == 2.0
-    helpers.document("lock", "m1", "replace", "--expected-token", "a", "--info",
-                     json.dumps(renewed))  # fmt: skip
+    helpers.document(
+        "lock", "m1", "replace", "--expected-token", "a", "--info", json.dumps(renewed)
+    )
     assert LockInfo.parse(lock_file(helpers).read_text()).expires == 99.0
     assert not helpers.document("lock", "m1", "release", "--token", "b", status=1)["done"]
     assert lock_file(helpers).exists()
     assert helpers.document("lock", "m1", "release", "--token", "a")["text"] is None
     assert helpers.document("lock", "m1", "release", "--token", "a")["done"]  # none: done
-    helpers.document("lock", "m1", "replace", "--expected-token", "a", "--info", info("a"),
-                     status=1)  # fmt: skip
+    helpers.document(
+        "lock", "m1", "replace", "--expected-token", "a", "--info", info("a"), status=1
+    )
     assert not lock_file(helpers).exists()  # a lost lock is never written back
 
 
 def test_break_removes_only_the_lock_text_that_was_judged_stale(helpers: Helpers) -> None:
     helpers.document("lock", "m1", "take", "--info", info("a"))
     judged = lock_file(helpers).read_text()
-    helpers.document("lock", "m1", "break", "--expected-sha256", text_digest(judged + " "),
-                     status=1)  # fmt: skip
+    helpers.document(
+        "lock", "m1", "break", "--expected-sha256", text_digest(judged + " "), status=1
+    )
     assert lock_file(helpers).exists()
     assert helpers.document("lock", "m1", "break", "--expected-sha256", text_digest(judged))["done"]
     assert not lock_file(helpers).exists()
@@ -76,15 +89,21 @@ def test_of_many_concurrent_takers_exactly_one_wins_and_nothing_is_left_beside_i
 ) -> None:
     argv = [sys.executable, "-m", "mlx_medic.cli", "node", "lock", "m1", "take", "--info"]
     tail = ["--config.file", str(helpers.config), "--node", "n1", "--json"]
-    takers = [subprocess.Popen([*argv, info(f"t{i}"), *tail], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True) for i in range(8)]  # fmt: skip
+    takers = [
+        subprocess.Popen(
+            [*argv, info(f"t{i}"), *tail], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for i in range(8)
+    ]
     results = [(taker.wait(timeout=120), json.loads(taker.communicate()[0])) for taker in takers]
     winners = [document for status, document in results if status == 0]
     assert len(winners) == 1 and all(doc["done"] is (doc in winners) for _, doc in results)
     token = LockInfo.parse(lock_file(helpers).read_text()).token
     assert all(LockInfo.parse(doc["text"]).token == token for _, doc in results)
-    assert sorted(p.name for p in lock_file(helpers).parent.iterdir()) == ["m1.lock",
-                                                                          "m1.lock.guard"]
+    assert sorted(p.name for p in lock_file(helpers).parent.iterdir()) == [
+        "m1.lock",
+        "m1.lock.guard",
+    ]
 
 
 def test_a_lock_lives_only_on_the_models_head_and_its_info_must_be_a_lock(

@@ -25,8 +25,12 @@ def inventory(tmp_path: Path, reserve: int | None = None) -> Path:
 
 
 def node(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlx_medic.cli", "node", *argv],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_medic.cli", "node", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_ledger_prints_one_json_document_with_its_schema_and_the_models_reserves(
@@ -49,10 +53,15 @@ def test_the_ledger_prints_one_json_document_with_its_schema_and_the_models_rese
     assert document["debt_by_unit"] == {"rdma_en2": 1, "node": 1}
     assert document["debt_by_device"] == {"rdma_en2": 2}  # the unknown one counts there too
     assert document["reserves"] == {
-        "m1": {"reserve": 2, "devices": [], "jaccl_allowed": False, "debt": 2}}
+        "m1": {"reserve": 2, "devices": [], "jaccl_allowed": False, "debt": 2}
+    }
     assert document["survivors"] == []
     assert [e["kind"] for e in document["entries"]] == [
-        "sigkill", "vanished", "failed_start", "init_teardown"]
+        "sigkill",
+        "vanished",
+        "failed_start",
+        "init_teardown",
+    ]
     assert [e["counted"] for e in document["entries"]] == [True, True, False, False]
 
 
@@ -63,7 +72,7 @@ def test_the_default_reserve_is_five_of_eleven(tmp_path: Path) -> None:
     assert document["reserves"] == {
         "m1": {"reserve": 5, "devices": [], "jaccl_allowed": True, "debt": 0},
         "m2": {"reserve": 5, "devices": [], "jaccl_allowed": True, "debt": 0},
-    }  # fmt: skip
+    }
     assert document["debt_by_device"] == {"node": 0}  # no device known here
 
 
@@ -116,12 +125,21 @@ def test_a_reserve_beyond_a_devices_eleven_domains_is_an_inventory_error(tmp_pat
 def jaccl_inventory(tmp_path: Path) -> Path:
     """n1 carries m1 (JACCL over n1..n3) and m2 (JACCL with n4): devices of its own each."""
     m1 = tmp_path / "m1-jaccl.json"
-    m1.write_text(json.dumps([{"ssh": "n1", "rdma": [None, "rdma_en2", "rdma_en3"]},
-                              {"ssh": "n2", "rdma": ["rdma_en2", None, "rdma_en3"]},
-                              {"ssh": "n3", "rdma": ["rdma_en2", "rdma_en3", None]}]))
+    m1.write_text(
+        json.dumps(
+            [
+                {"ssh": "n1", "rdma": [None, "rdma_en2", "rdma_en3"]},
+                {"ssh": "n2", "rdma": ["rdma_en2", None, "rdma_en3"]},
+                {"ssh": "n3", "rdma": ["rdma_en2", "rdma_en3", None]},
+            ]
+        )
+    )
     m2 = tmp_path / "m2-jaccl.json"
-    m2.write_text(json.dumps([{"ssh": "n1", "rdma": [None, "rdma_en4"]},
-                              {"ssh": "n4", "rdma": ["rdma_en2", None]}]))  # fmt: skip
+    m2.write_text(
+        json.dumps(
+            [{"ssh": "n1", "rdma": [None, "rdma_en4"]}, {"ssh": "n4", "rdma": ["rdma_en2", None]}]
+        )
+    )
     path = tmp_path / "inventory.yaml"
     path.write_text(f"""\
 state_dir: {tmp_path / "state"}
@@ -150,42 +168,81 @@ models:
 
 
 def test_the_ledger_judges_each_model_on_its_own_devices_and_lists_live_survivors_only(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes],
+    tmp_path: Path,
+    sleeper: subprocess.Popen[bytes],
 ) -> None:
     config = jaccl_inventory(tmp_path)
     state = tmp_path / "state"
     boot = current_boot_id()
     started = psutil.Process(sleeper.pid).create_time()
-    record_spend(state, "n1", "sigkill", pid=10, start_time=1.0, devices=["rdma_en2"],
-                 model="m1", boot_id=boot)
-    record_spend(state, "n1", "unkillable", pid=sleeper.pid, start_time=started,
-                 devices=["rdma_en2", "rdma_en3"], model="m1", backend="jaccl",
-                 cmdline=["python", "-m", "mlx_lm.server"], boot_id=boot)
+    record_spend(
+        state,
+        "n1",
+        "sigkill",
+        pid=10,
+        start_time=1.0,
+        devices=["rdma_en2"],
+        model="m1",
+        boot_id=boot,
+    )
+    record_spend(
+        state,
+        "n1",
+        "unkillable",
+        pid=sleeper.pid,
+        start_time=started,
+        devices=["rdma_en2", "rdma_en3"],
+        model="m1",
+        backend="jaccl",
+        cmdline=["python", "-m", "mlx_lm.server"],
+        boot_id=boot,
+    )
     # a survivor whose process is gone (the pid names another start): not listed, counted
-    record_spend(state, "n1", "unkillable", pid=sleeper.pid, start_time=started - 50,
-                 model="m1", backend="ring", boot_id=boot)
+    record_spend(
+        state,
+        "n1",
+        "unkillable",
+        pid=sleeper.pid,
+        start_time=started - 50,
+        model="m1",
+        backend="ring",
+        boot_id=boot,
+    )
     result = node("ledger", "--json", "--config.file", str(config), "--node", "n1")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["debt"] == 2
     assert document["debt_by_device"] == {"rdma_en2": 2, "rdma_en3": 1, "rdma_en4": 0}
     assert document["reserves"] == {
-        "m1": {"reserve": 2, "devices": ["rdma_en2", "rdma_en3"], "jaccl_allowed": False,
-               "debt": 2},
+        "m1": {
+            "reserve": 2,
+            "devices": ["rdma_en2", "rdma_en3"],
+            "jaccl_allowed": False,
+            "debt": 2,
+        },
         "m2": {"reserve": 2, "devices": ["rdma_en4"], "jaccl_allowed": True, "debt": 0},
-    }  # fmt: skip
+    }
     [survivor] = document["survivors"]
     assert survivor | {"at": 0} == {
-        "pid": sleeper.pid, "start_time": started, "cmdline": ["python", "-m", "mlx_lm.server"],
-        "model": "m1", "backend": "jaccl", "devices": ["rdma_en2", "rdma_en3"], "domains": 2,
-        "holds_port": False, "at": 0}  # fmt: skip
+        "pid": sleeper.pid,
+        "start_time": started,
+        "cmdline": ["python", "-m", "mlx_lm.server"],
+        "model": "m1",
+        "backend": "jaccl",
+        "devices": ["rdma_en2", "rdma_en3"],
+        "domains": 2,
+        "holds_port": False,
+        "at": 0,
+    }
     text = node("ledger", "--config.file", str(config), "--node", "n1").stdout
     assert f"survivor of SIGKILL: pid {sleeper.pid} (model m1, jaccl backend, holding 2" in text
     assert "reboot n1 to end it" in text
-    assert "model m2: reserve 2 per device, JACCL allowed (0 spent on the busiest of" \
-        " rdma_en4)" in text
+    assert (
+        "model m2: reserve 2 per device, JACCL allowed (0 spent on the busiest of rdma_en4)" in text
+    )
     sleeper.kill()
     sleeper.wait()
-    document = json.loads(node("ledger", "--json", "--config.file", str(config),
-                               "--node", "n1").stdout)  # fmt: skip
+    document = json.loads(
+        node("ledger", "--json", "--config.file", str(config), "--node", "n1").stdout
+    )
     assert document["survivors"] == [] and document["debt"] == 2  # per boot: still spent

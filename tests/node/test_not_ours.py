@@ -45,8 +45,10 @@ from tests.remediator.fake_helpers import Answer, FakeHelpers
 from tests.tools import require_root, require_tool
 
 # Look-alikes only sleep: any Python every user may run (this venv's may sit in /root).
-PYTHON = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)),
-              sys.executable)  # fmt: skip
+PYTHON = next(
+    (p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)),
+    sys.executable,
+)
 
 
 @dataclass
@@ -165,14 +167,34 @@ def as_user(uid: int, work: Callable[[], Any]) -> Any:
 
 def helper_as(scope: Scope, *argv: str) -> tuple[int, dict[str, Any], str]:
     """`mlx-medic node ARGV --json` as the scope's uid (setpriv): exit status, document, stderr."""
-    user = [require_tool("setpriv"), f"--reuid={scope.uid}", f"--regid={scope.uid}",
-            "--clear-groups", sys.executable, "-I"]  # fmt: skip
+    user = [
+        require_tool("setpriv"),
+        f"--reuid={scope.uid}",
+        f"--regid={scope.uid}",
+        "--clear-groups",
+        sys.executable,
+        "-I",
+    ]
     if subprocess.run([*user, "-c", "import mlx_medic"], capture_output=True).returncode:
         pytest.skip(f"this venv's {sys.executable} cannot run as another user here")
     result = subprocess.run(
-        [*user, "-m", "mlx_medic.cli", "node", *argv,
-         "--config.file", str(scope.config), "--node", "n1", "--json"],
-        capture_output=True, text=True, timeout=120, cwd=scope.base)  # fmt: skip
+        [
+            *user,
+            "-m",
+            "mlx_medic.cli",
+            "node",
+            *argv,
+            "--config.file",
+            str(scope.config),
+            "--node",
+            "n1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=scope.base,
+    )
     assert result.stdout.startswith("{"), result.stderr
     return result.returncode, json.loads(result.stdout), result.stderr
 
@@ -192,9 +214,15 @@ def dead_pid() -> int:
 
 def step_context(helpers: FakeHelpers) -> RunContext:
     inventory = helpers.inventory
-    return RunContext(model=inventory.model(MODEL), inventory=inventory,
-                      transport=LocalTransport(), run_id=7, health=Health(),
-                      log=logging.getLogger("test"), helpers=helpers)  # fmt: skip
+    return RunContext(
+        model=inventory.model(MODEL),
+        inventory=inventory,
+        transport=LocalTransport(),
+        run_id=7,
+        health=Health(),
+        log=logging.getLogger("test"),
+        helpers=helpers,
+    )
 
 
 # --- the sweep --------------------------------------------------------------------------
@@ -205,12 +233,18 @@ def test_the_sweep_as_the_node_user_ends_its_own_look_alike_and_leaves_roots_as_
 ):
     theirs = scope.look_alike()  # root's: the node user may not signal it
     try:
+
         def sweep() -> dict[str, Any]:
             ours = scope.look_alike()
             inventory = scope.inventory()
             table = system_process_table(classifier(PatternSet.of(inventory)))
-            report = Sweep(inventory=inventory, model=inventory.model(scope.model), node="n1",
-                           state_dir=scope.state, table=table).run()  # fmt: skip
+            report = Sweep(
+                inventory=inventory,
+                model=inventory.model(scope.model),
+                node="n1",
+                state_dir=scope.state,
+                table=table,
+            ).run()
             ours.wait(10)
             return {"ours": ours.pid, "document": report.to_json()}
 
@@ -243,11 +277,12 @@ async def test_the_sweep_helper_as_the_node_user_answers_and_the_step_ends_ok_na
     assert f"not ours: pid {theirs.pid} (rank) is root's: may not signal it" in stderr
     # The remediator's sweep step reads that very reply: ok, and its detail says so.
     helpers = FakeHelpers(make_inventory(), {("ai002", "sweep"): Answer(document, status, stderr)})
-    result = await SweepStep(model=helpers.inventory.model(MODEL)).run(
-        step_context(helpers))
+    result = await SweepStep(model=helpers.inventory.model(MODEL)).run(step_context(helpers))
     assert result.outcome is StepOutcome.OK and not result.unrecoverable
-    assert (f"ai002: 0 signalled, 0 spared, 0 PD spent, 1 not ours (pid {theirs.pid} rank,"
-            " root's: may not signal, left alone)") in result.detail
+    assert (
+        f"ai002: 0 signalled, 0 spared, 0 PD spent, 1 not ours (pid {theirs.pid} rank,"
+        " root's: may not signal, left alone)"
+    ) in result.detail
 
 
 # --- the clean --------------------------------------------------------------------------
@@ -278,14 +313,20 @@ def own_entries(scope: Scope) -> dict[str, str]:
 
 def cleaner(scope: Scope, weigher: Weigher) -> Cleaner:
     inventory = scope.inventory()
-    return Cleaner(model=inventory.model(scope.model), node="n1",
-                   dirs=scope_dirs(inventory.models_on("n1")), launch_dirs=[scope.launch],
-                   clock=time.time, weigher=weigher)  # fmt: skip
+    return Cleaner(
+        model=inventory.model(scope.model),
+        node="n1",
+        dirs=scope_dirs(inventory.models_on("n1")),
+        launch_dirs=[scope.launch],
+        clock=time.time,
+        weigher=weigher,
+    )
 
 
 @pytest.mark.parametrize("weigher", [PythonWeigher, default_weigher], ids=["walk", "default"])
 def test_the_clean_as_the_node_user_removes_its_own_and_leaves_roots_whole_as_not_ours(
-    scope: Scope, weigher: Callable[[], Weigher],
+    scope: Scope,
+    weigher: Callable[[], Weigher],
 ):
     theirs = roots_entries(scope)
 
@@ -299,7 +340,8 @@ def test_the_clean_as_the_node_user_removes_its_own_and_leaves_roots_whole_as_no
     assert sorted(r["path"] for r in document["removed"]) == sorted(result["own"].values())
     assert result["failed"] == 0
     assert {e["path"]: (e["owner"], e["uid"]) for e in document["not_ours"]} == {
-        str(path): ("root", 0) for path in theirs.values()}
+        str(path): ("root", 0) for path in theirs.values()
+    }
     kinds = {Path(e["path"]).name: e["kind"] for e in document["not_ours"]}
     assert kinds[f"tmp.Root{scope.token}"] == "launch_leftover"
     assert kinds[f"tmp{scope.token}file"] == "stale_file"
@@ -338,8 +380,7 @@ async def test_the_clean_helper_as_the_node_user_exits_0_and_the_step_names_what
     assert {e["path"] for e in document["not_ours"]} == {str(p) for p in theirs.values()}
     assert f"not ours: stale_file {theirs['file']} is root's" in stderr
     helpers = FakeHelpers(make_inventory(), {("ai003", "clean"): Answer(document, status, stderr)})
-    result = await CleanTmp(model=helpers.inventory.model(MODEL)).run(
-        step_context(helpers))
+    result = await CleanTmp(model=helpers.inventory.model(MODEL)).run(step_context(helpers))
     assert result.outcome is StepOutcome.OK
     said = result.detail.split("ai003: ")[1].split("; ai004")[0]
     assert said.startswith("0 removed, 0 bytes freed, 4 not ours (")

@@ -43,8 +43,9 @@ def test_renew_extends_the_lease_of_the_current_run(helpers: Helpers) -> None:
 def test_renew_for_another_run_exits_1_and_changes_nothing(helpers: Helpers) -> None:
     helpers.document("run", "m1", "set", "r-2", "--lease", "60", "--holder", "new")
     lease = read_lease(helpers.state, "m1")
-    document = helpers.document("run", "m1", "renew", "r-1", "--lease", "600", "--holder", "old",
-                                status=1)  # fmt: skip
+    document = helpers.document(
+        "run", "m1", "renew", "r-1", "--lease", "600", "--holder", "old", status=1
+    )
     assert not document["changed"] and "run r-1 is not current here (r-2)" in document["refused"]
     assert read_lease(helpers.state, "m1") == lease
     assert read_current_run(helpers.state, "m1") == "r-2"
@@ -59,15 +60,19 @@ def test_clear_ends_the_lease_but_keeps_the_current_run_readable(helpers: Helper
     assert read_current_run(helpers.state, "m1") == "r-1"  # stale_run_id still has its reference
 
 
-@pytest.mark.parametrize(("args", "why"), [
-    (("m9", "show"), "model 'm9' is not in the inventory"),
-    (("m2", "show"), "'m2' is not placed on node n1"),
-    (("m1", "set", "bad id!"), "run id 'bad id!' must be"),
-    (("m1", "set", "r-1", "--lease", "30"), "--lease and --holder go together"),
-    (("m1", "set", "r-1", "--lease", "-1", "--holder", "x"), "a lease is a positive number"),
-    (("m1", "renew", "r-1"), "required"),
-])  # fmt: skip
-def test_bad_arguments_exit_2_naming_the_problem(helpers: Helpers, args: tuple[str, ...],
-                                                 why: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (("m9", "show"), "model 'm9' is not in the inventory"),
+        (("m2", "show"), "'m2' is not placed on node n1"),
+        (("m1", "set", "bad id!"), "run id 'bad id!' must be"),
+        (("m1", "set", "r-1", "--lease", "30"), "--lease and --holder go together"),
+        (("m1", "set", "r-1", "--lease", "-1", "--holder", "x"), "a lease is a positive number"),
+        (("m1", "renew", "r-1"), "required"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_problem(
+    helpers: Helpers, args: tuple[str, ...], why: str
+) -> None:
     result = helpers.run("run", *args)
     assert result.returncode == 2 and why in result.stderr

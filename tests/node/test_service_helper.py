@@ -28,11 +28,14 @@ from tests.tools import require_tool
 
 # supervisord's own sections, with a token in every path: each test its own daemon.
 SUPERVISORD_CONTROL = CONTROL  # supervisord's own sections (testbed.keepalive)
-SUPERVISORD_CONF = SUPERVISORD_CONTROL + """\
+SUPERVISORD_CONF = (
+    SUPERVISORD_CONTROL
+    + """\
 [program:tiny-{token}]
 command=sleep 100000
 startsecs=0
 """
+)
 
 
 @dataclass
@@ -46,25 +49,52 @@ class Supervised:
     log_text: str = "INFO an earlier start\n"
 
     def helper(self, *args: str, inventory: Path | None = None) -> subprocess.CompletedProcess[str]:
-        line = shlex.join([sys.executable, "-m", "mlx_medic.cli", "node", "service", "tiny", *args,
-                         "--config.file", str(inventory or self.inventory), "--node", "ai001",
-                         "--json"])  # fmt: skip
+        line = shlex.join(
+            [
+                sys.executable,
+                "-m",
+                "mlx_medic.cli",
+                "node",
+                "service",
+                "tiny",
+                *args,
+                "--config.file",
+                str(inventory or self.inventory),
+                "--node",
+                "ai001",
+                "--json",
+            ]
+        )
         return self.head.run(line, timeout=120, check=False)
 
     def program_state(self) -> str:
-        result = self.head.run(f"supervisorctl -c {self.conf} status tiny-{self.token}",
-                               check=False)  # fmt: skip
+        result = self.head.run(
+            f"supervisorctl -c {self.conf} status tiny-{self.token}", check=False
+        )
         return result.stdout.split()[1]
 
 
 def write_inventory(cluster: Cluster, token: str, config: Path) -> Path:
     path = cluster.workdir / f"service-{token}-{uuid.uuid4().hex[:6]}.yaml"
-    path.write_text(cluster.inventory_yaml([{
-        "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", "ai002"], "port": 8080,
-        "log_files": [str(cluster.workdir / f"service-{token}.log")],
-        "service": {"manager": "supervisord", "label": f"tiny-{token}", "config": str(config)},
-        "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
-    }]))  # fmt: skip
+    path.write_text(
+        cluster.inventory_yaml(
+            [
+                {
+                    "name": "tiny",
+                    "model": "/models/tiny",
+                    "nodes": ["ai001", "ai002"],
+                    "port": 8080,
+                    "log_files": [str(cluster.workdir / f"service-{token}.log")],
+                    "service": {
+                        "manager": "supervisord",
+                        "label": f"tiny-{token}",
+                        "config": str(config),
+                    },
+                    "backends": {"ring": {"hostfile": str(cluster.workdir / "ring.json")}},
+                }
+            ]
+        )
+    )
     return path
 
 
@@ -77,8 +107,14 @@ def supervised(clean_cluster: Cluster) -> Iterator[Supervised]:
     head = clean_cluster.head
     daemon = head.spawn(["supervisord", "-n", "-c", str(conf)])
     try:
-        setup = Supervised(head, token, conf, write_inventory(clean_cluster, token, conf),
-                           head.state_dir, clean_cluster.workdir / f"service-{token}.log")
+        setup = Supervised(
+            head,
+            token,
+            conf,
+            write_inventory(clean_cluster, token, conf),
+            head.state_dir,
+            clean_cluster.workdir / f"service-{token}.log",
+        )
         setup.log.write_text(setup.log_text)
         deadline = time.monotonic() + 30
         while setup.program_state() != "RUNNING":
@@ -95,9 +131,17 @@ def test_stop_records_the_run_then_really_stops_the_program(supervised: Supervis
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert (document["command"], document["action"], document["exit_status"]) == (
-        "service", "stop", 0)  # fmt: skip
-    assert document["argv"] == ["supervisorctl", "-c", str(supervised.conf), "stop",
-                                f"tiny-{supervised.token}"]  # fmt: skip
+        "service",
+        "stop",
+        0,
+    )
+    assert document["argv"] == [
+        "supervisorctl",
+        "-c",
+        str(supervised.conf),
+        "stop",
+        f"tiny-{supervised.token}",
+    ]
     assert document["stopped_by"]["run"] == "remediator run 12"
     assert document["stopped_by"]["reason"] == "model down"
     assert supervised.program_state() == "STOPPED"
@@ -129,17 +173,20 @@ def test_start_really_starts_the_program_and_clears_the_record_after(
 
 def test_restart_really_restarts_the_program(supervised: Supervised) -> None:
     before = supervised.head.run(
-        f"supervisorctl -c {supervised.conf} pid tiny-{supervised.token}").stdout.strip()
+        f"supervisorctl -c {supervised.conf} pid tiny-{supervised.token}"
+    ).stdout.strip()
     result = supervised.helper("restart")
     assert result.returncode == 0, result.stderr
     after = supervised.head.run(
-        f"supervisorctl -c {supervised.conf} pid tiny-{supervised.token}").stdout.strip()
+        f"supervisorctl -c {supervised.conf} pid tiny-{supervised.token}"
+    ).stdout.strip()
     assert supervised.program_state() == "RUNNING" and after != before
     assert json.loads(result.stdout)["argv"][-2:] == ["restart", f"tiny-{supervised.token}"]
 
 
 def test_a_failing_manager_command_leaves_the_record_and_exits_1_with_its_stderr(
-    clean_cluster: Cluster, supervised: Supervised,
+    clean_cluster: Cluster,
+    supervised: Supervised,
 ) -> None:
     missing = clean_cluster.workdir / f"missing-{supervised.token}.conf"
     broken = write_inventory(clean_cluster, supervised.token, missing)
@@ -160,9 +207,22 @@ def test_service_runs_only_on_the_models_head_and_names_what_is_wrong(
     config.write_text(two_models(str(tmp_path / "state")))
 
     def node(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "mlx_medic.cli", "node", "service", *argv,
-                               "--config.file", str(config), "--json"],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mlx_medic.cli",
+                "node",
+                "service",
+                *argv,
+                "--config.file",
+                str(config),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     elsewhere = node("m1", "status", "--node", "n2")
     assert elsewhere.returncode == 2 and "its head n1, not on n2" in elsewhere.stderr

@@ -74,8 +74,9 @@ def proc(pid: int, ppid: int, argv: list[str] | str, **kwargs) -> ProcessInfo:
 
 
 def rank(pid: int, port: int = 8080, model: str = "/models/glm", ppid: int = 1, **kw):
-    return proc(pid, ppid, [PYTHON, "-m", "mlx_lm.server", "--model", model,
-                            "--port", str(port)], **kw)  # fmt: skip
+    return proc(
+        pid, ppid, [PYTHON, "-m", "mlx_lm.server", "--model", model, "--port", str(port)], **kw
+    )
 
 
 def scoped(process: ProcessInfo, run_ids: frozenset[str] = frozenset()) -> bool:
@@ -95,21 +96,33 @@ def test_a_copy_or_a_tail_that_merely_names_the_models_dirs_is_never_in_scope():
 def test_mlx_medic_itself_is_never_in_scope_even_started_from_a_ranks_environment():
     env = {"MLX_RANK": "0", "MLX_MEDIC_MODEL": "glm"}
     assert not scoped(proc(30, 1, ["/usr/local/bin/mlx-medic", "serve", "glm"], env=env))
-    assert not scoped(proc(31, 1, [PYTHON, "-m", "mlx_medic.cli", "node", "sweep", "glm",
-                                   "--port", "8080"], env=env))  # fmt: skip
+    assert not scoped(
+        proc(
+            31,
+            1,
+            [PYTHON, "-m", "mlx_medic.cli", "node", "sweep", "glm", "--port", "8080"],
+            env=env,
+        )
+    )
     assert not scoped(proc(32, 1, [PYTHON, "-m", "mlx_medic", "serve", "glm"], env=env))
 
 
 def test_a_rank_needs_the_models_pattern_and_one_of_its_keys():
     assert scoped(rank(40))  # port and model path
     assert scoped(proc(41, 1, [PYTHON, "/opt/seed/serve.py", "--tmpdir", f"{TMP}/x"]))
-    assert scoped(proc(42, 1, [PYTHON, "/opt/x/worker.py"],
-                       env={"MLX_RANK": "1", "MLX_MEDIC_MODEL": "glm"}))  # fmt: skip
-    assert scoped(proc(43, 1, [PYTHON, "/opt/x/worker.py"],
-                       env={"MLX_RANK": "1", "MLX_MEDIC_RUN_ID": "run-7"}), {"run-7"})
+    assert scoped(
+        proc(42, 1, [PYTHON, "/opt/x/worker.py"], env={"MLX_RANK": "1", "MLX_MEDIC_MODEL": "glm"})
+    )
+    assert scoped(
+        proc(
+            43, 1, [PYTHON, "/opt/x/worker.py"], env={"MLX_RANK": "1", "MLX_MEDIC_RUN_ID": "run-7"}
+        ),
+        {"run-7"},
+    )
     # The model's pattern without any of its keys: a looser pattern's catch, not the model's.
-    assert not scoped(proc(44, 1, [PYTHON, "/opt/seed/serve.py", "--model", "/m/other",
-                                   "--port", "9999"]))  # fmt: skip
+    assert not scoped(
+        proc(44, 1, [PYTHON, "/opt/seed/serve.py", "--model", "/m/other", "--port", "9999"])
+    )
     # Another model's rank, and a rank of no model.
     assert not scoped(rank(45, port=8081, model="/models/qwq"))
     assert not scoped(proc(46, 1, [PYTHON, "/opt/x/worker.py"], env={"MLX_RANK": "0"}))
@@ -166,25 +179,55 @@ class World:
         self.now += seconds
 
     def seams(self, **extra) -> Seams:
-        defaults = {"health": lambda model, state_dir: (True, "answered"),
-                    "lineage": lambda: {99999}, "read_file": lambda p, path: None,
-                    "warn": lambda text: None,
-                    "may_signal": lambda pid: pid not in self.theirs,
-                    "owner": lambda pid: self.theirs.get(pid, 0)}
-        return Seams(identity=self.identity, kill=self.kill, sleep=self.sleep,
-                     clock=lambda: self.now, **{**defaults, **extra})  # fmt: skip
+        defaults = {
+            "health": lambda model, state_dir: (True, "answered"),
+            "lineage": lambda: {99999},
+            "read_file": lambda p, path: None,
+            "warn": lambda text: None,
+            "may_signal": lambda pid: pid not in self.theirs,
+            "owner": lambda pid: self.theirs.get(pid, 0),
+        }
+        return Seams(
+            identity=self.identity,
+            kill=self.kill,
+            sleep=self.sleep,
+            clock=lambda: self.now,
+            **{**defaults, **extra},
+        )
 
 
-def sweep(world: World, *processes: ProcessInfo, mode=Mode.SCOPE, run_id=None, model=GLM,
-          state_dir: Path = Path("/nonexistent"), spend=None, dry_run=False, **seams):
-    scan = OrphanScan(node="ai001", inventory=INVENTORY, state_dir=state_dir,
-                      established=lambda sshd: True,
-                      listening=lambda: lambda pid, port: port in world.listening.get(pid, ()),
-                      read_file=lambda p, path: None)  # fmt: skip
-    return Sweep(inventory=INVENTORY, model=model, node="ai001", state_dir=state_dir,
-                 table=Table(*processes), mode=mode, run_id=run_id, dry_run=dry_run,
-                 seams=world.seams(**seams), scan=scan,
-                 spend=spend or (lambda **kw: True)).run()  # fmt: skip
+def sweep(
+    world: World,
+    *processes: ProcessInfo,
+    mode=Mode.SCOPE,
+    run_id=None,
+    model=GLM,
+    state_dir: Path = Path("/nonexistent"),
+    spend=None,
+    dry_run=False,
+    **seams,
+):
+    scan = OrphanScan(
+        node="ai001",
+        inventory=INVENTORY,
+        state_dir=state_dir,
+        established=lambda sshd: True,
+        listening=lambda: lambda pid, port: port in world.listening.get(pid, ()),
+        read_file=lambda p, path: None,
+    )
+    return Sweep(
+        inventory=INVENTORY,
+        model=model,
+        node="ai001",
+        state_dir=state_dir,
+        table=Table(*processes),
+        mode=mode,
+        run_id=run_id,
+        dry_run=dry_run,
+        seams=world.seams(**seams),
+        scan=scan,
+        spend=spend or (lambda **kw: True),
+    ).run()
 
 
 def test_sigterm_ends_the_models_processes_and_leaves_everything_else():
@@ -250,19 +293,29 @@ def test_an_uninterruptible_survivor_is_unkillable_and_not_retried_forever():
 
 
 def test_a_sigkilled_jaccl_rank_is_one_ledger_spend_with_its_device(tmp_path: Path):
-    env = {"MLX_RANK": "1", "MLX_IBV_DEVICES": "/tmp/tmp.devices",
-           "MLX_JACCL_COORDINATOR": "192.168.101.1:5000"}  # fmt: skip
+    env = {
+        "MLX_RANK": "1",
+        "MLX_IBV_DEVICES": "/tmp/tmp.devices",
+        "MLX_JACCL_COORDINATOR": "192.168.101.1:5000",
+    }
     jaccl, ring = rank(10, env=env), rank(11, env={"MLX_RANK": "0"})
     world = World(jaccl, ring, dies_on=("SIGKILL",))
     matrix = '[[null, "rdma_en5"], ["rdma_en5", null]]'
     files = {"/tmp/tmp.devices": matrix}
-    report = sweep(world, jaccl, ring, state_dir=tmp_path, spend=LedgerNotes(tmp_path, "ai001"),
-                   read_file=lambda p, path: files.get(path))  # fmt: skip
+    report = sweep(
+        world,
+        jaccl,
+        ring,
+        state_dir=tmp_path,
+        spend=LedgerNotes(tmp_path, "ai001"),
+        read_file=lambda p, path: files.get(path),
+    )
     assert report.pd_spent == 1
     ledger = read_ledger(tmp_path, "ai001")
     assert [(e.kind, e.pid, e.devices, e.model) for e in ledger.entries] == [
         ("ended", 10, ("rdma_en5",), "glm"),  # noted before SIGTERM: a signal of ours ends it
-        ("sigkill", 10, ("rdma_en5",), "glm")]
+        ("sigkill", 10, ("rdma_en5",), "glm"),
+    ]
     assert ledger.debt == 1
 
 
@@ -275,8 +328,9 @@ def test_a_listener_on_the_models_port_that_answers_is_never_touched_by_any_swee
         report = sweep(world, server, mode=mode, warn=warnings.append)
         assert world.sent == []
         (spared,) = report.spared
-        assert ("not an orphan" if mode is Mode.ORPHANS_ONLY
-                else "answers the health probe") in spared["reason"]  # fmt: skip
+        assert (
+            "not an orphan" if mode is Mode.ORPHANS_ONLY else "answers the health probe"
+        ) in spared["reason"]
         document = report.to_json()
         if mode is Mode.START_SWEEP:  # another instance serves: the wrapper must not start
             assert document["serving_listener"]["pid"] == 10
@@ -305,8 +359,14 @@ def test_a_listener_is_hung_only_after_several_failed_probes_over_a_window():
     world = World(hung)
     world.listening[10] = {8080}
     asked = []
-    report = sweep(world, hung, health=lambda model, state_dir: (
-        asked.append(world.now), (False, "RemoteDisconnected", False))[1])
+    report = sweep(
+        world,
+        hung,
+        health=lambda model, state_dir: (
+            asked.append(world.now),
+            (False, "RemoteDisconnected", False),
+        )[1],
+    )
     assert world.sent == [(10, "SIGTERM")]
     assert len(asked) == PROBES and asked[-1] - asked[0] == pytest.approx(BROKEN_WINDOW)
 
@@ -319,8 +379,9 @@ def test_a_listener_is_hung_only_after_several_failed_probes_over_a_window():
 
     world = World(hung)
     world.listening[10] = {8080}
-    report = sweep(world, hung, mode=Mode.ORPHANS_ONLY,
-                   health=lambda model, state_dir: (False, "timed out"))  # fmt: skip
+    report = sweep(
+        world, hung, mode=Mode.ORPHANS_ONLY, health=lambda model, state_dir: (False, "timed out")
+    )
     assert world.sent == []  # the serving rank is never an orphan
 
 
@@ -345,8 +406,11 @@ class Notes(LedgerNotes):
         return self.known
 
 
-JACCL_ENV = {"MLX_RANK": "1", "MLX_IBV_DEVICES": "/tmp/tmp.devices",
-             "MLX_JACCL_COORDINATOR": "10.0.0.1:5000"}
+JACCL_ENV = {
+    "MLX_RANK": "1",
+    "MLX_IBV_DEVICES": "/tmp/tmp.devices",
+    "MLX_JACCL_COORDINATOR": "10.0.0.1:5000",
+}
 DEVICES = {"/tmp/tmp.devices": '[[null, "rdma_en5"], ["rdma_en5", null]]'}
 
 
@@ -369,8 +433,12 @@ def test_a_signal_refused_after_the_check_is_not_ours_too():
     """Its owner changed between the check and the signal (a setuid exec): still an answer."""
     target = rank(10)
     world = World(target)
-    report = sweep(world, target, may_signal=lambda pid: True,
-                   before_signal=lambda proc, name: world.theirs.setdefault(10, 0))
+    report = sweep(
+        world,
+        target,
+        may_signal=lambda pid: True,
+        before_signal=lambda proc, name: world.theirs.setdefault(10, 0),
+    )
     assert world.sent == [(10, "SIGTERM")]
     assert report.complete and report.exited == [] and report.spared == []
     (entry,) = report.to_json()["not_ours"]
@@ -382,8 +450,9 @@ def test_another_users_hung_listener_on_the_port_is_not_ours_and_not_counted_as_
     world = World(hung)
     world.listening[10] = {8080}
     world.theirs[10] = 0
-    report = sweep(world, hung, mode=Mode.START_SWEEP,
-                   health=lambda model, state_dir: (False, "timed out"))
+    report = sweep(
+        world, hung, mode=Mode.START_SWEEP, health=lambda model, state_dir: (False, "timed out")
+    )
     document = report.to_json()
     assert world.sent == [] and document["listeners_signalled"] == []
     (entry,) = document["not_ours"]
@@ -396,11 +465,14 @@ def test_a_survivor_of_sigkill_is_recorded_once_with_its_devices_and_the_sweep_i
     world.frozen.add(10)
     notes = Notes()
     report = sweep(world, frozen, spend=notes, read_file=lambda p, path: DEVICES.get(path))
-    assert [kind for kind, _ in notes.written] == ["count_gone", "ended", "sigkill",
-                                                   "unkillable"]  # fmt: skip
+    assert [kind for kind, _ in notes.written] == ["count_gone", "ended", "sigkill", "unkillable"]
     unkillable = notes.written[3][1]
-    assert (unkillable["pid"], unkillable["devices"], unkillable["backend"],
-            unkillable["holds_port"]) == (10, ("rdma_en5",), "jaccl", False)  # fmt: skip
+    assert (
+        unkillable["pid"],
+        unkillable["devices"],
+        unkillable["backend"],
+        unkillable["holds_port"],
+    ) == (10, ("rdma_en5",), "jaccl", False)
     document = report.to_json()
     (entry,) = document["unkillable"]
     assert (entry["domains"], entry["devices"], entry["model"]) == (1, ["rdma_en5"], "glm")
@@ -424,8 +496,9 @@ def test_a_survivor_on_the_models_port_leaves_the_sweep_unsettled():
     world = World(hung)
     world.frozen.add(10)
     world.listening[10] = {8080}
-    report = sweep(world, hung, mode=Mode.START_SWEEP,
-                   health=lambda model, state_dir: (False, "timed out"))  # fmt: skip
+    report = sweep(
+        world, hung, mode=Mode.START_SWEEP, health=lambda model, state_dir: (False, "timed out")
+    )
     (entry,) = report.to_json()["unkillable"]
     assert entry["holds_port"] is True and entry["backend"] == "unknown"
     assert report.settled is False
@@ -442,20 +515,31 @@ def test_the_callers_grace_shortens_the_wait_before_sigkill_but_never_lengthens_
     for grace, waited in ((0.5, 0.5), (60.0, 2.0)):  # GLM's policy.kill_grace is 2s
         stubborn = rank(10)
         world = World(stubborn, dies_on=("SIGKILL",))  # an orphan that ignores SIGTERM
-        scan = OrphanScan(node="ai001", inventory=INVENTORY, state_dir=Path("/nonexistent"),
-                          established=lambda sshd: True,
-                          listening=lambda: lambda pid, port: False,
-                          read_file=lambda p, path: None)  # fmt: skip
-        Sweep(inventory=INVENTORY, model=GLM, node="ai001", state_dir=Path("/nonexistent"),
-              table=Table(stubborn), seams=world.seams(), scan=scan, spend=Notes(),
-              grace=grace).run()  # fmt: skip
+        scan = OrphanScan(
+            node="ai001",
+            inventory=INVENTORY,
+            state_dir=Path("/nonexistent"),
+            established=lambda sshd: True,
+            listening=lambda: lambda pid, port: False,
+            read_file=lambda p, path: None,
+        )
+        Sweep(
+            inventory=INVENTORY,
+            model=GLM,
+            node="ai001",
+            state_dir=Path("/nonexistent"),
+            table=Table(stubborn),
+            seams=world.seams(),
+            scan=scan,
+            spend=Notes(),
+            grace=grace,
+        ).run()
         assert world.sent == [(10, "SIGTERM"), (10, "SIGKILL")]
         assert world.now == pytest.approx(waited, abs=0.05)
 
 
 def test_jaccl_ranks_are_noted_as_ended_by_us_before_sigterm_reaches_them():
-    jaccl, ring = rank(10, env=JACCL_ENV), rank(11, env={"MLX_RANK": "0",
-                                                          "MLX_HOSTFILE": "/tmp/h"})
+    jaccl, ring = rank(10, env=JACCL_ENV), rank(11, env={"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/h"})
     world = World(jaccl, ring)
     order: list[str] = []
     notes = Notes()
@@ -512,12 +596,24 @@ def test_orphans_only_ends_orphans_and_spares_suspects_and_the_current_run(tmp_p
     twins = [rank(30 + i, ppid=20 + i, env=launched_env(1, f"/tmp/tmp.h{i}")) for i in (0, 1)]
     scan_files = {"/tmp/tmp.h0": ring, "/tmp/tmp.h1": ring}
     world = World(*sessions, *twins)
-    scan = OrphanScan(node="ai002", inventory=INVENTORY, state_dir=tmp_path,
-                      established=lambda sshd: True, listening=lambda: lambda pid, port: False,
-                      read_file=lambda p, path: scan_files.get(path))  # fmt: skip
-    report = Sweep(inventory=INVENTORY, model=GLM, node="ai002", state_dir=tmp_path,
-                   table=Table(*sessions, *twins), mode=Mode.ORPHANS_ONLY, seams=world.seams(),
-                   scan=scan).run()  # fmt: skip
+    scan = OrphanScan(
+        node="ai002",
+        inventory=INVENTORY,
+        state_dir=tmp_path,
+        established=lambda sshd: True,
+        listening=lambda: lambda pid, port: False,
+        read_file=lambda p, path: scan_files.get(path),
+    )
+    report = Sweep(
+        inventory=INVENTORY,
+        model=GLM,
+        node="ai002",
+        state_dir=tmp_path,
+        table=Table(*sessions, *twins),
+        mode=Mode.ORPHANS_ONLY,
+        seams=world.seams(),
+        scan=scan,
+    ).run()
     assert world.sent == []
     assert all("suspect" in s["reason"] for s in report.spared)
 
@@ -560,8 +656,12 @@ def test_a_dry_run_signals_nothing_and_lists_the_targets():
 
 
 def node(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlx_medic.cli", "node", *argv],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_medic.cli", "node", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -587,8 +687,22 @@ def test_sweep_prints_the_json_contract(config: Path):
     result = node("sweep", "m1", "--json", "--dry-run", "--config.file", str(config))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert {"schema", "command", "model", "node", "mode", "run_id", "dry_run", "signalled",
-            "exited", "survivors", "unkillable", "spared", "pd_spent",
-            "complete", "not_ours"} <= set(document)  # fmt: skip
+    assert {
+        "schema",
+        "command",
+        "model",
+        "node",
+        "mode",
+        "run_id",
+        "dry_run",
+        "signalled",
+        "exited",
+        "survivors",
+        "unkillable",
+        "spared",
+        "pd_spent",
+        "complete",
+        "not_ours",
+    } <= set(document)
     assert (document["schema"], document["command"], document["mode"]) == (1, "sweep", "scope")
     assert (document["model"], document["node"], document["complete"]) == ("m1", "n1", True)

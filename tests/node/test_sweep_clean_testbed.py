@@ -64,9 +64,11 @@ def helper(cluster: Cluster, node: str, *argv: str) -> tuple[int, dict[str, Any]
     """`mlx-medic node ARGV --json` inside the node: (exit status, document, stderr)."""
     popen = cluster.node(node).spawn(
         [cluster.python, "-m", "mlx_medic.cli", "node", *argv, "--json"],
-        env=cluster.env(PYTHONPATH=str(REPO)), cwd=str(REPO),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        env=cluster.env(PYTHONPATH=str(REPO)),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = popen.communicate(timeout=120)
     assert out, f"no document from {argv} on {node}: {err.decode()}"
     return popen.returncode, json.loads(out), err.decode()
@@ -74,8 +76,13 @@ def helper(cluster: Cluster, node: str, *argv: str) -> tuple[int, dict[str, Any]
 
 def spawn(cluster: Cluster, node: str, argv: list[str], **env: str) -> int:
     """A process inside the node; its host pid."""
-    popen = cluster.node(node).spawn(argv, env=cluster.env(**env), cwd=str(cluster.workdir),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    popen = cluster.node(node).spawn(
+        argv,
+        env=cluster.env(**env),
+        cwd=str(cluster.workdir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return cluster.node(node).spawned_pid(popen)
 
 
@@ -99,8 +106,9 @@ def listening_on(pid: int, port: int) -> bool:
             if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
                 inodes.add(f"socket:[{fields[9]}]")
     try:
-        return any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes
-                   for fd in os.listdir(f"/proc/{pid}/fd"))  # fmt: skip
+        return any(
+            os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")
+        )
     except OSError:
         return False
 
@@ -142,16 +150,32 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
     scenario = prepare(cluster, tiny_model)
     token, port, other_port = scenario.token, scenario.port, free_port()
     share = cluster.head.cache_mount / f"share-{token}"  # each node's own, same path
-    scenario.inventory.write_text(cluster.inventory_yaml([
-        {"name": "tiny", "model": str(tiny_model), "nodes": ["ai001", "ai002"], "port": port,
-         "service": {"manager": "supervisord", "label": f"tiny-{token}"},
-         "backends": {"ring": {"hostfile": str(scenario.hostfile)}},
-         "process_patterns": {"rank": [rf"serve\.py --model \S+ --port {port}"]},
-         "tmp_dirs": [str(share)], "policy": {"kill_grace": "5s", "stale_tmp_age": "10m"}},
-        {"name": "other", "model": f"/models/other-{token}", "nodes": ["ai001", "ai002"],
-         "port": other_port, "service": {"manager": "supervisord", "label": f"other-{token}"},
-         "backends": {"ring": {"hostfile": str(scenario.hostfile)}}},
-    ], launch_temp_dirs=["/tmp"]))  # fmt: skip
+    scenario.inventory.write_text(
+        cluster.inventory_yaml(
+            [
+                {
+                    "name": "tiny",
+                    "model": str(tiny_model),
+                    "nodes": ["ai001", "ai002"],
+                    "port": port,
+                    "service": {"manager": "supervisord", "label": f"tiny-{token}"},
+                    "backends": {"ring": {"hostfile": str(scenario.hostfile)}},
+                    "process_patterns": {"rank": [rf"serve\.py --model \S+ --port {port}"]},
+                    "tmp_dirs": [str(share)],
+                    "policy": {"kill_grace": "5s", "stale_tmp_age": "10m"},
+                },
+                {
+                    "name": "other",
+                    "model": f"/models/other-{token}",
+                    "nodes": ["ai001", "ai002"],
+                    "port": other_port,
+                    "service": {"manager": "supervisord", "label": f"other-{token}"},
+                    "backends": {"ring": {"hostfile": str(scenario.hostfile)}},
+                },
+            ],
+            launch_temp_dirs=["/tmp"],
+        )
+    )
     config = str(scenario.inventory)
     head, peer = cluster.node("ai001"), cluster.node("ai002")
     runs = []
@@ -159,14 +183,19 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
         for attempt, run_id in enumerate((f"run1-{token}", f"run2-{token}")):
             for node in (head, peer):
                 record_current_run(node.state_dir, "tiny", run_id)
-            runs.append(scenario.launch(attempt, "--env", f"MLX_MEDIC_RUN_ID={run_id}",
-                                        "--env", "MLX_MEDIC_MODEL=tiny"))  # fmt: skip
+            runs.append(
+                scenario.launch(
+                    attempt, "--env", f"MLX_MEDIC_RUN_ID={run_id}", "--env", "MLX_MEDIC_MODEL=tiny"
+                )
+            )
             wait_ready(runs[-1], 2)
             if attempt == 0:
                 old_ranks = {n.name: rank_pids(n, str(scenario.script)) for n in (head, peer)}
                 runs[0].kill()  # the crash: SIGKILL, no teardown
-        current = {n.name: set(rank_pids(n, str(scenario.script))) - set(old_ranks[n.name])
-                   for n in (head, peer)}  # fmt: skip
+        current = {
+            n.name: set(rank_pids(n, str(scenario.script))) - set(old_ranks[n.name])
+            for n in (head, peer)
+        }
         (old_peer_rank,) = old_ranks["ai002"]
         assert processes.cmdline(processes.ppid(old_peer_rank))[0].startswith("sshd:")
 
@@ -185,24 +214,49 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
             listener = cluster.workdir / f"listen-{token}.py"
             listener.write_text(LISTENER)
             keep[node.name] = [
-                spawn(cluster, node.name, [cluster.python, "-c", "import time; time.sleep(600)",
-                                           "serve.py", "--port", str(port)]),
+                spawn(
+                    cluster,
+                    node.name,
+                    [
+                        cluster.python,
+                        "-c",
+                        "import time; time.sleep(600)",
+                        "serve.py",
+                        "--port",
+                        str(port),
+                    ],
+                ),
                 spawn(cluster, node.name, ["tail", "-f", str(share / "serve.log")]),
                 spawn(cluster, node.name, ["sh", "-c", f"cd {busy_inside} && exec sleep 600"]),
-                spawn(cluster, node.name, [cluster.python, str(listener), "--host", node.address,
-                                           "--port", str(other_port)],
-                      MLX_RANK="0", MLX_MEDIC_MODEL="tiny"),
-            ]  # fmt: skip
+                spawn(
+                    cluster,
+                    node.name,
+                    [
+                        cluster.python,
+                        str(listener),
+                        "--host",
+                        node.address,
+                        "--port",
+                        str(other_port),
+                    ],
+                    MLX_RANK="0",
+                    MLX_MEDIC_MODEL="tiny",
+                ),
+            ]
             squatter = keep[node.name][-1]
             wait_until(lambda: listening_on(squatter, other_port), "the listener")  # noqa: B023
             assert stale.exists() and busy.exists()
 
-        inside = {pid: node.ns_pid_of(pid) for node in (head, peer)  # pids as the node sees them
-                  for pid in (*old_ranks[node.name], *current[node.name], *keep[node.name])}
+        inside = {
+            pid: node.ns_pid_of(pid)
+            for node in (head, peer)  # pids as the node sees them
+            for pid in (*old_ranks[node.name], *current[node.name], *keep[node.name])
+        }
         # The peer first: its orphan is the sshd-parented rank of run 1.
         for node in (peer, head):
-            status, document, err = helper(cluster, node.name, "sweep", "tiny", "--orphans-only",
-                                           "--config.file", config)  # fmt: skip
+            status, document, err = helper(
+                cluster, node.name, "sweep", "tiny", "--orphans-only", "--config.file", config
+            )
             assert status == 0 and document["complete"], err
             assert (document["mode"], document["node"]) == ("orphans-only", node.name)
             signalled = {s["pid"]: s for s in document["signalled"]}
@@ -222,14 +276,16 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
             for pid in old_ranks[node.name]:
                 wait_until(lambda: not processes.is_alive(pid), "the old rank to go")  # noqa: B023
             assert all(processes.is_alive(p) for p in current[node.name] | set(keep[node.name]))
-            status, report, _ = helper(cluster, node.name, "orphans", "tiny", "--config.file",
-                                       config)  # fmt: skip
+            status, report, _ = helper(
+                cluster, node.name, "orphans", "tiny", "--config.file", config
+            )
             # The only orphan left is the one on the other model's port, which no sweep
             # touches (its launcher is gone: the exporter still shows it).
             squatter = inside[keep[node.name][3]]
             assert status == 0 and report["suspects"] == []
             assert [(o["pid"], o["rule"]) for o in report["orphans"]] == [
-                (squatter, "launcher_gone")]
+                (squatter, "launcher_gone")
+            ]
         assert runs[1].alive()
 
         for node in (head, peer):
@@ -237,8 +293,9 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
             # once it is old (a young one may be a launch under way); run 2's are in use.
             for leftover in node.tmp.glob("tmp.*"):
                 os.utime(leftover, (OLD, OLD))
-            status, document, err = helper(cluster, node.name, "clean", "tiny",
-                                           "--config.file", config)  # fmt: skip
+            status, document, err = helper(
+                cluster, node.name, "clean", "tiny", "--config.file", config
+            )
             assert status == 0, err
             removed = {(Path(r["path"]).name, r["kind"]) for r in document["removed"]}
             assert ("tmpstale", "stale_dir") in removed
@@ -247,10 +304,14 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
             assert document["bytes_freed"] > 0
             share_here = node.host_path(share)
             assert sorted(p.name for p in share_here.iterdir()) == [
-                "serve.log", "tmpbusy", "tmpfresh"]
+                "serve.log",
+                "tmpbusy",
+                "tmpfresh",
+            ]
             # Nothing stale is left: a dry run finds nothing more, and run 2 still runs.
-            status, again, _ = helper(cluster, node.name, "clean", "tiny", "--dry-run",
-                                      "--config.file", config)  # fmt: skip
+            status, again, _ = helper(
+                cluster, node.name, "clean", "tiny", "--dry-run", "--config.file", config
+            )
             assert status == 0 and again["removed"] == []
             on_node = scrape(cluster, node.name, scenario.inventory)
             assert total(on_node, "mlx_orphan_processes", model="tiny") == 1  # the squatter
@@ -274,11 +335,21 @@ def solo(clean_cluster: Cluster, tmp_path_factory) -> dict[str, Any]:
     port = free_port()
     hostfile = cluster.hostfile(cluster.workdir / f"solo-{token}.json", ["ai003"])
     inventory = cluster.workdir / f"solo-{token}.yaml"
-    inventory.write_text(cluster.inventory_yaml([{
-        "name": "solo", "model": f"/models/solo-{token}", "nodes": ["ai003"], "port": port,
-        "service": {"manager": "supervisord", "label": f"solo-{token}"},
-        "backends": {"ring": {"hostfile": str(hostfile)}}, "policy": {"kill_grace": "1s"},
-    }]))  # fmt: skip
+    inventory.write_text(
+        cluster.inventory_yaml(
+            [
+                {
+                    "name": "solo",
+                    "model": f"/models/solo-{token}",
+                    "nodes": ["ai003"],
+                    "port": port,
+                    "service": {"manager": "supervisord", "label": f"solo-{token}"},
+                    "backends": {"ring": {"hostfile": str(hostfile)}},
+                    "policy": {"kill_grace": "1s"},
+                }
+            ]
+        )
+    )
     return {"cluster": cluster, "token": token, "port": port, "config": str(inventory)}
 
 
@@ -295,26 +366,35 @@ def test_guards_unkillable_ranks_and_the_ledger_on_a_node(solo: dict[str, Any]):
     server_script.write_text(HEALTHY_SERVER)
     devices = cluster.workdir / f"devices-{token}.json"
     devices.write_text('[[null, "rdma_en5"], ["rdma_en5", null]]')
-    jaccl = {"MLX_RANK": "1", "MLX_IBV_DEVICES": str(devices),
-             "MLX_JACCL_COORDINATOR": "127.0.0.9:5000"}  # fmt: skip
-    server = spawn(cluster, "ai003", [cluster.python, str(server_script), "--port", str(port)],
-                   MLX_RANK="0")
-    stubborn = spawn(cluster, "ai003", [cluster.python, "-c", STUBBORN, "--port", str(port)],
-                     **jaccl)
-    stuck = spawn(cluster, "ai003", [cluster.python, "-c", STUBBORN, "--port", str(port)],
-                  **jaccl)
+    jaccl = {
+        "MLX_RANK": "1",
+        "MLX_IBV_DEVICES": str(devices),
+        "MLX_JACCL_COORDINATOR": "127.0.0.9:5000",
+    }
+    server = spawn(
+        cluster, "ai003", [cluster.python, str(server_script), "--port", str(port)], MLX_RANK="0"
+    )
+    stubborn = spawn(
+        cluster, "ai003", [cluster.python, "-c", STUBBORN, "--port", str(port)], **jaccl
+    )
+    stuck = spawn(cluster, "ai003", [cluster.python, "-c", STUBBORN, "--port", str(port)], **jaccl)
     wait_until(lambda: listening_on(server, port), "the server")
     wait_until(lambda: ignores_sigterm(stubborn) and ignores_sigterm(stuck), "the handlers")
     inside = {pid: node.ns_pid_of(pid) for pid in (server, stubborn, stuck)}
 
     with frozen([stuck], token):
         for sweep_number in (1, 2):
-            status, document, err = helper(cluster, "ai003", "sweep", "solo",
-                                           "--config.file", config)  # fmt: skip
+            status, document, err = helper(
+                cluster, "ai003", "sweep", "solo", "--config.file", config
+            )
             assert status == 0 and document["settled"] and not document["complete"], err
             (unkillable,) = document["unkillable"]
-            assert (unkillable["pid"], unkillable["state"], unkillable["devices"],
-                    unkillable["domains"]) == (inside[stuck], "uninterruptible", ["rdma_en5"], 1)
+            assert (
+                unkillable["pid"],
+                unkillable["state"],
+                unkillable["devices"],
+                unkillable["domains"],
+            ) == (inside[stuck], "uninterruptible", ["rdma_en5"], 1)
             assert "survives SIGKILL" in err and "reboot ai003 to free 1 protection" in err
             (spared,) = document["spared"]
             assert spared["pid"] == inside[server]
@@ -335,8 +415,9 @@ def test_guards_unkillable_ranks_and_the_ledger_on_a_node(solo: dict[str, Any]):
         assert samples["mlx_pd_debt"] == 2.0
     wait_until(lambda: not processes.is_alive(stuck), "the thawed rank to take its SIGKILL")
 
-    status, document, err = helper(cluster, "ai003", "sweep", "solo", "--start-sweep",
-                                   "--config.file", config)  # fmt: skip
+    status, document, err = helper(
+        cluster, "ai003", "sweep", "solo", "--start-sweep", "--config.file", config
+    )
     assert status == 0 and document["complete"], err
     assert document["mode"] == "start-sweep"
     assert document["listeners_signalled"] == []
@@ -346,20 +427,38 @@ def test_guards_unkillable_ranks_and_the_ledger_on_a_node(solo: dict[str, Any]):
 
 
 def scrape_ledger(cluster: Cluster, config: str) -> dict[str, float]:
-    others = [f"--no-collector.{name}" for name in
-              ("logs", "memory", "processes", "rdma", "service", "tmpdirs")]  # fmt: skip
+    others = [
+        f"--no-collector.{name}"
+        for name in ("logs", "memory", "processes", "rdma", "service", "tmpdirs")
+    ]
     popen = cluster.node("ai003").spawn(
-        [cluster.python, "-m", "mlx_medic.cli", "exporter", "--once", "--config.file", config,
-         "--node", "ai003", *others],
-        env=cluster.env(PYTHONPATH=str(REPO)), cwd=str(REPO),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            cluster.python,
+            "-m",
+            "mlx_medic.cli",
+            "exporter",
+            "--once",
+            "--config.file",
+            config,
+            "--node",
+            "ai003",
+            *others,
+        ],
+        env=cluster.env(PYTHONPATH=str(REPO)),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = popen.communicate(timeout=120)
     assert popen.returncode == 0, err.decode()
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {sample.name: sample.value for family in text_string_to_metric_families(out.decode())
-            for sample in family.samples if not sample.labels.keys() - {"node"}}  # fmt: skip
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(out.decode())
+        for sample in family.samples
+        if not sample.labels.keys() - {"node"}
+    }
 
 
 REUSE = """\
@@ -408,14 +507,22 @@ print(json.dumps({"report": report.to_json(), "reborn": [c.pid for c in reborn],
 def test_a_pid_reused_between_listing_and_signalling_is_not_hit(solo: dict[str, Any]):
     cluster, token, port, config = solo["cluster"], solo["token"], solo["port"], solo["config"]
     node = cluster.node("ai003")
-    target = spawn(cluster, "ai003", [cluster.python, "-c", "import time; time.sleep(600)",
-                                      "--port", str(port)], MLX_RANK="0")  # fmt: skip
+    target = spawn(
+        cluster,
+        "ai003",
+        [cluster.python, "-c", "import time; time.sleep(600)", "--port", str(port)],
+        MLX_RANK="0",
+    )
     target_inside = node.ns_pid_of(target)
     script = cluster.workdir / f"reuse-{token}.py"
     script.write_text(textwrap.dedent(REUSE))
-    popen = node.spawn([cluster.python, str(script), config],
-                       env=cluster.env(PYTHONPATH=str(REPO)), cwd=str(REPO),
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    popen = node.spawn(
+        [cluster.python, str(script), config],
+        env=cluster.env(PYTHONPATH=str(REPO)),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = popen.communicate(timeout=120)
     assert popen.returncode == 0, err.decode()
     result = json.loads(out)

@@ -40,6 +40,7 @@ BASIC_PASSWORD = "basic-pass-for-tests"
 
 # --- payloads -----------------------------------------------------------------
 
+
 def am_time(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
@@ -63,7 +64,8 @@ def make_alert(
         "labels": all_labels,
         "annotations": {"summary": f"model {model} is down"},
         "startsAt": am_time(starts),
-        "endsAt": am_time(starts + timedelta(minutes=5)) if status == "resolved"
+        "endsAt": am_time(starts + timedelta(minutes=5))
+        if status == "resolved"
         else "0001-01-01T00:00:00Z",
         "generatorURL": "http://prometheus.example/graph",
         "fingerprint": fingerprint,
@@ -99,6 +101,7 @@ def basic(user: str = BASIC_USER, password: str = BASIC_PASSWORD) -> dict[str, s
 
 
 # --- a recording engine and journal for in-process tests ----------------------
+
 
 @dataclass
 class FakeEngine:
@@ -154,14 +157,20 @@ class FakeJournal:
     events: list[dict[str, Any]] = field(default_factory=list)
     queries: list[dict[str, Any]] = field(default_factory=list)
 
-    def list_runs(self, model: str | None = None, since: float | None = None,
-                  limit: int = 50) -> list[FakeRun]:
+    def list_runs(
+        self, model: str | None = None, since: float | None = None, limit: int = 50
+    ) -> list[FakeRun]:
         self.queries.append({"model": model, "since": since, "limit": limit})
         selected = [r for r in self.runs if model is None or r.get("model") == model]
         return [FakeRun(r) for r in selected[:limit]]
 
-    def list_events(self, model: str | None = None, since: float | None = None,
-                    kind: str | None = None, limit: int = 100) -> list[FakeRun]:
+    def list_events(
+        self,
+        model: str | None = None,
+        since: float | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+    ) -> list[FakeRun]:
         return [FakeRun(e) for e in self.events[:limit]]
 
 
@@ -194,13 +203,18 @@ def secrets(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def web_config(secrets: dict[str, Path], tmp_path: Path) -> RemediatorConfig:
-    return RemediatorConfig.model_validate({
-        "inventory": str(tmp_path / "inventory.yaml"),
-        "journal": str(tmp_path / "journal.sqlite"),
-        "auth": {"bearer_token_file": str(secrets["token"]), "basic_username": BASIC_USER,
-                 "basic_password_file": str(secrets["password"])},
-        "max_body_bytes": 64 * 1024,
-    })
+    return RemediatorConfig.model_validate(
+        {
+            "inventory": str(tmp_path / "inventory.yaml"),
+            "journal": str(tmp_path / "journal.sqlite"),
+            "auth": {
+                "bearer_token_file": str(secrets["token"]),
+                "basic_username": BASIC_USER,
+                "basic_password_file": str(secrets["password"]),
+            },
+            "max_body_bytes": 64 * 1024,
+        }
+    )
 
 
 @pytest.fixture
@@ -218,13 +232,19 @@ async def client(
     fake_engine: FakeEngine, fake_journal: FakeJournal, web_config: RemediatorConfig
 ) -> AsyncIterator[TestClient]:
     """The real app (auth on: bearer and basic) around the fake engine and journal."""
-    app = make_app(fake_engine, fake_journal, web_config, CollectorRegistry(),
-                   Credentials.load(web_config.auth))
+    app = make_app(
+        fake_engine,
+        fake_journal,
+        web_config,
+        CollectorRegistry(),
+        Credentials.load(web_config.auth),
+    )
     async with TestClient(TestServer(app)) as test_client:
         yield test_client
 
 
 # --- the real service as a subprocess ------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -240,16 +260,24 @@ SILENT_PORT = free_port()
 def silent_inventory(tmp_path: Path) -> Inventory:
     """One node, m1's head, at an address where nothing listens: every SSH connect is
     refused at once."""
-    return parse_inventory(yaml.safe_dump({
-        "state_dir": str(tmp_path / "state"),
-        "ssh": {"connect_timeout": "3s", "known_hosts": str(tmp_path / "known_hosts")},
-        "nodes": {"ai001": {"ssh": "127.0.0.1", "port": SILENT_PORT, "user": "medic"}},
-        "models": {"m1": {
-            "model": "tiny", "nodes": ["ai001"], "port": free_port(),
-            "service": {"manager": "supervisord", "label": "m1"},
-            "backends": {"ring": {"hostfile": str(tmp_path / "m1.ring.json")}},
-        }},
-    }))
+    return parse_inventory(
+        yaml.safe_dump(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "ssh": {"connect_timeout": "3s", "known_hosts": str(tmp_path / "known_hosts")},
+                "nodes": {"ai001": {"ssh": "127.0.0.1", "port": SILENT_PORT, "user": "medic"}},
+                "models": {
+                    "m1": {
+                        "model": "tiny",
+                        "nodes": ["ai001"],
+                        "port": free_port(),
+                        "service": {"manager": "supervisord", "label": "m1"},
+                        "backends": {"ring": {"hostfile": str(tmp_path / "m1.ring.json")}},
+                    }
+                },
+            }
+        )
+    )
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -259,17 +287,24 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def mlx_medic(*args: str, timeout: float = 60, check: bool = True,
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def mlx_medic(
+    *args: str, timeout: float = 60, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The CLI, as on-call runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "mlx_medic.cli", *args], cwd=REPO, env=env or subprocess_env(),
-        capture_output=True, text=True, timeout=timeout, check=check,
+        [sys.executable, "-m", "mlx_medic.cli", *args],
+        cwd=REPO,
+        env=env or subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
     )
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes] | None = None,
-                  timeout: float = 30) -> None:
+def wait_for_port(
+    port: int, proc: subprocess.Popen[bytes] | None = None, timeout: float = 30
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -322,19 +357,37 @@ REMEDIATOR = ("mlx_medic.cli", "remediator")
 REMEDIATOR_WITH_TEST_PLAYBOOKS = ("tests.remediator.service_with_test_playbooks",)
 
 
-def start_service(config_file: Path, journal: Path, workdir: Path, *extra_args: str,
-                  env: dict[str, str] | None = None,
-                  command: tuple[str, ...] = REMEDIATOR,
-                  wrapper: tuple[str, ...] = ()) -> Service:
+def start_service(
+    config_file: Path,
+    journal: Path,
+    workdir: Path,
+    *extra_args: str,
+    env: dict[str, str] | None = None,
+    command: tuple[str, ...] = REMEDIATOR,
+    wrapper: tuple[str, ...] = (),
+) -> Service:
     """`wrapper`: argv that execs the service in the end (its pid stays the service's)."""
     port = free_port()
     stderr_path = workdir / f"remediator-{port}.log"
     module, *subcommand = command
     with stderr_path.open("wb") as stderr:
         proc = subprocess.Popen(
-            [*wrapper, sys.executable, "-m", module, *subcommand, "--config.file",
-             str(config_file), "--web.listen-address", f"127.0.0.1:{port}", *extra_args],
-            cwd=workdir, env=env or subprocess_env(), stdout=subprocess.DEVNULL, stderr=stderr,
+            [
+                *wrapper,
+                sys.executable,
+                "-m",
+                module,
+                *subcommand,
+                "--config.file",
+                str(config_file),
+                "--web.listen-address",
+                f"127.0.0.1:{port}",
+                *extra_args,
+            ],
+            cwd=workdir,
+            env=env or subprocess_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
         )
     service = Service(proc, port, config_file, stderr_path, journal)
     try:
@@ -356,6 +409,7 @@ def services() -> Iterator[list[Service]]:
 
 # --- a real Alertmanager -----------------------------------------------------------
 
+
 @dataclass
 class Alertmanager:
     proc: subprocess.Popen[bytes]
@@ -371,7 +425,10 @@ class Alertmanager:
 
         return subprocess.run(
             [require_tool("amtool"), *args, f"--alertmanager.url={self.url}"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
 
     def stop(self) -> None:
@@ -403,14 +460,18 @@ def alertmanager_config(webhook_url: str, token_file: Path) -> dict[str, Any]:
             "group_interval": "2s",
             "repeat_interval": "1h",
         },
-        "receivers": [{
-            "name": "mlx-medic",
-            "webhook_configs": [{
-                "url": webhook_url,
-                "send_resolved": True,
-                "http_config": {"authorization": {"credentials_file": str(token_file)}},
-            }],
-        }],
+        "receivers": [
+            {
+                "name": "mlx-medic",
+                "webhook_configs": [
+                    {
+                        "url": webhook_url,
+                        "send_resolved": True,
+                        "http_config": {"authorization": {"credentials_file": str(token_file)}},
+                    }
+                ],
+            }
+        ],
     }
 
 
@@ -423,10 +484,17 @@ def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
     port = free_port()
     log = (workdir / "alertmanager.log").open("wb")
     proc = subprocess.Popen(
-        [binary, f"--config.file={config_file}", f"--storage.path={workdir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-         "--log.level=debug"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+        [
+            binary,
+            f"--config.file={config_file}",
+            f"--storage.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+            "--log.level=debug",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=workdir,
     )
     log.close()
     manager = Alertmanager(proc, port, workdir)
@@ -438,8 +506,9 @@ def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
     return manager
 
 
-def wait_until(predicate: Any, timeout: float = 30, interval: float = 0.2,
-               what: str = "condition") -> Any:
+def wait_until(
+    predicate: Any, timeout: float = 30, interval: float = 0.2, what: str = "condition"
+) -> Any:
     """Poll `predicate` until it returns something truthy; that value."""
     deadline = time.monotonic() + timeout
     while True:
@@ -475,9 +544,11 @@ class Stack:
         base: dict[str, Any] = {
             "inventory": str(self.inventory),
             "journal": str(self.journal_path),
-            "auth": {"bearer_token_file": str(self.token_file),
-                     "basic_username": BASIC_USER,
-                     "basic_password_file": str(self.workdir / "password")},
+            "auth": {
+                "bearer_token_file": str(self.token_file),
+                "basic_username": BASIC_USER,
+                "basic_password_file": str(self.workdir / "password"),
+            },
             "routing": {"playbooks": ROUTING},
             "max_body_bytes": 64 * 1024,
         }
@@ -485,8 +556,13 @@ class Stack:
         return write_config(self.workdir / name, base)
 
     def start(self, *args: str, config: Path | None = None) -> Service:
-        service = start_service(config or self.config(), self.journal_path, self.workdir, *args,
-                                command=REMEDIATOR_WITH_TEST_PLAYBOOKS)
+        service = start_service(
+            config or self.config(),
+            self.journal_path,
+            self.workdir,
+            *args,
+            command=REMEDIATOR_WITH_TEST_PLAYBOOKS,
+        )
         self.started.append(service)
         return service
 
@@ -507,21 +583,32 @@ def stack(clean_cluster: Any, tmp_path: Path, services: list[Service]) -> Stack:
     (workdir / "password").write_text(BASIC_PASSWORD + "\n")
     policy = {"restart_budget": 2, "window": "1h", "backoff": 0}
     models = [
-        {"name": name, "model": "tiny", "nodes": ["ai001"], "port": free_port(),
-         "service": {"manager": "supervisord", "label": f"mlx-{name}"},
-         "backends": {"ring": {"hostfile": str(workdir / f"{name}.ring.json")}},
-         "policy": policy}
+        {
+            "name": name,
+            "model": "tiny",
+            "nodes": ["ai001"],
+            "port": free_port(),
+            "service": {"manager": "supervisord", "label": f"mlx-{name}"},
+            "backends": {"ring": {"hostfile": str(workdir / f"{name}.ring.json")}},
+            "policy": policy,
+        }
         for name in ("m1", "m2")
     ]
     # sshd's PATH is minimal: every node runs this venv's mlx-medic (the re-check's probe,
     # the lock's helpers) with this inventory, written where every node can read it
     inventory = helper_inventory(clean_cluster, models, "stack")
-    return Stack(clean_cluster, workdir, workdir / "token", inventory,
-                 workdir / "journal.sqlite", services)
+    return Stack(
+        clean_cluster, workdir, workdir / "token", inventory, workdir / "journal.sqlite", services
+    )
 
 
-def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
-         timeout: float = 10) -> tuple[int, Any]:
+def http(
+    method: str,
+    url: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10,
+) -> tuple[int, Any]:
     """(status, decoded JSON or text) without raising on 4xx/5xx."""
     import urllib.error
     import urllib.request
@@ -542,10 +629,10 @@ def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None
     return status, json.loads(text) if kind == "application/json" else text
 
 
-def post_alerts(service: Service, payload: Any, headers: dict[str, str] | None = None
-                ) -> tuple[int, Any]:
-    return http("POST", service.url + "/alerts", payload,
-                bearer() if headers is None else headers)
+def post_alerts(
+    service: Service, payload: Any, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    return http("POST", service.url + "/alerts", payload, bearer() if headers is None else headers)
 
 
 def runs_of(stack: Stack, model: str) -> list[dict[str, Any]]:

@@ -132,6 +132,7 @@ class Health:
 
 # --- steps ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, kw_only=True)
 class Touch(Step):
     """A harmless action on the head that succeeds."""
@@ -140,8 +141,9 @@ class Touch(Step):
     name: str = "touch"
 
     def describe(self) -> StepDescription:
-        return StepDescription(self.name, self.model.head, "a harmless action",
-                               targets=[self.model.name])
+        return StepDescription(
+            self.name, self.model.head, "a harmless action", targets=[self.model.name]
+        )
 
     async def run(self, context: RunContext) -> StepResult:
         return StepResult(StepOutcome.OK, detail=f"{self.name} done")
@@ -190,6 +192,7 @@ class FindsAHungNode(Touch):
 
 # --- playbooks -----------------------------------------------------------------------
 
+
 class SucceedingPlaybook(Playbook):
     """Recover's re-check, one action and a verify that passes."""
 
@@ -224,8 +227,10 @@ class StartAndVerifyPlaybook(SucceedingPlaybook):
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         steps: list[Step] = []
         for index, (backend, _spec) in enumerate(model.backends.in_order()):
-            steps += [Touch(model=model, name=f"start-{backend}", fallback=index > 0),
-                      Verify(model=model, backend=backend, fallback=index > 0, within=0)]
+            steps += [
+                Touch(model=model, name=f"start-{backend}", fallback=index > 0),
+                Verify(model=model, backend=backend, fallback=index > 0, within=0),
+            ]
         return [*steps, Escalate(model=model, fallback=True)]
 
 
@@ -236,8 +241,10 @@ class ActsWhileUpPlaybook(Playbook):
     backend: ClassVar[BackendName] = "jaccl"
 
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
-        return [Touch(model=model, name="remove-orphans"),
-                Verify(model=model, backend=self.backend, within=0)]
+        return [
+            Touch(model=model, name="remove-orphans"),
+            Verify(model=model, backend=self.backend, within=0),
+        ]
 
     async def recheck(self, context: RunContext) -> RecheckVerdict:
         verdict = await context.health(context.model)

@@ -43,9 +43,13 @@ UNIT = REPO / "deploy" / "systemd" / "mlx-medic-remediator.service"
 
 # --- host side ------------------------------------------------------------------------
 
+
 def in_private_etc(
-    tmp_path: Path, scenario: str, timeout: float = 240,
-    module: str = "tests.remediator.private_etc", *args: str,
+    tmp_path: Path,
+    scenario: str,
+    timeout: float = 240,
+    module: str = "tests.remediator.private_etc",
+    *args: str,
 ) -> dict[str, Any]:
     """Run `scenario` of `module` (whose `main(scenario, scratch, *args)` mounts the private
     dirs first) in a new mount and PID namespace (everything it starts ends with it); its
@@ -61,15 +65,35 @@ def in_private_etc(
     for name in ("MLX_MEDIC_CONFIG", "SUDO_USER", "SUDO_UID", "SUDO_GID"):
         env.pop(name, None)
     result = subprocess.run(
-        [unshare, "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
-         "--mount-proc", sys.executable, "-m", module, scenario, str(scratch), *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+        [
+            unshare,
+            "--mount",
+            "--propagation",
+            "private",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            sys.executable,
+            "-m",
+            module,
+            scenario,
+            str(scratch),
+            *args,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
 
 # --- namespace side: the private /etc and /var/lib --------------------------------------
+
 
 def _mount_overlays(scratch: Path) -> None:
     """Refuses unless this is a mount namespace of its own; then tmpfs on `scratch` and an
@@ -93,8 +117,15 @@ def _overlay(target: Path, scratch: Path) -> None:
     (layer / "upper").mkdir(parents=True)
     (layer / "work").mkdir()
     subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o",
-         f"lowerdir={target},upperdir={layer / 'upper'},workdir={layer / 'work'}", str(target)],
+        [
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir={target},upperdir={layer / 'upper'},workdir={layer / 'work'}",
+            str(target),
+        ],
         check=True,
     )
 
@@ -103,8 +134,7 @@ def _let_every_user_run_python(scratch: Path) -> None:
     """The interpreter may live under a home only root may enter (e.g. /root/.pyenv): here,
     and only here, each directory on its way that others cannot enter gets o+x on an
     overlay, so the service's user and on-call users can run this checkout."""
-    used = {Path(os.path.realpath(sys.executable)), Path(sys.base_prefix), Path(sys.prefix),
-            REPO}
+    used = {Path(os.path.realpath(sys.executable)), Path(sys.base_prefix), Path(sys.prefix), REPO}
     for directory in sorted({d for path in used for d in path.parents} - {Path("/")}):
         mode = directory.stat().st_mode
         if not mode & 0o001:
@@ -115,8 +145,11 @@ def _let_every_user_run_python(scratch: Path) -> None:
 def add_user(name: str, home: Path) -> pwd.struct_passwd:
     """A system user in the private /etc/passwd and /etc/group with a same-named primary
     group, at a free id below 1000 that no user or group has (so each id names one group)."""
-    taken = ({p.pw_uid for p in pwd.getpwall()} | {p.pw_gid for p in pwd.getpwall()}
-             | {g.gr_gid for g in grp.getgrall()})
+    taken = (
+        {p.pw_uid for p in pwd.getpwall()}
+        | {p.pw_gid for p in pwd.getpwall()}
+        | {g.gr_gid for g in grp.getgrall()}
+    )
     uid = next(i for i in range(999, 100, -1) if i not in taken)
     with open("/etc/passwd", "a") as passwd:
         passwd.write(f"{name}:x:{uid}:{uid}:{name}:{home}:/usr/sbin/nologin\n")
@@ -127,35 +160,59 @@ def add_user(name: str, home: Path) -> pwd.struct_passwd:
 
 def owners(directory: Path) -> dict[str, str]:
     """Each file in `directory` and the name of its owner."""
-    return {
-        entry.name: pwd.getpwuid(entry.stat().st_uid).pw_name
-        for entry in sorted(directory.iterdir())
-    } if directory.exists() else {}
+    return (
+        {
+            entry.name: pwd.getpwuid(entry.stat().st_uid).pw_name
+            for entry in sorted(directory.iterdir())
+        }
+        if directory.exists()
+        else {}
+    )
 
 
 def modes(directory: Path) -> dict[str, str]:
     """Each file in `directory` and its mode, as `ls -l` would say it in octal."""
-    return {entry.name: f"{entry.stat().st_mode & 0o7777:04o}"
-            for entry in sorted(directory.iterdir())} if directory.exists() else {}
+    return (
+        {
+            entry.name: f"{entry.stat().st_mode & 0o7777:04o}"
+            for entry in sorted(directory.iterdir())
+        }
+        if directory.exists()
+        else {}
+    )
 
 
 def mlx_medic(
     *args: str, user: pwd.struct_passwd | None = None, env: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """The CLI as a person runs it, from /, with a plain environment; as root unless `user`."""
-    base = {"PATH": "/usr/bin:/bin", "HOME": user.pw_dir if user else "/root",
-            "PYTHONPATH": str(REPO)}
+    base = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": user.pw_dir if user else "/root",
+        "PYTHONPATH": str(REPO),
+    }
     result = subprocess.run(
-        [sys.executable, "-m", "mlx_medic.cli", *args], cwd="/", env={**base, **(env or {})},
-        user=user.pw_uid if user else None, group=user.pw_gid if user else None,
-        extra_groups=[] if user else None, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "mlx_medic.cli", *args],
+        cwd="/",
+        env={**base, **(env or {})},
+        user=user.pw_uid if user else None,
+        group=user.pw_gid if user else None,
+        extra_groups=[] if user else None,
+        capture_output=True,
+        text=True,
+        timeout=120,
         check=False,
     )
-    return {"argv": list(args), "code": result.returncode, "out": result.stdout,
-            "err": result.stderr}
+    return {
+        "argv": list(args),
+        "code": result.returncode,
+        "out": result.stdout,
+        "err": result.stderr,
+    }
 
 
 # --- scenarios ------------------------------------------------------------------------
+
 
 def no_config(scratch: Path) -> dict[str, Any]:
     """A host without the remediator's config (a node has only the inventory): every
@@ -164,12 +221,21 @@ def no_config(scratch: Path) -> dict[str, Any]:
     INVENTORY.write_text(_inventory())
     home = scratch / "home"
     home.mkdir()
-    commands = [["pause", _model()], ["pause"], ["resume", _model()], ["resume"], ["log"],
-                ["remediate", _model(), "--dry-run"]]
+    commands = [
+        ["pause", _model()],
+        ["pause"],
+        ["resume", _model()],
+        ["resume"],
+        ["log"],
+        ["remediate", _model(), "--dry-run"],
+    ]
     runs = [mlx_medic(*command, env={"HOME": str(home)}) for command in commands]
-    return {"runs": runs, "etc": sorted(p.name for p in INVENTORY.parent.iterdir()),
-            "state_dir_exists": STATE_DIR.exists(),
-            "home": sorted(str(p.relative_to(home)) for p in home.rglob("*"))}
+    return {
+        "runs": runs,
+        "etc": sorted(p.name for p in INVENTORY.parent.iterdir()),
+        "state_dir_exists": STATE_DIR.exists(),
+        "home": sorted(str(p.relative_to(home)) for p in home.rglob("*")),
+    }
 
 
 def service_host(scratch: Path) -> dict[str, Any]:
@@ -210,11 +276,13 @@ def service_host(scratch: Path) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
-    "no_config": no_config, "service_host": service_host,
+    "no_config": no_config,
+    "service_host": service_host,
 }
 
 
 # --- what the scenarios use -----------------------------------------------------------
+
 
 def _model() -> str:
     from tests.remediator.engine_fakes import MODEL
@@ -252,9 +320,7 @@ def _install_config(port: int) -> None:
     Path(config["inventory"]).write_text(_inventory())
 
 
-def _start_like_the_unit(
-    user: pwd.struct_passwd, port: int, log: Path
-) -> subprocess.Popen[bytes]:
+def _start_like_the_unit(user: pwd.struct_passwd, port: int, log: Path) -> subprocess.Popen[bytes]:
     """The unit's ExecStart with its Environment, as its User, from / (systemd's defaults);
     the console script is this checkout's."""
     from tests.remediator.conftest import wait_for_port
@@ -266,9 +332,14 @@ def _start_like_the_unit(
     argv = shlex.split(service["ExecStart"])  # no variables: the config is MLX_MEDIC_CONFIG
     with log.open("wb") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "mlx_medic.cli", *argv[1:]], cwd="/", env=env,
-            user=user.pw_uid, group=user.pw_gid, extra_groups=[],
-            stdout=subprocess.DEVNULL, stderr=stderr,
+            [sys.executable, "-m", "mlx_medic.cli", *argv[1:]],
+            cwd="/",
+            env=env,
+            user=user.pw_uid,
+            group=user.pw_gid,
+            extra_groups=[],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
         )
     try:
         wait_for_port(port, process)  # type: ignore[arg-type]
@@ -285,7 +356,9 @@ def _fire_and_wait(port: int, fingerprint: str, sudo: dict[str, str]) -> dict[st
 
     body = json.dumps(make_payload(make_alert(_model(), fingerprint=fingerprint))).encode()
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/alerts", data=body, method="POST",
+        f"http://127.0.0.1:{port}/alerts",
+        data=body,
+        method="POST",
         headers={"Content-Type": "application/json"},
     )
     try:

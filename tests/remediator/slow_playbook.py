@@ -29,9 +29,12 @@ class Hold(Step):
     seconds: float
 
     def describe(self) -> StepDescription:
-        return StepDescription("hold", self.model.head,
-                               f"hold {self.model.name} for {self.seconds:g}s",
-                               targets=[self.model.name])
+        return StepDescription(
+            "hold",
+            self.model.head,
+            f"hold {self.model.name} for {self.seconds:g}s",
+            targets=[self.model.name],
+        )
 
     async def run(self, context: RunContext) -> StepResult:
         await asyncio.sleep(self.seconds)
@@ -60,8 +63,10 @@ class SlowPlaybook(Playbook):
 
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         backend = model.backends.in_order()[0][0]
-        return [Hold(model=model, seconds=self.hold_seconds),
-                Verify(model=model, backend=backend, within=0)]
+        return [
+            Hold(model=model, seconds=self.hold_seconds),
+            Verify(model=model, backend=backend, within=0),
+        ]
 
     async def recheck(self, context: RunContext) -> RecheckVerdict:
         return await recheck_model_down(context)
@@ -90,5 +95,8 @@ class QuickRecoveringPlaybook(SlowPlaybook):
 
 
 def slow_playbooks() -> dict[str, Playbook]:
-    return {"slow": SlowPlaybook(), "quick-recovering": QuickRecoveringPlaybook(),
-            "stop-then-hold": StopThenHoldPlaybook()}
+    return {
+        "slow": SlowPlaybook(),
+        "quick-recovering": QuickRecoveringPlaybook(),
+        "stop-then-hold": StopThenHoldPlaybook(),
+    }

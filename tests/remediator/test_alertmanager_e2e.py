@@ -24,34 +24,56 @@ from tests.remediator.conftest import (
 
 
 def test_alertmanager_delivers_a_firing_and_its_resolution_to_the_remediator(
-    stack: Stack, tmp_path: Path, managers: list[Alertmanager],
+    stack: Stack,
+    tmp_path: Path,
+    managers: list[Alertmanager],
 ) -> None:
     service = stack.start("--dry-run")
     manager = start_alertmanager(
-        tmp_path / "am", alertmanager_config(service.url + "/alerts", stack.token_file))
+        tmp_path / "am", alertmanager_config(service.url + "/alerts", stack.token_file)
+    )
     managers.append(manager)
     starts = datetime.now(UTC) - timedelta(seconds=5)
     labels = ["alertname=LLMModelDown", "model=m1", "severity=critical"]
-    manager.amtool("alert", "add", *labels, f"--start={am_time(starts)}",
-                   "--annotation=summary=m1 answers no health probe")
+    manager.amtool(
+        "alert",
+        "add",
+        *labels,
+        f"--start={am_time(starts)}",
+        "--annotation=summary=m1 answers no health probe",
+    )
 
-    run = wait_until(lambda: [r for r in runs_of(stack, "m1") if r["outcome"] == "planned"],
-                     timeout=60, what="Alertmanager's firing to become a planned run")[0]
+    run = wait_until(
+        lambda: [r for r in runs_of(stack, "m1") if r["outcome"] == "planned"],
+        timeout=60,
+        what="Alertmanager's firing to become a planned run",
+    )[0]
     assert run["alertname"] == "LLMModelDown" and run["labels"]["severity"] == "critical"
     assert run["dry_run"] and run["steps"]
     assert all(step["outcome"] == "planned" for step in run["steps"])
 
     # Resolve it: the same alert with an end time in the past.
-    manager.amtool("alert", "add", *labels, f"--start={am_time(starts)}",
-                   f"--end={am_time(datetime.now(UTC) - timedelta(seconds=1))}")
-    resolved = wait_until(lambda: events_of(stack, kind="resolved", model="m1"), timeout=60,
-                          what="Alertmanager's resolved notification")
+    manager.amtool(
+        "alert",
+        "add",
+        *labels,
+        f"--start={am_time(starts)}",
+        f"--end={am_time(datetime.now(UTC) - timedelta(seconds=1))}",
+    )
+    resolved = wait_until(
+        lambda: events_of(stack, kind="resolved", model="m1"),
+        timeout=60,
+        what="Alertmanager's resolved notification",
+    )
     assert resolved[0]["fingerprint"] == run["fingerprint"]
     assert len(runs_of(stack, "m1")) == 1
 
     # Every delivery was authenticated (bearer from the file) and accepted.
-    deliveries = [line for line in service.log_lines()
-                  if line.get("msg") == "request" and line.get("path") == "/alerts"]
+    deliveries = [
+        line
+        for line in service.log_lines()
+        if line.get("msg") == "request" and line.get("path") == "/alerts"
+    ]
     assert deliveries and {d["status"] for d in deliveries} == {202}
     assert "started" in deliveries[0]["dispositions"]
 
@@ -75,7 +97,9 @@ def test_alertmanager_delivers_a_firing_and_its_resolution_to_the_remediator(
 
 
 def test_after_an_escalation_and_resume_alertmanagers_next_notification_of_the_same_firing_acts(
-    stack: Stack, tmp_path: Path, managers: list[Alertmanager],
+    stack: Stack,
+    tmp_path: Path,
+    managers: list[Alertmanager],
 ) -> None:
     """Dedupe stops only repeats of a firing whose run is in flight or succeeded: an
     escalated run did not fix the model, so once on-call resumes, Alertmanager's next
@@ -85,25 +109,47 @@ def test_after_an_escalation_and_resume_alertmanagers_next_notification_of_the_s
     config["route"]["repeat_interval"] = "4s"  # re-notify an unchanged group this often
     manager = start_alertmanager(tmp_path / "am", config)
     managers.append(manager)
-    manager.amtool("alert", "add", "alertname=LLMModelDown", "model=m1", "severity=critical",
-                   f"--start={am_time(datetime.now(UTC) - timedelta(seconds=5))}")
+    manager.amtool(
+        "alert",
+        "add",
+        "alertname=LLMModelDown",
+        "model=m1",
+        "severity=critical",
+        f"--start={am_time(datetime.now(UTC) - timedelta(seconds=5))}",
+    )
 
-    first = wait_until(lambda: [r for r in runs_of(stack, "m1") if r["outcome"] == "escalated"],
-                       timeout=60, what="the first run to escalate")[0]
+    first = wait_until(
+        lambda: [r for r in runs_of(stack, "m1") if r["outcome"] == "escalated"],
+        timeout=60,
+        what="the first run to escalate",
+    )[0]
     # While the circuit is open, Alertmanager's repeats start nothing.
-    wait_until(lambda: events_of(stack, kind="circuit_open", model="m1"), timeout=60,
-               what="a re-notification while the circuit is open")
+    wait_until(
+        lambda: events_of(stack, kind="circuit_open", model="m1"),
+        timeout=60,
+        what="a re-notification while the circuit is open",
+    )
     assert len(runs_of(stack, "m1")) == 1
 
     resumed = mlx_medic("resume", "m1", "--config.file", str(service.config_file), check=False)
     assert resumed.returncode == 0, resumed.stderr
-    second = wait_until(lambda: [r for r in runs_of(stack, "m1") if r["id"] != first["id"]],
-                        timeout=60, what="a new run from the same firing after resume")[0]
+    second = wait_until(
+        lambda: [r for r in runs_of(stack, "m1") if r["id"] != first["id"]],
+        timeout=60,
+        what="a new run from the same firing after resume",
+    )[0]
     assert (second["fingerprint"], second["starts_at"]) == (
-        first["fingerprint"], first["starts_at"])
+        first["fingerprint"],
+        first["starts_at"],
+    )
     assert second["trigger_kind"] == "alert"
-    deliveries = [line for line in service.log_lines()
-                  if line.get("msg") == "request" and line.get("path") == "/alerts"]
+    deliveries = [
+        line
+        for line in service.log_lines()
+        if line.get("msg") == "request" and line.get("path") == "/alerts"
+    ]
     assert [d["dispositions"] for d in deliveries if "started" in d["dispositions"]] == [
-        ["started"], ["started"]]
+        ["started"],
+        ["started"],
+    ]
     assert not [d for d in deliveries if "duplicate" in d["dispositions"]]

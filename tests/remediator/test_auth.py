@@ -15,9 +15,13 @@ from tests.remediator.conftest import BASIC_PASSWORD, BASIC_USER, TOKEN, basic, 
 
 @pytest.fixture
 def both(secrets: dict[str, Path]) -> Credentials:
-    return Credentials.load(AuthConfig(bearer_token_file=secrets["token"],
-                                       basic_username=BASIC_USER,
-                                       basic_password_file=secrets["password"]))
+    return Credentials.load(
+        AuthConfig(
+            bearer_token_file=secrets["token"],
+            basic_username=BASIC_USER,
+            basic_password_file=secrets["password"],
+        )
+    )
 
 
 def test_the_trailing_newline_of_a_secret_file_is_not_part_of_the_secret(
@@ -33,21 +37,28 @@ def test_the_right_bearer_token_and_basic_credentials_pass(both: Credentials) ->
     assert both.check("bearer " + TOKEN) is None  # the scheme is case-insensitive
 
 
-@pytest.mark.parametrize("header, reason", [
-    (None, "no credentials"),
-    ("", "no credentials"),
-    ("Bearer wrong", "wrong bearer token"),
-    ("Bearer " + TOKEN + "x", "wrong bearer token"),
-    ("Bearer", "wrong bearer token"),
-    ("Basic " + base64.b64encode(b"alertmanager:nope").decode(), "wrong basic credentials"),
-    ("Basic " + base64.b64encode(b"mallory:" + BASIC_PASSWORD.encode()).decode(),
-     "wrong basic credentials"),
-    ("Basic !!!notbase64", "malformed basic credentials"),
-    ("Basic " + base64.b64encode(b"no-colon").decode(), "malformed basic credentials"),
-    ("Digest abc", "unsupported authorization scheme"),
-])
+@pytest.mark.parametrize(
+    "header, reason",
+    [
+        (None, "no credentials"),
+        ("", "no credentials"),
+        ("Bearer wrong", "wrong bearer token"),
+        ("Bearer " + TOKEN + "x", "wrong bearer token"),
+        ("Bearer", "wrong bearer token"),
+        ("Basic " + base64.b64encode(b"alertmanager:nope").decode(), "wrong basic credentials"),
+        (
+            "Basic " + base64.b64encode(b"mallory:" + BASIC_PASSWORD.encode()).decode(),
+            "wrong basic credentials",
+        ),
+        ("Basic !!!notbase64", "malformed basic credentials"),
+        ("Basic " + base64.b64encode(b"no-colon").decode(), "malformed basic credentials"),
+        ("Digest abc", "unsupported authorization scheme"),
+    ],
+)
 def test_wrong_or_missing_credentials_are_refused_with_a_reason(
-    both: Credentials, header: str | None, reason: str,
+    both: Credentials,
+    header: str | None,
+    reason: str,
 ) -> None:
     problem = both.check(header)
     assert problem is not None and problem.startswith(reason)

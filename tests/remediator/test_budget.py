@@ -29,8 +29,9 @@ def journal(tmp_path: Path) -> Journal:
 
 
 def acted(journal: Journal, at: float) -> None:
-    run_id = journal.create_run(model=MODEL, playbook="recover", trigger_kind="alert",
-                                owner="h:1", now=at)
+    run_id = journal.create_run(
+        model=MODEL, playbook="recover", trigger_kind="alert", owner="h:1", now=at
+    )
     journal.start_run(run_id, at)
     journal.mark_counted(run_id)
 
@@ -67,8 +68,9 @@ def test_backoff_doubles_with_each_run_in_the_window(journal: Journal) -> None:
 
 def test_runs_that_did_not_act_do_not_spend_the_budget(journal: Journal) -> None:
     model = make_inventory(restart_budget=1).model(MODEL)
-    journal.create_run(model=MODEL, playbook="recover", trigger_kind="alert", owner="h:1",
-                       now=100_000.0)  # skipped, locked or dry run: never counted
+    journal.create_run(
+        model=MODEL, playbook="recover", trigger_kind="alert", owner="h:1", now=100_000.0
+    )  # skipped, locked or dry run: never counted
     assert Budget(journal, Clock()).check(model).allowed
 
 
@@ -102,11 +104,16 @@ async def test_an_escalation_opens_the_circuit_counts_and_posts_to_the_notify_ur
     await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
     try:
         registry = CollectorRegistry()
-        escalator = Escalator(journal, counter(registry), hostname="replica-a",
-                              notify_url=f"http://127.0.0.1:{unused_tcp_port}/page")
+        escalator = Escalator(
+            journal,
+            counter(registry),
+            hostname="replica-a",
+            notify_url=f"http://127.0.0.1:{unused_tcp_port}/page",
+        )
         next_action = "check that ai002 is up and answers SSH, reboot it if it hangs"
-        assert escalator.escalate(MODEL, EscalationReason.UNRECOVERABLE, "ai002 hangs",
-                                  next_action, run_id=3)
+        assert escalator.escalate(
+            MODEL, EscalationReason.UNRECOVERABLE, "ai002 hangs", next_action, run_id=3
+        )
         assert not escalator.escalate(MODEL, EscalationReason.UNRECOVERABLE, "again", next_action)
         await escalator.drain()
     finally:
@@ -114,8 +121,12 @@ async def test_an_escalation_opens_the_circuit_counts_and_posts_to_the_notify_ur
     control = journal.blocking_control(MODEL)
     assert control is not None and control.kind == "circuit"
     assert control.next_action == next_action
-    assert registry.get_sample_value(
-        "mlx_medic_escalations_total", {"model": MODEL, "reason": "unrecoverable"}) == 2
+    assert (
+        registry.get_sample_value(
+            "mlx_medic_escalations_total", {"model": MODEL, "reason": "unrecoverable"}
+        )
+        == 2
+    )
     assert received[0]["model"] == MODEL and received[0]["next_action"] == next_action
     assert received[0]["run_id"] == 3
     assert [e.kind for e in journal.list_events(kind="notified")] == ["notified", "notified"]
@@ -124,9 +135,12 @@ async def test_an_escalation_opens_the_circuit_counts_and_posts_to_the_notify_ur
 async def test_a_failing_notify_url_is_journaled_and_never_raises(
     journal: Journal, unused_tcp_port: int
 ) -> None:
-    escalator = Escalator(journal, counter(CollectorRegistry()),
-                          notify_url=f"http://127.0.0.1:{unused_tcp_port}/nobody-listens",
-                          notify_timeout=2.0)
+    escalator = Escalator(
+        journal,
+        counter(CollectorRegistry()),
+        notify_url=f"http://127.0.0.1:{unused_tcp_port}/nobody-listens",
+        notify_timeout=2.0,
+    )
     escalator.escalate(MODEL, EscalationReason.BUDGET_SPENT, "3 runs in 1h", "find out why")
     await asyncio.wait_for(escalator.drain(), 5)
     (failed,) = journal.list_events(kind="notify_failed")

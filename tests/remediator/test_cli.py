@@ -43,9 +43,13 @@ def write_config(tmp_path: Path, inventory: str | None = None, **extra) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     inventory_file = tmp_path / "inventory.yaml"
     inventory_file.write_text(  # its nodes' helpers (the lock's) run here with it
-        inventory or inventory_text(tmp_path / "node-state", medic_config=inventory_file))
-    config = {"journal": str(tmp_path / "state" / "journal.sqlite"),
-              "inventory": str(inventory_file), **extra}
+        inventory or inventory_text(tmp_path / "node-state", medic_config=inventory_file)
+    )
+    config = {
+        "journal": str(tmp_path / "state" / "journal.sqlite"),
+        "inventory": str(inventory_file),
+        **extra,
+    }
     path = tmp_path / "remediator.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -67,7 +71,8 @@ def fill_journal(tmp_path: Path, config_file: Path) -> None:
         await engine.wait_idle()
         await engine.close()
         failing = RemediatorConfig.model_validate(
-            {**raw, "routing": {"playbooks": {"LLMModelDown": "unrecoverable"}}})
+            {**raw, "routing": {"playbooks": {"LLMModelDown": "unrecoverable"}}}
+        )
         engine = make_engine(failing, inventory, tmp_path=tmp_path)
         await engine.submit(alert("bad1", OTHER))
         await engine.wait_idle()
@@ -118,8 +123,13 @@ def test_log_since_leaves_out_older_runs_and_a_bad_duration_is_named(
 ) -> None:
     config_file = write_config(tmp_path)
     journal = Journal(config_of(config_file).journal)
-    journal.create_run(model=MODEL, playbook="recover", trigger_kind="manual", owner="h:1",
-                       now=time.time() - 3 * 3600)
+    journal.create_run(
+        model=MODEL,
+        playbook="recover",
+        trigger_kind="manual",
+        owner="h:1",
+        now=time.time() - 3 * 3600,
+    )
     assert cli(["log", "--config.file", str(config_file), "--since", "2h"]) == 0
     assert "no remediation runs" in capsys.readouterr().out
     assert cli(["log", "--config.file", str(config_file), "--since", "yesterday"]) == 2
@@ -134,8 +144,13 @@ def test_log_shows_recent_decisions_such_as_resolved_but_not_repeats_of_a_firing
     now = time.time()
     journal.add_event("started", now=now - 3, model=MODEL, fingerprint="fp1", run_id=1)
     journal.add_event("duplicate", now=now - 2, model=MODEL, fingerprint="fp1", run_id=1)
-    journal.add_event("resolved", now=now - 1, model=MODEL, fingerprint="fp1",
-                      detail="alert resolved; the run had already started")
+    journal.add_event(
+        "resolved",
+        now=now - 1,
+        model=MODEL,
+        fingerprint="fp1",
+        detail="alert resolved; the run had already started",
+    )
     assert cli(["log", "--config.file", str(config_file)]) == 0
     decisions = capsys.readouterr().out.split("RECENT DECISIONS", 1)[1].splitlines()[1:]
     kinds = [line.split()[2] for line in decisions if line[:1].isdigit()]
@@ -146,8 +161,9 @@ def test_log_shows_recent_decisions_such_as_resolved_but_not_repeats_of_a_firing
 
 def test_log_names_the_trigger_of_a_start_up_run(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.sqlite")
-    run_id = journal.create_run(model=MODEL, playbook="finish-stop", trigger_kind="startup",
-                                owner="h:1", now=time.time())
+    run_id = journal.create_run(
+        model=MODEL, playbook="finish-stop", trigger_kind="startup", owner="h:1", now=time.time()
+    )
     run = journal.get_run(run_id)
     assert run is not None
     (header, *_) = cli_log.format_run(run)
@@ -156,16 +172,16 @@ def test_log_names_the_trigger_of_a_start_up_run(tmp_path: Path) -> None:
 
 def test_log_follow_prints_a_run_again_when_it_changes(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.sqlite")
-    run_id = journal.create_run(model=MODEL, playbook="recover", trigger_kind="manual",
-                                owner="h:1", now=time.time())
+    run_id = journal.create_run(
+        model=MODEL, playbook="recover", trigger_kind="manual", owner="h:1", now=time.time()
+    )
     out = io.StringIO()
 
     def between_rounds(_seconds: float) -> None:
         journal.start_run(run_id, time.time())
         journal.end_run(run_id, RunOutcome.SUCCEEDED, time.time(), "verified healthy on ring")
 
-    cli_log.follow(journal, None, None, 20, as_json=True, out=out, rounds=2,
-                   sleep=between_rounds)
+    cli_log.follow(journal, None, None, 20, as_json=True, out=out, rounds=2, sleep=between_rounds)
     seen = [json.loads(line)["outcome"] for line in out.getvalue().splitlines()]
     assert seen == ["queued", "succeeded"]
 
@@ -173,8 +189,7 @@ def test_log_follow_prints_a_run_again_when_it_changes(tmp_path: Path) -> None:
 def test_pause_and_resume_reach_a_running_engine_and_say_what_they_did(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config_file = write_config(tmp_path, routing={"playbooks": {
-        "LLMModelDown": "succeeding"}})
+    config_file = write_config(tmp_path, routing={"playbooks": {"LLMModelDown": "succeeding"}})
     config = config_of(config_file)
     inventory = parse_inventory(Path(config.inventory).read_text())
 
@@ -209,7 +224,8 @@ def test_resume_closes_an_open_circuit_and_says_so(
 ) -> None:
     config_file = write_config(tmp_path)
     Journal(config_of(config_file).journal).open_circuit(
-        MODEL, reason="budget", next_action="reboot ai002", by_whom="r", now=1.0)
+        MODEL, reason="budget", next_action="reboot ai002", by_whom="r", now=1.0
+    )
     assert cli(["resume", "--config.file", str(config_file)]) == 0
     out = capsys.readouterr().out
     assert f"still circuit open: {MODEL}" in out
@@ -246,7 +262,10 @@ def test_remediate_dry_run_plans_under_the_real_lock_and_exit_3_when_it_is_held(
 ) -> None:
     cluster = clean_cluster
     model = {
-        "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", "ai002"], "port": 18081,
+        "name": "tiny",
+        "model": "/models/tiny",
+        "nodes": ["ai001", "ai002"],
+        "port": 18081,
         "service": {"manager": "supervisord", "label": "tiny"},
         "backends": {"ring": {"hostfile": "/etc/ring.json", "pipeline": True}},
     }
@@ -260,9 +279,18 @@ def test_remediate_dry_run_plans_under_the_real_lock_and_exit_3_when_it_is_held(
     assert not lock.exists()
 
     lock.parent.mkdir(parents=True, exist_ok=True)
-    lock.write_text(json.dumps({"host": "other-host", "pid": os.getpid(), "time": time.time(),
-                                "holder": "serve", "run_id": "r1",
-                                "expires": time.time() + 600}))
+    lock.write_text(
+        json.dumps(
+            {
+                "host": "other-host",
+                "pid": os.getpid(),
+                "time": time.time(),
+                "holder": "serve",
+                "run_id": "r1",
+                "expires": time.time() + 600,
+            }
+        )
+    )
     assert cli(["remediate", "--config.file", str(config_file), "tiny", "--dry-run"]) == 3
     assert "locked by serve" in capsys.readouterr().out
     (latest, first) = Journal(config_of(config_file).journal).list_runs()
@@ -270,6 +298,7 @@ def test_remediate_dry_run_plans_under_the_real_lock_and_exit_3_when_it_is_held(
 
 
 # --- which journal: the service's, said on stderr, or a refusal ----------------------
+
 
 def test_every_command_says_on_stderr_which_journal_and_config_it_used(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -280,7 +309,8 @@ def test_every_command_says_on_stderr_which_journal_and_config_it_used(
     flag = ["--config.file", str(config_file)]
     assert cli(["pause", *flag, MODEL]) == 0
     assert capsys.readouterr().err.startswith(
-        f"{said} (new), named by {config_file} (--config.file)")
+        f"{said} (new), named by {config_file} (--config.file)"
+    )
     for command in (["log"], ["log", "--json"], ["resume", MODEL], ["remediate", "nope"]):
         cli([command[0], *flag, *command[1:]])
         captured = capsys.readouterr()
@@ -338,8 +368,9 @@ def test_a_config_that_does_not_name_the_journal_is_refused_and_nothing_is_writt
         assert "does not name the journal" in err and "nothing was changed" in err, command
     assert not (tmp_path / "state-home").exists()
 
-    config_file.write_text(yaml.safe_dump({"inventory": str(inventory),
-                                           "journal": "state/journal.sqlite"}))
+    config_file.write_text(
+        yaml.safe_dump({"inventory": str(inventory), "journal": "state/journal.sqlite"})
+    )
     assert cli(["pause", "--config.file", str(config_file)]) == 2
     assert "is relative to the service's working directory" in capsys.readouterr().err
 
@@ -354,6 +385,7 @@ def test_log_of_a_journal_that_does_not_exist_is_refused_and_creates_nothing(
 
 
 # --- what the commands do: pause and resume check names, remediate respects a pause ---
+
 
 def test_pause_with_an_unreadable_inventory_writes_the_pause_but_exits_1_and_says_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -420,8 +452,7 @@ def test_remediate_of_a_paused_model_is_refused_without_force_and_runs_nothing(
 def test_remediate_force_of_a_paused_model_runs_and_journals_the_override(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli_remediate, "SshTransport",
-                        lambda inventory: LocalTransport())
+    monkeypatch.setattr(cli_remediate, "SshTransport", lambda inventory: LocalTransport())
     monkeypatch.setenv("SUDO_USER", "alice")
     config_file = write_config(tmp_path)
     flag = ["--config.file", str(config_file)]
@@ -437,7 +468,8 @@ def test_remediate_force_of_a_paused_model_runs_and_journals_the_override(
     assert (run.model, run.trigger_kind, run.outcome) == (MODEL, "manual", "planned")
     (override,) = journal.list_events(kind="override")
     assert override.model == MODEL
-    assert override.detail.startswith(f"alice@{socket.gethostname()} ran the playbook by hand"
-                                      " with --force while")
+    assert override.detail.startswith(
+        f"alice@{socket.gethostname()} ran the playbook by hand with --force while"
+    )
     assert "bob is on ai002" in override.detail
     assert journal.controls()[0].kind == "pause"  # --force overrides once; the pause stays

@@ -31,8 +31,14 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 @pytest.fixture(autouse=True)
 def machine_paths_untouched() -> object:
-    before = {p: p.exists() for p in (DEFAULT_CONFIG_FILE.parent, Path("/var/lib/mlx-medic"),
-                                      Path("/var/lib/mlx-medic-remediator"))}
+    before = {
+        p: p.exists()
+        for p in (
+            DEFAULT_CONFIG_FILE.parent,
+            Path("/var/lib/mlx-medic"),
+            Path("/var/lib/mlx-medic-remediator"),
+        )
+    }
     yield
     assert {p: p.exists() for p in before} == before
 
@@ -97,8 +103,9 @@ def test_the_journal_its_wal_and_shm_are_0640_in_the_remediators_own_dir(
     """Readable by the service's user and group only; the node's state dir (the
     inventory's, /var/lib/mlx-medic) is not where the remediator keeps anything."""
     modes = service_host["modes_while_serving"]
-    assert {modes[name] for name in ("journal.sqlite", "journal.sqlite-wal",
-                                     "journal.sqlite-shm")} == {"0640"}, modes
+    assert {
+        modes[name] for name in ("journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm")
+    } == {"0640"}, modes
     assert not service_host["state_dir_exists"]
 
 
@@ -115,11 +122,14 @@ def test_a_user_who_cannot_write_the_journal_is_refused_naming_its_owner(
 ) -> None:
     refused = service_host["alice_without_sudo"]
     assert refused["code"] == 2, refused
-    assert ("cannot write the journal /var/lib/mlx-medic-remediator/journal.sqlite as alice:"
-            " it belongs to mlx-medic") in refused["err"]
+    assert (
+        "cannot write the journal /var/lib/mlx-medic-remediator/journal.sqlite as alice:"
+        " it belongs to mlx-medic"
+    ) in refused["err"]
 
 
 # --- the shipped units name the default path ----------------------------------------------
+
 
 def test_the_systemd_unit_sets_MLX_MEDIC_CONFIG_to_the_default_path_and_runs_with_it(
     monkeypatch: pytest.MonkeyPatch,
@@ -139,7 +149,8 @@ def test_the_systemd_unit_sets_MLX_MEDIC_CONFIG_to_the_default_path_and_runs_wit
     # Its own dir, /var/lib/mlx-medic-remediator, never the node's state dir (the exporter's)
     assert service["StateDirectory"] == "mlx-medic-remediator"
     assert str(load_config(DEPLOY / "remediator.yml").journal).startswith(
-        "/var/lib/mlx-medic-remediator/")
+        "/var/lib/mlx-medic-remediator/"
+    )
 
 
 def test_the_launchd_plist_runs_the_remediator_with_MLX_MEDIC_CONFIG_at_the_default_path(
@@ -175,7 +186,8 @@ ON_CALL_COMMAND = re.compile(r"mlx-medic (pause|resume|log|remediate)\b")
 
 
 @pytest.mark.parametrize(
-    "runbook", sorted(p for p in RUNBOOKS.glob("*.md") if ON_CALL_COMMAND.search(p.read_text())),
+    "runbook",
+    sorted(p for p in RUNBOOKS.glob("*.md") if ON_CALL_COMMAND.search(p.read_text())),
     ids=lambda p: p.name,
 )
 def test_a_runbook_showing_on_call_commands_says_they_rely_on_the_default_config(

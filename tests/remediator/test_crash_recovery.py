@@ -20,8 +20,12 @@ from tests.remediator.conftest import (
 
 
 def hold_step(stack: Stack, outcome: str) -> list[dict]:
-    return [s for r in runs_of(stack, "m1") for s in r["steps"]
-            if s["name"] == "hold" and s["outcome"] == outcome]
+    return [
+        s
+        for r in runs_of(stack, "m1")
+        for s in r["steps"]
+        if s["name"] == "hold" and s["outcome"] == outcome
+    ]
 
 
 def test_a_run_killed_mid_step_is_marked_interrupted_and_its_lock_released_at_restart(
@@ -41,8 +45,9 @@ def test_a_run_killed_mid_step_is_marked_interrupted_and_its_lock_released_at_re
     assert stack.lock_file("m1").exists()
 
     second = stack.start()
-    interrupted = wait_until(lambda: hold_step(stack, "interrupted"),
-                             what="the step marked interrupted")
+    interrupted = wait_until(
+        lambda: hold_step(stack, "interrupted"), what="the step marked interrupted"
+    )
     assert len(interrupted) == 1
     [run] = runs_of(stack, "m1")
     assert run["outcome"] == "interrupted"

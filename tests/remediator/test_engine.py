@@ -79,8 +79,9 @@ async def test_a_hundred_concurrent_deliveries_of_one_alert_start_exactly_one_ru
 async def test_a_hundred_different_alerts_for_a_model_in_progress_give_one_run(
     tmp_path: Path, inventory: Inventory, engines: list[Engine], gate: GatedPlaybook
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "gated"), inventory, playbooks={"gated": gate},
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "gated"), inventory, playbooks={"gated": gate}, tmp_path=tmp_path
+    )
     engines.append(engine)
     assert await engine.submit(alert("first")) == Disposition.STARTED
     await asyncio.wait_for(gate.entered.wait(), 5)
@@ -116,8 +117,9 @@ async def test_a_resolved_alert_cancels_its_run_while_still_queued(
 ) -> None:
     health = Health(up=False)
     health.gate = asyncio.Event()  # the re-check waits: the run stays queued
-    engine = make_engine(make_config(tmp_path, "succeeding"), inventory, health=health,
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "succeeding"), inventory, health=health, tmp_path=tmp_path
+    )
     engines.append(engine)
     assert await engine.submit(alert("q1")) == Disposition.STARTED
     await asyncio.sleep(0)
@@ -134,8 +136,9 @@ async def test_a_resolved_alert_cancels_its_run_while_still_queued(
 async def test_a_resolved_alert_does_not_stop_a_run_already_executing(
     tmp_path: Path, inventory: Inventory, engines: list[Engine], gate: GatedPlaybook
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "gated"), inventory, playbooks={"gated": gate},
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "gated"), inventory, playbooks={"gated": gate}, tmp_path=tmp_path
+    )
     engines.append(engine)
     await engine.submit(alert("x1"))
     await asyncio.wait_for(gate.entered.wait(), 5)
@@ -148,8 +151,9 @@ async def test_a_resolved_alert_does_not_stop_a_run_already_executing(
 async def test_an_alert_older_than_max_alert_age_is_skipped_with_the_reason(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "succeeding", max_alert_age="1h"), inventory,
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "succeeding", max_alert_age="1h"), inventory, tmp_path=tmp_path
+    )
     engines.append(engine)
     old = alert("old", starts_at=datetime.now(UTC) - timedelta(days=3))
     assert await engine.submit(old) == Disposition.STALE
@@ -161,8 +165,9 @@ async def test_an_alert_older_than_max_alert_age_is_skipped_with_the_reason(
 async def test_a_model_that_is_up_again_when_the_run_is_due_is_left_alone(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "succeeding"), inventory, health=Health(up=True),
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "succeeding"), inventory, health=Health(up=True), tmp_path=tmp_path
+    )
     engines.append(engine)
     assert await engine.submit(alert("up")) == Disposition.STARTED
     await engine.wait_idle()
@@ -177,8 +182,14 @@ async def test_an_unknown_model_or_unrouted_alert_is_journaled_and_ignored(
     engine = make_engine(make_config(tmp_path, "succeeding"), inventory, tmp_path=tmp_path)
     engines.append(engine)
     canary = tmp_path / "CANARY"
-    hostile = [f"; touch {canary}", f"$(touch {canary})", f"`touch {canary}`",
-               "../../etc/passwd", "a\nb", "nul\x00byte"]
+    hostile = [
+        f"; touch {canary}",
+        f"$(touch {canary})",
+        f"`touch {canary}`",
+        "../../etc/passwd",
+        "a\nb",
+        "nul\x00byte",
+    ]
     for i, value in enumerate(hostile):
         assert await engine.submit(alert(f"h{i}", value)) == Disposition.UNKNOWN_MODEL
     assert await engine.submit(alert("nolabel", None)) == Disposition.UNKNOWN_MODEL
@@ -233,8 +244,9 @@ async def test_a_spent_budget_escalates_once_then_nothing_acts_until_resume(
     runner = await _notify_server(unused_tcp_port, received)
     try:
         inventory = make_inventory(restart_budget=2, backoff=0)
-        config = make_config(tmp_path, "succeeding",
-                             notify_url=f"http://127.0.0.1:{unused_tcp_port}/escalations")
+        config = make_config(
+            tmp_path, "succeeding", notify_url=f"http://127.0.0.1:{unused_tcp_port}/escalations"
+        )
         engine = make_engine(config, inventory, tmp_path=tmp_path)
         engines.append(engine)
         for fp in ("b1", "b2"):
@@ -261,8 +273,11 @@ async def test_a_spent_budget_escalates_once_then_nothing_acts_until_resume(
 async def test_within_the_backoff_a_new_alert_is_journaled_and_not_started(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "succeeding"),
-                         make_inventory(restart_budget=3, backoff="10m"), tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "succeeding"),
+        make_inventory(restart_budget=3, backoff="10m"),
+        tmp_path=tmp_path,
+    )
     engines.append(engine)
     assert await engine.submit(alert("k1")) == Disposition.STARTED
     await engine.wait_idle()
@@ -290,18 +305,23 @@ async def test_a_state_a_restart_cannot_fix_escalates_with_the_next_action_in_wo
 async def test_a_verify_that_could_not_tell_ends_the_run_inconclusive_without_a_fallback(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    health = Health(verdicts=[
-        HealthVerdict.down("connection refused"),  # the re-check: act
-        HealthVerdict.unknown("not probed: another probe ran longer than 11s"),  # the verify
-    ])
-    engine = make_engine(make_config(tmp_path, "start-and-verify"), inventory, health=health,
-                         tmp_path=tmp_path)
+    health = Health(
+        verdicts=[
+            HealthVerdict.down("connection refused"),  # the re-check: act
+            HealthVerdict.unknown("not probed: another probe ran longer than 11s"),  # the verify
+        ]
+    )
+    engine = make_engine(
+        make_config(tmp_path, "start-and-verify"), inventory, health=health, tmp_path=tmp_path
+    )
     engines.append(engine)
     run = await only_run(engine, alert("v1"))
     assert run.outcome == "inconclusive" and run.counted
     assert "another probe ran longer than 11s" in run.detail
     assert [(s.name, s.outcome) for s in run.steps] == [
-        ("start-jaccl", "ok"), ("verify-jaccl", "inconclusive")]  # no fallback to ring
+        ("start-jaccl", "ok"),
+        ("verify-jaccl", "inconclusive"),
+    ]  # no fallback to ring
     assert "another probe ran longer than 11s" in run.steps[1].detail
     assert run.next_action is not None and "by hand" in run.next_action
     assert engine.journal.blocking_control(MODEL) is None  # not a failed verify: no escalation
@@ -312,16 +332,25 @@ async def test_a_verify_that_could_not_tell_ends_the_run_inconclusive_without_a_
 async def test_a_verify_that_finds_the_model_down_falls_back_to_the_next_backend(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    health = Health(verdicts=[HealthVerdict.down("refused"), HealthVerdict.down("refused"),
-                              HealthVerdict.up("completed a 1-token request")])
-    engine = make_engine(make_config(tmp_path, "start-and-verify"), inventory, health=health,
-                         tmp_path=tmp_path)
+    health = Health(
+        verdicts=[
+            HealthVerdict.down("refused"),
+            HealthVerdict.down("refused"),
+            HealthVerdict.up("completed a 1-token request"),
+        ]
+    )
+    engine = make_engine(
+        make_config(tmp_path, "start-and-verify"), inventory, health=health, tmp_path=tmp_path
+    )
     engines.append(engine)
     run = await only_run(engine, alert("v2"))
     assert run.outcome == "succeeded" and run.detail == f"{MODEL} verified healthy on ring"
     assert [(s.name, s.outcome) for s in run.steps] == [
-        ("start-jaccl", "ok"), ("verify-jaccl", "failed"),
-        ("start-ring", "ok"), ("verify-ring", "ok")]
+        ("start-jaccl", "ok"),
+        ("verify-jaccl", "failed"),
+        ("start-ring", "ok"),
+        ("verify-ring", "ok"),
+    ]
     backend = engine.m_last_verified_backend
     assert backend.labels(model=MODEL, backend="ring")._value.get() == 1
     assert backend.labels(model=MODEL, backend="jaccl")._value.get() == 0
@@ -330,21 +359,28 @@ async def test_a_verify_that_finds_the_model_down_falls_back_to_the_next_backend
 async def test_a_playbook_whose_recheck_acts_while_the_model_is_up_runs_its_steps(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "acts-while-up"), inventory,
-                         health=Health(up=True), tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "acts-while-up"), inventory, health=Health(up=True), tmp_path=tmp_path
+    )
     engines.append(engine)
     run = await only_run(engine, alert("o1"))
     assert run.outcome == "succeeded" and run.counted
     assert [(s.name, s.outcome) for s in run.steps] == [
-        ("remove-orphans", "ok"), ("verify-jaccl", "ok")]
+        ("remove-orphans", "ok"),
+        ("verify-jaccl", "ok"),
+    ]
     assert engine.journal.list_events(kind="stale") == []
 
 
 async def test_the_same_playbook_skips_a_model_that_is_down_with_its_own_reason(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "acts-while-up"), inventory,
-                         health=Health(up=False), tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "acts-while-up"),
+        inventory,
+        health=Health(up=False),
+        tmp_path=tmp_path,
+    )
     engines.append(engine)
     run = await only_run(engine, alert("o2"))
     assert run.outcome == "skipped" and run.steps == [] and not run.counted
@@ -375,8 +411,13 @@ def test_a_routed_playbook_the_engine_does_not_have_is_a_config_error_naming_it(
     assert "unknown playbook 'tests.remediator.slow_playbook:SlowPlaybook'" in message
     assert "recover" in message  # the names it could have used
     with pytest.raises(ConfigError, match="unknown playbook 'succeeding'"):
-        Engine(make_config(tmp_path, "succeeding"), inventory, Journal(config.journal),
-               LocalTransport(), registry=CollectorRegistry())
+        Engine(
+            make_config(tmp_path, "succeeding"),
+            inventory,
+            Journal(config.journal),
+            LocalTransport(),
+            registry=CollectorRegistry(),
+        )
 
 
 async def test_a_dry_run_journals_every_planned_step_and_executes_nothing(
@@ -392,13 +433,24 @@ async def test_a_dry_run_journals_every_planned_step_and_executes_nothing(
     assert {s.outcome for s in run.steps} == {"planned"}
     every = "ai001, ai002, ai003, ai004"
     assert [(s.name, s.node) for s in run.steps] == [
-        ("preflight", every), ("stop-service", "ai001"), ("sweep", every),
-        ("clean-tmp", every), ("start-service", "ai001"), ("verify", "ai001"),
-        ("pin-ring", "ai001"), ("restart-service", "ai001"), ("verify-ring", "ai001"),
+        ("preflight", every),
+        ("stop-service", "ai001"),
+        ("sweep", every),
+        ("clean-tmp", every),
+        ("start-service", "ai001"),
+        ("verify", "ai001"),
+        ("pin-ring", "ai001"),
+        ("restart-service", "ai001"),
+        ("verify-ring", "ai001"),
         ("escalate", "ai001"),
     ]
-    assert run.steps[1].command == ["sudo", "-n", "/bin/launchctl", "bootout",
-                                    f"system/com.example.{MODEL}"]
+    assert run.steps[1].command == [
+        "sudo",
+        "-n",
+        "/bin/launchctl",
+        "bootout",
+        f"system/com.example.{MODEL}",
+    ]
     assert run.steps[3].targets == [f"/Users/ai/.cache/mlx-share/{MODEL}/tmp*"]
     assert "--pipeline" in run.steps[6].description
     assert [c for c in transport.commands if c[1][1:3] != ["node", "lock"]] == []
@@ -411,16 +463,38 @@ async def test_start_up_marks_a_crashed_run_interrupted_and_releases_its_lock(
     config = make_config(tmp_path, "succeeding")
     journal = Journal(config.journal)
     crashed_pid = dead_pid()
-    run_id = journal.create_run(model=MODEL, playbook="succeeding", trigger_kind="alert",
-                                owner=owner_tag("replica-a", crashed_pid), now=1.0)
+    run_id = journal.create_run(
+        model=MODEL,
+        playbook="succeeding",
+        trigger_kind="alert",
+        owner=owner_tag("replica-a", crashed_pid),
+        now=1.0,
+    )
     journal.start_run(run_id, 2.0)
-    journal.begin_step(run_id, seq=1, name="sweep", node="ai002", command=None,
-                       description="kill ranks", targets=[], now=3.0)
+    journal.begin_step(
+        run_id,
+        seq=1,
+        name="sweep",
+        node="ai002",
+        command=None,
+        description="kill ranks",
+        targets=[],
+        now=3.0,
+    )
     lock = inventory.state_dir / "locks" / f"{MODEL}.lock"  # where the head's helper keeps it
     lock.parent.mkdir(parents=True)
-    lock.write_text(json.dumps({"host": "replica-a", "pid": crashed_pid, "time": 2.0,
-                                "holder": "remediator", "run_id": str(run_id),
-                                "expires": 2e9}))
+    lock.write_text(
+        json.dumps(
+            {
+                "host": "replica-a",
+                "pid": crashed_pid,
+                "time": 2.0,
+                "holder": "remediator",
+                "run_id": str(run_id),
+                "expires": 2e9,
+            }
+        )
+    )
     engine = make_engine(config, inventory, journal=journal, tmp_path=tmp_path)
     engines.append(engine)
     await engine.start()
@@ -437,8 +511,9 @@ async def test_start_up_marks_a_crashed_run_interrupted_and_releases_its_lock(
 async def test_closing_the_engine_interrupts_a_run_and_releases_its_lock(
     tmp_path: Path, inventory: Inventory, gate: GatedPlaybook
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "gated"), inventory, playbooks={"gated": gate},
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "gated"), inventory, playbooks={"gated": gate}, tmp_path=tmp_path
+    )
     await engine.submit(alert("c1"))
     await asyncio.wait_for(gate.entered.wait(), 5)
     await engine.close()
@@ -457,8 +532,9 @@ async def test_a_manual_run_ignores_pause_but_not_the_lock(
     await engine.submit(alert("m1"))
     await asyncio.wait_for(gate.entered.wait(), 5)
     engine.journal.set_pause(None, reason="hands off", by_whom="me", now=1.0)
-    by_hand = make_engine(config, inventory, playbooks={"gated": gate}, hostname="laptop",
-                          tmp_path=tmp_path)
+    by_hand = make_engine(
+        config, inventory, playbooks={"gated": gate}, hostname="laptop", tmp_path=tmp_path
+    )
     engines.append(by_hand)
     run_id = await by_hand.run_manual(MODEL, dry_run=False)
     run = by_hand.journal.get_run(run_id)
@@ -476,8 +552,9 @@ async def test_the_remediator_metrics_are_registered_with_their_contract_names(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
     registry = CollectorRegistry()
-    engine = make_engine(make_config(tmp_path, "succeeding"), inventory, registry=registry,
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "succeeding"), inventory, registry=registry, tmp_path=tmp_path
+    )
     engines.append(engine)
     await engine.submit(alert("m"))
     await engine.wait_idle()
@@ -502,7 +579,10 @@ async def test_two_replicas_never_act_on_one_model_at_once_over_real_ssh(
 ) -> None:
     cluster = clean_cluster
     model = {
-        "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", "ai002"], "port": 18080,
+        "name": "tiny",
+        "model": "/models/tiny",
+        "nodes": ["ai001", "ai002"],
+        "port": 18080,
         "service": {"manager": "supervisord", "label": "tiny"},
         "backends": {"ring": {"hostfile": "/etc/ring.json", "pipeline": True}},
         "policy": {"backoff": 0},
@@ -512,8 +592,11 @@ async def test_two_replicas_never_act_on_one_model_at_once_over_real_ssh(
     replicas = []
     for name, transport in zip(("replica-a", "replica-b"), transports, strict=True):
         config = make_config(tmp_path / name, "gated", lock_wait="1s")  # not the whole run
-        replicas.append(make_engine(config, inventory, playbooks={"gated": gate},
-                                    transport=transport, hostname=name))
+        replicas.append(
+            make_engine(
+                config, inventory, playbooks={"gated": gate}, transport=transport, hostname=name
+            )
+        )
     engines.extend(replicas)
     try:
         same = alert("shared", "tiny")  # both replicas get it, as behind one Alertmanager
@@ -549,12 +632,14 @@ _deliveries = st.lists(
         st.sampled_from(["f1", "f2", "f3", "f4"]),
         st.sampled_from([AlertStatus.FIRING, AlertStatus.FIRING, AlertStatus.RESOLVED]),
     ),
-    min_size=1, max_size=40,
+    min_size=1,
+    max_size=40,
 )
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(deliveries=_deliveries)
 def test_any_mix_of_concurrent_deliveries_starts_at_most_one_run_per_model(
     tmp_path_factory: pytest.TempPathFactory, deliveries: list[tuple[str, str, AlertStatus]]
@@ -563,17 +648,24 @@ def test_any_mix_of_concurrent_deliveries_starts_at_most_one_run_per_model(
 
     async def scenario() -> None:
         gate = GatedPlaybook()
-        engine = make_engine(make_config(tmp_path, "gated"), make_inventory(),
-                             playbooks={"gated": gate}, tmp_path=tmp_path)
+        engine = make_engine(
+            make_config(tmp_path, "gated"),
+            make_inventory(),
+            playbooks={"gated": gate},
+            tmp_path=tmp_path,
+        )
         try:
-            results = await asyncio.gather(*(
-                engine.submit(alert(f"{model}-{fp}", model, status=status))
-                for model, fp, status in deliveries
-            ))
+            results = await asyncio.gather(
+                *(
+                    engine.submit(alert(f"{model}-{fp}", model, status=status))
+                    for model, fp, status in deliveries
+                )
+            )
             runs = engine.journal.list_runs(limit=1000)
             for model in (MODEL, OTHER):
                 started = [
-                    r for r, (m, _, _) in zip(results, deliveries, strict=True)
+                    r
+                    for r, (m, _, _) in zip(results, deliveries, strict=True)
                     if m == model and r == Disposition.STARTED
                 ]
                 of_model = [run for run in runs if run.model == model]
@@ -597,8 +689,9 @@ async def test_a_queued_run_stays_while_another_of_its_alerts_still_fires(
 ) -> None:
     health = Health(up=False)
     health.gate = asyncio.Event()
-    engine = make_engine(make_config(tmp_path, "succeeding"), inventory, health=health,
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "succeeding"), inventory, health=health, tmp_path=tmp_path
+    )
     engines.append(engine)
     assert await engine.submit(alert("first")) == Disposition.STARTED
     assert await engine.submit(alert("second")) == Disposition.ABSORBED

@@ -32,27 +32,44 @@ from tests.remediator.fake_helpers import (
     unreachable,
 )
 
-STOPPED = {**DEFAULTS["service"], "stopped_by": {"run": "remediator run 1", "at": 1.0,
-                                                 "reason": f"{MODEL} is down"}}
+STOPPED = {
+    **DEFAULTS["service"],
+    "stopped_by": {"run": "remediator run 1", "at": 1.0, "reason": f"{MODEL} is down"},
+}
 RUNNING = {**DEFAULTS["service"], "stopped_by": None}
 
 
-def engine_with(tmp_path: Path, engines: list[Engine], answers: dict[tuple[str, str], Any],
-                crashed: tuple[str, ...] = (MODEL,), up: bool = True,
-                ) -> tuple[Engine, FakeHelpers]:
+def engine_with(
+    tmp_path: Path,
+    engines: list[Engine],
+    answers: dict[tuple[str, str], Any],
+    crashed: tuple[str, ...] = (MODEL,),
+    up: bool = True,
+) -> tuple[Engine, FakeHelpers]:
     """An engine whose journal holds a run of each `crashed` model left in flight by a
     process that died (run 1 for the first), its helpers answering `answers`."""
     inventory = make_inventory(start_timeout="1s")
     config = make_config(tmp_path)
     journal = Journal(config.journal)
     for model in crashed:
-        run_id = journal.create_run(model=model, playbook="recover", trigger_kind="alert",
-                                    owner=owner_tag("replica-a", dead_pid()), now=1.0)
+        run_id = journal.create_run(
+            model=model,
+            playbook="recover",
+            trigger_kind="alert",
+            owner=owner_tag("replica-a", dead_pid()),
+            now=1.0,
+        )
         journal.start_run(run_id, 2.0)
-    engine = make_engine(config, inventory, transport=LocalTransport(), journal=journal,
-                         playbooks={FINISH_STOP: FinishStopPlaybook()},
-                         health=Health(verdicts=[HealthVerdict.up("answered")] if up
-                                       else [HealthVerdict.down("refused")]))
+    engine = make_engine(
+        config,
+        inventory,
+        transport=LocalTransport(),
+        journal=journal,
+        playbooks={FINISH_STOP: FinishStopPlaybook()},
+        health=Health(
+            verdicts=[HealthVerdict.up("answered")] if up else [HealthVerdict.down("refused")]
+        ),
+    )
     engines.append(engine)
     helpers = FakeHelpers(inventory, {("ai005", "service"): Answer(RUNNING), **answers})
     engine.helpers = helpers
@@ -60,8 +77,11 @@ def engine_with(tmp_path: Path, engines: list[Engine], answers: dict[tuple[str, 
 
 
 def calls(helpers: FakeHelpers) -> list[str]:
-    return [f"{helper} {args[1]}" if helper == "service" else helper
-            for _, helper, args in helpers.calls if (helper, args[-1:]) != ("service", ("status",))]
+    return [
+        f"{helper} {args[1]}" if helper == "service" else helper
+        for _, helper, args in helpers.calls
+        if (helper, args[-1:]) != ("service", ("status",))
+    ]
 
 
 async def test_a_service_a_dead_run_left_stopped_is_swept_for_then_started(
@@ -78,48 +98,69 @@ async def test_a_service_a_dead_run_left_stopped_is_swept_for_then_started(
     (event,) = engine.journal.list_events(kind="service_left_stopped")
     assert event.detail == (
         f"com.example.{MODEL} on ai001 was left stopped by remediator run 1 ({MODEL} is down);"
-        f" run {run.id} sweeps every node, then starts it")
+        f" run {run.id} sweeps every node, then starts it"
+    )
 
 
 async def test_unkillable_survivors_never_keep_the_service_stopped(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    engine, helpers = engine_with(tmp_path, engines, {
-        ("ai001", "service"): Answer(STOPPED), ("ai004", "sweep"): swept(stuck(8))})
+    engine, helpers = engine_with(
+        tmp_path,
+        engines,
+        {("ai001", "service"): Answer(STOPPED), ("ai004", "sweep"): swept(stuck(8))},
+    )
     await engine.start()
     await engine.wait_idle()
     run, _crashed = engine.journal.list_runs()
     assert run.outcome == "succeeded"
     assert [(s.name, s.outcome) for s in run.steps] == [
-        ("sweep", "ok"), ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "ok")]
+        ("sweep", "ok"),
+        ("clean-tmp", "ok"),
+        ("start-service", "ok"),
+        ("verify", "ok"),
+    ]
     assert "service start" in calls(helpers)
     assert run.detail == (
         f"{MODEL} verified healthy; survivors left: ai004: pid 8 (rank, state uninterruptible,"
         " holding 1 protection domain(s) on rdma_en2) survives SIGKILL: python -m"
         " mlx_lm.server. reboot ai004 to free 1 protection domain(s) (models placed there:"
-        f" {MODEL}, {OTHER})")
+        f" {MODEL}, {OTHER})"
+    )
     (event,) = engine.journal.list_events(kind="unkillable")
-    assert event.detail.startswith("1 process(es) on ai004 survive SIGKILL (pids 8); reboot"
-                                   " ai004 to free 1 protection domain(s)")
+    assert event.detail.startswith(
+        "1 process(es) on ai004 survive SIGKILL (pids 8); reboot"
+        " ai004 to free 1 protection domain(s)"
+    )
     assert engine.journal.list_events(kind="escalation") == []
 
 
 async def test_a_survivor_holding_the_port_gets_a_start_then_an_escalation_to_reboot_it(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    engine, helpers = engine_with(tmp_path, engines, {
-        ("ai001", "service"): Answer(STOPPED),
-        ("ai001", "sweep"): swept(stuck(8, holds_port=True))}, up=False)
+    engine, helpers = engine_with(
+        tmp_path,
+        engines,
+        {
+            ("ai001", "service"): Answer(STOPPED),
+            ("ai001", "sweep"): swept(stuck(8, holds_port=True)),
+        },
+        up=False,
+    )
     await engine.start()
     await engine.wait_idle()
     run, _crashed = engine.journal.list_runs()
     assert run.outcome == "escalated"
     assert [(s.name, s.outcome) for s in run.steps][-3:] == [
-        ("start-service", "ok"), ("verify", "failed"), ("escalate", "ok")]
+        ("start-service", "ok"),
+        ("verify", "failed"),
+        ("escalate", "ok"),
+    ]
     assert "service start" in calls(helpers)  # never left stopped by a survivor
     assert run.next_action is not None and run.next_action.startswith(
         f"reboot ai001 to free 1 protection domain(s) (models placed there: {MODEL}): a"
-        f" process there that survives SIGKILL holds {MODEL}'s port")
+        f" process there that survives SIGKILL holds {MODEL}'s port"
+    )
     assert "survivors left: ai001: pid 8 (rank, state uninterruptible" in run.detail
 
 
@@ -128,11 +169,15 @@ async def test_a_stop_by_a_person_or_on_an_open_circuit_is_left_alone(
 ) -> None:
     by_person = {**STOPPED, "stopped_by": {"run": "root at a terminal", "reason": "upgrade"}}
     by_run_2 = {**STOPPED, "stopped_by": {"run": "remediator run 2", "reason": "down"}}
-    engine, helpers = engine_with(tmp_path, engines, {
-        ("ai001", "service"): Answer(by_person), ("ai005", "service"): Answer(by_run_2)},
-        crashed=(MODEL, OTHER))
-    engine.journal.open_circuit(OTHER, reason="unrecoverable", next_action="reboot",
-                                by_whom="test", now=1.0)
+    engine, helpers = engine_with(
+        tmp_path,
+        engines,
+        {("ai001", "service"): Answer(by_person), ("ai005", "service"): Answer(by_run_2)},
+        crashed=(MODEL, OTHER),
+    )
+    engine.journal.open_circuit(
+        OTHER, reason="unrecoverable", next_action="reboot", by_whom="test", now=1.0
+    )
     await engine.start()
     await engine.wait_idle()
     assert len(engine.journal.list_runs()) == 2 and calls(helpers) == []  # the crashed ones
@@ -144,8 +189,9 @@ async def test_a_stop_by_a_person_or_on_an_open_circuit_is_left_alone(
 async def test_a_head_that_cannot_be_asked_at_start_up_is_journaled_and_counted(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    engine, _ = engine_with(tmp_path, engines,
-                            {("ai001", "service"): unreachable("ai001", "service")})
+    engine, _ = engine_with(
+        tmp_path, engines, {("ai001", "service"): unreachable("ai001", "service")}
+    )
     await engine.start()
     await engine.wait_idle()
     assert len(engine.journal.list_runs()) == 1  # the crashed one: nothing new

@@ -33,11 +33,14 @@ from tests.tools import require_tool
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
 # supervisord as the service helper's test runs it, with a program that answers the probe.
-SUPERVISORD_CONF = SUPERVISORD_CONTROL + """\
+SUPERVISORD_CONF = (
+    SUPERVISORD_CONTROL
+    + """\
 [program:m1-{token}]
 command={python} {server} --port {port}
 startsecs=0
 """
+)
 
 
 @pytest.mark.least_privilege
@@ -50,15 +53,18 @@ def test_a_remediator_killed_after_its_stop_starts_the_service_again_after_a_swe
     server = cluster.workdir / f"server-{token}.py"
     server.write_text(HEALTHY_SERVER)
     conf = cluster.workdir / f"supervisord-{token}.conf"
-    conf.write_text(SUPERVISORD_CONF.format(token=token, python=sys.executable, server=server,
-                                            port=port))
+    conf.write_text(
+        SUPERVISORD_CONF.format(token=token, python=sys.executable, server=server, port=port)
+    )
     data = yaml.safe_load(stack.inventory.read_text())
     # The helpers on the head read the inventory there (a node's /tmp is its own).
     on_node = cluster.workdir / f"inventory-{token}.yaml"
     data["nodes"]["ai001"]["medic_config"] = str(on_node)
     data["models"]["m1"].update(
-        port=port, service={"manager": "supervisord", "label": f"m1-{token}", "config": str(conf)},
-        policy={"restart_budget": 5, "backoff": 0, "start_timeout": "60s"})
+        port=port,
+        service={"manager": "supervisord", "label": f"m1-{token}", "config": str(conf)},
+        policy={"restart_budget": 5, "backoff": 0, "start_timeout": "60s"},
+    )
     for path in (stack.inventory, on_node):
         path.write_text(yaml.safe_dump(data, sort_keys=False))
 
@@ -72,11 +78,20 @@ def test_a_remediator_killed_after_its_stop_starts_the_service_again_after_a_swe
         routing = {"playbooks": {"LLMModelDown": "recover", "StopHold": "stop-then-hold"}}
         config = stack.config(routing=routing)
         first = stack.start(config=config)
-        post_alerts(first, make_payload(make_alert("m1", alertname="StopHold",
-                                                   fingerprint="5709a0d1c2b3e4f5")))
-        stopped = wait_until(lambda: [s for r in runs_of(stack, "m1") for s in r["steps"]
-                                      if s["name"] == "stop-service" and s["outcome"] == "ok"],
-                             timeout=60, what=f"the stop step to end ok: {runs_of(stack, 'm1')}")
+        post_alerts(
+            first,
+            make_payload(make_alert("m1", alertname="StopHold", fingerprint="5709a0d1c2b3e4f5")),
+        )
+        stopped = wait_until(
+            lambda: [
+                s
+                for r in runs_of(stack, "m1")
+                for s in r["steps"]
+                if s["name"] == "stop-service" and s["outcome"] == "ok"
+            ],
+            timeout=60,
+            what=f"the stop step to end ok: {runs_of(stack, 'm1')}",
+        )
         assert stopped and program_state() == "STOPPED"
         (killed_run,) = runs_of(stack, "m1")
         record = read_service_stop(head.state_dir, "m1")
@@ -84,10 +99,15 @@ def test_a_remediator_killed_after_its_stop_starts_the_service_again_after_a_swe
         first.stop(signal.SIGKILL)  # right after the stop: no chance to clean up
 
         second = stack.start(config=config)
-        done = wait_until(lambda: [r for r in runs_of(stack, "m1")
-                                   if r["playbook"] == "finish-stop"
-                                   and r["outcome"] not in ("queued", "running")],
-                          timeout=120, what="the finish-stop run to end")[0]
+        done = wait_until(
+            lambda: [
+                r
+                for r in runs_of(stack, "m1")
+                if r["playbook"] == "finish-stop" and r["outcome"] not in ("queued", "running")
+            ],
+            timeout=120,
+            what="the finish-stop run to end",
+        )[0]
         assert done["outcome"] == "succeeded", (done["detail"], done["steps"])
         assert done["trigger"] == "start-up"
         assert [s["name"] for s in done["steps"]] == ["sweep", "start-service", "verify"]
@@ -95,7 +115,8 @@ def test_a_remediator_killed_after_its_stop_starts_the_service_again_after_a_swe
         assert read_service_stop(head.state_dir, "m1") is None  # the start cleared it
         (left,) = events_of(stack, kind="service_left_stopped")
         assert left["detail"].startswith(
-            f"m1-{token} on ai001 was left stopped by remediator run {killed_run['id']}")
+            f"m1-{token} on ai001 was left stopped by remediator run {killed_run['id']}"
+        )
         interrupted = next(r for r in runs_of(stack, "m1") if r["id"] == killed_run["id"])
         assert interrupted["outcome"] == "interrupted"
         second.stop()

@@ -44,9 +44,20 @@ def hold_lock(tmp_path: Path, inventory: Inventory) -> Path:
     path = lock_path(tmp_path, inventory)
     path.parent.mkdir(parents=True, exist_ok=True)
     me = os.getpid()
-    path.write_text(json.dumps({
-        "node": "ai001", "pid": me, "pid_start": psutil.Process(me).create_time(),
-        "host": "head", "time": 0.0, "holder": "serve", "run_id": "r1", "expires": 0.0}))
+    path.write_text(
+        json.dumps(
+            {
+                "node": "ai001",
+                "pid": me,
+                "pid_start": psutil.Process(me).create_time(),
+                "host": "head",
+                "time": 0.0,
+                "holder": "serve",
+                "run_id": "r1",
+                "expires": 0.0,
+            }
+        )
+    )
     return path
 
 
@@ -85,25 +96,58 @@ ENDINGS = [
     # (playbook, first health verdicts, before the first run, first outcome, before the repeat)
     pytest.param("unrecoverable", [], _nothing, "escalated", _resume, id="escalated"),
     pytest.param("succeeding", [], _hold, "locked", _free_the_lock, id="locked"),
-    pytest.param("succeeding", [HealthVerdict.unreachable("ai001", "could not probe on ai001")],
-                 _nothing, "unreachable", _nothing, id="unreachable"),
-    pytest.param("start-and-verify",
-                 [HealthVerdict.down("refused"), HealthVerdict.unknown("no answer")],
-                 _nothing, "inconclusive", _nothing, id="inconclusive"),
-    pytest.param("succeeding", [HealthVerdict.unknown("probe busy")], _nothing, "skipped",
-                 _nothing, id="skipped-could-not-tell"),
-    pytest.param("succeeding", [HealthVerdict.up("completed")], _nothing, "skipped", _nothing,
-                 id="skipped-up-again"),
+    pytest.param(
+        "succeeding",
+        [HealthVerdict.unreachable("ai001", "could not probe on ai001")],
+        _nothing,
+        "unreachable",
+        _nothing,
+        id="unreachable",
+    ),
+    pytest.param(
+        "start-and-verify",
+        [HealthVerdict.down("refused"), HealthVerdict.unknown("no answer")],
+        _nothing,
+        "inconclusive",
+        _nothing,
+        id="inconclusive",
+    ),
+    pytest.param(
+        "succeeding",
+        [HealthVerdict.unknown("probe busy")],
+        _nothing,
+        "skipped",
+        _nothing,
+        id="skipped-could-not-tell",
+    ),
+    pytest.param(
+        "succeeding",
+        [HealthVerdict.up("completed")],
+        _nothing,
+        "skipped",
+        _nothing,
+        id="skipped-up-again",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("playbook", "verdicts", "before", "outcome", "between"), ENDINGS)
 async def test_a_firing_whose_run_did_not_fix_the_model_starts_a_new_run_when_sent_again(
-    tmp_path: Path, inventory: Inventory, engines: list[Engine], playbook: str,
-    verdicts: list[HealthVerdict], before: Setup, outcome: str, between: Setup,
+    tmp_path: Path,
+    inventory: Inventory,
+    engines: list[Engine],
+    playbook: str,
+    verdicts: list[HealthVerdict],
+    before: Setup,
+    outcome: str,
+    between: Setup,
 ) -> None:
-    engine = make_engine(make_config(tmp_path, playbook, lock_wait=0), inventory,
-                         health=Health(up=False, verdicts=verdicts), tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, playbook, lock_wait=0),
+        inventory,
+        health=Health(up=False, verdicts=verdicts),
+        tmp_path=tmp_path,
+    )
     engines.append(engine)
     await before(tmp_path, inventory, engine)
     await first_run_ends(engine, outcome)
@@ -115,14 +159,19 @@ async def test_a_firing_whose_run_did_not_fix_the_model_starts_a_new_run_when_se
     assert {(r.fingerprint, r.starts_at) for r in runs} == {SAME.dedupe_key}
 
 
-@pytest.mark.parametrize(("settings", "outcome"), [
-    ({}, "succeeded"), ({"dry_run": True}, "planned")])
+@pytest.mark.parametrize(
+    ("settings", "outcome"), [({}, "succeeded"), ({"dry_run": True}, "planned")]
+)
 async def test_a_firing_whose_run_succeeded_stays_a_duplicate(
-    tmp_path: Path, inventory: Inventory, engines: list[Engine], settings: dict[str, bool],
+    tmp_path: Path,
+    inventory: Inventory,
+    engines: list[Engine],
+    settings: dict[str, bool],
     outcome: str,
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "succeeding", **settings), inventory,
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "succeeding", **settings), inventory, tmp_path=tmp_path
+    )
     engines.append(engine)
     await first_run_ends(engine, outcome)
     assert await engine.submit(SAME) == Disposition.DUPLICATE
@@ -134,8 +183,9 @@ async def test_a_firing_absorbed_by_a_run_that_escalated_acts_after_resume(
 ) -> None:
     health = Health(up=False)
     health.gate = asyncio.Event()  # the run stays queued while the second firing arrives
-    engine = make_engine(make_config(tmp_path, "unrecoverable"), inventory, health=health,
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "unrecoverable"), inventory, health=health, tmp_path=tmp_path
+    )
     engines.append(engine)
     first, second = alert("first"), alert("second")
     assert await engine.submit(first) == Disposition.STARTED
@@ -174,8 +224,12 @@ async def test_the_budget_and_backoff_still_bound_a_firing_that_acts_again(
 ) -> None:
     inventory = make_inventory(restart_budget=5, backoff="10m")
     verdicts = [HealthVerdict.down("refused"), HealthVerdict.unknown("no answer")]
-    engine = make_engine(make_config(tmp_path, "start-and-verify"), inventory,
-                         health=Health(verdicts=verdicts), tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "start-and-verify"),
+        inventory,
+        health=Health(verdicts=verdicts),
+        tmp_path=tmp_path,
+    )
     engines.append(engine)
     await first_run_ends(engine, "inconclusive")  # it acted: it spent budget
     assert await engine.submit(SAME) == Disposition.BACKOFF
@@ -189,8 +243,12 @@ async def test_a_run_waits_for_a_lock_the_serve_wrapper_releases_then_checks_aga
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
     health = Health(up=False)
-    engine = make_engine(make_config(tmp_path, "succeeding", lock_wait="30s"), inventory,
-                         health=health, tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "succeeding", lock_wait="30s"),
+        inventory,
+        health=health,
+        tmp_path=tmp_path,
+    )
     engines.append(engine)
     lock = hold_lock(tmp_path, inventory)
 
@@ -208,8 +266,12 @@ async def test_a_run_that_waited_for_the_lock_leaves_a_model_the_holder_fixed_al
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
     health = Health(verdicts=[HealthVerdict.down("refused"), HealthVerdict.up("completed")])
-    engine = make_engine(make_config(tmp_path, "succeeding", lock_wait="30s"), inventory,
-                         health=health, tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "succeeding", lock_wait="30s"),
+        inventory,
+        health=health,
+        tmp_path=tmp_path,
+    )
     engines.append(engine)
     lock = hold_lock(tmp_path, inventory)
     asyncio.get_running_loop().call_later(1.0, lock.unlink)
@@ -222,8 +284,9 @@ async def test_a_run_that_waited_for_the_lock_leaves_a_model_the_holder_fixed_al
 async def test_a_lock_held_for_all_of_lock_wait_ends_the_run_locked_naming_the_holder(
     tmp_path: Path, inventory: Inventory, engines: list[Engine]
 ) -> None:
-    engine = make_engine(make_config(tmp_path, "succeeding", lock_wait="1.5s"), inventory,
-                         tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "succeeding", lock_wait="1.5s"), inventory, tmp_path=tmp_path
+    )
     engines.append(engine)
     hold_lock(tmp_path, inventory)
     loop = asyncio.get_running_loop()

@@ -31,25 +31,59 @@ from mlx_medic.transport import LocalTransport
 from tests.remediator.conftest import bearer
 from tests.remediator.engine_fakes import Health
 
-FUZZ = settings(max_examples=1500, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                       HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=1500,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 
 # Text that is hard on every layer: shell and path metacharacters, control characters,
 # NUL, surrogate-free unicode.
 hostile_text = st.one_of(
     st.text(max_size=40),
-    st.sampled_from(["; $(touch CANARY)", "`touch CANARY`", "../../etc/passwd", "a\nb",
-                     "\x00", "m1\x00", "' OR 1=1 --", "<script>", "m1", "m2", "", " m1"]),
+    st.sampled_from(
+        [
+            "; $(touch CANARY)",
+            "`touch CANARY`",
+            "../../etc/passwd",
+            "a\nb",
+            "\x00",
+            "m1\x00",
+            "' OR 1=1 --",
+            "<script>",
+            "m1",
+            "m2",
+            "",
+            " m1",
+        ]
+    ),
 )
 labels = st.dictionaries(st.text(max_size=12), hostile_text, max_size=5)
-times = st.sampled_from(["2026-11-30T01:02:03Z", "2026-11-30T01:02:03.123456789+01:00",
-                         "0001-01-01T00:00:00Z", "2026-11-30T01:02:03", "yesterday", ""])
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-                         st.text(max_size=20))
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-    max_leaves=12)
+times = st.sampled_from(
+    [
+        "2026-11-30T01:02:03Z",
+        "2026-11-30T01:02:03.123456789+01:00",
+        "0001-01-01T00:00:00Z",
+        "2026-11-30T01:02:03",
+        "yesterday",
+        "",
+    ]
+)
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 @st.composite
@@ -99,7 +133,9 @@ def broken_payloads(draw: st.DrawFn) -> dict[str, Any]:
 
 
 valid_times = st.datetimes(
-    min_value=datetime(2020, 1, 1), max_value=datetime(2030, 1, 1), timezones=st.just(UTC),
+    min_value=datetime(2020, 1, 1),
+    max_value=datetime(2030, 1, 1),
+    timezones=st.just(UTC),
 ).map(lambda t: t.isoformat().replace("+00:00", "Z"))
 
 
@@ -109,20 +145,32 @@ def valid_payloads(draw: st.DrawFn) -> dict[str, Any]:
     alert_list = []
     for _ in range(draw(st.integers(1, 3))):
         alert_labels = draw(labels)
-        alert_labels["alertname"] = draw(st.sampled_from(["LLMModelDown", "Other"])
-                                         | hostile_text.filter(bool))
+        alert_labels["alertname"] = draw(
+            st.sampled_from(["LLMModelDown", "Other"]) | hostile_text.filter(bool)
+        )
         alert_labels["model"] = draw(st.sampled_from(["m1", "m2"]) | hostile_text.filter(bool))
-        alert_list.append({
-            "status": draw(st.sampled_from(["firing", "resolved"])),
-            "labels": alert_labels, "annotations": draw(labels),
-            "startsAt": draw(valid_times), "endsAt": draw(valid_times),
-            "generatorURL": "", "fingerprint": draw(st.text(min_size=1, max_size=20)),
-        })
+        alert_list.append(
+            {
+                "status": draw(st.sampled_from(["firing", "resolved"])),
+                "labels": alert_labels,
+                "annotations": draw(labels),
+                "startsAt": draw(valid_times),
+                "endsAt": draw(valid_times),
+                "generatorURL": "",
+                "fingerprint": draw(st.text(min_size=1, max_size=20)),
+            }
+        )
     return {
-        "version": "4", "groupKey": draw(st.text(max_size=30)), "truncatedAlerts": 0,
-        "status": draw(st.sampled_from(["firing", "resolved"])), "receiver": "mlx-medic",
-        "groupLabels": {}, "commonLabels": draw(labels), "commonAnnotations": {},
-        "externalURL": "", "alerts": alert_list,
+        "version": "4",
+        "groupKey": draw(st.text(max_size=30)),
+        "truncatedAlerts": 0,
+        "status": draw(st.sampled_from(["firing", "resolved"])),
+        "receiver": "mlx-medic",
+        "groupLabels": {},
+        "commonLabels": draw(labels),
+        "commonAnnotations": {},
+        "externalURL": "",
+        "alerts": alert_list,
     }
 
 
@@ -157,12 +205,20 @@ class RecordingEngine:
 
 
 def fuzz_inventory(tmp_path: Path) -> str:
-    model = {"model": "tiny", "nodes": ["ai001"], "port": 1,
-             "service": {"manager": "supervisord", "label": "x"},
-             "backends": {"ring": {"hostfile": str(tmp_path / "ring.json")}}}
-    return json.dumps({"state_dir": str(tmp_path / "state"),
-                       "nodes": {"ai001": {"ssh": "127.0.0.1"}},
-                       "models": {"m1": model, "m2": {**model, "port": 2}}})
+    model = {
+        "model": "tiny",
+        "nodes": ["ai001"],
+        "port": 1,
+        "service": {"manager": "supervisord", "label": "x"},
+        "backends": {"ring": {"hostfile": str(tmp_path / "ring.json")}},
+    }
+    return json.dumps(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "nodes": {"ai001": {"ssh": "127.0.0.1"}},
+            "models": {"m1": model, "m2": {**model, "port": 2}},
+        }
+    )
 
 
 class Harness:
@@ -176,15 +232,23 @@ class Harness:
         transport = LocalTransport()
 
         async def start() -> tuple[RecordingEngine, TestClient]:
-            engine = Engine(config, inventory, self.journal, transport,
-                            health_check=Health(up=False), registry=CollectorRegistry())
+            engine = Engine(
+                config,
+                inventory,
+                self.journal,
+                transport,
+                health_check=Health(up=False),
+                registry=CollectorRegistry(),
+            )
             await engine.start()
             recording = RecordingEngine(engine)
-            app = make_app(recording, self.journal, config, CollectorRegistry(),
-                           Credentials.load(config.auth))
+            app = make_app(
+                recording, self.journal, config, CollectorRegistry(), Credentials.load(config.auth)
+            )
             client = TestClient(TestServer(app))
             await client.start_server()
             return recording, client
+
         self.engine, self.client = self.loop.run_until_complete(start())
 
     def runs(self) -> int:
@@ -192,10 +256,12 @@ class Harness:
 
     def post(self, body: bytes, content_type: str = "application/json") -> int:
         async def go() -> int:
-            response = await self.client.post("/alerts", data=body, headers={
-                "Content-Type": content_type, **bearer()})
+            response = await self.client.post(
+                "/alerts", data=body, headers={"Content-Type": content_type, **bearer()}
+            )
             await response.read()
             return response.status
+
         return self.loop.run_until_complete(go())
 
     def close(self) -> None:
@@ -223,7 +289,8 @@ def read_by_validation(body: bytes) -> list[AlertEvent | InvalidAlert] | None:
 @FUZZ
 @given(body=bodies)
 def test_no_generated_body_gets_a_5xx_and_invalid_alerts_never_reach_submit(
-    harness: Harness, body: bytes,
+    harness: Harness,
+    body: bytes,
 ) -> None:
     engine = harness.engine
     before, rejected_before, runs_before = len(engine.events), len(engine.rejected), harness.runs()
@@ -247,11 +314,21 @@ def test_no_generated_body_gets_a_5xx_and_invalid_alerts_never_reach_submit(
 
 
 @FUZZ
-@given(body=payloads().map(lambda p: json.dumps(p).encode()),
-       content_type=st.sampled_from(["text/plain", "application/x-www-form-urlencoded",
-                                     "multipart/form-data", "application/jsonx"]))
+@given(
+    body=payloads().map(lambda p: json.dumps(p).encode()),
+    content_type=st.sampled_from(
+        [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+            "application/jsonx",
+        ]
+    ),
+)
 def test_a_wrong_content_type_is_refused_whatever_the_body(
-    harness: Harness, body: bytes, content_type: str,
+    harness: Harness,
+    body: bytes,
+    content_type: str,
 ) -> None:
     before = len(harness.engine.events)
     assert harness.post(body, content_type) == 400

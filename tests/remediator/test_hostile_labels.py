@@ -43,7 +43,8 @@ def hostile_values(canary_dir: Path, token: str) -> list[str]:
 
 
 def test_hostile_label_values_never_run_never_create_files_and_stay_exact_data(
-    stack: Stack, tmp_path: Path,
+    stack: Stack,
+    tmp_path: Path,
 ) -> None:
     token = uuid.uuid4().hex[:12]
     canary_dir = tmp_path / "canaries"
@@ -55,20 +56,24 @@ def test_hostile_label_values_never_run_never_create_files_and_stay_exact_data(
     for n, value in enumerate(hostile):
         alert = make_alert(value, fingerprint=f"{n:016x}")
         assert post_alerts(service, make_payload(alert))[1]["alerts"][0]["disposition"] == (
-            "unknown_model")
+            "unknown_model"
+        )
     # As the alert name: no playbook, journaled and ignored.
     for n, value in enumerate(hostile):
         alert = make_alert("m1", alertname=value, fingerprint=f"a{n:015x}")
         assert post_alerts(service, make_payload(alert))[1]["alerts"][0]["disposition"] == (
-            "unrouted")
+            "unrouted"
+        )
     # In every other label, the annotations and the fingerprint of a real alert for m1:
     # the run goes all the way (health re-check, SSH lock on the head, playbook).
     labels = {f"h{n}": value for n, value in enumerate(hostile)}
     alert = make_alert("m1", fingerprint=hostile[0], labels=labels)
     alert["annotations"] = {f"a{n}": value for n, value in enumerate(hostile)}
     assert post_alerts(service, make_payload(alert))[1]["alerts"][0]["disposition"] == "started"
-    run = wait_until(lambda: [r for r in runs_of(stack, "m1") if r["outcome"] not in
-                              ("queued", "running")], what="the run to end")[0]
+    run = wait_until(
+        lambda: [r for r in runs_of(stack, "m1") if r["outcome"] not in ("queued", "running")],
+        what="the run to end",
+    )[0]
     assert run["steps"], "the run reached the playbook"
     wait_until(lambda: not stack.lock_file("m1").exists(), what="the lock released")
 
@@ -92,10 +97,15 @@ def test_hostile_label_values_never_run_never_create_files_and_stay_exact_data(
     # inventory's model, none by a label.
     port = yaml.safe_load(stack.inventory.read_text())["models"]["m1"]["port"]
     for node in stack.cluster.nodes:
-        created = sorted(p.name for p in node.state_dir.rglob("*")
-                         if p.is_file() and p.name != NODE_ID_FILE)  # node-id: there before
-        assert all(name.startswith("m1.lock") or name == f"probe-127.0.0.1-{port}.lock"
-                   or name == "m1.stopped" for name in created), created
+        created = sorted(
+            p.name for p in node.state_dir.rglob("*") if p.is_file() and p.name != NODE_ID_FILE
+        )  # node-id: there before
+        assert all(
+            name.startswith("m1.lock")
+            or name == f"probe-127.0.0.1-{port}.lock"
+            or name == "m1.stopped"
+            for name in created
+        ), created
 
     # And the on-call page shows them escaped.
     status, page = http("GET", service.url + "/?limit=50", headers=basic())

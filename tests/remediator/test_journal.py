@@ -22,8 +22,11 @@ def journal(tmp_path: Path) -> Journal:
 
 def _run(journal: Journal, model: str = "m1", now: float = 1000.0, owner: str | None = None) -> int:
     return journal.create_run(
-        model=model, playbook="recover", trigger_kind="manual",
-        owner=owner or owner_tag("host-a", os.getpid()), now=now,
+        model=model,
+        playbook="recover",
+        trigger_kind="manual",
+        owner=owner or owner_tag("host-a", os.getpid()),
+        now=now,
     )
 
 
@@ -39,7 +42,8 @@ def test_commits_are_synchronous_full_so_a_power_cut_keeps_them(journal: Journal
 
 @pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask-022", "umask-077"])
 def test_the_journal_its_wal_and_shm_are_0640_whatever_the_umask(
-    tmp_path: Path, umask: int,
+    tmp_path: Path,
+    umask: int,
 ) -> None:
     old = os.umask(umask)
     try:
@@ -67,8 +71,16 @@ def test_a_step_is_visible_to_another_process_as_running_before_it_ends(
 ) -> None:
     run_id = _run(journal)
     journal.start_run(run_id, 1001.0)
-    journal.begin_step(run_id, seq=1, name="sweep", node="ai002", command=["kill", "-9", "42"],
-                       description="kill ranks", targets=["42"], now=1002.0)
+    journal.begin_step(
+        run_id,
+        seq=1,
+        name="sweep",
+        node="ai002",
+        command=["kill", "-9", "42"],
+        description="kill ranks",
+        targets=["42"],
+        now=1002.0,
+    )
     other = Journal(journal.path)  # a second connection, as `mlx-medic log` would open
     (run,) = other.list_runs()
     assert run.outcome == "running"
@@ -80,11 +92,22 @@ def test_a_step_is_visible_to_another_process_as_running_before_it_ends(
 def test_runs_come_newest_first_with_their_steps_in_order_and_filter_by_model_and_time(
     journal: Journal,
 ) -> None:
-    first, second, third = _run(journal, "m1", 100.0), _run(journal, "m2", 200.0), _run(
-        journal, "m1", 300.0)
+    first, second, third = (
+        _run(journal, "m1", 100.0),
+        _run(journal, "m2", 200.0),
+        _run(journal, "m1", 300.0),
+    )
     for seq in (1, 2, 3):
-        step = journal.begin_step(second, seq=seq, name=f"s{seq}", node="n", command=None,
-                                  description="d", targets=[], now=200.0 + seq)
+        step = journal.begin_step(
+            second,
+            seq=seq,
+            name=f"s{seq}",
+            node="n",
+            command=None,
+            description="d",
+            targets=[],
+            now=200.0 + seq,
+        )
         journal.end_step(step, StepOutcome.OK, 200.5 + seq)
     assert [r.id for r in journal.list_runs()] == [third, second, first]
     assert [s.name for s in journal.list_runs(model="m2")[0].steps] == ["s1", "s2", "s3"]
@@ -98,16 +121,30 @@ def test_a_run_records_its_trigger_command_targets_output_duration_and_outcome(
     journal: Journal,
 ) -> None:
     run_id = journal.create_run(
-        model="m1", playbook="recover", trigger_kind="alert", owner="h:1", now=10.0,
-        alertname="LLMModelDown", fingerprint="abc", starts_at="2026-01-01T00:00:00+00:00",
+        model="m1",
+        playbook="recover",
+        trigger_kind="alert",
+        owner="h:1",
+        now=10.0,
+        alertname="LLMModelDown",
+        fingerprint="abc",
+        starts_at="2026-01-01T00:00:00+00:00",
         labels={"model": "m1", "severity": "critical"},
     )
     journal.start_run(run_id, 11.0)
-    step = journal.begin_step(run_id, seq=1, name="stop-service", node="ai001",
-                              command=["launchctl", "bootout", "system/x"], description="stop",
-                              targets=["x"], now=12.0)
-    journal.end_step(step, StepOutcome.FAILED, 14.5, exit_status=3, output="x" * (OUTPUT_CAP * 3),
-                     detail="boom")
+    step = journal.begin_step(
+        run_id,
+        seq=1,
+        name="stop-service",
+        node="ai001",
+        command=["launchctl", "bootout", "system/x"],
+        description="stop",
+        targets=["x"],
+        now=12.0,
+    )
+    journal.end_step(
+        step, StepOutcome.FAILED, 14.5, exit_status=3, output="x" * (OUTPUT_CAP * 3), detail="boom"
+    )
     journal.end_run(run_id, RunOutcome.ESCALATED, 15.0, "stop failed", "reboot ai001")
     run = journal.get_run(run_id)
     assert run is not None
@@ -130,8 +167,9 @@ def test_start_up_marks_runs_of_dead_processes_of_this_host_interrupted_and_no_o
 ) -> None:
     dead = _run(journal, owner=owner_tag("host-a", dead_pid()))
     journal.start_run(dead, 1.0)
-    journal.begin_step(dead, seq=1, name="sweep", node="ai002", command=None,
-                       description="", targets=[], now=2.0)
+    journal.begin_step(
+        dead, seq=1, name="sweep", node="ai002", command=None, description="", targets=[], now=2.0
+    )
     alive = _run(journal, owner=owner_tag("host-a", os.getpid()))
     elsewhere = _run(journal, owner=owner_tag("host-b", dead_pid()))
     assert journal.mark_interrupted(now=5.0, hostname="host-a") == [dead]
@@ -143,8 +181,17 @@ def test_start_up_marks_runs_of_dead_processes_of_this_host_interrupted_and_no_o
 
 
 def test_a_firing_is_recorded_once_even_across_journal_instances(journal: Journal) -> None:
-    kwargs = dict(model="m1", playbook="recover", owner="h:1", now=1.0, alertname="A",
-                  fingerprint="fp", starts_at="t0", labels={}, dry_run=False)
+    kwargs = dict(
+        model="m1",
+        playbook="recover",
+        owner="h:1",
+        now=1.0,
+        alertname="A",
+        fingerprint="fp",
+        starts_at="t0",
+        labels={},
+        dry_run=False,
+    )
     assert journal.create_alert_run(**kwargs) is not None  # type: ignore[arg-type]
     assert Journal(journal.path).create_alert_run(**kwargs) is None  # type: ignore[arg-type]
     assert journal.firing_seen("fp", "t0") and not journal.firing_seen("fp", "t1")
@@ -152,8 +199,16 @@ def test_a_firing_is_recorded_once_even_across_journal_instances(journal: Journa
 
 def _alert_run(journal: Journal, fingerprint: str) -> int:
     run_id = journal.create_alert_run(
-        model="m1", playbook="recover", owner=owner_tag("host-a", dead_pid()), now=1.0,
-        alertname="A", fingerprint=fingerprint, starts_at="t0", labels={}, dry_run=False)
+        model="m1",
+        playbook="recover",
+        owner=owner_tag("host-a", dead_pid()),
+        now=1.0,
+        alertname="A",
+        fingerprint=fingerprint,
+        starts_at="t0",
+        labels={},
+        dry_run=False,
+    )
     assert run_id is not None
     return run_id
 

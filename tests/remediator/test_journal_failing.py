@@ -51,12 +51,14 @@ from tests.tools import require_tool
 
 @pytest.fixture
 async def app_and_engine(
-    tmp_path: Path, web_config: Any,
+    tmp_path: Path,
+    web_config: Any,
 ) -> AsyncIterator[tuple[TestClient, Engine]]:
     config = make_config(tmp_path, "succeeding", auth=web_config.auth.model_dump())
     engine = make_engine(config, make_inventory(), health=Health(up=False), tmp_path=tmp_path)
-    app = make_app(engine, engine.journal, config, CollectorRegistry(),
-                   Credentials.load(config.auth))
+    app = make_app(
+        engine, engine.journal, config, CollectorRegistry(), Credentials.load(config.auth)
+    )
     async with TestClient(TestServer(app)) as client:
         yield client, engine
     await engine.close()
@@ -67,8 +69,9 @@ async def test_a_removed_journal_directory_gets_503_and_nothing_acts(
 ) -> None:
     client, engine = app_and_engine
     shutil.rmtree(engine.journal.path.parent)
-    response = await client.post("/alerts", json=make_payload(make_alert(
-        "glm-4_6-5b", fingerprint="gone")), headers=bearer())
+    response = await client.post(
+        "/alerts", json=make_payload(make_alert("glm-4_6-5b", fingerprint="gone")), headers=bearer()
+    )
     assert response.status == 503
     reason = (await response.json())["reason"]
     assert reason.startswith("the journal cannot record, so nothing acts: the journal file")
@@ -101,9 +104,18 @@ def in_private_mount_namespace(mount_point: Path, size: str) -> tuple[str, ...]:
     then exec the rest (so the service keeps this pid)."""
     unshare = require_tool("unshare")
     become_root = () if os.geteuid() == 0 else ("--map-root-user",)
-    return (unshare, "--mount", "--propagation", "private", *become_root, "sh", "-c",
-            'mount -t tmpfs -o size="$1" tmpfs "$0" && shift && exec "$@"',
-            str(mount_point), size)
+    return (
+        unshare,
+        "--mount",
+        "--propagation",
+        "private",
+        *become_root,
+        "sh",
+        "-c",
+        'mount -t tmpfs -o size="$1" tmpfs "$0" && shift && exec "$@"',
+        str(mount_point),
+        size,
+    )
 
 
 def fill(directory: Path) -> Path:
@@ -126,7 +138,8 @@ def runs(service: Service) -> list[dict[str, Any]]:
 
 
 def test_a_full_journal_disk_gets_503_acts_on_nothing_and_the_page_says_so(
-    tmp_path: Path, services: list[Service],
+    tmp_path: Path,
+    services: list[Service],
 ) -> None:
     mount = tmp_path / "journal-disk"
     mount.mkdir()
@@ -135,12 +148,22 @@ def test_a_full_journal_disk_gets_503_acts_on_nothing_and_the_page_says_so(
     (tmp_path / "token").write_text("s3cret-token-for-tests\n")
     (tmp_path / "password").write_text("basic-pass-for-tests\n")
     journal_path = mount / "journal.sqlite"
-    config = write_config(tmp_path / "remediator.yml", {
-        "inventory": str(inventory), "journal": str(journal_path), "probe_from": "remediator",
-        "auth": {"bearer_token_file": str(tmp_path / "token"), "basic_username": "alertmanager",
-                 "basic_password_file": str(tmp_path / "password")}})
-    service = start_service(config, journal_path, tmp_path,
-                            wrapper=in_private_mount_namespace(mount, "2m"))
+    config = write_config(
+        tmp_path / "remediator.yml",
+        {
+            "inventory": str(inventory),
+            "journal": str(journal_path),
+            "probe_from": "remediator",
+            "auth": {
+                "bearer_token_file": str(tmp_path / "token"),
+                "basic_username": "alertmanager",
+                "basic_password_file": str(tmp_path / "password"),
+            },
+        },
+    )
+    service = start_service(
+        config, journal_path, tmp_path, wrapper=in_private_mount_namespace(mount, "2m")
+    )
     services.append(service)
     # The tmpfs exists only in the service's namespace; reach it through its root.
     disk = Path(f"/proc/{service.proc.pid}/root") / mount.relative_to("/")
@@ -150,8 +173,9 @@ def test_a_full_journal_disk_gets_503_acts_on_nothing_and_the_page_says_so(
     firing = make_payload(make_alert("m1", fingerprint="full"))
     status, body = post_alerts(service, firing)
     assert status == 503, body
-    assert body["reason"].startswith("the journal cannot record, so nothing acts:"
-                                     " cannot write the journal")
+    assert body["reason"].startswith(
+        "the journal cannot record, so nothing acts: cannot write the journal"
+    )
     assert "database or disk is full" in body["reason"]
     assert runs(service) == []  # nothing was queued, nothing ran
     _, metrics = http("GET", service.url + "/metrics", headers=bearer())
@@ -160,14 +184,20 @@ def test_a_full_journal_disk_gets_503_acts_on_nothing_and_the_page_says_so(
     assert (health_status, health["status"]) == (503, "failing")
     _, page = http("GET", service.url + "/", headers=basic())
     assert "The journal is failing: nothing acts" in page and "database or disk is full" in page
-    assert [line for line in service.log_lines() if line.get("level") == "error"
-            and line["msg"].startswith("the journal cannot record, nothing acts until it can")]
+    assert [
+        line
+        for line in service.log_lines()
+        if line.get("level") == "error"
+        and line["msg"].startswith("the journal cannot record, nothing acts until it can")
+    ]
 
     filler.unlink()  # the disk has room again: Alertmanager's retry now acts
     status, body = post_alerts(service, firing)
     assert (status, body["alerts"][0]["disposition"]) == (202, "started")
-    wait_until(lambda: [r for r in runs(service) if r["outcome"] == "unreachable"],
-               what="the run, after the journal recovered")  # its head is silent
+    wait_until(
+        lambda: [r for r in runs(service) if r["outcome"] == "unreachable"],
+        what="the run, after the journal recovered",
+    )  # its head is silent
     assert http("GET", service.url + "/healthz")[0] == 200
     _, page = http("GET", service.url + "/", headers=basic())
     assert "The journal is failing" not in page and "journal_recovered" in page
@@ -181,15 +211,21 @@ async def test_the_first_write_that_fails_ends_the_delivery_with_503_and_no_run(
 ) -> None:
     client, engine = app_and_engine
     engine.journal._db.execute("PRAGMA query_only=ON")  # nobody knows yet: no write failed
-    response = await client.post("/alerts", json=make_payload(make_alert(
-        "glm-4_6-5b", fingerprint="first")), headers=bearer())
+    response = await client.post(
+        "/alerts",
+        json=make_payload(make_alert("glm-4_6-5b", fingerprint="first")),
+        headers=bearer(),
+    )
     assert response.status == 503
     assert "attempt to write a readonly database" in (await response.json())["reason"]
     await engine.wait_idle(0.1)
     engine.journal._db.execute("PRAGMA query_only=OFF")
     assert engine.journal.list_runs() == []
-    retried = await client.post("/alerts", json=make_payload(make_alert(
-        "glm-4_6-5b", fingerprint="first")), headers=bearer())
+    retried = await client.post(
+        "/alerts",
+        json=make_payload(make_alert("glm-4_6-5b", fingerprint="first")),
+        headers=bearer(),
+    )
     assert retried.status == 202  # Alertmanager's retry acts
     await engine.wait_idle()
     assert [r.outcome for r in engine.journal.list_runs()] == ["succeeded"]
@@ -201,8 +237,9 @@ async def test_a_run_end_the_journal_refused_is_written_once_it_records_again(
 ) -> None:
     health = Health(up=False)
     health.gate = asyncio.Event()  # the run waits in its re-check
-    engine = make_engine(make_config(tmp_path, "unrecoverable"), make_inventory(),
-                         health=health, tmp_path=tmp_path)
+    engine = make_engine(
+        make_config(tmp_path, "unrecoverable"), make_inventory(), health=health, tmp_path=tmp_path
+    )
     same = alert("held")
     try:
         assert await engine.submit(same) == Disposition.STARTED

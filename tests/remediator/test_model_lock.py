@@ -40,10 +40,18 @@ def transport(tmp_path: Path) -> LocalTransport:
     return LocalTransport()
 
 
-def locks(inventory: Inventory, transport: LocalTransport, host: str, clock: Clock | None = None,
-          *, this_node: str | None = None, **kwargs) -> ModelLocks:
-    return ModelLocks(inventory, transport, this_node=this_node, hostname=host,
-                      clock=clock or Clock(), **kwargs)
+def locks(
+    inventory: Inventory,
+    transport: LocalTransport,
+    host: str,
+    clock: Clock | None = None,
+    *,
+    this_node: str | None = None,
+    **kwargs,
+) -> ModelLocks:
+    return ModelLocks(
+        inventory, transport, this_node=this_node, hostname=host, clock=clock or Clock(), **kwargs
+    )
 
 
 def lock_file(tmp_path: Path, inventory: Inventory) -> Path:
@@ -53,8 +61,15 @@ def lock_file(tmp_path: Path, inventory: Inventory) -> Path:
 
 
 def plant(tmp_path: Path, inventory: Inventory, **fields) -> None:
-    info = {"host": "elsewhere", "pid": 1, "time": 0.0, "holder": "remediator", "run_id": "9",
-            "expires": 0.0, **fields}
+    info = {
+        "host": "elsewhere",
+        "pid": 1,
+        "time": 0.0,
+        "holder": "remediator",
+        "run_id": "9",
+        "expires": 0.0,
+        **fields,
+    }
     path = lock_file(tmp_path, inventory)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info))
@@ -68,11 +83,16 @@ async def test_the_lock_lives_on_the_head_node_and_holds_who_took_it(
     tmp_path: Path, inventory: Inventory, transport: LocalTransport
 ) -> None:
     handle = await locks(inventory, transport, "replica-a").acquire(
-        MODEL, "remediator", "17", renew=False)
+        MODEL, "remediator", "17", renew=False
+    )
     assert handle is not None and handle.node.name == "ai001"
     info = LockInfo.parse(lock_file(tmp_path, inventory).read_text())
-    assert (info.host, info.pid, info.holder, info.run_id) == ("replica-a", os.getpid(),
-                                                                "remediator", "17")
+    assert (info.host, info.pid, info.holder, info.run_id) == (
+        "replica-a",
+        os.getpid(),
+        "remediator",
+        "17",
+    )
     assert info.expires > info.time
 
 
@@ -105,8 +125,9 @@ async def test_a_holder_on_a_named_node_whose_pid_is_gone_there_is_stale_at_once
 ) -> None:
     # LocalTransport asks "ai002" here, where this pid lived.
     plant(tmp_path, inventory, node="ai002", pid=dead_pid(), expires=2e9)
-    handle = await locks(inventory, transport, "replica-a").acquire(MODEL, "remediator", "5",
-                                                                    renew=False)
+    handle = await locks(inventory, transport, "replica-a").acquire(
+        MODEL, "remediator", "5", renew=False
+    )
     assert handle is not None and handle.info.run_id == "5"
 
 
@@ -114,8 +135,7 @@ async def test_a_holder_on_a_named_node_whose_pid_lives_there_is_held_whatever_i
     tmp_path: Path, inventory: Inventory, transport: LocalTransport
 ) -> None:
     parent = os.getppid()
-    plant(tmp_path, inventory, node="ai002", pid=parent, pid_start=started_at(parent),
-          expires=0.0)
+    plant(tmp_path, inventory, node="ai002", pid=parent, pid_start=started_at(parent), expires=0.0)
     a = locks(inventory, transport, "replica-a")
     assert await a.acquire(MODEL, "manual", "5") is None
     assert f"pid {parent} on node ai002" in a.refusals[MODEL]
@@ -126,8 +146,7 @@ async def test_a_reused_pid_is_not_the_holder(
 ) -> None:
     # The pid lives, but it started long after the holder recorded its start: another process.
     me = os.getpid()
-    plant(tmp_path, inventory, node="ai002", pid=me, pid_start=started_at(me) - 3600,
-          expires=2e9)
+    plant(tmp_path, inventory, node="ai002", pid=me, pid_start=started_at(me) - 3600, expires=2e9)
     a = locks(inventory, transport, "replica-a")
     assert await a.acquire(MODEL, "remediator", "6", renew=False) is not None
 
@@ -247,8 +266,16 @@ async def test_acquire_waits_a_bounded_time_for_a_holder_that_lets_go(
 async def test_acquire_gives_up_after_its_wait_while_the_holder_keeps_the_lock(
     tmp_path: Path, inventory: Inventory, transport: LocalTransport
 ) -> None:
-    plant(tmp_path, inventory, host="head", node="ai001", holder="serve",
-          pid=os.getpid(), pid_start=started_at(os.getpid()), expires=0.0)
+    plant(
+        tmp_path,
+        inventory,
+        host="head",
+        node="ai001",
+        holder="serve",
+        pid=os.getpid(),
+        pid_start=started_at(os.getpid()),
+        expires=0.0,
+    )
     a = locks(inventory, transport, "replica-a")
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -307,12 +334,26 @@ async def test_a_holder_on_the_head_node_is_judged_by_its_pid_there(
     # The serve wrapper on the head names its node; `ps -p` on the head decides
     # (LocalTransport runs it here, where these pids live).
     remote = locks(inventory, transport, "remediator-host")
-    plant(tmp_path, inventory, host="head-host", node="ai001", holder="serve",
-          pid=os.getpid(), expires=0.0)
+    plant(
+        tmp_path,
+        inventory,
+        host="head-host",
+        node="ai001",
+        holder="serve",
+        pid=os.getpid(),
+        expires=0.0,
+    )
     assert await remote.acquire(MODEL, "remediator", "8", renew=False) is None
     assert "locked by serve" in remote.refusals[MODEL]
-    plant(tmp_path, inventory, host="head-host", node="ai001", holder="serve",
-          pid=dead_pid(), expires=2e9)
+    plant(
+        tmp_path,
+        inventory,
+        host="head-host",
+        node="ai001",
+        holder="serve",
+        pid=dead_pid(),
+        expires=2e9,
+    )
     assert await remote.acquire(MODEL, "remediator", "8", renew=False) is not None
 
 
@@ -381,7 +422,10 @@ async def test_the_lease_is_renewed_in_the_background_while_the_lock_is_held(
 
 
 TINY = {
-    "name": "tiny", "model": "/models/tiny", "nodes": ["ai001", "ai002"], "port": 18082,
+    "name": "tiny",
+    "model": "/models/tiny",
+    "nodes": ["ai001", "ai002"],
+    "port": 18082,
     "service": {"manager": "supervisord", "label": "tiny"},
     "backends": {"ring": {"hostfile": "/etc/ring.json"}},
 }
@@ -397,8 +441,9 @@ def holder_on(node, *, invisible_from: list) -> tuple[subprocess.Popen[bytes], i
             sleeper = node.spawn(["sleep", "300"])
             host_pid = node.spawned_pid(sleeper)
             ns_pid = node.ns_pid_of(host_pid)
-            elsewhere = {pid for other in invisible_from
-                         for pid in map(other.ns_pid_of, other.host_pids())}
+            elsewhere = {
+                pid for other in invisible_from for pid in map(other.ns_pid_of, other.host_pids())
+            }
             if not psutil.pid_exists(ns_pid) and ns_pid not in elsewhere:
                 return sleeper, host_pid, ns_pid
             extra.append(sleeper)
@@ -410,8 +455,14 @@ def holder_on(node, *, invisible_from: list) -> tuple[subprocess.Popen[bytes], i
 
 
 def write_lock(path: Path, **fields) -> None:
-    info = {"host": socket.gethostname(), "time": 0.0, "holder": "manual", "run_id": "r1",
-            "expires": 0.0, **fields}  # the lease ran out long ago: only the pid check holds it
+    info = {
+        "host": socket.gethostname(),
+        "time": 0.0,
+        "holder": "manual",
+        "run_id": "r1",
+        "expires": 0.0,
+        **fields,
+    }  # the lease ran out long ago: only the pid check holds it
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info))
 
@@ -425,8 +476,9 @@ async def test_over_ssh_a_holder_is_judged_on_its_own_node_by_pid_and_start_time
     head, peer = cluster.node("ai001"), cluster.node("ai002")
     ssh = SshTransport(inventory)
     # The judge runs here, with the same host name as the holder: that decides nothing.
-    judge = ModelLocks(inventory, ssh, this_node=None, hostname=socket.gethostname(),
-                       clock=lambda: 2e9)
+    judge = ModelLocks(
+        inventory, ssh, this_node=None, hostname=socket.gethostname(), clock=lambda: 2e9
+    )
     lock = head.host_path(inventory.state_dir / "locks" / "tiny.lock")
     sleeper, host_pid, ns_pid = holder_on(peer, invisible_from=[head])
     try:
@@ -461,7 +513,8 @@ async def test_over_ssh_a_holder_on_an_unreachable_node_counts_as_held(clean_clu
     cluster = clean_cluster
     path = helper_inventory(cluster, [TINY], "lock")
     inventory = parse_inventory(
-        path.read_text().replace(cluster.node("ai003").address, "127.0.0.254"))
+        path.read_text().replace(cluster.node("ai003").address, "127.0.0.254")
+    )
     ssh = SshTransport(inventory)
     lock = cluster.head.host_path(inventory.state_dir / "locks" / "tiny.lock")
     write_lock(lock, node="ai003", pid=dead_pid())
@@ -486,15 +539,22 @@ async def test_over_ssh_a_serve_wrapper_holder_on_the_head_is_judged_by_its_pid_
     try:
         host_pid = head.spawned_pid(sleeper)
         ns_pid = head.ns_pid_of(host_pid)
-        serve = ModelLocks(inventory, LocalTransport(), this_node="ai001", hostname="head-host",
-                           pid=ns_pid, pid_start=started_at(host_pid))
+        serve = ModelLocks(
+            inventory,
+            LocalTransport(),
+            this_node="ai001",
+            hostname="head-host",
+            pid=ns_pid,
+            pid_start=started_at(host_pid),
+        )
         assert lock_path(inventory.state_dir, "tiny") == inventory.state_dir / "locks" / "tiny.lock"
         lock = head.host_path(lock_path(inventory.state_dir, "tiny"))
         lock.parent.mkdir(parents=True, exist_ok=True)
         info = serve._info("serve", "run-1")
         lock.write_text(info.to_json())  # as the wrapper on the head wrote it, lease long over
-        remote = ModelLocks(inventory, ssh, this_node=None, hostname="remediator-host",
-                            clock=lambda: 2e9)
+        remote = ModelLocks(
+            inventory, ssh, this_node=None, hostname="remediator-host", clock=lambda: 2e9
+        )
         assert await remote.acquire("tiny", "remediator", "7", renew=False) is None
         assert "locked by serve" in remote.refusals["tiny"]
         os.kill(host_pid, signal.SIGKILL)  # the wrapper dies; its pid is gone on the head
@@ -518,7 +578,8 @@ class NoHelpers(LocalTransport):
 
 
 def test_the_serve_wrapper_takes_its_own_nodes_lock_in_process_as_the_helper_would(
-    tmp_path: Path, inventory: Inventory,
+    tmp_path: Path,
+    inventory: Inventory,
 ):
     head = inventory.model(MODEL).head
     here = locks(inventory, NoHelpers(), "ai001", this_node=head, in_process=True)
@@ -527,8 +588,9 @@ def test_the_serve_wrapper_takes_its_own_nodes_lock_in_process_as_the_helper_wou
         handle = await here.acquire(MODEL, "serve", "run-1", renew=False)
         assert handle is not None
         assert json.loads(lock_file(tmp_path, inventory).read_text())["run_id"] == "run-1"
-        other = locks(inventory, NoHelpers(), "ai001", this_node=head, in_process=True,
-                      pid=os.getpid())  # fmt: skip
+        other = locks(
+            inventory, NoHelpers(), "ai001", this_node=head, in_process=True, pid=os.getpid()
+        )
         assert await other.acquire(MODEL, "serve", "run-2", renew=False) is None  # held
         assert "locked by" in other.refusals[MODEL]
         await here.release(handle)

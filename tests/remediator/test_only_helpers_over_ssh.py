@@ -29,8 +29,19 @@ async def test_every_command_on_a_node_is_a_node_helper_or_the_probe(tmp_path: P
     await engine.close()
 
     lock = inventory.state_dir / "locks" / f"{MODEL}.lock"
-    lock.write_text(json.dumps({"node": "ai002", "pid": dead_pid(), "host": "gone", "time": 0.0,
-                                "holder": "serve", "run_id": "old", "expires": 2e9}))  # fmt: skip
+    lock.write_text(
+        json.dumps(
+            {
+                "node": "ai002",
+                "pid": dead_pid(),
+                "host": "gone",
+                "time": 0.0,
+                "holder": "serve",
+                "run_id": "old",
+                "expires": 2e9,
+            }
+        )
+    )
     locks = ModelLocks(inventory, transport, this_node=None, hostname="replica-a")
     handle = await locks.acquire(MODEL, "remediator", "7", renew=False)
     assert handle is not None, locks.refusals

@@ -25,12 +25,18 @@ def only_invalid(raw: dict[str, object], routing: RoutingConfig | None = None) -
 
 
 def test_a_real_shaped_payload_becomes_one_event_per_alert() -> None:
-    payload = parse_payload(encode(make_payload(
-        make_alert("m1", fingerprint="aa"), make_alert("m2", fingerprint="bb", status="resolved"),
-    )))
+    payload = parse_payload(
+        encode(
+            make_payload(
+                make_alert("m1", fingerprint="aa"),
+                make_alert("m2", fingerprint="bb", status="resolved"),
+            )
+        )
+    )
     events = to_events(payload)
     assert [(e.fingerprint, e.status, e.labels["model"]) for e in events] == [
-        ("aa", AlertStatus.FIRING, "m1"), ("bb", AlertStatus.RESOLVED, "m2"),
+        ("aa", AlertStatus.FIRING, "m1"),
+        ("bb", AlertStatus.RESOLVED, "m2"),
     ]
     assert events[0].alertname == "LLMModelDown"
     assert events[0].receiver == "mlx-medic"
@@ -50,15 +56,18 @@ def test_the_zero_time_alertmanager_sends_as_endsat_is_accepted() -> None:
     assert isinstance(event, AlertEvent)
 
 
-@pytest.mark.parametrize("body, reason", [
-    (b"{not json", "body is not valid JSON"),
-    (b"\xff\xfe", "body is not UTF-8"),
-    (b"[]", "payload must be a JSON object, got list"),
-    (b'"4"', "payload must be a JSON object, got str"),
-    (encode({"groupKey": "x"}), "version: required field is missing"),
-    (encode(make_payload(version="3")), 'unsupported payload version "3"'),
-    (encode(make_payload(version=4)), "unsupported payload version 4"),
-])
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (b"{not json", "body is not valid JSON"),
+        (b"\xff\xfe", "body is not UTF-8"),
+        (b"[]", "payload must be a JSON object, got list"),
+        (b'"4"', "payload must be a JSON object, got str"),
+        (encode({"groupKey": "x"}), "version: required field is missing"),
+        (encode(make_payload(version="3")), 'unsupported payload version "3"'),
+        (encode(make_payload(version=4)), "unsupported payload version 4"),
+    ],
+)
 def test_unusable_bodies_are_refused_with_a_reason(body: bytes, reason: str) -> None:
     with pytest.raises(PayloadError, match=reason.replace("(", r"\(")):
         parse_payload(body)
@@ -79,8 +88,9 @@ def test_a_missing_alert_field_makes_that_alert_invalid_naming_its_place(field: 
     assert only_invalid(raw).reason == f"alerts[0].{field}: required field is missing"
 
 
-@pytest.mark.parametrize("labels", [{"model": 1}, {"model": None}, {"model": ["m1"]},
-                                    {"model": {"x": "y"}}])
+@pytest.mark.parametrize(
+    "labels", [{"model": 1}, {"model": None}, {"model": ["m1"]}, {"model": {"x": "y"}}]
+)
 def test_label_values_must_be_strings(labels: dict[str, object]) -> None:
     raw = make_payload()
     raw["alerts"][0]["labels"].update(labels)
@@ -102,10 +112,15 @@ def test_an_unknown_alert_status_makes_the_alert_invalid() -> None:
 
 def test_a_routed_alert_without_the_model_label_is_invalid_saying_so() -> None:
     invalid = only_invalid(make_payload(make_alert(None, fingerprint="f1")))
-    assert invalid.reason == ('alerts[0].labels.model: alert "LLMModelDown" needs the'
-                              " 'model' label naming the model")
+    assert invalid.reason == (
+        "alerts[0].labels.model: alert \"LLMModelDown\" needs the 'model' label naming the model"
+    )
     assert (invalid.index, invalid.alertname, invalid.fingerprint, invalid.model) == (
-        0, "LLMModelDown", "f1", "")
+        0,
+        "LLMModelDown",
+        "f1",
+        "",
+    )
 
 
 def test_the_model_label_name_comes_from_the_routing_config() -> None:
@@ -128,12 +143,19 @@ def test_an_alert_without_an_alertname_is_invalid() -> None:
 
 
 def test_one_bad_alert_leaves_the_good_ones_beside_it_in_their_order() -> None:
-    raw = make_payload(make_alert("m1", fingerprint="a"), make_alert(None, fingerprint="b"),
-                       make_alert("m2", fingerprint="c"))
+    raw = make_payload(
+        make_alert("m1", fingerprint="a"),
+        make_alert(None, fingerprint="b"),
+        make_alert("m2", fingerprint="c"),
+    )
     raw["alerts"].append(["not", "an", "alert"])
     results = to_events(parse_payload(encode(raw)))
     assert [type(r).__name__ for r in results] == [
-        "AlertEvent", "InvalidAlert", "AlertEvent", "InvalidAlert"]
+        "AlertEvent",
+        "InvalidAlert",
+        "AlertEvent",
+        "InvalidAlert",
+    ]
     assert [r.fingerprint for r in results] == ["a", "b", "c", ""]
     last = results[3]
     assert isinstance(last, InvalidAlert) and last.index == 3

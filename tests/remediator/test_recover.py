@@ -43,9 +43,12 @@ def inventory() -> Inventory:
     return make_inventory(backoff=0, start_timeout="1s")  # one probe per verify
 
 
-async def recover(tmp_path: Path, engines: list[Engine], health: Health,
-                  answers: dict[tuple[str, str], Any] | None = None,
-                  ) -> tuple[Engine, FakeHelpers, RunView]:
+async def recover(
+    tmp_path: Path,
+    engines: list[Engine],
+    health: Health,
+    answers: dict[tuple[str, str], Any] | None = None,
+) -> tuple[Engine, FakeHelpers, RunView]:
     inv = inventory()
     transport = LocalTransport()
     engine = make_engine(make_config(tmp_path), inv, transport=transport, health=health)
@@ -79,26 +82,41 @@ async def test_recover_acts_through_the_helpers_in_order_and_journals_every_answ
 ) -> None:
     _, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, UP]))
     assert run.outcome == "succeeded"
-    assert steps(run) == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
-                          ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "ok")]
+    assert steps(run) == [
+        ("preflight", "ok"),
+        ("stop-service", "ok"),
+        ("sweep", "ok"),
+        ("clean-tmp", "ok"),
+        ("start-service", "ok"),
+        ("verify", "ok"),
+    ]
     order = [(helper, args[1] if helper == "service" else "") for _, helper, args in helpers.calls]
-    assert order == [*[("facts", "")] * 4, ("service", "stop"), *[("sweep", "")] * 4,
-                     *[("clean", "")] * 4, ("service", "start"), ("facts", "")]
+    assert order == [
+        *[("facts", "")] * 4,
+        ("service", "stop"),
+        *[("sweep", "")] * 4,
+        *[("clean", "")] * 4,
+        ("service", "start"),
+        ("facts", ""),
+    ]
     sweep = run.steps[2]
     assert sweep.targets == [f"{MODEL} on {n}" for n in NODES]
     assert all(f'"node": "{n}"' in sweep.output for n in NODES)
     assert helpers.of("service")[0][1][2:4] == ("--by", f"remediator run {run.id}")
 
 
-@pytest.mark.parametrize(("state", "verified"), [("serving", "jaccl"), ("starting", "jaccl"),
-                                                ("stopped", None)])
+@pytest.mark.parametrize(
+    ("state", "verified"), [("serving", "jaccl"), ("starting", "jaccl"), ("stopped", None)]
+)
 async def test_a_verified_start_records_the_backend_a_live_wrapper_on_the_head_serves(
     state: str, verified: str | None, tmp_path: Path, engines: list[Engine]
 ) -> None:
-    record = Answer({**DEFAULTS["facts"], "serve": {"state": state, "backend": "jaccl",
-                                                    "failure": None}})
-    engine, _, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, UP]),
-                                   {("ai001", "facts"): record})
+    record = Answer(
+        {**DEFAULTS["facts"], "serve": {"state": state, "backend": "jaccl", "failure": None}}
+    )
+    engine, _, run = await recover(
+        tmp_path, engines, Health(verdicts=[DOWN, UP]), {("ai001", "facts"): record}
+    )
     on = f" on {verified}" if verified else ""
     assert (run.outcome, run.detail) == ("succeeded", f"{MODEL} verified healthy{on}")
     gauge = engine.m_last_verified_backend
@@ -109,23 +127,45 @@ async def test_a_verified_start_records_the_backend_a_live_wrapper_on_the_head_s
 async def test_a_jaccl_failure_after_the_start_pins_ring_restarts_and_verifies_ring(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    facts = Answer({**DEFAULTS["facts"], "log_errors": [
-        {"signature": "jaccl_protection_domain", "line": JACCL_LINE}]})
-    engine, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, DOWN, UP]),
-                                         {("ai001", "facts"): facts})
+    facts = Answer(
+        {
+            **DEFAULTS["facts"],
+            "log_errors": [{"signature": "jaccl_protection_domain", "line": JACCL_LINE}],
+        }
+    )
+    engine, helpers, run = await recover(
+        tmp_path, engines, Health(verdicts=[DOWN, DOWN, UP]), {("ai001", "facts"): facts}
+    )
     assert run.outcome == "succeeded" and run.detail == f"{MODEL} verified healthy on ring"
-    assert steps(run)[-4:] == [("verify", "failed"), ("pin-ring", "ok"),
-                               ("restart-service", "ok"), ("verify-ring", "ok")]
+    assert steps(run)[-4:] == [
+        ("verify", "failed"),
+        ("pin-ring", "ok"),
+        ("restart-service", "ok"),
+        ("verify-ring", "ok"),
+    ]
     assert JACCL_LINE in run.steps[-3].detail
-    assert helpers.of("backend") == [("ai001", (
-        MODEL, "set", "ring", "--by", f"remediator run {run.id}",
-        "--reason", f"JACCL failed on ai001: {JACCL_LINE}"))]
+    assert helpers.of("backend") == [
+        (
+            "ai001",
+            (
+                MODEL,
+                "set",
+                "ring",
+                "--by",
+                f"remediator run {run.id}",
+                "--reason",
+                f"JACCL failed on ai001: {JACCL_LINE}",
+            ),
+        )
+    ]
     assert engine.m_last_verified_backend.labels(model=MODEL, backend="ring")._value.get() == 1
 
 
 ADVICE_AI002 = f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL})"
-SURVIVOR_AI002 = ("ai002: pid 77 (rank, state uninterruptible, holding 1 protection domain(s)"
-                  " on rdma_en2) survives SIGKILL: python -m mlx_lm.server")
+SURVIVOR_AI002 = (
+    "ai002: pid 77 (rank, state uninterruptible, holding 1 protection domain(s)"
+    " on rdma_en2) survives SIGKILL: python -m mlx_lm.server"
+)
 
 
 async def test_a_survivor_on_a_peer_is_named_the_service_started_and_the_run_succeeds(
@@ -133,20 +173,29 @@ async def test_a_survivor_on_a_peer_is_named_the_service_started_and_the_run_suc
 ) -> None:
     """The seed's fix: what only a reboot ends survives but stops accumulating; the model
     serves around it and on-call reads which node to reboot, with no escalation."""
-    engine, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, UP]),
-                                         {("ai002", "sweep"): swept(stuck(77))})
+    engine, helpers, run = await recover(
+        tmp_path, engines, Health(verdicts=[DOWN, UP]), {("ai002", "sweep"): swept(stuck(77))}
+    )
     assert run.outcome == "succeeded"
-    assert steps(run) == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
-                          ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "ok")]
+    assert steps(run) == [
+        ("preflight", "ok"),
+        ("stop-service", "ok"),
+        ("sweep", "ok"),
+        ("clean-tmp", "ok"),
+        ("start-service", "ok"),
+        ("verify", "ok"),
+    ]
     assert [args[1] for _, args in helpers.of("service")] == ["stop", "start"]
-    assert run.detail == (f"{MODEL} verified healthy; survivors left: {SURVIVOR_AI002}."
-                          f" {ADVICE_AI002}")
+    assert run.detail == (
+        f"{MODEL} verified healthy; survivors left: {SURVIVOR_AI002}. {ADVICE_AI002}"
+    )
     assert run.next_action is None
     assert f"{SURVIVOR_AI002}. {ADVICE_AI002}; the start goes on around them" in run.steps[2].detail
     (event,) = engine.journal.list_events(kind="unkillable")
     assert event.run_id == run.id
     assert event.detail.startswith(
-        f"1 process(es) on ai002 survive SIGKILL (pids 77); {ADVICE_AI002}. processes: ")
+        f"1 process(es) on ai002 survive SIGKILL (pids 77); {ADVICE_AI002}. processes: "
+    )
     assert engine.m_unkillable.labels(model=MODEL, node="ai002")._value.get() == 1
     assert engine.m_unkillable.labels(model=MODEL, node="ai001")._value.get() == 0
     assert engine.journal.list_events(kind="escalation") == []
@@ -160,12 +209,21 @@ async def test_a_survivor_holding_the_port_on_the_head_gets_a_start_then_its_reb
     names the reboot itself); the verify fails, no ring pin is made (no backend can listen
     on a held port), and the escalation's next action is the head's reboot."""
     engine, helpers, run = await recover(
-        tmp_path, engines, Health(verdicts=[DOWN, DOWN]),
-        {("ai001", "sweep"): swept(stuck(77, holds_port=True))})
+        tmp_path,
+        engines,
+        Health(verdicts=[DOWN, DOWN]),
+        {("ai001", "sweep"): swept(stuck(77, holds_port=True))},
+    )
     assert run.outcome == "escalated"
-    assert steps(run) == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
-                          ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "failed"),
-                          ("pin-ring", "failed")]
+    assert steps(run) == [
+        ("preflight", "ok"),
+        ("stop-service", "ok"),
+        ("sweep", "ok"),
+        ("clean-tmp", "ok"),
+        ("start-service", "ok"),
+        ("verify", "failed"),
+        ("pin-ring", "failed"),
+    ]
     assert [args[1] for _, args in helpers.of("service")] == ["stop", "start"]
     assert helpers.of("backend") == []
     advice = f"reboot ai001 to free 1 protection domain(s) (models placed there: {MODEL})"
@@ -173,7 +231,8 @@ async def test_a_survivor_holding_the_port_on_the_head_gets_a_start_then_its_reb
     assert run.next_action == (
         f"{advice}: a process there that survives SIGKILL holds {MODEL}'s port, so no start"
         f" can listen on it until then; com.example.{MODEL} is left started and serves once"
-        f" the port is free; then `mlx-medic resume {MODEL}`")
+        f" the port is free; then `mlx-medic resume {MODEL}`"
+    )
     assert "recover" not in run.next_action
     assert "survivors left: ai001: pid 77 (rank, state uninterruptible" in run.detail
     assert engine.m_escalations.labels(model=MODEL, reason="unrecoverable")._value.get() == 1
@@ -184,8 +243,9 @@ async def test_a_failed_start_beside_a_peer_survivor_escalates_with_its_reboot_f
 ) -> None:
     """A survivor holds protection domains a JACCL start needs: an escalation after a
     failed verify puts its node's reboot first."""
-    _, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN, DOWN]),
-                                    {("ai002", "sweep"): swept(stuck(77))})
+    _, helpers, run = await recover(
+        tmp_path, engines, Health(verdicts=[DOWN, DOWN]), {("ai002", "sweep"): swept(stuck(77))}
+    )
     assert run.outcome == "escalated"
     assert steps(run)[-2:] == [("verify", "failed"), ("pin-ring", "failed")]
     assert [args[1] for _, args in helpers.of("service")] == ["stop", "start"]
@@ -197,16 +257,23 @@ async def test_a_failed_start_beside_a_peer_survivor_escalates_with_its_reboot_f
 async def test_a_survivor_the_sweep_could_have_ended_escalates_and_nothing_is_started(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    sleeping = {"pid": 78, "start_time": 1.0, "cmdline": ["python"], "role": "rank",
-                "state": "sleeping"}
+    sleeping = {
+        "pid": 78,
+        "start_time": 1.0,
+        "cmdline": ["python"],
+        "role": "rank",
+        "state": "sleeping",
+    }
     engine, helpers, run = await recover(
-        tmp_path, engines, Health(verdicts=[DOWN]),
-        {("ai002", "sweep"): swept(stuck(77), killable=(sleeping,))})
+        tmp_path,
+        engines,
+        Health(verdicts=[DOWN]),
+        {("ai002", "sweep"): swept(stuck(77), killable=(sleeping,))},
+    )
     assert run.outcome == "escalated" and steps(run)[-1] == ("sweep", "failed")
     assert [args[1] for _, args in helpers.of("service")] == ["stop"]  # never started
     assert "ai002: pid 78 (rank, state sleeping) survived the sweep" in run.detail
-    assert run.next_action is not None and run.next_action.startswith(
-        "read the step's output")
+    assert run.next_action is not None and run.next_action.startswith("read the step's output")
     assert f"; also {ADVICE_AI002}; then `mlx-medic resume {MODEL}`" in run.next_action
     assert engine.m_unkillable.labels(model=MODEL, node="ai002")._value.get() == 1
     assert engine.m_escalations.labels(model=MODEL, reason="step_failed")._value.get() == 1
@@ -215,8 +282,12 @@ async def test_a_survivor_the_sweep_could_have_ended_escalates_and_nothing_is_st
 async def test_a_node_unreachable_at_preflight_escalates_before_the_service_is_touched(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    engine, helpers, run = await recover(tmp_path, engines, Health(verdicts=[DOWN]),
-                                         {("ai003", "facts"): unreachable("ai003", "facts")})
+    engine, helpers, run = await recover(
+        tmp_path,
+        engines,
+        Health(verdicts=[DOWN]),
+        {("ai003", "facts"): unreachable("ai003", "facts")},
+    )
     assert run.outcome == "escalated" and steps(run) == [("preflight", "unreachable")]
     assert helpers.of("service") == [] and helpers.of("sweep") == []
     assert engine.m_unreachable.labels(model=MODEL, node="ai003")._value.get() == 1

@@ -111,11 +111,19 @@ class Seeded:
         served.wait_serving()
         assert served.supervisorctl("stop", f"tiny-{served.token}").returncode == 0
         assert not answers(self.port)  # the model is down
-        seed = start_launch(cluster, served.ring_hostfile,
-                            [cluster.python, str(self.script), "--model", str(self.tiny_model),
-                             "--port", str(self.port)],
-                            launch_args=["--starting-port",
-                                         str(random.randrange(42000, 52000, 20))])
+        seed = start_launch(
+            cluster,
+            served.ring_hostfile,
+            [
+                cluster.python,
+                str(self.script),
+                "--model",
+                str(self.tiny_model),
+                "--port",
+                str(self.port),
+            ],
+            launch_args=["--starting-port", str(random.randrange(42000, 52000, 20))],
+        )
         wait_ready(seed, 2)
         nodes = [cluster.node(name) for name in NODES]
         orphans = {n.name: rank_pids(n, str(self.script)) for n in nodes}
@@ -140,28 +148,39 @@ def seed_scenario(cluster: Cluster, tiny_model: Path) -> Seeded:
     script = cluster.workdir / f"seed-{served.token}" / "serve.py"
     script.parent.mkdir()
     script.write_text(RANK_SCRIPT)
-    edit_model(served, tmp_dirs=[str(share)], log_files=[str(served.log)],
-               process_patterns={"rank": [rf"serve\.py --model \S+ --port {served.port}"]},
-               policy={"restart_budget": 3, "backoff": 0})
+    edit_model(
+        served,
+        tmp_dirs=[str(share)],
+        log_files=[str(served.log)],
+        process_patterns={"rank": [rf"serve\.py --model \S+ --port {served.port}"]},
+        policy={"restart_budget": 3, "backoff": 0},
+    )
     return Seeded(cluster, tiny_model, served, script, share)
 
 
-async def start_engine(served: Served, tmp_path: Path, ssh_transports: list[SshTransport],
-                       engines: list[Engine], routing: dict[str, str] | None = None,
-                       ) -> tuple[Path, Engine]:
+async def start_engine(
+    served: Served,
+    tmp_path: Path,
+    ssh_transports: list[SshTransport],
+    engines: list[Engine],
+    routing: dict[str, str] | None = None,
+) -> tuple[Path, Engine]:
     """The remediator's engine in this process over real SSH: (its config file, it)."""
     inventory = load_inventory(served.inventory)
     transport = SshTransport(inventory)
     ssh_transports.append(transport)
     config_file = tmp_path / "remediator.yml"
-    settings: dict[str, Any] = {"inventory": str(served.inventory),
-                                "journal": str(tmp_path / "journal.sqlite")}
+    settings: dict[str, Any] = {
+        "inventory": str(served.inventory),
+        "journal": str(tmp_path / "journal.sqlite"),
+    }
     if routing is not None:
         settings["routing"] = {"playbooks": routing}
     config_file.write_text(yaml.safe_dump(settings))
     config = RemediatorConfig.model_validate(settings)
-    engine = Engine(config, inventory, Journal(config.journal), transport,
-                    registry=CollectorRegistry())
+    engine = Engine(
+        config, inventory, Journal(config.journal), transport, registry=CollectorRegistry()
+    )
     engines.append(engine)
     await engine.start()
     return config_file, engine
@@ -169,8 +188,11 @@ async def start_engine(served: Served, tmp_path: Path, ssh_transports: list[SshT
 
 @pytest.mark.least_privilege
 async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
-    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
-    ssh_transports: list[SshTransport], engines: list[Engine],
+    clean_cluster: Cluster,
+    tiny_model: Path,
+    tmp_path: Path,
+    ssh_transports: list[SshTransport],
+    engines: list[Engine],
 ) -> None:
     require_tool("supervisord")
     cluster = clean_cluster
@@ -182,21 +204,29 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
         with supervised(served):
             seed, orphans, stale = seeded.make_orphans_of_a_stopped_service()
 
-            config_file, engine = await start_engine(served, tmp_path, ssh_transports, engines,
-                                                      ROUTING)
+            config_file, engine = await start_engine(
+                served, tmp_path, ssh_transports, engines, ROUTING
+            )
             dry = engine.journal.get_run(await engine.run_manual("tiny", dry_run=True))
             assert dry is not None and dry.outcome == "planned"
             assert all(processes.is_alive(p) for pids in orphans.values() for p in pids)
             assert all(path.exists() for path in stale.values())  # the dry run touched nothing
 
-            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
-                Disposition.STARTED
+            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == Disposition.STARTED
             await engine.wait_idle(600)
             run = engine.journal.list_runs()[0]
-            assert run.outcome == "succeeded", (run.detail, [(s.name, s.outcome, s.detail)
-                                                             for s in run.steps])
-            assert [s.name for s in run.steps] == ["preflight", "stop-service", "sweep",
-                                                   "clean-tmp", "start-service", "verify"]
+            assert run.outcome == "succeeded", (
+                run.detail,
+                [(s.name, s.outcome, s.detail) for s in run.steps],
+            )
+            assert [s.name for s in run.steps] == [
+                "preflight",
+                "stop-service",
+                "sweep",
+                "clean-tmp",
+                "start-service",
+                "verify",
+            ]
             assert run.steps[2].targets == ["tiny on ai001", "tiny on ai002"]
             for node in nodes:
                 for pid in orphans[node.name]:
@@ -210,13 +240,13 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
             # While it serves: orphans of an older run again, removed with no restart.
             serving = served.record()
             assert serving is not None
-            again = start_launch(cluster, served.ring_hostfile,
-                                 [cluster.python, str(script), "--model", str(tiny_model),
-                                  "--port", str(port)],
-                                 env=cluster.env(MLX_MEDIC_RUN_ID=f"old-{token}",
-                                                 MLX_MEDIC_MODEL="tiny"),
-                                 launch_args=["--starting-port",
-                                              str(random.randrange(42000, 52000, 20))])
+            again = start_launch(
+                cluster,
+                served.ring_hostfile,
+                [cluster.python, str(script), "--model", str(tiny_model), "--port", str(port)],
+                env=cluster.env(MLX_MEDIC_RUN_ID=f"old-{token}", MLX_MEDIC_MODEL="tiny"),
+                launch_args=["--starting-port", str(random.randrange(42000, 52000, 20))],
+            )
             wait_ready(again, 2)
             orphans = {n.name: rank_pids(n, str(script)) for n in nodes}
             again.kill()
@@ -232,18 +262,27 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
             prober.start()
             try:
                 for name in NODES:
-                    assert await engine.submit(alert(
-                        uuid.uuid4().hex[:16], "tiny", alertname="MLXOrphanProcesses",
-                        labels={"node": name})) in (Disposition.STARTED, Disposition.ABSORBED)
+                    assert await engine.submit(
+                        alert(
+                            uuid.uuid4().hex[:16],
+                            "tiny",
+                            alertname="MLXOrphanProcesses",
+                            labels={"node": name},
+                        )
+                    ) in (Disposition.STARTED, Disposition.ABSORBED)
                 await engine.wait_idle(300)
             finally:
                 probing.set()
                 prober.join(30)
             sweep = engine.journal.list_runs()[0]
             assert (sweep.playbook, sweep.outcome) == ("sweep-orphans", "succeeded"), (
-                sweep.detail, [(s.name, s.outcome, s.output) for s in sweep.steps])
+                sweep.detail,
+                [(s.name, s.outcome, s.output) for s in sweep.steps],
+            )
             assert [(s.name, s.node) for s in sweep.steps] == [
-                ("sweep-orphans", "ai001, ai002"), ("verify", "ai001")]
+                ("sweep-orphans", "ai001, ai002"),
+                ("verify", "ai001"),
+            ]
             for node in nodes:
                 for pid in orphans[node.name]:
                     wait_until(lambda: not processes.is_alive(pid), "an orphan to go")  # noqa: B023
@@ -259,8 +298,11 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
 
 @pytest.mark.least_privilege
 async def test_a_frozen_survivor_on_the_peer_is_named_and_the_service_is_started_anyway(
-    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
-    ssh_transports: list[SshTransport], engines: list[Engine],
+    clean_cluster: Cluster,
+    tiny_model: Path,
+    tmp_path: Path,
+    ssh_transports: list[SshTransport],
+    engines: list[Engine],
 ) -> None:
     """The model down (its service stopped) beside a process of it frozen on the peer (the
     model's MLX_RANK, MLX_MEDIC_MODEL and an older MLX_MEDIC_RUN_ID; frozen, it is in
@@ -273,8 +315,9 @@ async def test_a_frozen_survivor_on_the_peer_is_named_and_the_service_is_started
     seeded = seed_scenario(cluster, tiny_model)
     served, token = seeded.served, seeded.served.token
     peer = cluster.node("ai002")
-    env = cluster.env(MLX_RANK="1", MLX_MEDIC_MODEL="tiny",
-                      MLX_MEDIC_RUN_ID="20261130T000000Z-0ldrun00")  # fmt: skip
+    env = cluster.env(
+        MLX_RANK="1", MLX_MEDIC_MODEL="tiny", MLX_MEDIC_RUN_ID="20261130T000000Z-0ldrun00"
+    )
     where = f"--config.file {served.inventory} --node ai001"
     holder = None
     try:
@@ -283,39 +326,54 @@ async def test_a_frozen_survivor_on_the_peer_is_named_and_the_service_is_started
             assert served.supervisorctl("stop", f"tiny-{token}").returncode == 0
             assert not answers(seeded.port)  # the model is down
             # Made now: the wrapper's own start sweep would have ended it at its start.
-            holder = peer.spawn([*run_as(cluster.node_user), cluster.python, "-c",
-                                 "import time; time.sleep(3600)"], env=env)  # fmt: skip
+            holder = peer.spawn(
+                [*run_as(cluster.node_user), cluster.python, "-c", "import time; time.sleep(3600)"],
+                env=env,
+            )
             survivor = peer.spawned_pid(holder)
             inside = peer.ns_pid_of(survivor)
             with frozen([survivor], f"survivor-{token}"):
                 _, engine = await start_engine(served, tmp_path, ssh_transports, engines)
-                assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
-                    Disposition.STARTED
+                assert (
+                    await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == Disposition.STARTED
+                )
                 await engine.wait_idle(600)
                 run = engine.journal.list_runs()[0]
                 steps = [(s.name, s.outcome) for s in run.steps]
                 assert run.outcome == "succeeded", (
-                    run.detail, [(s.name, s.outcome, s.detail) for s in run.steps],
-                    served.output()[-3000:])
-                assert steps == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
-                                 ("clean-tmp", "ok"), ("start-service", "ok"), ("verify", "ok")]
+                    run.detail,
+                    [(s.name, s.outcome, s.detail) for s in run.steps],
+                    served.output()[-3000:],
+                )
+                assert steps == [
+                    ("preflight", "ok"),
+                    ("stop-service", "ok"),
+                    ("sweep", "ok"),
+                    ("clean-tmp", "ok"),
+                    ("start-service", "ok"),
+                    ("verify", "ok"),
+                ]
                 assert processes.is_alive(survivor)  # SIGKILL could not end it
-                assert f"survivors left: ai002: pid {inside} (rank, state uninterruptible" \
+                assert (
+                    f"survivors left: ai002: pid {inside} (rank, state uninterruptible"
                     in run.detail
+                )
                 assert "reboot ai002 " in run.detail and run.next_action is None
                 assert f"ai002: pid {inside} (rank, state uninterruptible" in run.steps[2].detail
                 assert "the start goes on around them" in run.steps[2].detail
                 (event,) = engine.journal.list_events(kind="unkillable")
                 assert event.detail.startswith(
-                    f"1 process(es) on ai002 survive SIGKILL (pids {inside}); reboot ai002 ")
+                    f"1 process(es) on ai002 survive SIGKILL (pids {inside}); reboot ai002 "
+                )
                 assert engine.m_unkillable.labels(model="tiny", node="ai002")._value.get() == 1
                 assert engine.journal.list_events(kind="escalation") == []
                 assert engine.journal.blocking_control("tiny") is None
                 assert answers(seeded.port)
                 # Never left stopped: the service runs, and the head keeps no stop record.
                 assert "RUNNING" in served.supervisorctl("status", f"tiny-{token}").stdout
-                status = json.loads(served.head.run(
-                    f"{MEDIC} node service tiny status --json {where}").stdout)
+                status = json.loads(
+                    served.head.run(f"{MEDIC} node service tiny status --json {where}").stdout
+                )
                 assert status["stopped_by"] is None
             # Thawed, the SIGKILL the sweep sent ends it (a reboot would have).
             wait_until(lambda: not processes.is_alive(survivor), "the survivor to go")
@@ -336,8 +394,11 @@ exec {launch} --hostfile {hostfile} --backend ring --starting-port {ring_port} -
 
 
 async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
-    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
-    ssh_transports: list[SshTransport], engines: list[Engine],
+    clean_cluster: Cluster,
+    tiny_model: Path,
+    tmp_path: Path,
+    ssh_transports: list[SshTransport],
+    engines: list[Engine],
 ) -> None:
     """The seed's own failure: supervisord's stop SIGTERMs mlx.launch, which has no handler
     and dies leaving its ranks; the head's rank is killed too (the model is down), the
@@ -351,9 +412,16 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
     served = prepare(cluster, tiny_model)
     token, port = served.token, served.port
     script = cluster.workdir / f"start-{token}.sh"
-    script.write_text(START_SCRIPT.format(
-        launch=mlx_launch_path(), hostfile=served.ring_hostfile, python=cluster.python,
-        model=tiny_model, port=port, ring_port=random.randrange(42000, 52000, 20)))
+    script.write_text(
+        START_SCRIPT.format(
+            launch=mlx_launch_path(),
+            hostfile=served.ring_hostfile,
+            python=cluster.python,
+            model=tiny_model,
+            port=port,
+            ring_port=random.randrange(42000, 52000, 20),
+        )
+    )
     rank_script = cluster.workdir / f"seed-{token}" / "serve.py"
     rank_script.parent.mkdir()
     rank_script.write_text(RANK_SCRIPT)
@@ -366,10 +434,14 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
     served.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
     assert served.conf is not None
     env = cluster.env(HF_HUB_OFFLINE="1")
-    served.conf.write_text(SUPERVISORD_CONF.replace(
-        "command={medic} serve tiny --config.file {inventory}", f"command=/bin/sh {script}",
-    ).format(token=token, path=env["PATH"], workdir=cluster.workdir, stopwaitsecs=20,
-             log=served.log))
+    served.conf.write_text(
+        SUPERVISORD_CONF.replace(
+            "command={medic} serve tiny --config.file {inventory}",
+            f"command=/bin/sh {script}",
+        ).format(
+            token=token, path=env["PATH"], workdir=cluster.workdir, stopwaitsecs=20, log=served.log
+        )
+    )
     daemon = served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env)
     seed = None
     try:
@@ -385,11 +457,12 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
                 os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not answers(port), "the model to be down")
         # The seed's orphans: an earlier launch of the rank script, SIGKILLed.
-        seed = start_launch(cluster, served.ring_hostfile,
-                            [cluster.python, str(rank_script), "--model", str(tiny_model),
-                             "--port", str(port)],
-                            launch_args=["--starting-port",
-                                         str(random.randrange(42000, 52000, 20))])
+        seed = start_launch(
+            cluster,
+            served.ring_hostfile,
+            [cluster.python, str(rank_script), "--model", str(tiny_model), "--port", str(port)],
+            launch_args=["--starting-port", str(random.randrange(42000, 52000, 20))],
+        )
         wait_ready(seed, 2)
         (peer_rank,) = rank_pids(peer, str(rank_script))
         seed.kill()
@@ -398,8 +471,7 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
         config_file, engine = await start_engine(served, tmp_path, ssh_transports, engines)
 
         async def one_run() -> RunView:
-            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
-                Disposition.STARTED
+            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == Disposition.STARTED
             await engine.wait_idle(600)
             return engine.journal.list_runs()[0]
 
@@ -422,13 +494,22 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
         inside = peer.ns_pid_of(peer_rank)
         with frozen([peer_rank], f"rank-{token}"):
             run = await one_run()
-            assert run.outcome == "succeeded", (run.detail, [(s.name, s.outcome, s.detail)
-                                                             for s in run.steps],
-                                                served.output()[-3000:])
-            assert [s.name for s in run.steps] == ["preflight", "stop-service", "sweep",
-                                                   "start-service", "verify"]
-            assert f"survivors left: ai002: pid {inside} (rank, state uninterruptible" \
-                in run.detail and "reboot ai002 " in run.detail
+            assert run.outcome == "succeeded", (
+                run.detail,
+                [(s.name, s.outcome, s.detail) for s in run.steps],
+                served.output()[-3000:],
+            )
+            assert [s.name for s in run.steps] == [
+                "preflight",
+                "stop-service",
+                "sweep",
+                "start-service",
+                "verify",
+            ]
+            assert (
+                f"survivors left: ai002: pid {inside} (rank, state uninterruptible" in run.detail
+                and "reboot ai002 " in run.detail
+            )
             assert engine.m_unkillable.labels(model="tiny", node="ai002")._value.get() == 1
             assert processes.is_alive(peer_rank) and not program_stopped()
             assert answers(port)
@@ -450,7 +531,9 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
         took = time.monotonic() - started
         outcomes = [(step.name, step.outcome) for step in run.steps]
         assert run.outcome == "escalated" and outcomes[-2:] == [
-            ("verify", "failed"), ("escalate", "ok")], outcomes
+            ("verify", "failed"),
+            ("escalate", "ok"),
+        ], outcomes
         assert f"on ai001: {pd_line}" in run.steps[-2].detail
         assert "change its script (to ring with --pipeline" in run.detail
         assert took < 60, took  # the start_timeout is 120 s
@@ -465,8 +548,11 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
 
 @pytest.mark.least_privilege
 async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pipeline(
-    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
-    ssh_transports: list[SshTransport], engines: list[Engine],
+    clean_cluster: Cluster,
+    tiny_model: Path,
+    tmp_path: Path,
+    ssh_transports: list[SshTransport],
+    engines: list[Engine],
 ) -> None:
     """The model pinned to JACCL on its head: the serve wrapper under supervisord tries
     only JACCL, which fails on Linux for real, and writes the error to the service log.
@@ -477,26 +563,39 @@ async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pip
     require_tool("supervisord")
     cluster = clean_cluster
     served = prepare(cluster, tiny_model)
-    edit_model(served, log_files=[str(served.log)],
-               policy={"restart_budget": 3, "backoff": 0, "start_timeout": "120s"})
+    edit_model(
+        served,
+        log_files=[str(served.log)],
+        policy={"restart_budget": 3, "backoff": 0, "start_timeout": "120s"},
+    )
     where = f"--config.file {served.inventory} --node ai001"
-    served.head.run(f"{MEDIC} node backend tiny set jaccl --by test-{served.token}"
-                    f" --reason jaccl-only {where}")
+    served.head.run(
+        f"{MEDIC} node backend tiny set jaccl --by test-{served.token} --reason jaccl-only {where}"
+    )
     try:
         with supervised(served):
-            wait_until(lambda: jaccl_failure_logged(served.output()),
-                       "the wrapper's JACCL failure in the service log", timeout=300)
+            wait_until(
+                lambda: jaccl_failure_logged(served.output()),
+                "the wrapper's JACCL failure in the service log",
+                timeout=300,
+            )
             assert not answers(served.port)
             _, engine = await start_engine(served, tmp_path, ssh_transports, engines)
-            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == \
-                Disposition.STARTED
+            assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == Disposition.STARTED
             await engine.wait_idle(900)
             run = engine.journal.list_runs()[0]
             steps = [(s.name, s.outcome) for s in run.steps]
             assert run.outcome == "succeeded", (run.detail, steps, served.output()[-3000:])
-            assert steps == [("preflight", "ok"), ("stop-service", "ok"), ("sweep", "ok"),
-                             ("start-service", "ok"), ("verify", "failed"), ("pin-ring", "ok"),
-                             ("restart-service", "ok"), ("verify-ring", "ok")]
+            assert steps == [
+                ("preflight", "ok"),
+                ("stop-service", "ok"),
+                ("sweep", "ok"),
+                ("start-service", "ok"),
+                ("verify", "failed"),
+                ("pin-ring", "ok"),
+                ("restart-service", "ok"),
+                ("verify-ring", "ok"),
+            ]
             # the wrapper's failed start on JACCL alone ended the verify, not its 120 s
             assert "failed on JACCL alone" in run.steps[4].detail, run.steps[4].detail
             assert (run.steps[4].duration or 999) < 100
@@ -505,7 +604,8 @@ async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pip
             assert pin.detail.startswith("pinned tiny to ring on ai001: JACCL failed on ai00")
 
             shown = json.loads(
-                served.head.run(f"{MEDIC} node backend tiny show --json {where}").stdout)
+                served.head.run(f"{MEDIC} node backend tiny show --json {where}").stdout
+            )
             assert (shown["choice"], shown["pinned"]) == ("ring", True)
             assert shown["by"] == f"remediator run {run.id}"
             record = served.wait_serving()
@@ -522,7 +622,10 @@ async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pip
 
 
 async def test_a_real_alertmanager_delivery_starts_one_recover_run_that_ends_the_seeds_orphans(
-    clean_cluster: Cluster, tiny_model: Path, stack: Stack, tmp_path: Path,
+    clean_cluster: Cluster,
+    tiny_model: Path,
+    stack: Stack,
+    tmp_path: Path,
     managers: list[Alertmanager],
 ) -> None:
     """The seed's orphans on both nodes and stale tmp entries, the service stopped:
@@ -539,37 +642,59 @@ async def test_a_real_alertmanager_delivery_starts_one_recover_run_that_ends_the
             stack.inventory = served.inventory
             service = stack.start()
             manager = start_alertmanager(
-                tmp_path / "am", alertmanager_config(service.url + "/alerts", stack.token_file))
+                tmp_path / "am", alertmanager_config(service.url + "/alerts", stack.token_file)
+            )
             managers.append(manager)
-            manager.amtool("alert", "add", "alertname=LLMModelDown", "model=tiny",
-                           "severity=critical",
-                           f"--start={am_time(datetime.now(UTC) - timedelta(seconds=5))}")
+            manager.amtool(
+                "alert",
+                "add",
+                "alertname=LLMModelDown",
+                "model=tiny",
+                "severity=critical",
+                f"--start={am_time(datetime.now(UTC) - timedelta(seconds=5))}",
+            )
             run = wait_for(
-                lambda: [r for r in runs_of(stack, "tiny")
-                         if r["outcome"] not in ("queued", "running")],
-                timeout=600, interval=2, what="the recover run to end")[0]
+                lambda: [
+                    r for r in runs_of(stack, "tiny") if r["outcome"] not in ("queued", "running")
+                ],
+                timeout=600,
+                interval=2,
+                what="the recover run to end",
+            )[0]
             steps = run["steps"]
             assert (run["playbook"], run["outcome"]) == ("recover", "succeeded"), (
-                run["detail"], steps)
+                run["detail"],
+                steps,
+            )
             assert run["trigger"].startswith("alert ")
             assert not run["dry_run"] and run["alertname"] == "LLMModelDown"
-            assert [s["name"] for s in steps] == ["preflight", "stop-service", "sweep",
-                                                  "clean-tmp", "start-service", "verify"]
+            assert [s["name"] for s in steps] == [
+                "preflight",
+                "stop-service",
+                "sweep",
+                "clean-tmp",
+                "start-service",
+                "verify",
+            ]
             assert all(s["outcome"] == "ok" and s["targets"] for s in steps), steps
             assert steps[2]["targets"] == ["tiny on ai001", "tiny on ai002"]
             assert steps[3]["targets"] == [f"{seeded.share}/tmp*"]
             for name, pids in orphans.items():
                 for pid in pids:
-                    wait_until(lambda: not processes.is_alive(pid),  # noqa: B023
-                               f"the orphan {pid} on {name} to go")
+                    wait_until(
+                        lambda: not processes.is_alive(pid),  # noqa: B023
+                        f"the orphan {pid} on {name} to go",
+                    )
                 assert not stale[name].exists()
             assert answers(seeded.port)
 
             config = ["--config.file", str(service.config_file)]
-            (logged,) = json.loads(mlx_medic("log", "--model", "tiny", "--json",
-                                             *config).stdout)["runs"]
-            assert [(s["name"], s["targets"]) for s in logged["steps"]] == \
-                [(s["name"], s["targets"]) for s in steps]
+            (logged,) = json.loads(mlx_medic("log", "--model", "tiny", "--json", *config).stdout)[
+                "runs"
+            ]
+            assert [(s["name"], s["targets"]) for s in logged["steps"]] == [
+                (s["name"], s["targets"]) for s in steps
+            ]
             table = mlx_medic("log", "--model", "tiny", *config).stdout
             status, page = http("GET", service.url + "/", headers=basic())
             assert status == 200

@@ -43,18 +43,28 @@ REPO = Path(__file__).resolve().parents[2]
 def _two_node_inventory(
     host: str, head_ssh: str = "192.168.101.1", state_dir: Path | None = None
 ) -> Inventory:
-    return parse_inventory(yaml.safe_dump({
-        **({"state_dir": str(state_dir)} if state_dir is not None else {}),
-        "nodes": {"ai001": {"ssh": head_ssh}, "ai002": {"ssh": "192.168.101.2"}},
-        "models": {"m1": {
-            "model": "tiny", "nodes": ["ai001", "ai002"], "port": 8080, "host": host,
-            "service": {"manager": "launchd", "label": "m1"},
-            "backends": {"ring": {"hostfile": "/etc/mlx-medic/m1.ring.json"}},
-        }},
-    }))
+    return parse_inventory(
+        yaml.safe_dump(
+            {
+                **({"state_dir": str(state_dir)} if state_dir is not None else {}),
+                "nodes": {"ai001": {"ssh": head_ssh}, "ai002": {"ssh": "192.168.101.2"}},
+                "models": {
+                    "m1": {
+                        "model": "tiny",
+                        "nodes": ["ai001", "ai002"],
+                        "port": 8080,
+                        "host": host,
+                        "service": {"manager": "launchd", "label": "m1"},
+                        "backends": {"ring": {"hostfile": "/etc/mlx-medic/m1.ring.json"}},
+                    }
+                },
+            }
+        )
+    )
 
 
 # --- which node is the remediator on? ------------------------------------------------
+
 
 def test_the_remediator_is_on_the_node_its_config_names(tmp_path: Path) -> None:
     inventory = _two_node_inventory("127.0.0.1", state_dir=tmp_path)
@@ -73,8 +83,11 @@ def test_a_node_name_the_inventory_does_not_list_is_a_config_error_saying_where(
     tmp_path: Path,
 ) -> None:
     inventory = _two_node_inventory("127.0.0.1", state_dir=tmp_path)
-    with pytest.raises(ConfigError, match=r"node: 'ai009' is not a node of the inventory"
-                       r" \(nodes: ai001, ai002\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"node: 'ai009' is not a node of the inventory"
+        r" \(nodes: ai001, ai002\)",
+    ):
         remediator_node("ai009", inventory)
     write_node_id(tmp_path, "gpu7")
     with pytest.raises(ConfigError, match=f"{tmp_path}/node-id: 'gpu7' is not a node"):
@@ -84,39 +97,63 @@ def test_a_node_name_the_inventory_does_not_list_is_a_config_error_saying_where(
 def test_the_engine_takes_its_node_from_the_config(tmp_path: Path) -> None:
     inventory = _two_node_inventory("127.0.0.1", state_dir=tmp_path / "state")
     config = RemediatorConfig.model_validate(
-        {"journal": str(tmp_path / "journal.sqlite"), "node": "ai001"})
-    engine = Engine(config, inventory, Journal(config.journal), ScriptedTransport(
-        AssertionError("unused")), registry=CollectorRegistry())  # type: ignore[arg-type]
+        {"journal": str(tmp_path / "journal.sqlite"), "node": "ai001"}
+    )
+    engine = Engine(
+        config,
+        inventory,
+        Journal(config.journal),
+        ScriptedTransport(AssertionError("unused")),
+        registry=CollectorRegistry(),
+    )  # type: ignore[arg-type]
     assert engine.this_node == "ai001"
     with pytest.raises(ConfigError, match="'nope' is not a node"):
-        Engine(config.model_copy(update={"node": "nope"}), inventory, Journal(config.journal),
-               ScriptedTransport(AssertionError("unused")),  # type: ignore[arg-type]
-               registry=CollectorRegistry())
+        Engine(
+            config.model_copy(update={"node": "nope"}),
+            inventory,
+            Journal(config.journal),
+            ScriptedTransport(AssertionError("unused")),  # type: ignore[arg-type]
+            registry=CollectorRegistry(),
+        )
 
 
-@pytest.mark.parametrize(("host", "head_ssh", "probe_from", "this_node", "on_head"), [
-    ("127.0.0.1", "192.168.101.1", "auto", None, True),   # loopback on another machine
-    ("::1", "192.168.101.1", "auto", None, True),
-    ("localhost", "192.168.101.1", "auto", None, True),
-    # a loopback SSH address alone never means "this machine" (testbed nodes are 127.0.0.N)
-    ("127.0.0.1", "127.0.0.1", "auto", None, True),
-    ("127.0.0.1", "127.0.0.2", "auto", "ai002", True),    # we are a node, not its head
-    ("127.0.0.1", "127.0.0.2", "auto", "ai001", False),   # we are its head: probe here
-    ("127.0.0.1", "192.168.101.1", "auto", "ai001", False),
-    ("0.0.0.0", "192.168.101.1", "auto", None, False),    # wildcard: the head's address, from here
-    ("192.168.101.1", "192.168.101.1", "auto", None, False),
-    ("127.0.0.1", "192.168.101.1", "remediator", None, False),
-    ("192.168.101.1", "192.168.101.1", "head", None, True),
-    ("127.0.0.1", "127.0.0.1", "head", "ai001", True),
-])
+@pytest.mark.parametrize(
+    ("host", "head_ssh", "probe_from", "this_node", "on_head"),
+    [
+        ("127.0.0.1", "192.168.101.1", "auto", None, True),  # loopback on another machine
+        ("::1", "192.168.101.1", "auto", None, True),
+        ("localhost", "192.168.101.1", "auto", None, True),
+        # a loopback SSH address alone never means "this machine" (testbed nodes are 127.0.0.N)
+        ("127.0.0.1", "127.0.0.1", "auto", None, True),
+        ("127.0.0.1", "127.0.0.2", "auto", "ai002", True),  # we are a node, not its head
+        ("127.0.0.1", "127.0.0.2", "auto", "ai001", False),  # we are its head: probe here
+        ("127.0.0.1", "192.168.101.1", "auto", "ai001", False),
+        (
+            "0.0.0.0",
+            "192.168.101.1",
+            "auto",
+            None,
+            False,
+        ),  # wildcard: the head's address, from here
+        ("192.168.101.1", "192.168.101.1", "auto", None, False),
+        ("127.0.0.1", "192.168.101.1", "remediator", None, False),
+        ("192.168.101.1", "192.168.101.1", "head", None, True),
+        ("127.0.0.1", "127.0.0.1", "head", "ai001", True),
+    ],
+)
 def test_where_the_recheck_probes_follows_the_listen_address_probe_from_and_our_node(
-    host: str, head_ssh: str, probe_from: Any, this_node: str | None, on_head: bool,
+    host: str,
+    head_ssh: str,
+    probe_from: Any,
+    this_node: str | None,
+    on_head: bool,
 ) -> None:
     model = _two_node_inventory(host, head_ssh).model("m1")
     assert probes_on_head(model, probe_from, this_node) is on_head
 
 
 # --- the SSH path with a scripted transport ------------------------------------------
+
 
 class ScriptedTransport:
     """Answers `run` with a fixed result (or raises); records every argv."""
@@ -136,56 +173,92 @@ async def _check(
     inventory: Inventory, transport: ScriptedTransport, this_node: str | None = None
 ) -> HealthVerdict:
     return await probe_model_health(
-        inventory.model("m1"), inventory, transport=transport,  # type: ignore[arg-type]
-        probe_from="auto", this_node=this_node,
+        inventory.model("m1"),
+        inventory,
+        transport=transport,  # type: ignore[arg-type]
+        probe_from="auto",
+        this_node=this_node,
     )
 
 
 def _answer(up: bool, reason: str, conclusive: bool = True) -> str:
-    return json.dumps({"up": up, "conclusive": conclusive, "reason": reason,
-                       "latency_seconds": 0.1}) + "\n"
+    return (
+        json.dumps({"up": up, "conclusive": conclusive, "reason": reason, "latency_seconds": 0.1})
+        + "\n"
+    )
 
 
 async def test_the_head_probe_is_an_argv_command_with_the_nodes_medic_command() -> None:
     inventory = _two_node_inventory("0.0.0.0")
     transport = ScriptedTransport(CommandResult(0, _answer(True, "completed"), ""))
     verdict = await probe_model_health(
-        inventory.model("m1"), inventory, transport=transport,  # type: ignore[arg-type]
+        inventory.model("m1"),
+        inventory,
+        transport=transport,  # type: ignore[arg-type]
         probe_from="head",
     )
     assert verdict == HealthVerdict.up("on ai001: completed")
-    assert transport.commands == [("ai001", [
-        "mlx-medic", "probe", "--host", "127.0.0.1", "--port", "8080", "--timeout", "10",
-        "--lock-dir", "/var/lib/mlx-medic/locks",
-    ])]
+    assert transport.commands == [
+        (
+            "ai001",
+            [
+                "mlx-medic",
+                "probe",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "8080",
+                "--timeout",
+                "10",
+                "--lock-dir",
+                "/var/lib/mlx-medic/locks",
+            ],
+        )
+    ]
 
 
-@pytest.mark.parametrize(("result", "expected"), [
-    (CommandResult(0, _answer(True, "completed a 1-token request"), ""),
-     HealthVerdict.up("on ai001: completed a 1-token request")),
-    (CommandResult(1, _answer(False, "connection refused"), ""),
-     HealthVerdict.down("on ai001: connection refused")),
-    (CommandResult(3, _answer(False, "not probed: busy", conclusive=False), ""),
-     HealthVerdict.unknown("on ai001: not probed: busy")),
-])
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        (
+            CommandResult(0, _answer(True, "completed a 1-token request"), ""),
+            HealthVerdict.up("on ai001: completed a 1-token request"),
+        ),
+        (
+            CommandResult(1, _answer(False, "connection refused"), ""),
+            HealthVerdict.down("on ai001: connection refused"),
+        ),
+        (
+            CommandResult(3, _answer(False, "not probed: busy", conclusive=False), ""),
+            HealthVerdict.unknown("on ai001: not probed: busy"),
+        ),
+    ],
+)
 async def test_exit_status_0_is_up_1_is_down_and_3_is_inconclusive(
-    result: CommandResult, expected: HealthVerdict,
+    result: CommandResult,
+    expected: HealthVerdict,
 ) -> None:
     assert await _check(_two_node_inventory("127.0.0.1"), ScriptedTransport(result)) == expected
 
 
-@pytest.mark.parametrize(("result", "in_reason"), [
-    (TransportError("cannot reach ai001 (ai@192.168.101.1:22): refused"),
-     "could not probe on ai001: cannot reach ai001"),
-    (CommandResult(None, "", "", timed_out=True), "gave no answer within"),
-    (CommandResult(127, "", "sh: 1: mlx-medic: not found\n"), "exited 127 without a verdict"),
-    (CommandResult(0, "Traceback (most recent call last):\n", ""), "without a verdict"),
-    (CommandResult(0, "{\"up\": \"yes\"}\n", ""), "without a verdict"),
-    (CommandResult(0, _answer(False, "connection refused"), ""), "without a verdict"),
-    (CommandResult(2, "", "mlx-medic probe: error: argument --port"), "exited 2"),
-])
+@pytest.mark.parametrize(
+    ("result", "in_reason"),
+    [
+        (
+            TransportError("cannot reach ai001 (ai@192.168.101.1:22): refused"),
+            "could not probe on ai001: cannot reach ai001",
+        ),
+        (CommandResult(None, "", "", timed_out=True), "gave no answer within"),
+        (CommandResult(127, "", "sh: 1: mlx-medic: not found\n"), "exited 127 without a verdict"),
+        (CommandResult(0, "Traceback (most recent call last):\n", ""), "without a verdict"),
+        (CommandResult(0, '{"up": "yes"}\n', ""), "without a verdict"),
+        (CommandResult(0, _answer(False, "connection refused"), ""), "without a verdict"),
+        (CommandResult(2, "", "mlx-medic probe: error: argument --port"), "exited 2"),
+    ],
+)
 async def test_a_probe_that_could_not_run_or_said_nothing_clear_is_inconclusive(
-    result: CommandResult | Exception, in_reason: str,
+    result: CommandResult | Exception,
+    in_reason: str,
 ) -> None:
     verdict = await _check(_two_node_inventory("127.0.0.1"), ScriptedTransport(result))
     assert verdict.state is ModelState.UNKNOWN
@@ -212,12 +285,15 @@ async def test_a_head_at_a_loopback_ssh_address_is_still_probed_over_ssh() -> No
     assert verdict == HealthVerdict.down("on ai001: connection refused")
 
 
-@pytest.mark.parametrize(("command", "problem"), [
-    ("-oProxyCommand=x", "starts with '-'"),
-    ("/opt/mlx medic/bin/mlx-medic", "no spaces"),
-    ("~/.venv/bin/mlx-medic", "'~' is never expanded"),
-    ("mlx-medic;reboot", "is not a command name or path"),
-])
+@pytest.mark.parametrize(
+    ("command", "problem"),
+    [
+        ("-oProxyCommand=x", "starts with '-'"),
+        ("/opt/mlx medic/bin/mlx-medic", "no spaces"),
+        ("~/.venv/bin/mlx-medic", "'~' is never expanded"),
+        ("mlx-medic;reboot", "is not a command name or path"),
+    ],
+)
 def test_a_nodes_medic_command_must_be_one_plain_word(command: str, problem: str) -> None:
     text = yaml.safe_dump({"nodes": {"ai001": {"ssh": "10.0.0.1", "medic_command": command}}})
     with pytest.raises(InventoryError) as caught:
@@ -247,8 +323,11 @@ def _medic_command_for(token: str, workdir: Path) -> Path:
     """An absolute-path mlx-medic for the nodes that also leaves a mark in the node's
     private /tmp: proof the probe ran on the head, not on this machine."""
     installed = Path(sys.executable).parent / "mlx-medic"
-    run = (f'exec "{installed}" "$@"' if installed.exists()
-           else f'exec "{sys.executable}" -m mlx_medic.cli "$@"')
+    run = (
+        f'exec "{installed}" "$@"'
+        if installed.exists()
+        else f'exec "{sys.executable}" -m mlx_medic.cli "$@"'
+    )
     script = workdir / f"mlx-medic-{token}"
     script.write_text(
         "#!/bin/sh\n"
@@ -264,28 +343,42 @@ def _medic_command_for(token: str, workdir: Path) -> Path:
 def remote(clean_cluster: Any, testbed_workdir: Path) -> dict[str, Any]:
     token = uuid.uuid4().hex[:10]
     command = _medic_command_for(token, testbed_workdir)
-    model = {"name": f"m-{token}", "model": "tiny", "nodes": ["ai001", "ai002"],
-             "port": free_port(), "host": "127.0.0.1",
-             "service": {"manager": "supervisord", "label": f"mlx-{token}"},
-             "backends": {"ring": {"hostfile": f"/etc/mlx-medic/{token}.ring.json"}}}
+    model = {
+        "name": f"m-{token}",
+        "model": "tiny",
+        "nodes": ["ai001", "ai002"],
+        "port": free_port(),
+        "host": "127.0.0.1",
+        "service": {"manager": "supervisord", "label": f"mlx-{token}"},
+        "backends": {"ring": {"hostfile": f"/etc/mlx-medic/{token}.ring.json"}},
+    }
     data = yaml.safe_load(clean_cluster.inventory_yaml([model]))
     data["nodes"]["ai001"]["medic_command"] = str(command)
     config = testbed_workdir / f"inventory-{token}.yaml"  # what the head's helpers read
     for node in data["nodes"].values():
         node["medic_config"] = str(config)
     config.write_text(yaml.safe_dump(data, sort_keys=False))
-    return {"token": token, "command": command, "model": model["name"], "data": data,
-            "marker": clean_cluster.node("ai001").tmp / f"medic-probe-{token}.log",
-            "cluster": clean_cluster}
+    return {
+        "token": token,
+        "command": command,
+        "model": model["name"],
+        "data": data,
+        "marker": clean_cluster.node("ai001").tmp / f"medic-probe-{token}.log",
+        "cluster": clean_cluster,
+    }
 
 
 @pytest.fixture
 def server_in_head(remote: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """A completion server started INSIDE ai001 on its 127.0.0.1; killed by pid."""
     node = remote["cluster"].node("ai001")
-    popen = node.spawn([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
-                       stdout=subprocess.PIPE, cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    popen = node.spawn(
+        [sys.executable, "-c", SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     pids: list[int] = []
     try:
         pids.append(node.spawned_pid(popen))
@@ -313,13 +406,18 @@ async def _recheck(inventory: Inventory, made: list[SshTransport], model: str) -
     transport = SshTransport(inventory)
     made.append(transport)
     return await probe_model_health(
-        inventory.model(model), inventory, transport=transport, probe_from="head",
+        inventory.model(model),
+        inventory,
+        transport=transport,
+        probe_from="head",
     )
 
 
 @pytest.mark.testbed
 async def test_a_model_serving_on_the_heads_loopback_is_up_when_probed_on_the_head(
-    remote: dict[str, Any], server_in_head: dict[str, Any], ssh_transports: list[SshTransport],
+    remote: dict[str, Any],
+    server_in_head: dict[str, Any],
+    ssh_transports: list[SshTransport],
 ) -> None:
     inventory = _inventory(remote, port=server_in_head["port"])
     verdict = await _recheck(inventory, ssh_transports, remote["model"])
@@ -332,7 +430,9 @@ async def test_a_model_serving_on_the_heads_loopback_is_up_when_probed_on_the_he
 
 @pytest.mark.testbed
 async def test_the_model_is_down_once_its_server_on_the_head_is_gone(
-    remote: dict[str, Any], server_in_head: dict[str, Any], ssh_transports: list[SshTransport],
+    remote: dict[str, Any],
+    server_in_head: dict[str, Any],
+    ssh_transports: list[SshTransport],
 ) -> None:
     port = server_in_head["port"]
     os.kill(server_in_head["pid"], signal.SIGKILL)
@@ -346,7 +446,8 @@ async def test_the_model_is_down_once_its_server_on_the_head_is_gone(
 
 @pytest.mark.testbed
 async def test_a_missing_medic_command_on_the_head_is_inconclusive_and_says_why(
-    remote: dict[str, Any], ssh_transports: list[SshTransport],
+    remote: dict[str, Any],
+    ssh_transports: list[SshTransport],
 ) -> None:
     missing = f"/nonexistent-{remote['token']}/bin/mlx-medic"
     inventory = _inventory(remote, medic_command=missing)
@@ -357,11 +458,16 @@ async def test_a_missing_medic_command_on_the_head_is_inconclusive_and_says_why(
 
 
 def _engine(inventory: Inventory, tmp_path: Path, transport: SshTransport) -> Engine:
-    config = RemediatorConfig.model_validate({
-        "journal": str(tmp_path / "journal.sqlite"), "probe_from": "head", "dry_run": True,
-    })
-    return Engine(config, inventory, Journal(config.journal), transport,
-                  registry=CollectorRegistry())
+    config = RemediatorConfig.model_validate(
+        {
+            "journal": str(tmp_path / "journal.sqlite"),
+            "probe_from": "head",
+            "dry_run": True,
+        }
+    )
+    return Engine(
+        config, inventory, Journal(config.journal), transport, registry=CollectorRegistry()
+    )
 
 
 async def _one_alert_run(engine: Engine, model: Model) -> tuple[str, str]:
@@ -379,7 +485,9 @@ async def _one_alert_run(engine: Engine, model: Model) -> tuple[str, str]:
 
 @pytest.mark.testbed
 async def test_the_engine_skips_a_stale_alert_for_a_model_up_on_its_heads_loopback(
-    remote: dict[str, Any], server_in_head: dict[str, Any], ssh_transports: list[SshTransport],
+    remote: dict[str, Any],
+    server_in_head: dict[str, Any],
+    ssh_transports: list[SshTransport],
     tmp_path: Path,
 ) -> None:
     inventory = _inventory(remote, port=server_in_head["port"])
@@ -393,20 +501,24 @@ async def test_the_engine_skips_a_stale_alert_for_a_model_up_on_its_heads_loopba
 
 @pytest.mark.testbed
 async def test_the_engine_acts_when_the_head_confirms_down_and_not_when_it_cannot_probe(
-    remote: dict[str, Any], ssh_transports: list[SshTransport], tmp_path: Path,
+    remote: dict[str, Any],
+    ssh_transports: list[SshTransport],
+    tmp_path: Path,
 ) -> None:
     down = _inventory(remote)  # nothing listens on the model's port inside ai001
     transport = SshTransport(down)
     ssh_transports.append(transport)
-    outcome, _ = await _one_alert_run(_engine(down, tmp_path / "a", transport),
-                                      down.model(remote["model"]))
+    outcome, _ = await _one_alert_run(
+        _engine(down, tmp_path / "a", transport), down.model(remote["model"])
+    )
     assert outcome == "planned"  # dry run: the playbook was planned, so it would act
 
     broken = _inventory(remote, medic_command=f"/nonexistent-{remote['token']}/mlx-medic")
     transport = SshTransport(broken)
     ssh_transports.append(transport)
-    outcome, detail = await _one_alert_run(_engine(broken, tmp_path / "b", transport),
-                                           broken.model(remote["model"]))
+    outcome, detail = await _one_alert_run(
+        _engine(broken, tmp_path / "b", transport), broken.model(remote["model"])
+    )
     assert outcome == "skipped"
     assert detail.startswith(f"could not confirm {remote['model']} is down:")
     assert "exited 127" in detail

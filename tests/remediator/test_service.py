@@ -40,17 +40,21 @@ def test_a_firing_alert_starts_one_dry_run_that_plans_and_journals_every_step(
     status, body = post_alerts(service, make_payload(make_alert("m1", fingerprint="f1")))
     assert status == 202
     assert body["alerts"][0]["disposition"] == "started"
-    run = wait_until(lambda: [r for r in runs_of(stack, "m1") if r["outcome"] == "planned"],
-                     what="a planned run")[0]
+    run = wait_until(
+        lambda: [r for r in runs_of(stack, "m1") if r["outcome"] == "planned"], what="a planned run"
+    )[0]
     assert run["dry_run"] and run["fingerprint"] == "f1"
     assert [s["outcome"] for s in run["steps"]] == ["planned"] * len(run["steps"])
     wait_until(lambda: not stack.lock_file("m1").exists(), what="the lock released")
-    status, api = http("GET", service.url + "/api/remediations?model=m1&since=1h&limit=5",
-                       headers=bearer())
+    status, api = http(
+        "GET", service.url + "/api/remediations?model=m1&since=1h&limit=5", headers=bearer()
+    )
     assert status == 200 and [r["id"] for r in api["runs"]] == [run["id"]]
     assert api["runs"][0]["steps"] == run["steps"]
     assert http("GET", service.url + "/api/remediations?model=m2", headers=bearer())[1] == {
-        "runs": [], "decisions": []}
+        "runs": [],
+        "decisions": [],
+    }
 
 
 def test_the_service_refuses_to_start_without_credentials_unless_told_it_is_insecure(
@@ -66,7 +70,8 @@ def test_the_service_refuses_to_start_without_credentials_unless_told_it_is_inse
 
 
 def test_a_bad_inventory_stops_the_service_with_exit_2_naming_the_problem(
-    stack: Stack, tmp_path: Path,
+    stack: Stack,
+    tmp_path: Path,
 ) -> None:
     bad = tmp_path / "bad-inventory.yaml"
     bad.write_text("nodes:\n  ai001: {ssh: '-oProxyCommand=x'}\n")
@@ -81,8 +86,11 @@ def test_wrong_credentials_bad_payloads_and_oversized_bodies_are_refused_with_re
 ) -> None:
     service = stack.start("--dry-run")
     good = make_payload(make_alert("m1"))
-    for headers, reason in [({}, "no credentials"), (bearer("nope"), "wrong bearer token"),
-                            (basic(password="nope"), "wrong basic credentials")]:
+    for headers, reason in [
+        ({}, "no credentials"),
+        (bearer("nope"), "wrong bearer token"),
+        (basic(password="nope"), "wrong basic credentials"),
+    ]:
         status, body = post_alerts(service, good, headers)
         assert (status, body["reason"]) == (401, reason)
     for payload, reason in [
@@ -106,18 +114,29 @@ def test_two_valid_firings_and_an_invalid_alert_in_one_delivery_give_two_runs_an
     """Alertmanager does not retry a 4xx: refusing the whole delivery would lose both
     valid firings. The invalid alert is journaled with its reason instead."""
     service = stack.start("--dry-run")
-    status, body = post_alerts(service, make_payload(
-        make_alert("m1", fingerprint="ok-m1"), make_alert(None, fingerprint="no-model"),
-        make_alert("m2", fingerprint="ok-m2")))
+    status, body = post_alerts(
+        service,
+        make_payload(
+            make_alert("m1", fingerprint="ok-m1"),
+            make_alert(None, fingerprint="no-model"),
+            make_alert("m2", fingerprint="ok-m2"),
+        ),
+    )
     assert status == 202
     assert [(a["fingerprint"], a["disposition"]) for a in body["alerts"]] == [
-        ("ok-m1", "started"), ("no-model", "invalid"), ("ok-m2", "started")]
-    reason = ('alerts[1].labels.model: alert "LLMModelDown" needs the \'model\' label naming'
-              " the model")
+        ("ok-m1", "started"),
+        ("no-model", "invalid"),
+        ("ok-m2", "started"),
+    ]
+    reason = (
+        "alerts[1].labels.model: alert \"LLMModelDown\" needs the 'model' label naming the model"
+    )
     assert body["alerts"][1]["reason"] == reason
     for model in ("m1", "m2"):
-        wait_until(lambda model=model: [r for r in runs_of(stack, model)
-                                        if r["outcome"] == "planned"], what=f"{model}'s run")
+        wait_until(
+            lambda model=model: [r for r in runs_of(stack, model) if r["outcome"] == "planned"],
+            what=f"{model}'s run",
+        )
     (event,) = events_of(stack, kind="invalid")
     assert event["fingerprint"] == "no-model"
     assert event["detail"] == f"alert 'LLMModelDown' is not acted on: {reason}"
@@ -145,9 +164,11 @@ def test_an_unknown_model_is_journaled_and_ignored(stack: Stack) -> None:
 async def _post_many(url: str, payloads: list[dict]) -> list[tuple[int, dict]]:
     connector = aiohttp.TCPConnector(limit=100)
     async with aiohttp.ClientSession(connector=connector, headers=bearer()) as session:
+
         async def one(payload: dict) -> tuple[int, dict]:
             async with session.post(url, json=payload) as response:
                 return response.status, await response.json()
+
         return await asyncio.gather(*(one(p) for p in payloads))
 
 
@@ -170,12 +191,19 @@ def test_a_hundred_new_fingerprints_for_a_model_with_a_run_in_progress_start_not
     service = stack.start()
     first = make_payload(make_alert("m1", alertname="SlowDown", fingerprint="first"))
     assert post_alerts(service, first)[1]["alerts"][0]["disposition"] == "started"
-    wait_until(lambda: any(s["name"] == "hold" and s["outcome"] == "running"
-                           for r in runs_of(stack, "m1") for s in r["steps"]),
-               what="the slow run holding the model")
+    wait_until(
+        lambda: any(
+            s["name"] == "hold" and s["outcome"] == "running"
+            for r in runs_of(stack, "m1")
+            for s in r["steps"]
+        ),
+        what="the slow run holding the model",
+    )
     assert stack.lock_file("m1").exists()
-    others = [make_payload(make_alert("m1", alertname="SlowDown", fingerprint=f"{i:016x}"))
-              for i in range(100)]
+    others = [
+        make_payload(make_alert("m1", alertname="SlowDown", fingerprint=f"{i:016x}"))
+        for i in range(100)
+    ]
     answers = asyncio.run(_post_many(service.url + "/alerts", others))
     dispositions = {body["alerts"][0]["disposition"] for _, body in answers}
     assert dispositions == {"absorbed"}
@@ -189,20 +217,24 @@ def test_a_spent_budget_escalates_and_nothing_more_happens_until_resume(stack: S
     start = datetime.now(UTC) - timedelta(minutes=10)
 
     def fire(n: int) -> str:
-        alert = make_alert("m1", alertname="FlapDown", fingerprint="flap",
-                           starts_at=start + timedelta(seconds=n))
+        alert = make_alert(
+            "m1", alertname="FlapDown", fingerprint="flap", starts_at=start + timedelta(seconds=n)
+        )
         status, body = post_alerts(service, make_payload(alert))
         assert status == 202
         return body["alerts"][0]["disposition"]
 
     for n in (1, 2):
         assert fire(n) == "started"
-        wait_until(lambda n=n: len([r for r in runs_of(stack, "m1")
-                                    if r["outcome"] == "succeeded"]) == n,
-                   what=f"run {n} to succeed")
+        wait_until(
+            lambda n=n: len([r for r in runs_of(stack, "m1") if r["outcome"] == "succeeded"]) == n,
+            what=f"run {n} to succeed",
+        )
     assert fire(3) == "circuit_open"
-    escalation = wait_until(lambda: [e for e in events_of(stack, model="m1")
-                                     if "escalat" in e["kind"]], what="an escalation")[0]
+    escalation = wait_until(
+        lambda: [e for e in events_of(stack, model="m1") if "escalat" in e["kind"]],
+        what="an escalation",
+    )[0]
     assert "budget" in escalation["detail"] or "runs" in escalation["detail"]
     _, metrics = http("GET", service.url + "/metrics", headers=bearer())
     assert 'mlx_medic_escalations_total{model="m1",reason="budget_spent"} 1.0' in metrics
@@ -215,40 +247,91 @@ def test_a_spent_budget_escalates_and_nothing_more_happens_until_resume(stack: S
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run([require_tool("openssl"), *args], cwd=cwd, check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        [require_tool("openssl"), *args], cwd=cwd, check=True, capture_output=True, timeout=60
+    )
 
 
 def _issue(name: str, cwd: Path) -> None:
     """An EC key and a certificate for 127.0.0.1 signed by the test CA."""
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=cwd)
+    _openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={name}",
+        cwd=cwd,
+    )
     (cwd / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-             "-CAcreateserial", "-out", f"{name}.crt", "-days", "1",
-             "-extfile", f"{name}.ext", cwd=cwd)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.crt",
+        "-days",
+        "1",
+        "-extfile",
+        f"{name}.ext",
+        cwd=cwd,
+    )
 
 
 def test_with_a_client_ca_only_clients_holding_a_certificate_it_signed_get_in(
-    stack: Stack, tmp_path: Path,
+    stack: Stack,
+    tmp_path: Path,
 ) -> None:
     pki = tmp_path / "pki"
     pki.mkdir()
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
-             "-subj", "/CN=mlx-medic test CA", cwd=pki)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=mlx-medic test CA",
+        cwd=pki,
+    )
     _issue("server", pki)
     _issue("client", pki)
-    config = stack.config("tls.yml", tls={"cert_file": str(pki / "server.crt"),
-                                          "key_file": str(pki / "server.key"),
-                                          "client_ca_file": str(pki / "ca.crt")})
+    config = stack.config(
+        "tls.yml",
+        tls={
+            "cert_file": str(pki / "server.crt"),
+            "key_file": str(pki / "server.key"),
+            "client_ca_file": str(pki / "ca.crt"),
+        },
+    )
     service = stack.start("--dry-run", config=config)
     url = f"https://127.0.0.1:{service.port}/alerts"
     body = json.dumps(make_payload(make_alert("m1"))).encode()
 
     def post(context: ssl.SSLContext) -> int:
-        request = urllib.request.Request(url, data=body, method="POST", headers={
-            "Content-Type": "application/json", **bearer()})
+        request = urllib.request.Request(
+            url, data=body, method="POST", headers={"Content-Type": "application/json", **bearer()}
+        )
         with urllib.request.urlopen(request, context=context, timeout=10) as response:
             return int(response.status)
 
@@ -259,20 +342,35 @@ def test_with_a_client_ca_only_clients_holding_a_certificate_it_signed_get_in(
     assert post(trusted) == 202
 
 
-@pytest.mark.parametrize(("settings", "problem"), [
-    ({"routing": {"playbooks": {"LLMModelDown": "recover", "SlowDown": "mypkg.mod:Slow"}}},
-     "config: routing.playbooks: SlowDown: unknown playbook 'mypkg.mod:Slow' (playbooks:"
-     " finish-stop, recover, sweep-orphans)"),
-    ({"node": "ai042"}, "config: node: 'ai042' is not a node of the inventory"),
-])
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        (
+            {"routing": {"playbooks": {"LLMModelDown": "recover", "SlowDown": "mypkg.mod:Slow"}}},
+            "config: routing.playbooks: SlowDown: unknown playbook 'mypkg.mod:Slow' (playbooks:"
+            " finish-stop, recover, sweep-orphans)",
+        ),
+        ({"node": "ai042"}, "config: node: 'ai042' is not a node of the inventory"),
+    ],
+)
 def test_a_config_naming_what_the_remediator_does_not_have_stops_it_with_exit_2(
-    tmp_path: Path, settings: dict, problem: str,
+    tmp_path: Path,
+    settings: dict,
+    problem: str,
 ) -> None:
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(inventory_text(tmp_path / "state"))
     config = tmp_path / "remediator.yml"
-    config.write_text(yaml.safe_dump({"inventory": str(inventory), "insecure_no_auth": True,
-                                      "journal": str(tmp_path / "journal.sqlite"), **settings}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "inventory": str(inventory),
+                "insecure_no_auth": True,
+                "journal": str(tmp_path / "journal.sqlite"),
+                **settings,
+            }
+        )
+    )
     result = mlx_medic("remediator", "--config.file", str(config), check=False)
     assert result.returncode == 2
     assert problem in result.stderr

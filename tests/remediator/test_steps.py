@@ -47,8 +47,13 @@ from tests.remediator.fake_helpers import (
 
 INVENTORY = make_inventory(start_timeout="1s")
 NODES = ["ai001", "ai002", "ai003", "ai004"]
-RANK_IN_D = {"pid": 4242, "start_time": 1.0, "cmdline": ["python", "-m", "mlx_lm.server"],
-             "role": "rank", "state": "D"}
+RANK_IN_D = {
+    "pid": 4242,
+    "start_time": 1.0,
+    "cmdline": ["python", "-m", "mlx_lm.server"],
+    "role": "rank",
+    "state": "D",
+}
 JACCL_LINE = "[jaccl] Changing queue pair to RTR failed with errno 16"
 
 
@@ -62,11 +67,23 @@ def model(inventory: Inventory = INVENTORY) -> Model:
     return inventory.model(MODEL)
 
 
-def context(health: Health, tmp_path: Path, helpers: FakeHelpers | None = None,
-            inventory: Inventory = INVENTORY, **extra: Any) -> RunContext:
-    return RunContext(model=model(inventory), inventory=inventory,
-                      transport=LocalTransport(), run_id=7, health=health,
-                      log=logging.getLogger("test"), helpers=helpers, **extra)
+def context(
+    health: Health,
+    tmp_path: Path,
+    helpers: FakeHelpers | None = None,
+    inventory: Inventory = INVENTORY,
+    **extra: Any,
+) -> RunContext:
+    return RunContext(
+        model=model(inventory),
+        inventory=inventory,
+        transport=LocalTransport(),
+        run_id=7,
+        health=health,
+        log=logging.getLogger("test"),
+        helpers=helpers,
+        **extra,
+    )
 
 
 def facts(**changes: Any) -> Answer:
@@ -76,7 +93,8 @@ def facts(**changes: Any) -> Answer:
 def test_each_step_describes_itself_with_its_nodes_targets_and_command() -> None:
     m = model()
     assert StopService(model=m).describe() == StepDescription(
-        "stop-service", "ai001",
+        "stop-service",
+        "ai001",
         f"record on ai001 that this run stops com.example.{MODEL}, then stop the launchd"
         " service so it cannot respawn ranks during the sweep",
         targets=[f"com.example.{MODEL}"],
@@ -84,11 +102,23 @@ def test_each_step_describes_itself_with_its_nodes_targets_and_command() -> None
     )
     start = StartService(model=m).describe()
     assert start.name == "start-service" and "serve wrapper" in start.description
-    assert start.argv == ["sudo", "-n", "/bin/launchctl", "bootstrap", "system",
-                          f"/Library/LaunchDaemons/com.example.{MODEL}.plist"]
+    assert start.argv == [
+        "sudo",
+        "-n",
+        "/bin/launchctl",
+        "bootstrap",
+        "system",
+        f"/Library/LaunchDaemons/com.example.{MODEL}.plist",
+    ]
     restart = StartService(model=m, action="restart").describe()
-    assert restart.argv == ["sudo", "-n", "/bin/launchctl", "kickstart", "-k",
-                            f"system/com.example.{MODEL}"]
+    assert restart.argv == [
+        "sudo",
+        "-n",
+        "/bin/launchctl",
+        "kickstart",
+        "-k",
+        f"system/com.example.{MODEL}",
+    ]
     assert Preflight(model=m).describe().targets == NODES
     assert Sweep(model=m).describe().targets == [f"{MODEL} on {n}" for n in NODES]
     assert Sweep(model=m, nodes=("ai003",), orphans_only=True).describe().node == "ai003"
@@ -101,31 +131,62 @@ def test_each_step_describes_itself_with_its_nodes_targets_and_command() -> None
 def test_verify_describes_the_wait_it_will_take() -> None:
     m = model()
     timeout = m.policy.start_timeout
-    assert Verify(model=m).describe().description.endswith(
-        f"a real 1-token request, asked again for up to {timeout:g}s")
+    assert (
+        Verify(model=m)
+        .describe()
+        .description.endswith(f"a real 1-token request, asked again for up to {timeout:g}s")
+    )
     assert Verify(model=m, within=7).describe().description.endswith("for up to 7s")
-    assert Verify(model=m, within=0).describe().description.endswith(
-        "a real 1-token request, asked once")
+    assert (
+        Verify(model=m, within=0)
+        .describe()
+        .description.endswith("a real 1-token request, asked once")
+    )
 
 
 def test_recover_plans_a_ring_pin_only_for_a_serve_wrapper_with_both_backends() -> None:
     wrapper = [s.describe().name for s in RecoverPlaybook().plan(model(), INVENTORY)]
-    assert wrapper == ["preflight", "stop-service", "sweep", "clean-tmp", "start-service",
-                       "verify", "pin-ring", "restart-service", "verify-ring", "escalate"]
+    assert wrapper == [
+        "preflight",
+        "stop-service",
+        "sweep",
+        "clean-tmp",
+        "start-service",
+        "verify",
+        "pin-ring",
+        "restart-service",
+        "verify-ring",
+        "escalate",
+    ]
     inventory = script_inventory()
     script = RecoverPlaybook().plan(model(inventory), inventory)
     assert [s.describe().name for s in script] == [
-        "preflight", "stop-service", "sweep", "clean-tmp", "start-service", "verify",
-        "escalate"]
+        "preflight",
+        "stop-service",
+        "sweep",
+        "clean-tmp",
+        "start-service",
+        "verify",
+        "escalate",
+    ]
     assert [s.fallback for s in script][-1] is True
 
 
 async def test_preflight_asks_every_node_for_its_facts_and_reads_memory_and_rdma(
     tmp_path: Path,
 ) -> None:
-    helpers = FakeHelpers(INVENTORY, {("ai003", "facts"): facts(
-        rdma={"ports": [{"device": "rdma_en3", "port": 1, "state": "PORT_DOWN",
-                         "active": False}]})})
+    helpers = FakeHelpers(
+        INVENTORY,
+        {
+            ("ai003", "facts"): facts(
+                rdma={
+                    "ports": [
+                        {"device": "rdma_en3", "port": 1, "state": "PORT_DOWN", "active": False}
+                    ]
+                }
+            )
+        },
+    )
     result = await Preflight(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.OK
     assert sorted(helpers.of("facts")) == [(n, (MODEL,)) for n in NODES]
@@ -134,16 +195,24 @@ async def test_preflight_asks_every_node_for_its_facts_and_reads_memory_and_rdma
     assert '"node": "ai002"' in result.output  # each node's document is journaled
 
 
-@pytest.mark.parametrize(("port", "said"), [
-    ({"state": "PORT_ACTIVE", "active": False}, "RDMA ports not active: rdma_en3:1"),
-    ({"state": "PORT_DOWN", "active": True}, "1 RDMA port(s) active"),
-    ({"state": "PORT_ACTIVE"}, "RDMA port(s) of unknown state: rdma_en3:1"),
-], ids=["helper-says-inactive", "helper-says-active", "helper-does-not-say"])
+@pytest.mark.parametrize(
+    ("port", "said"),
+    [
+        ({"state": "PORT_ACTIVE", "active": False}, "RDMA ports not active: rdma_en3:1"),
+        ({"state": "PORT_DOWN", "active": True}, "1 RDMA port(s) active"),
+        ({"state": "PORT_ACTIVE"}, "RDMA port(s) of unknown state: rdma_en3:1"),
+    ],
+    ids=["helper-says-inactive", "helper-says-active", "helper-does-not-say"],
+)
 async def test_preflight_takes_the_helpers_word_on_whether_a_port_is_active(
-    port: dict[str, Any], said: str, tmp_path: Path,
+    port: dict[str, Any],
+    said: str,
+    tmp_path: Path,
 ) -> None:
-    helpers = FakeHelpers(INVENTORY, {("ai003", "facts"): facts(
-        rdma={"ports": [{"device": "rdma_en3", "port": 1, **port}]})})
+    helpers = FakeHelpers(
+        INVENTORY,
+        {("ai003", "facts"): facts(rdma={"ports": [{"device": "rdma_en3", "port": 1, **port}]})},
+    )
     result = await Preflight(model=model()).run(context(Health(), tmp_path, helpers))
     assert f"ai003: memory 64.0 GiB free, {said}" in result.detail
 
@@ -171,18 +240,36 @@ async def test_stop_asks_the_head_to_record_the_run_and_stop_the_service(tmp_pat
 async def test_a_stop_the_service_manager_refused_fails_the_step_with_its_words(
     tmp_path: Path,
 ) -> None:
-    helpers = FakeHelpers(INVENTORY, {("ai001", "service"): Answer(
-        {"exit_status": 1, "stderr": "sudo: a password is required"}, exit_status=1)})
+    helpers = FakeHelpers(
+        INVENTORY,
+        {
+            ("ai001", "service"): Answer(
+                {"exit_status": 1, "stderr": "sudo: a password is required"}, exit_status=1
+            )
+        },
+    )
     result = await StopService(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.FAILED and not result.unrecoverable
     assert "sudo: a password is required" in result.detail and result.exit_status == 1
 
 
 async def test_sweep_runs_on_every_node_and_counts_what_each_signalled(tmp_path: Path) -> None:
-    signalled = {"pid": 9, "start_time": 1.0, "cmdline": ["x"], "role": "rank", "rule": "",
-                 "signals": ["SIGTERM"]}
-    helpers = FakeHelpers(INVENTORY, {("ai002", "sweep"): Answer(
-        {**DEFAULTS["sweep"], "signalled": [signalled], "pd_spent": 1})})
+    signalled = {
+        "pid": 9,
+        "start_time": 1.0,
+        "cmdline": ["x"],
+        "role": "rank",
+        "rule": "",
+        "signals": ["SIGTERM"],
+    }
+    helpers = FakeHelpers(
+        INVENTORY,
+        {
+            ("ai002", "sweep"): Answer(
+                {**DEFAULTS["sweep"], "signalled": [signalled], "pd_spent": 1}
+            )
+        },
+    )
     result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.OK
     assert sorted(helpers.of("sweep")) == [(n, (MODEL,)) for n in NODES]
@@ -190,31 +277,50 @@ async def test_sweep_runs_on_every_node_and_counts_what_each_signalled(tmp_path:
 
 
 ADVICE = f"reboot ai003 to free 1 protection domain(s) (models placed there: {MODEL})"
-NAMED = ("ai003: pid 4242 (rank, state uninterruptible, holding 1 protection domain(s) on"
-         " rdma_en2) survives SIGKILL: python -m mlx_lm.server")
+NAMED = (
+    "ai003: pid 4242 (rank, state uninterruptible, holding 1 protection domain(s) on"
+    " rdma_en2) survives SIGKILL: python -m mlx_lm.server"
+)
 
 
-@pytest.mark.parametrize("answer", [
-    swept(stuck(4242)),
-    Answer({**DEFAULTS["sweep"], "survivors": [RANK_IN_D], "unkillable": [RANK_IN_D],
-            "complete": False}, exit_status=1),
-], ids=["settled", "helper-before-settled"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        swept(stuck(4242)),
+        Answer(
+            {
+                **DEFAULTS["sweep"],
+                "survivors": [RANK_IN_D],
+                "unkillable": [RANK_IN_D],
+                "complete": False,
+            },
+            exit_status=1,
+        ),
+    ],
+    ids=["settled", "helper-before-settled"],
+)
 async def test_unkillable_survivors_end_the_sweep_ok_named_with_the_node_to_reboot(
-    answer: Answer, tmp_path: Path,
+    answer: Answer,
+    tmp_path: Path,
 ) -> None:
     """The seed's fix: what only a reboot ends is named, and the start goes on around it;
     a helper from before `settled` (exit 1 for any survivor) reads the same."""
-    helpers = FakeHelpers(INVENTORY, {
-        ("ai003", "sweep"): answer,
-        ("ai003", "facts"): facts(log_errors=[{"signature": "jaccl_qp_rtr_errno_16",
-                                           "line": JACCL_LINE}]),
-    })
+    helpers = FakeHelpers(
+        INVENTORY,
+        {
+            ("ai003", "sweep"): answer,
+            ("ai003", "facts"): facts(
+                log_errors=[{"signature": "jaccl_qp_rtr_errno_16", "line": JACCL_LINE}]
+            ),
+        },
+    )
     result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.OK and not result.unrecoverable
     assert result.next_action is None
     assert result.survivors is not None
     assert [(s.node, s.pid, s.start_time) for s in result.survivors.survivors] == [
-        ("ai003", 4242, 1.0)]
+        ("ai003", 4242, 1.0)
+    ]
     assert result.unkillable == {"ai001": [], "ai002": [], "ai003": [(4242, 1.0)], "ai004": []}
     assert "ai003: 0 signalled, 0 spared, 0 PD spent" in result.detail
     assert "1 survivor(s) that only a reboot of its node ends: ai003: pid 4242" in result.detail
@@ -239,29 +345,47 @@ async def test_a_survivor_holding_the_port_ends_the_sweep_ok_with_its_reboot_as_
     assert result.next_action == (
         f"{advice}: a process there that survives SIGKILL holds {MODEL}'s port, so no start"
         f" can listen on it until then; com.example.{MODEL} is left started and serves once"
-        " the port is free")
-    assert f"One holds {MODEL}'s port, so no start can listen there until ai001 reboots; the" \
+        " the port is free"
+    )
+    assert (
+        f"One holds {MODEL}'s port, so no start can listen there until ai001 reboots; the"
         " start goes on anyway (a survivor never leaves the service stopped" in result.detail
+    )
     assert f"so its verify fails until then; next action: {advice}" in result.detail
 
 
 async def test_survivors_a_sweep_may_not_kill_fail_the_step(tmp_path: Path) -> None:
     survivor = {**RANK_IN_D, "state": "S"}
-    helpers = FakeHelpers(INVENTORY, {("ai002", "sweep"): Answer(
-        {**DEFAULTS["sweep"], "survivors": [survivor], "complete": False, "settled": False},
-        exit_status=1,
-        stderr="mlx-medic node sweep: pid 4242 (rank) survives the sweep on node ai002")})
+    helpers = FakeHelpers(
+        INVENTORY,
+        {
+            ("ai002", "sweep"): Answer(
+                {**DEFAULTS["sweep"], "survivors": [survivor], "complete": False, "settled": False},
+                exit_status=1,
+                stderr="mlx-medic node sweep: pid 4242 (rank) survives the sweep on node ai002",
+            )
+        },
+    )
     result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.FAILED and not result.unrecoverable
-    assert "ai002: pid 4242 (rank, state S) survived the sweep, not in uninterruptible" \
+    assert (
+        "ai002: pid 4242 (rank, state S) survived the sweep, not in uninterruptible"
         " sleep" in result.detail
+    )
     assert result.survivors is None
 
 
 async def test_a_sweep_helper_that_failed_with_no_survivor_fails_the_step(tmp_path: Path) -> None:
-    helpers = FakeHelpers(INVENTORY, {("ai004", "sweep"): Answer(
-        {**DEFAULTS["sweep"], "settled": False}, exit_status=1,
-        stderr="mlx-medic node sweep: cannot read /proc: permission denied")})
+    helpers = FakeHelpers(
+        INVENTORY,
+        {
+            ("ai004", "sweep"): Answer(
+                {**DEFAULTS["sweep"], "settled": False},
+                exit_status=1,
+                stderr="mlx-medic node sweep: cannot read /proc: permission denied",
+            )
+        },
+    )
     result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.FAILED
     assert "ai004: mlx-medic node sweep: mlx-medic node sweep: cannot read /proc" in result.detail
@@ -269,9 +393,11 @@ async def test_a_sweep_helper_that_failed_with_no_survivor_fails_the_step(tmp_pa
 
 def test_the_sweep_says_what_survivors_mean_before_it_runs() -> None:
     sweep = Sweep(model=model()).describe().description
-    assert sweep.endswith("what survives SIGKILL (state D/U) is named with the node to reboot,"
-                          " and the start goes on around them (one holding :8080 makes the"
-                          " start fail until that reboot)")
+    assert sweep.endswith(
+        "what survives SIGKILL (state D/U) is named with the node to reboot,"
+        " and the start goes on around them (one holding :8080 makes the"
+        " start fail until that reboot)"
+    )
     orphans = Sweep(model=model(), nodes=("ai002",), orphans_only=True).describe().description
     assert orphans.endswith("named once with the node to reboot, and the model keeps serving")
 
@@ -280,9 +406,16 @@ async def test_a_killable_survivor_beside_an_unkillable_one_fails_the_step_namin
     tmp_path: Path,
 ) -> None:
     sleeping = {**RANK_IN_D, "pid": 4343, "state": "sleeping"}
-    helpers = FakeHelpers(INVENTORY, {("ai003", "sweep"): swept(
-        stuck(4242), killable=(sleeping,),
-        stderr="mlx-medic node sweep: pid 4343 (rank) survives the sweep on node ai003")})
+    helpers = FakeHelpers(
+        INVENTORY,
+        {
+            ("ai003", "sweep"): swept(
+                stuck(4242),
+                killable=(sleeping,),
+                stderr="mlx-medic node sweep: pid 4343 (rank) survives the sweep on node ai003",
+            )
+        },
+    )
     result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.FAILED and not result.unrecoverable
     assert "ai003: pid 4343 (rank, state sleeping) survived the sweep" in result.detail
@@ -315,9 +448,18 @@ async def test_sweep_orphans_only_asks_the_named_nodes(tmp_path: Path) -> None:
 
 
 async def test_clean_runs_on_every_node_and_reports_bytes_freed(tmp_path: Path) -> None:
-    helpers = FakeHelpers(INVENTORY, {("ai004", "clean"): Answer(
-        {"removed": [{"path": "/x/tmpab", "bytes": 4096, "kind": "dir"}], "bytes_freed": 4096,
-         "skipped": []})})
+    helpers = FakeHelpers(
+        INVENTORY,
+        {
+            ("ai004", "clean"): Answer(
+                {
+                    "removed": [{"path": "/x/tmpab", "bytes": 4096, "kind": "dir"}],
+                    "bytes_freed": 4096,
+                    "skipped": [],
+                }
+            )
+        },
+    )
     result = await CleanTmp(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.OK
     assert sorted(helpers.of("clean")) == [(n, (MODEL,)) for n in NODES]
@@ -332,59 +474,109 @@ async def test_start_lets_go_of_the_model_lock_before_it_starts_the_service(
     async def release() -> None:
         order.append("release")
 
-    helpers = FakeHelpers(INVENTORY, on_call=lambda node, helper, args: order.append(
-        f"{helper} {args[1]} on {node}"))
+    helpers = FakeHelpers(
+        INVENTORY, on_call=lambda node, helper, args: order.append(f"{helper} {args[1]} on {node}")
+    )
     result = await StartService(model=model()).run(
-        context(Health(), tmp_path, helpers, release_lock=release))
+        context(Health(), tmp_path, helpers, release_lock=release)
+    )
     assert result.outcome is StepOutcome.OK
     assert order == ["release", "service start on ai001"]
 
 
 async def test_verify_asks_again_until_the_model_answers() -> None:
-    health = Health(verdicts=[HealthVerdict.down("refused"), HealthVerdict.down("refused"),
-                              HealthVerdict.up("completed a 1-token request")])
+    health = Health(
+        verdicts=[
+            HealthVerdict.down("refused"),
+            HealthVerdict.down("refused"),
+            HealthVerdict.up("completed a 1-token request"),
+        ]
+    )
     result = await Verify(model=model(), poll_interval=0.01).run(context(health, Path("/")))
     assert result.outcome is StepOutcome.OK and health.calls == 3
 
 
-@pytest.mark.parametrize(("verdict", "outcome", "backend"), [
-    (HealthVerdict.up("completed a 1-token request"), StepOutcome.OK, "jaccl"),
-    (HealthVerdict.down("connection refused"), StepOutcome.FAILED, None),
-    (HealthVerdict.unknown("could not probe on ai001: timeout"), StepOutcome.INCONCLUSIVE, None),
-])
+@pytest.mark.parametrize(
+    ("verdict", "outcome", "backend"),
+    [
+        (HealthVerdict.up("completed a 1-token request"), StepOutcome.OK, "jaccl"),
+        (HealthVerdict.down("connection refused"), StepOutcome.FAILED, None),
+        (
+            HealthVerdict.unknown("could not probe on ai001: timeout"),
+            StepOutcome.INCONCLUSIVE,
+            None,
+        ),
+    ],
+)
 async def test_verify_reads_the_full_verdict_and_could_not_tell_is_not_down(
-    verdict: HealthVerdict, outcome: StepOutcome, backend: str | None, tmp_path: Path,
+    verdict: HealthVerdict,
+    outcome: StepOutcome,
+    backend: str | None,
+    tmp_path: Path,
 ) -> None:
     health = Health(verdicts=[verdict] * 1000)
     result = await Verify(model=model(), backend="jaccl", poll_interval=0.3).run(
-        context(health, tmp_path))
+        context(health, tmp_path)
+    )
     assert (result.outcome, result.backend) == (outcome, backend)
     assert verdict.reason in result.detail
 
 
-@pytest.mark.parametrize("evidence", [
-    {"log_errors": [{"signature": "jaccl_qp_rtr_errno_16", "line": JACCL_LINE}]},
-    {"serve": {"state": "failed", "backend": "jaccl", "failure": {
-        "backend": "jaccl", "host": "ai002", "reason": "smoke test failed",
-        "line": JACCL_LINE}}},
-], ids=["service-log", "wrapper-record"])
+@pytest.mark.parametrize(
+    "evidence",
+    [
+        {"log_errors": [{"signature": "jaccl_qp_rtr_errno_16", "line": JACCL_LINE}]},
+        {
+            "serve": {
+                "state": "failed",
+                "backend": "jaccl",
+                "failure": {
+                    "backend": "jaccl",
+                    "host": "ai002",
+                    "reason": "smoke test failed",
+                    "line": JACCL_LINE,
+                },
+            }
+        },
+    ],
+    ids=["service-log", "wrapper-record"],
+)
 async def test_a_jaccl_failure_pins_ring_on_the_head_with_the_line_as_the_reason(
-    evidence: dict[str, Any], tmp_path: Path,
+    evidence: dict[str, Any],
+    tmp_path: Path,
 ) -> None:
     helpers = FakeHelpers(INVENTORY, {("ai001", "facts"): facts(**evidence)})
     result = await PinRing(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.OK
     ((node, args),) = helpers.of("backend")
     host = "ai002" if "serve" in evidence else "ai001"
-    assert (node, args) == ("ai001", (MODEL, "set", "ring", "--by", "remediator run 7",
-                                      "--reason", f"JACCL failed on {host}: {JACCL_LINE}"))
+    assert (node, args) == (
+        "ai001",
+        (
+            MODEL,
+            "set",
+            "ring",
+            "--by",
+            "remediator run 7",
+            "--reason",
+            f"JACCL failed on {host}: {JACCL_LINE}",
+        ),
+    )
 
 
 async def test_without_a_jaccl_failure_no_pin_is_made_and_the_run_escalates(
     tmp_path: Path,
 ) -> None:
-    helpers = FakeHelpers(INVENTORY, {("ai001", "facts"): facts(log_errors=[
-        {"signature": "metal_out_of_memory", "line": "kIOGPUCommandBufferCallbackError"}])})
+    helpers = FakeHelpers(
+        INVENTORY,
+        {
+            ("ai001", "facts"): facts(
+                log_errors=[
+                    {"signature": "metal_out_of_memory", "line": "kIOGPUCommandBufferCallbackError"}
+                ]
+            )
+        },
+    )
     result = await PinRing(model=model()).run(context(Health(), tmp_path, helpers))
     assert result.outcome is StepOutcome.FAILED and result.unrecoverable
     assert "a ring pin would not help" in result.detail
@@ -396,7 +588,8 @@ async def test_escalate_for_a_start_script_says_a_pin_changes_nothing(tmp_path: 
     inventory = script_inventory()
     helpers = FakeHelpers(inventory)
     result = await Escalate(model=model(inventory)).run(
-        context(Health(), tmp_path, helpers, inventory=inventory))
+        context(Health(), tmp_path, helpers, inventory=inventory)
+    )
     assert result.unrecoverable
     assert "a backend pin changes nothing" in result.detail
     assert "ai004: OS build 24G84, mlx 0.29.1, mlx-lm 0.28.0" in result.detail
@@ -410,58 +603,86 @@ def survivors(*entries: tuple[str, dict[str, Any]]) -> SurvivorVerdict:
 
 async def test_escalate_names_the_survivors_and_puts_their_reboot_first(tmp_path: Path) -> None:
     helpers = FakeHelpers(INVENTORY)
-    result = await Escalate(model=model()).run(context(
-        Health(), tmp_path, helpers, survivors=survivors(("ai002", stuck(77)))))
+    result = await Escalate(model=model()).run(
+        context(Health(), tmp_path, helpers, survivors=survivors(("ai002", stuck(77))))
+    )
     assert result.unrecoverable
     assert result.detail.startswith(f"every backend of {MODEL} failed verification.")
     assert "survivors left: ai002: pid 77 (rank, state uninterruptible" in result.detail
     assert result.next_action == (
         f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL}), then"
         f" stop every rank of {MODEL}, check the Thunderbolt links (`ibv_devinfo`:"
-        " PORT_ACTIVE), reboot all its nodes (ai001, ai002, ai003, ai004)")
+        " PORT_ACTIVE), reboot all its nodes (ai001, ai002, ai003, ai004)"
+    )
 
 
 async def test_a_survivor_holding_the_port_is_why_no_pin_is_made(tmp_path: Path) -> None:
     helpers = FakeHelpers(INVENTORY)
     held = survivors(("ai001", stuck(77, holds_port=True)), ("ai004", stuck(78)))
-    result = await PinRing(model=model()).run(context(Health(), tmp_path, helpers,
-                                                      survivors=held))
+    result = await PinRing(model=model()).run(context(Health(), tmp_path, helpers, survivors=held))
     assert result.outcome is StepOutcome.FAILED and result.unrecoverable
     assert helpers.calls == []  # no facts read, no pin made
     assert "no pin was made" in result.detail
     assert result.next_action is not None
     assert result.next_action.startswith(
         f"reboot ai001 to free 1 protection domain(s) (models placed there: {MODEL}): a"
-        f" process there that survives SIGKILL holds {MODEL}'s port")
+        f" process there that survives SIGKILL holds {MODEL}'s port"
+    )
     assert result.next_action.endswith(
         f"; also reboot ai004 to free 1 protection domain(s) (models placed there: {MODEL},"
-        " qwq-32b-8bit)")
+        " qwq-32b-8bit)"
+    )
 
 
-@pytest.mark.parametrize(("held", "after_start", "action"), [
-    (False, True, f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL}),"
-                  " then check it"),
-    (False, False, f"check it; also reboot ai002 to free 1 protection domain(s) (models placed"
-                   f" there: {MODEL})"),
-    (True, True, f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL}):"
-                 f" a process there that survives SIGKILL holds {MODEL}'s port, so no start"
-                 f" can listen on it until then; com.example.{MODEL} is left started and"
-                 " serves once the port is free"),
-    (True, False, f"check it; also reboot ai002 to free 1 protection domain(s) (models placed"
-                  f" there: {MODEL})"),
-], ids=["after-a-start", "before-a-start", "port-held-after-a-start", "port-held-before"])
+@pytest.mark.parametrize(
+    ("held", "after_start", "action"),
+    [
+        (
+            False,
+            True,
+            f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL}),"
+            " then check it",
+        ),
+        (
+            False,
+            False,
+            f"check it; also reboot ai002 to free 1 protection domain(s) (models placed"
+            f" there: {MODEL})",
+        ),
+        (
+            True,
+            True,
+            f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL}):"
+            f" a process there that survives SIGKILL holds {MODEL}'s port, so no start"
+            f" can listen on it until then; com.example.{MODEL} is left started and"
+            " serves once the port is free",
+        ),
+        (
+            True,
+            False,
+            f"check it; also reboot ai002 to free 1 protection domain(s) (models placed"
+            f" there: {MODEL})",
+        ),
+    ],
+    ids=["after-a-start", "before-a-start", "port-held-after-a-start", "port-held-before"],
+)
 def test_an_escalation_of_a_run_with_survivors_carries_their_reboot_once(
-    held: bool, after_start: bool, action: str,
+    held: bool,
+    after_start: bool,
+    action: str,
 ) -> None:
     verdict = survivors(("ai002", stuck(77, holds_port=held)))
-    detail, next_action = survivor_escalation(verdict, INVENTORY, "it failed", "check it",
-                                              after_start=after_start)
+    detail, next_action = survivor_escalation(
+        verdict, INVENTORY, "it failed", "check it", after_start=after_start
+    )
     assert next_action == action
     assert detail.startswith("it failed; survivors left: ai002: pid 77 (rank, state")
-    assert survivor_escalation(verdict, INVENTORY, detail, next_action,
-                               after_start=after_start) == (detail, next_action)
-    assert survivor_escalation(None, INVENTORY, "it failed", "check it",
-                               after_start=after_start) == ("it failed", "check it")
+    assert survivor_escalation(
+        verdict, INVENTORY, detail, next_action, after_start=after_start
+    ) == (detail, next_action)
+    assert survivor_escalation(
+        None, INVENTORY, "it failed", "check it", after_start=after_start
+    ) == ("it failed", "check it")
 
 
 async def test_escalate_names_a_node_that_gave_no_facts(tmp_path: Path) -> None:
@@ -470,14 +691,21 @@ async def test_escalate_names_a_node_that_gave_no_facts(tmp_path: Path) -> None:
     assert "ai004: no facts (did not answer)" in result.detail
 
 
-@pytest.mark.parametrize(("verdict", "expected"), [
-    (HealthVerdict.down("refused"), RecheckVerdict.act(f"{MODEL} is still down: refused")),
-    (HealthVerdict.up("completed"), RecheckVerdict.skip("model is up again: completed")),
-    (HealthVerdict.unknown("busy"),
-     RecheckVerdict.skip(f"could not confirm {MODEL} is down: busy", undecided=True)),
-])
+@pytest.mark.parametrize(
+    ("verdict", "expected"),
+    [
+        (HealthVerdict.down("refused"), RecheckVerdict.act(f"{MODEL} is still down: refused")),
+        (HealthVerdict.up("completed"), RecheckVerdict.skip("model is up again: completed")),
+        (
+            HealthVerdict.unknown("busy"),
+            RecheckVerdict.skip(f"could not confirm {MODEL} is down: busy", undecided=True),
+        ),
+    ],
+)
 async def test_recover_acts_only_on_a_model_that_is_still_down(
-    verdict: HealthVerdict, expected: RecheckVerdict, tmp_path: Path,
+    verdict: HealthVerdict,
+    expected: RecheckVerdict,
+    tmp_path: Path,
 ) -> None:
     playbook = RecoverPlaybook()
     assert await playbook.recheck(context(Health(verdicts=[verdict]), tmp_path)) == expected
@@ -505,23 +733,47 @@ BEFORE_START = StartMarks({SERVICE_LOG: 1000}, failed_starts=4)
 
 def pd_error_at(offset: int, size: int = 4096) -> Answer:
     """The head's facts: the PD error at `offset` of the service log, which is `size` long."""
-    return facts(log_errors=[{"file": SERVICE_LOG, "signature": "jaccl_protection_domain",
-                              "line": PD_LINE, "offset": offset}],
-                 log_sizes={SERVICE_LOG: size})  # fmt: skip
+    return facts(
+        log_errors=[
+            {
+                "file": SERVICE_LOG,
+                "signature": "jaccl_protection_domain",
+                "line": PD_LINE,
+                "offset": offset,
+            }
+        ],
+        log_sizes={SERVICE_LOG: size},
+    )
 
 
 def wrapper_failed(failed_starts: int, *backends: str) -> Answer:
     """The head's facts: the serve wrapper's record after `failed_starts` failed starts, the
     last one's failures on `backends` (JACCL's first)."""
-    return facts(serve={"state": "failed", "backend": backends[0], "failed_starts": failed_starts,
-                        "failed_backends": list(backends), "failure": {
-                            "backend": backends[0], "host": "ai002", "reason": "rank failed",
-                            "line": PD_LINE}})  # fmt: skip
+    return facts(
+        serve={
+            "state": "failed",
+            "backend": backends[0],
+            "failed_starts": failed_starts,
+            "failed_backends": list(backends),
+            "failure": {
+                "backend": backends[0],
+                "host": "ai002",
+                "reason": "rank failed",
+                "line": PD_LINE,
+            },
+        }
+    )
 
 
 async def test_the_start_step_keeps_where_the_head_stood_before_the_start(tmp_path: Path) -> None:
-    helpers = FakeHelpers(INVENTORY, {("ai001", "service"): Answer(
-        {**DEFAULTS["service"], "log_sizes": {SERVICE_LOG: 1000}, "failed_starts": 4})})
+    helpers = FakeHelpers(
+        INVENTORY,
+        {
+            ("ai001", "service"): Answer(
+                {**DEFAULTS["service"], "log_sizes": {SERVICE_LOG: 1000}, "failed_starts": 4}
+            )
+        },
+    )
     run_context = context(Health(), tmp_path, helpers)
     assert (await StartService(model=model()).run(run_context)).outcome is StepOutcome.OK
     assert run_context.start_marks == BEFORE_START
@@ -535,7 +787,8 @@ async def test_a_start_script_that_wrote_a_jaccl_error_after_its_start_fails_ver
     helpers = FakeHelpers(inventory, {("ai001", "facts"): pd_error_at(1200)})
     health = Health()  # down, every time
     result = await Verify(model=model(inventory), within=600, poll_interval=0.01).run(
-        context(health, tmp_path, helpers, inventory=inventory, start_marks=BEFORE_START))
+        context(health, tmp_path, helpers, inventory=inventory, start_marks=BEFORE_START)
+    )
     assert result.outcome is StepOutcome.FAILED and health.calls == 1
     assert f"on ai001: {PD_LINE}" in result.detail and "start_timeout (600s)" in result.detail
 
@@ -547,25 +800,33 @@ async def test_a_wrapper_start_that_failed_on_jaccl_alone_fails_verify_at_once(
     helpers = FakeHelpers(INVENTORY, {("ai001", "facts"): wrapper_failed(5, "jaccl")})
     health = Health()
     result = await Verify(model=model(), within=600, poll_interval=0.01).run(
-        context(health, tmp_path, helpers, start_marks=BEFORE_START))
+        context(health, tmp_path, helpers, start_marks=BEFORE_START)
+    )
     assert result.outcome is StepOutcome.FAILED and health.calls == 1
     assert f"failed on JACCL alone, on ai002: {PD_LINE}; ring was not tried" in result.detail
 
 
-@pytest.mark.parametrize(("service", "answer"), [
-    ("script", pd_error_at(400)),  # the error is older than the start: it may still come up
-    ("wrapper", pd_error_at(1200)),  # a wrapper is judged by its record, not the log
-    ("wrapper", wrapper_failed(4, "jaccl")),  # no failed start since ours
-    ("wrapper", wrapper_failed(5, "jaccl", "ring")),  # it tried ring too: a pin changes nothing
-], ids=["script-old-error", "wrapper-log-line", "wrapper-no-new-failure", "wrapper-tried-ring"])
+@pytest.mark.parametrize(
+    ("service", "answer"),
+    [
+        ("script", pd_error_at(400)),  # the error is older than the start: it may still come up
+        ("wrapper", pd_error_at(1200)),  # a wrapper is judged by its record, not the log
+        ("wrapper", wrapper_failed(4, "jaccl")),  # no failed start since ours
+        ("wrapper", wrapper_failed(5, "jaccl", "ring")),  # it tried ring too: a pin changes nothing
+    ],
+    ids=["script-old-error", "wrapper-log-line", "wrapper-no-new-failure", "wrapper-tried-ring"],
+)
 async def test_verify_waits_out_the_start_timeout_when_waiting_may_still_help(
-    service: str, answer: Answer, tmp_path: Path,
+    service: str,
+    answer: Answer,
+    tmp_path: Path,
 ) -> None:
     inventory = script_inventory() if service == "script" else INVENTORY
     helpers = FakeHelpers(inventory, {("ai001", "facts"): answer})
     health = Health()
     result = await Verify(model=model(inventory), within=0.05, poll_interval=0.01).run(
-        context(health, tmp_path, helpers, inventory=inventory, start_marks=BEFORE_START))
+        context(health, tmp_path, helpers, inventory=inventory, start_marks=BEFORE_START)
+    )
     assert result.outcome is StepOutcome.FAILED and health.calls > 1
     assert result.detail == "down"
 
@@ -573,5 +834,6 @@ async def test_verify_waits_out_the_start_timeout_when_waiting_may_still_help(
 async def test_without_a_start_of_this_run_verify_only_probes(tmp_path: Path) -> None:
     helpers = FakeHelpers(INVENTORY, {("ai001", "facts"): wrapper_failed(5, "jaccl")})
     result = await Verify(model=model(), within=0.03, poll_interval=0.01).run(
-        context(Health(), tmp_path, helpers))
+        context(Health(), tmp_path, helpers)
+    )
     assert result.detail == "down" and helpers.of("facts") == []

@@ -25,8 +25,15 @@ from tests.remediator.engine_fakes import (
 )
 from tests.remediator.fake_helpers import Answer, FakeHelpers, stuck, swept, unreachable
 
-ORPHAN = {"pid": 31, "start_time": 5.0, "cmdline": ["python", "-m", "mlx_lm.server"],
-          "model": MODEL, "role": "rank", "state": "S", "rule": "launcher_gone"}
+ORPHAN = {
+    "pid": 31,
+    "start_time": 5.0,
+    "cmdline": ["python", "-m", "mlx_lm.server"],
+    "model": MODEL,
+    "role": "rank",
+    "state": "S",
+    "rule": "launcher_gone",
+}
 STUCK = {**ORPHAN, "pid": 32, "state": "D"}
 ROUTING = {"LLMModelDown": "recover", "MLXOrphanProcesses": SWEEP_ORPHANS}
 
@@ -35,14 +42,22 @@ def orphans(*entries: dict[str, Any]) -> Answer:
     return Answer({"orphans": list(entries), "suspects": []})
 
 
-def engine_with(tmp_path: Path, engines: list[Engine], answers: dict[tuple[str, str], Any],
-                health: Health | None = None, **policy: Any) -> tuple[Engine, FakeHelpers]:
+def engine_with(
+    tmp_path: Path,
+    engines: list[Engine],
+    answers: dict[tuple[str, str], Any],
+    health: Health | None = None,
+    **policy: Any,
+) -> tuple[Engine, FakeHelpers]:
     inventory = make_inventory(start_timeout="1s", **policy)
     config = make_config(tmp_path, routing={"playbooks": ROUTING})
-    engine = make_engine(config, inventory, transport=LocalTransport(),
-                         playbooks={"recover": RecoverPlaybook(),
-                                    SWEEP_ORPHANS: SweepOrphansPlaybook()},
-                         health=health or Health(up=True))
+    engine = make_engine(
+        config,
+        inventory,
+        transport=LocalTransport(),
+        playbooks={"recover": RecoverPlaybook(), SWEEP_ORPHANS: SweepOrphansPlaybook()},
+        health=health or Health(up=True),
+    )
     engines.append(engine)
     helpers = FakeHelpers(inventory, answers)
     engine.helpers = helpers
@@ -61,14 +76,17 @@ async def test_it_sweeps_the_orphans_of_the_reporting_node_then_of_the_others_ne
     await engine.wait_idle()
     (run,) = engine.journal.list_runs()
     assert (run.playbook, run.outcome) == (SWEEP_ORPHANS, "succeeded")
-    assert [(s.name, s.node) for s in run.steps] == [("sweep-orphans", "ai002"),
-                                                     ("sweep-orphans", "ai001, ai003, ai004"),
-                                                     ("verify", "ai001")]
+    assert [(s.name, s.node) for s in run.steps] == [
+        ("sweep-orphans", "ai002"),
+        ("sweep-orphans", "ai001, ai003, ai004"),
+        ("verify", "ai001"),
+    ]
     assert helpers.of("orphans") == [("ai002", (MODEL,))]  # the re-check asks who reported
     sweeps = helpers.of("sweep")
     assert sweeps[0] == ("ai002", (MODEL, "--orphans-only"))  # the reporting node first
-    assert sorted(sweeps[1:]) == [(node, (MODEL, "--orphans-only"))
-                                  for node in ("ai001", "ai003", "ai004")]
+    assert sorted(sweeps[1:]) == [
+        (node, (MODEL, "--orphans-only")) for node in ("ai001", "ai003", "ai004")
+    ]
     assert helpers.of("service") == [] and helpers.of("clean") == []
 
 
@@ -86,8 +104,9 @@ async def test_nothing_is_done_when_the_node_no_longer_reports_orphans(
 async def test_a_reporting_node_that_cannot_be_asked_ends_the_run_unreachable(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    engine, helpers = engine_with(tmp_path, engines,
-                                  {("ai002", "orphans"): unreachable("ai002", "orphans")})
+    engine, helpers = engine_with(
+        tmp_path, engines, {("ai002", "orphans"): unreachable("ai002", "orphans")}
+    )
     await engine.submit(orphan_alert("o1"))
     await engine.wait_idle()
     (run,) = engine.journal.list_runs()
@@ -98,20 +117,24 @@ async def test_an_unkillable_orphan_is_named_once_with_its_reboot_and_the_model_
     tmp_path: Path, engines: list[Engine]
 ) -> None:
     stuck_sweep = swept(stuck(32, start_time=5.0))
-    engine, helpers = engine_with(tmp_path, engines, {
-        ("ai002", "orphans"): orphans(STUCK), ("ai002", "sweep"): stuck_sweep})
+    engine, helpers = engine_with(
+        tmp_path, engines, {("ai002", "orphans"): orphans(STUCK), ("ai002", "sweep"): stuck_sweep}
+    )
     await engine.submit(orphan_alert("o1"))
     await engine.wait_idle()
     (first,) = engine.journal.list_runs()
     advice = f"reboot ai002 to free 1 protection domain(s) (models placed there: {MODEL})"
     assert first.outcome == "succeeded" and first.next_action is None
-    assert [(s.name, s.outcome) for s in first.steps] == [("sweep-orphans", "ok"),
-                                                          ("sweep-orphans", "ok"),
-                                                          ("verify", "ok")]
+    assert [(s.name, s.outcome) for s in first.steps] == [
+        ("sweep-orphans", "ok"),
+        ("sweep-orphans", "ok"),
+        ("verify", "ok"),
+    ]
     assert first.detail == (
         f"{MODEL} verified healthy; survivors left: ai002: pid 32 (rank, state uninterruptible,"
         " holding 1 protection domain(s) on rdma_en2) survives SIGKILL: python -m"
-        f" mlx_lm.server. {advice}")
+        f" mlx_lm.server. {advice}"
+    )
     assert f"{advice}; the model keeps serving" in first.steps[0].detail
     assert helpers.of("service") == []  # never stopped
     assert engine.journal.list_events(kind="escalation") == []
@@ -142,28 +165,41 @@ async def test_an_unkillable_orphan_is_named_once_with_its_reboot_and_the_model_
 async def test_its_runs_have_a_budget_of_their_own_that_never_blocks_recover(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    engine, _ = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
-                                  health=Health(up=True), restart_budget=1)
+    engine, _ = engine_with(
+        tmp_path,
+        engines,
+        {("ai002", "orphans"): orphans(ORPHAN)},
+        health=Health(up=True),
+        restart_budget=1,
+    )
     await engine.submit(orphan_alert("o1"))
     await engine.wait_idle()
     assert await engine.submit(orphan_alert("o2")) == Disposition.BACKOFF
-    assert "sweep-orphans: restart budget spent" in engine.journal.list_events(
-        kind="backoff")[0].detail
+    assert (
+        "sweep-orphans: restart budget spent"
+        in engine.journal.list_events(kind="backoff")[0].detail
+    )
     assert engine.journal.blocking_control(MODEL) is None
-    engine._health_check = Health(verdicts=[HealthVerdict.down("refused")] * 2
-                                  + [HealthVerdict.up("answered")])
+    engine._health_check = Health(
+        verdicts=[HealthVerdict.down("refused")] * 2 + [HealthVerdict.up("answered")]
+    )
     assert await engine.submit(alert("down1")) == Disposition.STARTED  # recover's own budget
 
 
 async def test_a_model_down_alert_during_a_sweep_is_queued_after_it_not_absorbed(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    health = Health(verdicts=[HealthVerdict.up("answered"),  # the sweep's re-check
-                              HealthVerdict.up("answered"),  # the sweep's verify
-                              HealthVerdict.down("refused"),  # recover's re-check
-                              HealthVerdict.up("answered")])  # recover's verify
-    engine, helpers = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
-                                  health=health)
+    health = Health(
+        verdicts=[
+            HealthVerdict.up("answered"),  # the sweep's re-check
+            HealthVerdict.up("answered"),  # the sweep's verify
+            HealthVerdict.down("refused"),  # recover's re-check
+            HealthVerdict.up("answered"),
+        ]
+    )  # recover's verify
+    engine, helpers = engine_with(
+        tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)}, health=health
+    )
     helpers.gates["sweep"] = gate = asyncio.Event()
     assert await engine.submit(orphan_alert("o1")) == Disposition.STARTED
     while not helpers.of("sweep"):
@@ -181,8 +217,11 @@ async def test_a_model_down_alert_during_a_sweep_is_queued_after_it_not_absorbed
 async def test_an_orphan_alert_for_another_node_during_a_sweep_gets_a_sweep_of_its_own(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    engine, helpers = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN),
-                                                      ("ai003", "orphans"): orphans(ORPHAN)})
+    engine, helpers = engine_with(
+        tmp_path,
+        engines,
+        {("ai002", "orphans"): orphans(ORPHAN), ("ai003", "orphans"): orphans(ORPHAN)},
+    )
     helpers.gates["sweep"] = gate = asyncio.Event()
     assert await engine.submit(orphan_alert("o1", "ai002")) == Disposition.STARTED
     while not helpers.of("sweep"):  # the first run's nodes are fixed: it sweeps ai002
@@ -204,15 +243,17 @@ async def test_an_orphan_alert_for_another_node_during_a_sweep_gets_a_sweep_of_i
 async def test_orphan_alerts_for_two_nodes_before_the_run_starts_are_swept_by_one_run(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
-    engine, helpers = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN),
-                                                      ("ai003", "orphans"): orphans(ORPHAN)})
+    engine, helpers = engine_with(
+        tmp_path,
+        engines,
+        {("ai002", "orphans"): orphans(ORPHAN), ("ai003", "orphans"): orphans(ORPHAN)},
+    )
     assert await engine.submit(orphan_alert("o1", "ai002")) == Disposition.STARTED
     assert await engine.submit(orphan_alert("o3", "ai003")) == Disposition.ABSORBED
     await engine.wait_idle()
     (run,) = engine.journal.list_runs()
     assert run.outcome == "succeeded" and run.steps[0].node == "ai002, ai003"
-    assert sorted(node for node, _ in helpers.of("sweep")) == ["ai001", "ai002", "ai003",
-                                                                "ai004"]
+    assert sorted(node for node, _ in helpers.of("sweep")) == ["ai001", "ai002", "ai003", "ai004"]
 
 
 async def test_a_model_that_stops_answering_during_the_sweep_is_left_to_llmmodeldown(
@@ -222,17 +263,22 @@ async def test_a_model_that_stops_answering_during_the_sweep_is_left_to_llmmodel
     at the re-check and not after the sweep crashed during the run (the whole loop showed
     it: a second fault while the first one's orphans were swept). The run does not page:
     it says so, and LLMModelDown's recover acts; no circuit opens."""
-    engine, _ = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
-                            health=Health(verdicts=[HealthVerdict.up("answered"),
-                                                    HealthVerdict.down("refused")]))
+    engine, _ = engine_with(
+        tmp_path,
+        engines,
+        {("ai002", "orphans"): orphans(ORPHAN)},
+        health=Health(verdicts=[HealthVerdict.up("answered"), HealthVerdict.down("refused")]),
+    )
     await engine.submit(orphan_alert("o1"))
     await engine.wait_idle()
     (run,) = engine.journal.list_runs()
     assert run.outcome == "succeeded" and run.next_action is None
     assert [(s.name, s.outcome) for s in run.steps][-1] == ("verify", "skipped")
-    assert run.detail.startswith("sweep-orphans on ai002, sweep-orphans on ai001, ai003,"
-                                 f" ai004 done; {MODEL} answered before the sweep and not"
-                                 " after it (refused)")
+    assert run.detail.startswith(
+        "sweep-orphans on ai002, sweep-orphans on ai001, ai003,"
+        f" ai004 done; {MODEL} answered before the sweep and not"
+        " after it (refused)"
+    )
     assert "reads as a crash during the run; LLMModelDown acts" in run.detail
     assert engine.journal.blocking_control(MODEL) is None
     assert engine.journal.list_events(kind="escalation") == []
@@ -243,16 +289,23 @@ async def test_a_model_that_was_not_answering_before_the_sweep_is_left_to_llmmod
 ) -> None:
     """A crash in progress (KeepAlive restarting the model): the orphans are swept, the
     verify judges nothing the sweep did, the run succeeds and nothing escalates."""
-    engine, _ = engine_with(tmp_path, engines, {("ai002", "orphans"): orphans(ORPHAN)},
-                            health=Health(verdicts=[HealthVerdict.down("refused")]))
+    engine, _ = engine_with(
+        tmp_path,
+        engines,
+        {("ai002", "orphans"): orphans(ORPHAN)},
+        health=Health(verdicts=[HealthVerdict.down("refused")]),
+    )
     await engine.submit(orphan_alert("o1"))
     await engine.wait_idle()
     (run,) = engine.journal.list_runs()
     assert run.outcome == "succeeded" and run.next_action is None
-    assert [(s.name, s.outcome) for s in run.steps] == [("sweep-orphans", "ok"),
-                                                        ("sweep-orphans", "ok"),
-                                                        ("verify", "skipped")]
-    assert run.detail.startswith("sweep-orphans on ai002, sweep-orphans on ai001, ai003,"
-                                 f" ai004 done; {MODEL} was not answering before the sweep")
+    assert [(s.name, s.outcome) for s in run.steps] == [
+        ("sweep-orphans", "ok"),
+        ("sweep-orphans", "ok"),
+        ("verify", "skipped"),
+    ]
+    assert run.detail.startswith(
+        "sweep-orphans on ai002, sweep-orphans on ai001, ai003,"
+        f" ai004 done; {MODEL} was not answering before the sweep"
+    )
     assert "LLMModelDown acts on a model that stays down" in run.detail
-

@@ -32,8 +32,11 @@ MEDIC = str(Path(sys.executable).parent / "mlx-medic")
 
 
 async def test_sweep_orphans_over_ssh_ends_the_seeds_orphans_on_the_reporting_node_then_the_others(
-    clean_cluster: Cluster, tiny_model: Path, tmp_path: Path,
-    ssh_transports: list[SshTransport], engines: list[Engine],
+    clean_cluster: Cluster,
+    tiny_model: Path,
+    tmp_path: Path,
+    ssh_transports: list[SshTransport],
+    engines: list[Engine],
 ) -> None:
     cluster = clean_cluster
     scenario = prepare(cluster, tiny_model)
@@ -48,49 +51,79 @@ async def test_sweep_orphans_over_ssh_ends_the_seeds_orphans_on_the_reporting_no
         for attempt, run_id in enumerate((f"run1-{scenario.token}", f"run2-{scenario.token}")):
             for node in (head, peer):
                 record_current_run(node.state_dir, "tiny", run_id)
-            launches.append(scenario.launch(attempt, "--env", f"MLX_MEDIC_RUN_ID={run_id}",
-                                            "--env", "MLX_MEDIC_MODEL=tiny"))
+            launches.append(
+                scenario.launch(
+                    attempt, "--env", f"MLX_MEDIC_RUN_ID={run_id}", "--env", "MLX_MEDIC_MODEL=tiny"
+                )
+            )
             wait_ready(launches[-1], 2)
             if attempt == 0:
                 old = {n.name: rank_pids(n, str(scenario.script)) for n in (head, peer)}
                 launches[0].kill()  # the crash: SIGKILL, no teardown
-        current = {n.name: set(rank_pids(n, str(scenario.script))) - set(old[n.name])
-                   for n in (head, peer)}
+        current = {
+            n.name: set(rank_pids(n, str(scenario.script))) - set(old[n.name]) for n in (head, peer)
+        }
         (old_peer_rank,) = old["ai002"]
         assert processes.cmdline(processes.ppid(old_peer_rank))[0].startswith("sshd:")
 
         inventory = load_inventory(scenario.inventory)
         transport = SshTransport(inventory)
         ssh_transports.append(transport)
-        config = RemediatorConfig.model_validate({
-            "journal": str(tmp_path / "journal.sqlite"),
-            "routing": {"playbooks": {"MLXOrphanProcesses": "sweep-orphans"}},
-        })
+        config = RemediatorConfig.model_validate(
+            {
+                "journal": str(tmp_path / "journal.sqlite"),
+                "routing": {"playbooks": {"MLXOrphanProcesses": "sweep-orphans"}},
+            }
+        )
 
         async def model_answers(model: Model) -> HealthVerdict:  # the verify's probe
             return HealthVerdict.up("run 2 is current")  # its ranks serve no HTTP here
 
-        engine = Engine(config, inventory, Journal(config.journal), transport,
-                        registry=CollectorRegistry(), health_check=model_answers)
+        engine = Engine(
+            config,
+            inventory,
+            Journal(config.journal),
+            transport,
+            registry=CollectorRegistry(),
+            health_check=model_answers,
+        )
         engines.append(engine)
         await engine.start()
         # The peer reports first: its orphan goes, then the other nodes' (the head's).
-        assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny",
-                                         alertname="MLXOrphanProcesses",
-                                         labels={"node": "ai002"})) == Disposition.STARTED
+        assert (
+            await engine.submit(
+                alert(
+                    uuid.uuid4().hex[:16],
+                    "tiny",
+                    alertname="MLXOrphanProcesses",
+                    labels={"node": "ai002"},
+                )
+            )
+            == Disposition.STARTED
+        )
         await engine.wait_idle(240)
         (run,) = engine.journal.list_runs()
         assert run.outcome == "succeeded", (run.detail, [s.output for s in run.steps])
-        assert [(s.name, s.node) for s in run.steps] == [("sweep-orphans", "ai002"),
-                                                         ("sweep-orphans", "ai001"),
-                                                         ("verify", "ai001")]
+        assert [(s.name, s.node) for s in run.steps] == [
+            ("sweep-orphans", "ai002"),
+            ("sweep-orphans", "ai001"),
+            ("verify", "ai001"),
+        ]
         wait_until(lambda: not processes.is_alive(old_peer_rank), "the peer's old rank to go")
         for pid in old["ai001"]:
             wait_until(lambda: not processes.is_alive(pid), "the head's old rank to go")  # noqa: B023
         # The head's own alert, arriving later, finds nothing left to do.
-        assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny",
-                                         alertname="MLXOrphanProcesses",
-                                         labels={"node": "ai001"})) == Disposition.STARTED
+        assert (
+            await engine.submit(
+                alert(
+                    uuid.uuid4().hex[:16],
+                    "tiny",
+                    alertname="MLXOrphanProcesses",
+                    labels={"node": "ai001"},
+                )
+            )
+            == Disposition.STARTED
+        )
         await engine.wait_idle(240)
         second = engine.journal.list_runs()[0]
         assert second.outcome == "skipped", second.detail

@@ -46,8 +46,13 @@ async def test_shell_syntax_in_an_argument_stays_one_word_and_runs_nothing(
 ) -> None:
     node = inventory.node("ai002")
     canary = f"/tmp/CANARY-{uuid.uuid4().hex}"
-    for hostile in (f"; touch {canary}", f"$(touch {canary})", f"`touch {canary}`",
-                    f"x\ntouch {canary}", f"' ; touch {canary} ; '"):
+    for hostile in (
+        f"; touch {canary}",
+        f"$(touch {canary})",
+        f"`touch {canary}`",
+        f"x\ntouch {canary}",
+        f"' ; touch {canary} ; '",
+    ):
         result = await transport.run(node, ["printf", "%s", hostile], timeout=10)
         assert result.stdout == hostile
     assert not cluster.node("ai002").host_path(canary).exists()
@@ -74,8 +79,14 @@ async def test_an_unknown_host_key_is_refused(tmp_path: Path, cluster) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     inventory = parse_inventory(
-        cluster.inventory_yaml([], ssh={"identity_file": str(cluster.identity),
-                                        "known_hosts": str(empty), "connect_timeout": "5s"})
+        cluster.inventory_yaml(
+            [],
+            ssh={
+                "identity_file": str(cluster.identity),
+                "known_hosts": str(empty),
+                "connect_timeout": "5s",
+            },
+        )
     )
     ssh = SshTransport(inventory)
     try:

@@ -62,17 +62,25 @@ async def one_run(engine: Engine) -> RunView:
 
 
 def unreachable_count(registry: CollectorRegistry, node: str = "ai001") -> float | None:
-    return registry.get_sample_value("mlx_medic_node_unreachable_total",
-                                     {"model": "m1", "node": node})
+    return registry.get_sample_value(
+        "mlx_medic_node_unreachable_total", {"model": "m1", "node": node}
+    )
 
 
 async def test_a_head_that_does_not_answer_while_taking_the_lock_ends_the_run_unreachable(
-    tmp_path: Path, silent: tuple[Inventory, SshTransport], caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    silent: tuple[Inventory, SshTransport],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     inventory, transport = silent
     registry = CollectorRegistry()
-    engine = make_engine(make_config(tmp_path, lock_wait="60s"), inventory,
-                         transport=transport, health=Health(up=False), registry=registry)
+    engine = make_engine(
+        make_config(tmp_path, lock_wait="60s"),
+        inventory,
+        transport=transport,
+        health=Health(up=False),
+        registry=registry,
+    )
     loop = asyncio.get_running_loop()
     started = loop.time()
     with caplog.at_level(logging.INFO, logger="mlx_medic.remediator.engine"):
@@ -81,74 +89,113 @@ async def test_a_head_that_does_not_answer_while_taking_the_lock_ends_the_run_un
     assert run.outcome == "unreachable" and run.steps == []
     assert run.detail.startswith(
         "ai001 did not answer over SSH (taking the model lock: cannot reach the lock on ai001:"
-        f" cannot reach ai001 (medic@127.0.0.1:{SILENT_PORT})")
+        f" cannot reach ai001 (medic@127.0.0.1:{SILENT_PORT})"
+    )
     assert run.next_action is not None
-    assert run.next_action.startswith("nothing was done to m1: check that ai001 is up and"
-                                      f" answers SSH (`ssh -p {SILENT_PORT} medic@127.0.0.1 true`)")
+    assert run.next_action.startswith(
+        "nothing was done to m1: check that ai001 is up and"
+        f" answers SSH (`ssh -p {SILENT_PORT} medic@127.0.0.1 true`)"
+    )
     assert unreachable_count(registry) == 1
-    assert registry.get_sample_value("mlx_medic_remediations_total",
-                                     {"model": "m1", "outcome": "unreachable"}) == 1
+    assert (
+        registry.get_sample_value(
+            "mlx_medic_remediations_total", {"model": "m1", "outcome": "unreachable"}
+        )
+        == 1
+    )
     ended = [r for r in caplog.records if r.getMessage() == "run 1 of m1 ended: unreachable"]
     assert [r.levelno for r in ended] == [logging.WARNING]
     assert not engine.journal.list_events(kind="escalation")  # no circuit: it may act again
 
 
 async def test_a_head_that_does_not_answer_the_recheck_ends_the_run_unreachable(
-    tmp_path: Path, silent: tuple[Inventory, SshTransport],
+    tmp_path: Path,
+    silent: tuple[Inventory, SshTransport],
 ) -> None:
     """m1 listens on loopback: the re-check probes it on its head over SSH."""
     inventory, transport = silent
     registry = CollectorRegistry()
     config = make_config(tmp_path)
-    engine = Engine(config, inventory, Journal(config.journal), transport,
-                    registry=registry, hostname="replica-a")  # the real re-check
+    engine = Engine(
+        config,
+        inventory,
+        Journal(config.journal),
+        transport,
+        registry=registry,
+        hostname="replica-a",
+    )  # the real re-check
     run = await one_run(engine)
     assert run.outcome == "unreachable"
     assert run.detail.startswith(
         "ai001 did not answer over SSH (re-check: could not confirm m1 is down: could not"
-        " probe on ai001: cannot reach ai001")
+        " probe on ai001: cannot reach ai001"
+    )
     assert unreachable_count(registry) == 1
 
 
 async def test_a_failed_start_up_lock_check_is_a_warning_counted_and_journaled(
-    tmp_path: Path, silent: tuple[Inventory, SshTransport], caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    silent: tuple[Inventory, SshTransport],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     inventory, transport = silent
     config = make_config(tmp_path)
     journal = Journal(config.journal)
-    crashed = journal.create_run(model="m1", playbook="recover", trigger_kind="alert",
-                                 owner=owner_tag("replica-a", dead_pid()), now=1.0)
+    crashed = journal.create_run(
+        model="m1",
+        playbook="recover",
+        trigger_kind="alert",
+        owner=owner_tag("replica-a", dead_pid()),
+        now=1.0,
+    )
     registry = CollectorRegistry()
-    engine = make_engine(config, inventory, journal=journal, transport=transport,
-                         registry=registry)
+    engine = make_engine(config, inventory, journal=journal, transport=transport, registry=registry)
     with caplog.at_level(logging.WARNING, logger="mlx_medic.remediator.engine"):
         await engine.start()
     await engine.close()
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(m.startswith("start-up lock check failed: could not check the lock of"
-                            f" interrupted run {crashed} on ai001") for m in warned), warned
+    assert any(
+        m.startswith(
+            "start-up lock check failed: could not check the lock of"
+            f" interrupted run {crashed} on ai001"
+        )
+        for m in warned
+    ), warned
     assert unreachable_count(registry) == 1
     (event,) = journal.list_events(kind="lock_check_failed")
     assert "cannot reach ai001" in event.detail
 
 
 def test_the_service_says_a_failed_start_up_lock_check_on_stderr(
-    tmp_path: Path, services: list[Any],
+    tmp_path: Path,
+    services: list[Any],
 ) -> None:
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(yaml.safe_dump(silent_inventory(tmp_path).model_dump(mode="json")))
     journal_path = tmp_path / "journal.sqlite"
     journal = Journal(journal_path)
-    journal.create_run(model="m1", playbook="recover", trigger_kind="alert",
-                       owner=owner_tag(socket.gethostname(), dead_pid()), now=1.0)
+    journal.create_run(
+        model="m1",
+        playbook="recover",
+        trigger_kind="alert",
+        owner=owner_tag(socket.gethostname(), dead_pid()),
+        now=1.0,
+    )
     journal.close()
-    config = write_config(tmp_path / "remediator.yml", {
-        "inventory": str(inventory), "journal": str(journal_path), "insecure_no_auth": True})
+    config = write_config(
+        tmp_path / "remediator.yml",
+        {"inventory": str(inventory), "journal": str(journal_path), "insecure_no_auth": True},
+    )
     service = start_service(config, journal_path, tmp_path)
     services.append(service)
-    line = wait_until(lambda: [entry for entry in service.log_lines()
-                               if entry.get("msg", "").startswith("start-up lock check failed")],
-                      what="the start-up warning on stderr")[0]
+    line = wait_until(
+        lambda: [
+            entry
+            for entry in service.log_lines()
+            if entry.get("msg", "").startswith("start-up lock check failed")
+        ],
+        what="the start-up warning on stderr",
+    )[0]
     assert line["level"] == "warning" and line["node"] == "ai001"
     assert "cannot reach ai001" in line["msg"]
 
@@ -172,14 +219,19 @@ def test_a_head_whose_sshd_is_frozen_is_unreachable_warned_counted_and_red_on_th
     with frozen([head.init_pid], f"sshd-{uuid.uuid4().hex[:10]}"):
         status, body = post_alerts(service, firing)
         assert (status, body["alerts"][0]["disposition"]) == (202, "started")
-        run = wait_until(lambda: [r for r in runs_of(stack, "m1")
-                                  if r["outcome"] not in ("queued", "running")],
-                         timeout=60, what="the run to end")[0]
+        run = wait_until(
+            lambda: [r for r in runs_of(stack, "m1") if r["outcome"] not in ("queued", "running")],
+            timeout=60,
+            what="the run to end",
+        )[0]
     assert run["outcome"] == "unreachable"
     assert run["detail"].startswith("ai001 did not answer over SSH (taking the model lock:")
     assert f"ssh -p {head.ssh_port} root@{head.address} true" in run["next_action"]
-    ended = [line for line in service.log_lines()
-             if line.get("msg") == f"run {run['id']} of m1 ended: unreachable"]
+    ended = [
+        line
+        for line in service.log_lines()
+        if line.get("msg") == f"run {run['id']} of m1 ended: unreachable"
+    ]
     assert [line["level"] for line in ended] == ["warning"]
     _, metrics = http("GET", service.url + "/metrics", headers=bearer())
     assert 'mlx_medic_node_unreachable_total{model="m1",node="ai001"} 1.0' in metrics
@@ -191,5 +243,11 @@ def test_a_head_whose_sshd_is_frozen_is_unreachable_warned_counted_and_red_on_th
     assert not events_of(stack, kind="escalation")
     # sshd answers again: the same firing, sent again, acts (the run did nothing).
     assert post_alerts(service, firing)[1]["alerts"][0]["disposition"] == "started"
-    wait_until(lambda: len(runs_of(stack, "m1")) == 2 and runs_of(stack, "m1")[0]["outcome"]
-               not in ("queued", "running", "unreachable"), timeout=60, what="the second run")
+    wait_until(
+        lambda: (
+            len(runs_of(stack, "m1")) == 2
+            and runs_of(stack, "m1")[0]["outcome"] not in ("queued", "running", "unreachable")
+        ),
+        timeout=60,
+        what="the second run",
+    )

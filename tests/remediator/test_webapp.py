@@ -21,23 +21,32 @@ from tests.remediator.conftest import (
 )
 
 
-async def post(client: TestClient, body: Any, headers: dict[str, str] | None = None,
-               **kwargs: Any) -> tuple[int, dict[str, Any]]:
+async def post(
+    client: TestClient, body: Any, headers: dict[str, str] | None = None, **kwargs: Any
+) -> tuple[int, dict[str, Any]]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    response = await client.post("/alerts", data=data, headers={
-        "Content-Type": "application/json", **(bearer() if headers is None else headers)},
-        **kwargs)
+    response = await client.post(
+        "/alerts",
+        data=data,
+        headers={"Content-Type": "application/json", **(bearer() if headers is None else headers)},
+        **kwargs,
+    )
     return response.status, await response.json()
 
 
 async def test_a_valid_delivery_is_accepted_with_each_alerts_disposition(
-    client: TestClient, fake_engine: FakeEngine,
+    client: TestClient,
+    fake_engine: FakeEngine,
 ) -> None:
-    status, body = await post(client, make_payload(
-        make_alert("m1", fingerprint="aa"), make_alert("nope", fingerprint="bb")))
+    status, body = await post(
+        client,
+        make_payload(make_alert("m1", fingerprint="aa"), make_alert("nope", fingerprint="bb")),
+    )
     assert status == 202
     assert [(a["fingerprint"], a["model"], a["disposition"]) for a in body["alerts"]] == [
-        ("aa", "m1", "started"), ("bb", "nope", "unknown_model")]
+        ("aa", "m1", "started"),
+        ("bb", "nope", "unknown_model"),
+    ]
     assert [e.fingerprint for e in fake_engine.events] == ["aa", "bb"]
 
 
@@ -46,14 +55,20 @@ async def test_basic_auth_is_accepted_too(client: TestClient) -> None:
     assert status == 202
 
 
-@pytest.mark.parametrize("headers, reason", [
-    ({}, "no credentials"),
-    (bearer("wrong"), "wrong bearer token"),
-    (basic(password="wrong"), "wrong basic credentials"),
-    (basic(user="mallory"), "wrong basic credentials"),
-])
+@pytest.mark.parametrize(
+    "headers, reason",
+    [
+        ({}, "no credentials"),
+        (bearer("wrong"), "wrong bearer token"),
+        (basic(password="wrong"), "wrong basic credentials"),
+        (basic(user="mallory"), "wrong basic credentials"),
+    ],
+)
 async def test_missing_or_wrong_credentials_get_401_with_a_challenge(
-    client: TestClient, fake_engine: FakeEngine, headers: dict[str, str], reason: str,
+    client: TestClient,
+    fake_engine: FakeEngine,
+    headers: dict[str, str],
+    reason: str,
 ) -> None:
     response = await client.post("/alerts", json=make_payload(), headers=headers)
     assert response.status == 401
@@ -66,7 +81,8 @@ async def test_missing_or_wrong_credentials_get_401_with_a_challenge(
 
 @pytest.mark.parametrize("path", ["/", "/api/remediations", "/metrics"])
 async def test_the_page_api_and_metrics_need_the_same_credentials(
-    client: TestClient, path: str,
+    client: TestClient,
+    path: str,
 ) -> None:
     assert (await client.get(path)).status == 401
     assert (await client.get(path, headers=basic())).status == 200
@@ -77,14 +93,20 @@ async def test_healthz_needs_no_credentials(client: TestClient) -> None:
     assert response.status == 200 and (await response.json()) == {"status": "ok"}
 
 
-@pytest.mark.parametrize("body, reason", [
-    (b"{oops", "body is not valid JSON"),
-    (make_payload(version="3"), 'unsupported payload version "3"'),
-    ({"version": "4"}, "groupKey: required field is missing"),
-    (make_payload(alerts={"0": make_alert()}), "alerts: Input should be a valid list"),
-])
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (b"{oops", "body is not valid JSON"),
+        (make_payload(version="3"), 'unsupported payload version "3"'),
+        ({"version": "4"}, "groupKey: required field is missing"),
+        (make_payload(alerts={"0": make_alert()}), "alerts: Input should be a valid list"),
+    ],
+)
 async def test_a_body_that_is_no_alertmanager_payload_at_all_gets_400_with_the_reason(
-    client: TestClient, fake_engine: FakeEngine, body: Any, reason: str,
+    client: TestClient,
+    fake_engine: FakeEngine,
+    body: Any,
+    reason: str,
 ) -> None:
     status, answer = await post(client, body)
     assert status == 400
@@ -93,30 +115,44 @@ async def test_a_body_that_is_no_alertmanager_payload_at_all_gets_400_with_the_r
 
 
 async def test_an_invalid_alert_gets_its_own_disposition_and_the_valid_ones_still_act(
-    client: TestClient, fake_engine: FakeEngine,
+    client: TestClient,
+    fake_engine: FakeEngine,
 ) -> None:
     """Alertmanager does not retry a 4xx: a 400 for the whole delivery would lose the
     valid firings beside a bad one."""
-    status, body = await post(client, make_payload(
-        make_alert("m1", fingerprint="aa"), make_alert(None, fingerprint="bb"),
-        make_alert("m2", fingerprint="cc")))
+    status, body = await post(
+        client,
+        make_payload(
+            make_alert("m1", fingerprint="aa"),
+            make_alert(None, fingerprint="bb"),
+            make_alert("m2", fingerprint="cc"),
+        ),
+    )
     assert status == 202
     assert [(a["index"], a["fingerprint"], a["disposition"]) for a in body["alerts"]] == [
-        (0, "aa", "started"), (1, "bb", "invalid"), (2, "cc", "started")]
+        (0, "aa", "started"),
+        (1, "bb", "invalid"),
+        (2, "cc", "started"),
+    ]
     assert body["alerts"][1]["reason"] == (
-        "alerts[1].labels.model: alert \"LLMModelDown\" needs the 'model' label naming the model")
+        "alerts[1].labels.model: alert \"LLMModelDown\" needs the 'model' label naming the model"
+    )
     assert [e.fingerprint for e in fake_engine.started] == ["aa", "cc"]
     assert [(i.index, i.fingerprint) for i in fake_engine.rejected] == [(1, "bb")]
 
 
 async def test_when_the_journal_cannot_record_a_delivery_gets_503_and_reaches_nothing(
-    client: TestClient, fake_engine: FakeEngine,
+    client: TestClient,
+    fake_engine: FakeEngine,
 ) -> None:
     fake_engine.problem = "cannot write the journal /j.sqlite: database or disk is full"
     status, body = await post(client, make_payload(make_alert("m1"), make_alert(None)))
     assert status == 503
-    assert body == {"status": "unavailable", "reason": "the journal cannot record, so nothing"
-                    " acts: cannot write the journal /j.sqlite: database or disk is full"}
+    assert body == {
+        "status": "unavailable",
+        "reason": "the journal cannot record, so nothing"
+        " acts: cannot write the journal /j.sqlite: database or disk is full",
+    }
     assert fake_engine.events == [] and fake_engine.rejected == []
     health = await client.get("/healthz")
     assert health.status == 503
@@ -127,14 +163,18 @@ async def test_when_the_journal_cannot_record_a_delivery_gets_503_and_reaches_no
 
 
 async def test_a_non_json_content_type_gets_400(client: TestClient) -> None:
-    response = await client.post("/alerts", data=json.dumps(make_payload()),
-                                 headers={"Content-Type": "text/plain", **bearer()})
+    response = await client.post(
+        "/alerts",
+        data=json.dumps(make_payload()),
+        headers={"Content-Type": "text/plain", **bearer()},
+    )
     assert response.status == 400
     assert "content type must be application/json" in (await response.json())["reason"]
 
 
 async def test_an_oversized_body_gets_413_and_is_not_read(
-    client: TestClient, fake_engine: FakeEngine,
+    client: TestClient,
+    fake_engine: FakeEngine,
 ) -> None:
     payload = make_payload(make_alert(labels={"pad": "x" * 70_000}))
     status, answer = await post(client, payload)
@@ -147,14 +187,18 @@ async def test_an_oversized_chunked_body_gets_413(client: TestClient) -> None:
     async def chunks():  # no Content-Length: the cap must hold on the bytes read
         for _ in range(20):
             yield b" " * 8192
-    response = await client.post("/alerts", data=chunks(), headers={
-        "Content-Type": "application/json", **bearer()})
+
+    response = await client.post(
+        "/alerts", data=chunks(), headers={"Content-Type": "application/json", **bearer()}
+    )
     assert response.status == 413
 
 
 async def test_metrics_count_received_alerts_by_status(client: TestClient) -> None:
-    await post(client, make_payload(make_alert(fingerprint="a"),
-                                    make_alert(fingerprint="b", status="resolved")))
+    await post(
+        client,
+        make_payload(make_alert(fingerprint="a"), make_alert(fingerprint="b", status="resolved")),
+    )
     await post(client, b"nope")
     text = await (await client.get("/metrics", headers=bearer())).text()
     assert 'mlx_medic_alerts_received_total{status="firing"} 1.0' in text
@@ -163,7 +207,8 @@ async def test_metrics_count_received_alerts_by_status(client: TestClient) -> No
 
 
 async def test_every_request_decision_is_one_log_line(
-    client: TestClient, caplog: pytest.LogCaptureFixture,
+    client: TestClient,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.INFO, logger="mlx_medic.remediator.web"):
         await post(client, make_payload(make_alert(fingerprint="ff")))
@@ -171,7 +216,10 @@ async def test_every_request_decision_is_one_log_line(
         await post(client, make_payload(), bearer("bad"))
     records = [r for r in caplog.records if r.name == "mlx_medic.remediator.web"]
     assert [(r.status, r.path) for r in records] == [  # type: ignore[attr-defined]
-        (202, "/alerts"), (400, "/alerts"), (401, "/alerts")]
+        (202, "/alerts"),
+        (400, "/alerts"),
+        (401, "/alerts"),
+    ]
     assert records[0].dispositions == ["started"]  # type: ignore[attr-defined]
     assert records[0].fingerprints == ["ff"]  # type: ignore[attr-defined]
     assert "version" in records[1].reason  # type: ignore[attr-defined]
@@ -179,10 +227,13 @@ async def test_every_request_decision_is_one_log_line(
 
 
 async def test_the_api_lists_runs_with_model_since_and_limit(
-    client: TestClient, fake_journal: FakeJournal,
+    client: TestClient,
+    fake_journal: FakeJournal,
 ) -> None:
-    fake_journal.runs = [{"id": 2, "model": "m1", "outcome": "planned", "steps": []},
-                         {"id": 1, "model": "m2", "outcome": "failed", "steps": []}]
+    fake_journal.runs = [
+        {"id": 2, "model": "m1", "outcome": "planned", "steps": []},
+        {"id": 1, "model": "m2", "outcome": "failed", "steps": []},
+    ]
     response = await client.get("/api/remediations?model=m1&since=2h&limit=5", headers=bearer())
     assert response.status == 200
     assert [r["id"] for r in (await response.json())["runs"]] == [2]
@@ -190,13 +241,18 @@ async def test_the_api_lists_runs_with_model_since_and_limit(
     assert query["model"] == "m1" and query["limit"] == 5 and query["since"] is not None
 
 
-@pytest.mark.parametrize("query, reason", [
-    ("limit=abc", "is not a whole number"),
-    ("limit=0", "limit must be between 1 and 500"),
-    ("since=yesterday", "is neither a duration"),
-])
+@pytest.mark.parametrize(
+    "query, reason",
+    [
+        ("limit=abc", "is not a whole number"),
+        ("limit=0", "limit must be between 1 and 500"),
+        ("since=yesterday", "is neither a duration"),
+    ],
+)
 async def test_bad_api_queries_get_400_with_the_reason(
-    client: TestClient, query: str, reason: str,
+    client: TestClient,
+    query: str,
+    reason: str,
 ) -> None:
     response = await client.get(f"/api/remediations?{query}", headers=bearer())
     assert response.status == 400
@@ -204,18 +260,46 @@ async def test_bad_api_queries_get_400_with_the_reason(
 
 
 async def test_the_page_escapes_attacker_controlled_values(
-    client: TestClient, fake_journal: FakeJournal,
+    client: TestClient,
+    fake_journal: FakeJournal,
 ) -> None:
-    evil = '<script>alert(1)</script>"\'><img src=x onerror=alert(2)>\x00'
-    fake_journal.runs = [{
-        "id": 1, "model": evil, "outcome": "escalated", "next_action": evil, "detail": evil,
-        "alertname": evil, "fingerprint": evil, "labels": {evil: evil}, "owner": evil,
-        "steps": [{"name": evil, "node": evil, "command": [evil, evil], "output": evil,
-                   "outcome": evil, "description": evil, "targets": [evil], "detail": evil,
-                   "duration": 0.1}],
-    }]
-    fake_journal.events = [{"time": 0, "kind": evil, "model": evil, "fingerprint": evil,
-                            "run_id": None, "detail": evil}]
+    evil = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>\x00"
+    fake_journal.runs = [
+        {
+            "id": 1,
+            "model": evil,
+            "outcome": "escalated",
+            "next_action": evil,
+            "detail": evil,
+            "alertname": evil,
+            "fingerprint": evil,
+            "labels": {evil: evil},
+            "owner": evil,
+            "steps": [
+                {
+                    "name": evil,
+                    "node": evil,
+                    "command": [evil, evil],
+                    "output": evil,
+                    "outcome": evil,
+                    "description": evil,
+                    "targets": [evil],
+                    "detail": evil,
+                    "duration": 0.1,
+                }
+            ],
+        }
+    ]
+    fake_journal.events = [
+        {
+            "time": 0,
+            "kind": evil,
+            "model": evil,
+            "fingerprint": evil,
+            "run_id": None,
+            "detail": evil,
+        }
+    ]
     response = await client.get("/", headers=basic())
     html = await response.text()
     assert response.status == 200
@@ -225,10 +309,13 @@ async def test_the_page_escapes_attacker_controlled_values(
 
 
 async def test_without_credentials_configured_everything_is_open(
-    fake_engine: FakeEngine, fake_journal: FakeJournal, web_config: Any,
+    fake_engine: FakeEngine,
+    fake_journal: FakeJournal,
+    web_config: Any,
 ) -> None:
     app = make_app(fake_engine, fake_journal, web_config, CollectorRegistry(), None)
     from aiohttp.test_utils import TestServer
+
     async with TestClient(TestServer(app)) as open_client:
         assert (await open_client.post("/alerts", json=make_payload())).status == 202
         assert (await open_client.get("/")).status == 200

@@ -16,16 +16,19 @@ from mlx_medic.cli import main
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "inventory.yaml"
 EXAMPLE_KEY = REPO / "examples" / "remediator_ed25519.pub"
-SITE_FLAGS = ["--remediator.url", "https://remediator.example:10901",
-              "--alertmanager.address", "alertmanager.example:9093"]
+SITE_FLAGS = [
+    "--remediator.url",
+    "https://remediator.example:10901",
+    "--alertmanager.address",
+    "alertmanager.example:9093",
+]
 
 
 def render(target: str, inventory: Path, out: Path, *flags: str) -> tuple[int, str, str]:
     """`mlx-medic render TARGET`: (exit code, stdout, stderr)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(["render", target, "--config.file", str(inventory), "--out", str(out),
-                     *flags])
+        code = main(["render", target, "--config.file", str(inventory), "--out", str(out), *flags])
     return code, stdout.getvalue(), stderr.getvalue()
 
 
@@ -36,8 +39,9 @@ def render_ok(target: str, inventory: Path, out: Path, *flags: str) -> Path:
 
 
 def render_example(target: str, out: Path, *flags: str) -> Path:
-    return render_ok(target, EXAMPLE, out, *SITE_FLAGS, "--ssh.public-key", str(EXAMPLE_KEY),
-                     *flags)
+    return render_ok(
+        target, EXAMPLE, out, *SITE_FLAGS, "--ssh.public-key", str(EXAMPLE_KEY), *flags
+    )
 
 
 def write_inventory(path: Path, nodes: dict[str, Any], models: dict[str, Any]) -> Path:
@@ -45,10 +49,13 @@ def write_inventory(path: Path, nodes: dict[str, Any], models: dict[str, Any]) -
     return path
 
 
-def model(manager: str, label: str, node: str = "n1", port: int = 8080,
-          **extra: Any) -> dict[str, Any]:
+def model(
+    manager: str, label: str, node: str = "n1", port: int = 8080, **extra: Any
+) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "model": "/models/m", "nodes": [node], "port": port,
+        "model": "/models/m",
+        "nodes": [node],
+        "port": port,
         "service": {"manager": manager, "label": label, "user": "mlxsvc"},
         "backends": {"ring": {"hostfile": "/etc/mlx/ring.json"}},
         "tmp_dirs": ["/var/tmp/mlx-share/m"],
@@ -59,5 +66,6 @@ def model(manager: str, label: str, node: str = "n1", port: int = 8080,
 
 
 def run(*argv: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=120, check=False,
-                          **kwargs)
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=120, check=False, **kwargs
+    )

@@ -20,8 +20,9 @@ from typing import Any
 from tests.remediator.private_etc import _mount_overlays, _overlay, add_user
 
 
-def check(scratch: Path, sudoers: Path, user: str, stubs: list[str],
-          commands: list[list[str]]) -> dict[str, Any]:
+def check(
+    scratch: Path, sudoers: Path, user: str, stubs: list[str], commands: list[list[str]]
+) -> dict[str, Any]:
     _overlay(Path("/usr/bin"), scratch)
     for stub in stubs:
         path = Path(os.path.realpath(stub))
@@ -39,10 +40,22 @@ def check(scratch: Path, sudoers: Path, user: str, stubs: list[str],
 
     def sudo(*argv: str) -> dict[str, Any]:
         result = subprocess.run(
-            ["sudo", "-n", "-l", *argv], env=env, user=account.pw_uid, group=account.pw_gid,
-            extra_groups=[], capture_output=True, text=True, timeout=60, check=False)
-        return {"argv": list(argv), "code": result.returncode, "out": result.stdout,
-                "err": result.stderr}
+            ["sudo", "-n", "-l", *argv],
+            env=env,
+            user=account.pw_uid,
+            group=account.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return {
+            "argv": list(argv),
+            "code": result.returncode,
+            "out": result.stdout,
+            "err": result.stderr,
+        }
 
     return {"listing": sudo(), "commands": [sudo(*argv) for argv in commands]}
 
@@ -52,8 +65,13 @@ def main(scenario: str, scratch: str, spec: str) -> None:
     if scenario != "check":
         raise SystemExit(f"unknown scenario {scenario!r}")
     data = json.loads(Path(spec).read_text())
-    print(json.dumps(check(Path(scratch), Path(data["sudoers"]), data["user"], data["stubs"],
-                           data["commands"])))
+    print(
+        json.dumps(
+            check(
+                Path(scratch), Path(data["sudoers"]), data["user"], data["stubs"], data["commands"]
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -46,7 +46,10 @@ def test_every_node_gets_an_exporter_that_names_its_node_and_reads_the_inventory
         assert argv[0] == node.medic_command
         args = parse_args(argv[1:])
         assert (args.command, args.node, args.config_file) == (
-            "exporter", node.name, node.medic_config)
+            "exporter",
+            node.name,
+            node.medic_config,
+        )
         assert args.listen == f"{node.ssh}:10900"  # the address Prometheus scrapes
         assert job["KeepAlive"] is True and job["RunAtLoad"] is True
 
@@ -58,11 +61,18 @@ def test_a_wrapper_model_runs_mlx_medic_serve_on_its_head_as_its_service_says(ou
         job = load(out / m.head / m.service.plist_path.name)
         assert job["Label"] == m.service.label
         assert job["ProgramArguments"] == [
-            head.medic_command, "serve", m.name, "--config.file", str(head.medic_config)]
+            head.medic_command,
+            "serve",
+            m.name,
+            "--config.file",
+            str(head.medic_config),
+        ]
         assert job["UserName"] == m.service.user
         assert job["KeepAlive"] is True and job["ThrottleInterval"] == 10
-        assert job["EnvironmentVariables"] == {"PYTHONUNBUFFERED": "1",
-                                               "TMPDIR": str(m.tmp_dirs[0])}
+        assert job["EnvironmentVariables"] == {
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(m.tmp_dirs[0]),
+        }
         assert job["ExitTimeOut"] > m.policy.stop_timeout
         logs = [str(p) for p in m.log_files]
         assert job["StandardErrorPath"] == logs[0]
@@ -78,20 +88,31 @@ def test_the_remediator_job_runs_a_command_the_cli_accepts_as_its_own_user(out: 
 
 
 def test_a_script_service_gets_no_job_since_it_is_the_sites_own(tmp_path: Path):
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {
-        "ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}}, {
-        "m1": model("launchd", "com.x.m1", service={"manager": "launchd", "label": "com.x.m1",
-                                                    "kind": "script"})})
+    inventory = write_inventory(
+        tmp_path / "inv.yaml",
+        {"n1": {"ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}},
+        {
+            "m1": model(
+                "launchd",
+                "com.x.m1",
+                service={"manager": "launchd", "label": "com.x.m1", "kind": "script"},
+            )
+        },
+    )
     code, _, err = render("launchd", inventory, tmp_path / "out")
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "out").rglob("*.plist")) == [
-        "com.mlx-medic.exporter.plist", "com.mlx-medic.remediator.plist"]
+        "com.mlx-medic.exporter.plist",
+        "com.mlx-medic.remediator.plist",
+    ]
 
 
 def test_a_stop_timeout_from_the_inventory_sets_the_exit_timeout_above_it(tmp_path: Path):
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {
-        "ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}}, {
-        "m1": model("launchd", "com.x.m1", policy={"stop_timeout": "5m"})})
+    inventory = write_inventory(
+        tmp_path / "inv.yaml",
+        {"n1": {"ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}},
+        {"m1": model("launchd", "com.x.m1", policy={"stop_timeout": "5m"})},
+    )
     render("launchd", inventory, tmp_path / "out")
     job = load(tmp_path / "out" / "launchd" / "n1" / "com.x.m1.plist")
     assert job["ExitTimeOut"] > 300
@@ -107,9 +128,11 @@ def test_a_stop_timeout_from_the_inventory_sets_the_exit_timeout_above_it(tmp_pa
 def test_a_missing_field_a_job_needs_is_an_error_naming_it_and_nothing_is_written(
     tmp_path: Path, change: dict, message: str
 ):
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {
-        "ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}}, {
-        "m1": model("launchd", "com.x.m1", **change)})
+    inventory = write_inventory(
+        tmp_path / "inv.yaml",
+        {"n1": {"ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}},
+        {"m1": model("launchd", "com.x.m1", **change)},
+    )
     code, _, err = render("all", inventory, tmp_path / "out")
     assert code == 1 and message in err
     assert not (tmp_path / "out").exists()
@@ -119,9 +142,11 @@ def test_a_label_with_a_double_hyphen_is_refused_naming_it_and_nothing_is_writte
     tmp_path: Path,
 ):
     """The plist's comment quotes the label, and an XML comment cannot hold `--`."""
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {
-        "ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}}, {
-        "m1": model("launchd", "com.x.m1--b")})
+    inventory = write_inventory(
+        tmp_path / "inv.yaml",
+        {"n1": {"ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}},
+        {"m1": model("launchd", "com.x.m1--b")},
+    )
     code, _, err = render("launchd", inventory, tmp_path / "out")
     assert code == 1
     assert "models.m1.service.label: 'com.x.m1--b' holds '--'" in err

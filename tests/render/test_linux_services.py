@@ -31,16 +31,36 @@ def linux(tmp_path: Path) -> tuple[Path, Path]:
     medic.write_text("#!/bin/sh\nexit 0\n")
     medic.chmod(0o755)
     me = pwd.getpwuid(os.getuid()).pw_name  # supervisord checks that the user exists
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {
-        "ssh": "127.0.0.2", "medic_command": str(medic), "medic_config": str(tmp_path / "inv.yaml"),
-    }}, {
-        "sysd": model("systemd", "mlx-sysd", policy={"stop_timeout": "2m"},
-                      log_files=[str(tmp_path / "sysd.err.log"), str(tmp_path / "sysd%.out.log")]),
-        "sup": model("supervisord", "mlx-sup", port=8081,
-                     service={"manager": "supervisord", "label": "mlx-sup", "user": me,
-                              "config": str(tmp_path / "supervisord.conf")},
-                     log_files=[str(tmp_path / "sup.log")]),
-    })
+    inventory = write_inventory(
+        tmp_path / "inv.yaml",
+        {
+            "n1": {
+                "ssh": "127.0.0.2",
+                "medic_command": str(medic),
+                "medic_config": str(tmp_path / "inv.yaml"),
+            }
+        },
+        {
+            "sysd": model(
+                "systemd",
+                "mlx-sysd",
+                policy={"stop_timeout": "2m"},
+                log_files=[str(tmp_path / "sysd.err.log"), str(tmp_path / "sysd%.out.log")],
+            ),
+            "sup": model(
+                "supervisord",
+                "mlx-sup",
+                port=8081,
+                service={
+                    "manager": "supervisord",
+                    "label": "mlx-sup",
+                    "user": me,
+                    "config": str(tmp_path / "supervisord.conf"),
+                },
+                log_files=[str(tmp_path / "sup.log")],
+            ),
+        },
+    )
     out = render_ok("systemd", inventory, tmp_path / "out", "--remediator.command", str(medic))
     render_ok("supervisord", inventory, out)
     return out, medic
@@ -57,10 +77,14 @@ def test_systemd_analyze_verifies_every_rendered_unit(linux: tuple[Path, Path]):
     out, _ = linux
     units = sorted((out / "systemd").rglob("*.service"))
     assert sorted(u.name for u in units) == [
-        "mlx-medic-exporter.service", "mlx-medic-remediator.service", "mlx-sysd.service"]
+        "mlx-medic-exporter.service",
+        "mlx-medic-remediator.service",
+        "mlx-sysd.service",
+    ]
     for path in units:  # one at a time: verify names the unit by its file name
-        result = run(require_tool("systemd-analyze"), "verify", "--man=no", path.name,
-                     cwd=path.parent)
+        result = run(
+            require_tool("systemd-analyze"), "verify", "--man=no", path.name, cwd=path.parent
+        )
         assert result.returncode == 0 and not result.stderr.strip(), result.stderr
 
 
@@ -70,7 +94,12 @@ def test_the_systemd_wrapper_unit_stops_after_the_wrappers_own_teardown(linux):
     assert int(service["TimeoutStopSec"]) > 120
     assert service["KillMode"] == "mixed"  # SIGTERM to the wrapper alone, SIGKILL to all
     assert shlex.split(service["ExecStart"]) == [
-        str(medic), "serve", "sysd", "--config.file", str(out.parent / "inv.yaml")]
+        str(medic),
+        "serve",
+        "sysd",
+        "--config.file",
+        str(out.parent / "inv.yaml"),
+    ]
     assert service["User"] == "mlxsvc"
     assert service["StandardError"] == f"append:{out.parent / 'sysd.err.log'}"
     assert service["StandardOutput"] == f"append:{out.parent / 'sysd%%.out.log'}"  # %: specifier
@@ -82,7 +111,8 @@ def test_supervisord_parses_the_program_with_its_stop_bound(linux, tmp_path: Pat
     conf = tmp_path / "supervisord.conf"
     conf.write_text(
         f"[supervisord]\nlogfile={tmp_path}/supervisord.log\npidfile={tmp_path}/sd.pid\n"
-        f"[include]\nfiles = {out}/supervisord/n1/*.conf\n")
+        f"[include]\nfiles = {out}/supervisord/n1/*.conf\n"
+    )
     require_tool("supervisord")
     code = (
         "import json, sys\n"
@@ -99,7 +129,12 @@ def test_supervisord_parses_the_program_with_its_stop_bound(linux, tmp_path: Pat
     (program,) = json.loads(result.stdout)
     assert program["name"] == "mlx-sup"
     assert shlex.split(program["command"]) == [
-        str(medic), "serve", "sup", "--config.file", str(out.parent / "inv.yaml")]
+        str(medic),
+        "serve",
+        "sup",
+        "--config.file",
+        str(out.parent / "inv.yaml"),
+    ]
     assert program["stopwaitsecs"] > 60  # the default policy.stop_timeout
     assert program["environment"] == {"PYTHONUNBUFFERED": "1", "TMPDIR": "/var/tmp/mlx-share/m"}
     assert program["stdout"] == str(out.parent / "sup.log") and program["redirect"]
@@ -107,9 +142,11 @@ def test_supervisord_parses_the_program_with_its_stop_bound(linux, tmp_path: Pat
 
 
 def test_a_log_path_with_a_space_is_refused_for_systemd(tmp_path: Path):
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {
-        "ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}}, {
-        "m1": model("systemd", "m1", log_files=["/var/log/my logs/m1.log"])})
+    inventory = write_inventory(
+        tmp_path / "inv.yaml",
+        {"n1": {"ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}},
+        {"m1": model("systemd", "m1", log_files=["/var/log/my logs/m1.log"])},
+    )
     code, _, err = render("systemd", inventory, tmp_path / "out")
     assert code == 1 and "models.m1.log_files" in err and "no spaces" in err
 
@@ -123,24 +160,28 @@ def test_the_example_inventorys_units_verify_in_a_root_that_has_their_binaries(t
     root = tmp_path / "root"
     units = root / "etc" / "systemd" / "system"
     units.mkdir(parents=True)
-    shutil.copytree("/usr/lib/systemd/system", root / "usr" / "lib" / "systemd" / "system",
-                    symlinks=True)
+    shutil.copytree(
+        "/usr/lib/systemd/system", root / "usr" / "lib" / "systemd" / "system", symlinks=True
+    )
     medic = root / "opt" / "mlx-medic" / ".venv" / "bin" / "mlx-medic"
     medic.parent.mkdir(parents=True)
     medic.write_text("#!/bin/sh\nexit 0\n")
     medic.chmod(0o755)
     for node in sorted(p.name for p in out.iterdir() if p.is_dir()):
         shutil.copy(out / node / "mlx-medic-exporter.service", units)
-        result = run(systemd_analyze, "verify", "--man=no", f"--root={root}",
-                     "mlx-medic-exporter.service")
+        result = run(
+            systemd_analyze, "verify", "--man=no", f"--root={root}", "mlx-medic-exporter.service"
+        )
         assert result.returncode == 0 and not result.stderr.strip(), (node, result.stderr)
     shutil.copy(out / "mlx-medic-remediator.service", units)
-    result = run(systemd_analyze, "verify", "--man=no", f"--root={root}",
-                 "mlx-medic-remediator.service")
+    result = run(
+        systemd_analyze, "verify", "--man=no", f"--root={root}", "mlx-medic-remediator.service"
+    )
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
     medic.unlink()  # the check is real: without the binary the unit is refused
-    result = run(systemd_analyze, "verify", "--man=no", f"--root={root}",
-                 "mlx-medic-remediator.service")
+    result = run(
+        systemd_analyze, "verify", "--man=no", f"--root={root}", "mlx-medic-remediator.service"
+    )
     assert result.returncode != 0 and "mlx-medic" in result.stderr
 
 
@@ -155,8 +196,11 @@ def test_the_remediator_runs_the_same_command_and_config_under_systemd_and_launc
     service = unit(out / "systemd" / "mlx-medic-remediator.service")
     with (out / "launchd" / "com.mlx-medic.remediator.plist").open("rb") as handle:
         job = plistlib.load(handle)
-    assert shlex.split(service["ExecStart"]) == job["ProgramArguments"] == [
-        "/opt/mlx-medic/.venv/bin/mlx-medic", "remediator"]
+    assert (
+        shlex.split(service["ExecStart"])
+        == job["ProgramArguments"]
+        == ["/opt/mlx-medic/.venv/bin/mlx-medic", "remediator"]
+    )
     environment = dict(word.split("=", 1) for word in shlex.split(service["Environment"]))
     assert environment == job["EnvironmentVariables"]
     assert environment["MLX_MEDIC_CONFIG"] == "/srv/medic/r.yml"
@@ -165,6 +209,7 @@ def test_the_remediator_runs_the_same_command_and_config_under_systemd_and_launc
 
 
 # --- the state dirs: one owner each, no StateDirectory= fight --------------------------
+
 
 def test_no_unit_takes_the_nodes_state_dir_and_the_remediator_has_its_own(
     linux: tuple[Path, Path],
@@ -193,7 +238,8 @@ def tmpfiles_root(root: Path, uid: int, gid: int) -> Path:
     group (systemd-tmpfiles resolves names there, never in this machine's /etc)."""
     (root / "etc").mkdir(parents=True)
     (root / "etc" / "passwd").write_text(
-        f"root:x:0:0::/root:/bin/sh\nmedic:x:{uid}:{uid}::/home/medic:/bin/sh\n")
+        f"root:x:0:0::/root:/bin/sh\nmedic:x:{uid}:{uid}::/home/medic:/bin/sh\n"
+    )
     (root / "etc" / "group").write_text(f"root:x:0:\nmedic:x:{uid}:\nmlx-medic:x:{gid}:medic\n")
     return root
 
@@ -206,12 +252,21 @@ def test_the_tmpfiles_line_makes_a_non_default_state_dir_for_the_login_user(tmp_
 
     tmpfiles = require_tool("systemd-tmpfiles")
     inventory = tmp_path / "inv.yaml"
-    inventory.write_text(yaml.safe_dump({
-        "state_dir": "/srv/mlx/state",
-        "nodes": {"n1": {"ssh": "127.0.0.2", "user": "medic",
-                         "medic_command": "/opt/mlx-medic/.venv/bin/mlx-medic"}},
-        "models": {"m1": model("systemd", "m1")},
-    }))
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "state_dir": "/srv/mlx/state",
+                "nodes": {
+                    "n1": {
+                        "ssh": "127.0.0.2",
+                        "user": "medic",
+                        "medic_command": "/opt/mlx-medic/.venv/bin/mlx-medic",
+                    }
+                },
+                "models": {"m1": model("systemd", "m1")},
+            }
+        )
+    )
     out = render_ok("systemd", inventory, tmp_path / "out")
     exporter = unit(out / "systemd" / "n1" / "mlx-medic-exporter.service")
     assert exporter["ReadWritePaths"] == "-/srv/mlx/state"
@@ -234,11 +289,17 @@ def test_the_tmpfiles_line_makes_a_non_default_state_dir_for_the_login_user(tmp_
 
 def test_a_state_dir_tmpfiles_cannot_say_is_refused_naming_the_field(tmp_path: Path):
     inventory = tmp_path / "inv.yaml"
-    inventory.write_text(yaml.safe_dump({
-        "state_dir": "/srv/my state",
-        "nodes": {"n1": {"ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}},
-        "models": {"m1": model("systemd", "m1")},
-    }))
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "state_dir": "/srv/my state",
+                "nodes": {
+                    "n1": {"ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}
+                },
+                "models": {"m1": model("systemd", "m1")},
+            }
+        )
+    )
     code, _, err = render("systemd", inventory, tmp_path / "out")
     assert code == 1 and "state_dir" in err and "without spaces" in err
 

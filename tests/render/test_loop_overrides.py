@@ -31,22 +31,39 @@ def test_without_overrides_prometheus_scrapes_every_15s_and_the_routes_keep_thei
     assert prometheus(out)["global"] == {"scrape_interval": "15s", "evaluation_interval": "15s"}
     config = alertmanager(out)
     assert (config["route"]["group_wait"], config["route"]["group_interval"]) == ("30s", "5m")
-    assert {(r["group_wait"], r["group_interval"]) for r in config["route"]["routes"]
-            if r["receiver"] == "mlx-medic"} == {("10s", "1m")}  # fmt: skip
+    assert {
+        (r["group_wait"], r["group_interval"])
+        for r in config["route"]["routes"]
+        if r["receiver"] == "mlx-medic"
+    } == {("10s", "1m")}
     oncall = next(r for r in config["receivers"] if r["name"] == "oncall")
     assert oncall["webhook_configs"][0]["url"] == "https://oncall.example/alertmanager"
 
 
 def test_the_overrides_shorten_the_loop_and_point_on_call_at_a_sink(tmp_path: Path):
-    out = render_example("all", tmp_path / "out", "--prometheus.interval", "1s",
-                         "--alertmanager.group-wait", "1s", "--alertmanager.group-interval",
-                         "2s", "--alertmanager.oncall-url",
-                         "http://127.0.0.1:9/oncall")  # fmt: skip
-    assert prometheus(out)["global"] == {"scrape_interval": "1s", "evaluation_interval": "1s",
-                                         "scrape_timeout": "1s"}  # fmt: skip
+    out = render_example(
+        "all",
+        tmp_path / "out",
+        "--prometheus.interval",
+        "1s",
+        "--alertmanager.group-wait",
+        "1s",
+        "--alertmanager.group-interval",
+        "2s",
+        "--alertmanager.oncall-url",
+        "http://127.0.0.1:9/oncall",
+    )
+    assert prometheus(out)["global"] == {
+        "scrape_interval": "1s",
+        "evaluation_interval": "1s",
+        "scrape_timeout": "1s",
+    }
     config = alertmanager(out)
-    assert {(r["group_wait"], r["group_interval"]) for r in every_route(config)
-            if "receiver" in r and "group_wait" in r} == {("1s", "2s")}  # fmt: skip
+    assert {
+        (r["group_wait"], r["group_interval"])
+        for r in every_route(config)
+        if "receiver" in r and "group_wait" in r
+    } == {("1s", "2s")}
     oncall = next(r for r in config["receivers"] if r["name"] == "oncall")
     assert oncall["webhook_configs"][0]["url"] == "http://127.0.0.1:9/oncall"
     assert "On-call: http://127.0.0.1:9/oncall." in (out / "alertmanager.yml").read_text()
@@ -55,25 +72,39 @@ def test_the_overrides_shorten_the_loop_and_point_on_call_at_a_sink(tmp_path: Pa
 def test_each_node_s_exporter_listens_on_the_address_prometheus_scrapes(tmp_path: Path):
     out = render_example("all", tmp_path / "out")
     targets = prometheus(out)["scrape_configs"][0]["static_configs"][0]["targets"]
-    units = {path.parent.name: path.read_text()
-             for path in (out / "systemd").glob("*/mlx-medic-exporter.service")}  # fmt: skip
+    units = {
+        path.parent.name: path.read_text()
+        for path in (out / "systemd").glob("*/mlx-medic-exporter.service")
+    }
     assert units and len(targets) == len(units)
     for target in targets:
         assert any(f"--web.listen-address {target}" in unit for unit in units.values()), target
     assert not any("0.0.0.0" in unit for unit in units.values())
 
 
-@pytest.mark.parametrize(("flags", "named"), [
-    (["--prometheus.interval", "1"], "--prometheus.interval"),
-    (["--alertmanager.group-wait", "soon"], "--alertmanager.group-wait"),
-    (["--alertmanager.group-interval", "2 s"], "--alertmanager.group-interval"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--prometheus.interval", "1"], "--prometheus.interval"),
+        (["--alertmanager.group-wait", "soon"], "--alertmanager.group-wait"),
+        (["--alertmanager.group-interval", "2 s"], "--alertmanager.group-interval"),
+    ],
+)
 def test_a_bad_duration_is_refused_naming_its_flag_and_nothing_is_written(
-    tmp_path: Path, flags: list[str], named: str,
+    tmp_path: Path,
+    flags: list[str],
+    named: str,
 ):
     out = tmp_path / "out"
-    code, _, err = render("all", EXAMPLE, out, *SITE_FLAGS, "--ssh.public-key",
-                          str(EXAMPLE.parent / "remediator_ed25519.pub"), *flags)  # fmt: skip
+    code, _, err = render(
+        "all",
+        EXAMPLE,
+        out,
+        *SITE_FLAGS,
+        "--ssh.public-key",
+        str(EXAMPLE.parent / "remediator_ed25519.pub"),
+        *flags,
+    )
     assert code == 1
     assert named in err and "not a Prometheus duration" in err
     assert not out.exists() or not any(out.iterdir())

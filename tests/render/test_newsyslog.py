@@ -35,16 +35,20 @@ def test_each_head_rotates_its_models_log_files_by_rename_with_no_signal_and_no_
 
 
 def test_only_launchd_models_get_entries(tmp_path: Path):
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {"ssh": "127.0.0.2"}},
-                                {"m1": model("systemd", "m1")})
+    inventory = write_inventory(
+        tmp_path / "inv.yaml", {"n1": {"ssh": "127.0.0.2"}}, {"m1": model("systemd", "m1")}
+    )
     code, _, err = render("newsyslog", inventory, tmp_path / "out")
     assert code == 0, err
     assert not (tmp_path / "out" / "newsyslog").exists()
 
 
 def test_a_log_path_with_whitespace_is_refused(tmp_path: Path):
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {"ssh": "127.0.0.2"}}, {
-        "m1": model("launchd", "m1", log_files=["/Users/ai/My Logs/m1.log"])})
+    inventory = write_inventory(
+        tmp_path / "inv.yaml",
+        {"n1": {"ssh": "127.0.0.2"}},
+        {"m1": model("launchd", "m1", log_files=["/Users/ai/My Logs/m1.log"])},
+    )
     code, _, err = render("newsyslog", inventory, tmp_path / "out")
     assert code == 1 and "models.m1.log_files" in err
 
@@ -64,8 +68,11 @@ def test_the_logs_collector_counts_every_line_across_two_newsyslog_rotations(tmp
     collector = LogsCollector([str(log)], BUILTIN, tmp_path / "positions.json")
 
     def count() -> float | None:
-        return sample_value(list(collector.collect()), "mlx_log_errors_total",
-                            {"signature": "jaccl_protection_domain", "file": str(log)})
+        return sample_value(
+            list(collector.collect()),
+            "mlx_log_errors_total",
+            {"signature": "jaccl_protection_domain", "file": str(log)},
+        )
 
     assert count() == 1
     with log.open("ab") as launchd_stderr:  # the job's descriptor, opened at spawn

@@ -14,13 +14,27 @@ from tests.test_cli_dispatch import modules_loaded_by
 
 
 def test_the_help_says_config_file_is_the_inventory_and_why():
-    result = subprocess.run([sys.executable, "-m", "mlx_medic.cli", "render", "--help"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "mlx_medic.cli", "render", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
     assert "--config.file names the INVENTORY, not the remediator's config" in text
-    for target in ("launchd", "systemd", "supervisord", "sudoers", "authorized-keys",
-                   "newsyslog", "prometheus", "alertmanager", "rules", "all"):
+    for target in (
+        "launchd",
+        "systemd",
+        "supervisord",
+        "sudoers",
+        "authorized-keys",
+        "newsyslog",
+        "prometheus",
+        "alertmanager",
+        "rules",
+        "all",
+    ):
         assert target in text
 
 
@@ -31,8 +45,9 @@ def test_all_writes_nothing_when_one_target_cannot_render(tmp_path: Path):
 
 
 def test_all_lists_every_file_it_wrote(tmp_path: Path):
-    code, out, err = render("all", EXAMPLE, tmp_path / "out", *SITE_FLAGS, "--ssh.public-key",
-                            str(EXAMPLE_KEY))
+    code, out, err = render(
+        "all", EXAMPLE, tmp_path / "out", *SITE_FLAGS, "--ssh.public-key", str(EXAMPLE_KEY)
+    )
     assert code == 0, err
     listed = {Path(line) for line in out.splitlines()}
     assert listed == {p for p in (tmp_path / "out").rglob("*") if p.is_file()}
@@ -46,9 +61,17 @@ def test_a_broken_inventory_is_reported_with_its_line(tmp_path: Path):
 
 
 def test_render_loads_neither_the_web_stack_nor_ssh_nor_the_engine(tmp_path: Path):
-    code, loaded = modules_loaded_by("render", "all", "--config.file", str(EXAMPLE), "--out",
-                                     str(tmp_path), *SITE_FLAGS, "--ssh.public-key",
-                                     str(EXAMPLE_KEY))
+    code, loaded = modules_loaded_by(
+        "render",
+        "all",
+        "--config.file",
+        str(EXAMPLE),
+        "--out",
+        str(tmp_path),
+        *SITE_FLAGS,
+        "--ssh.public-key",
+        str(EXAMPLE_KEY),
+    )
     assert code == 0 and loaded == set()
 
 

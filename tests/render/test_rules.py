@@ -12,8 +12,10 @@ from tests.render.helpers import EXAMPLE, REPO, render, render_example, run
 from tests.tools import require_tool
 
 SHIPPED = REPO / "alerting-rules" / "mlx-medic.rules.yaml"
-DOWN = ("LLM model m is down on ai001: its port is not listening or a real request did not"
-        " succeed within the probe timeout.")
+DOWN = (
+    "LLM model m is down on ai001: its port is not listening or a real request did not"
+    " succeed within the probe timeout."
+)
 RUNBOOK = "https://github.com/mlx-medic/mlx-medic/blob/main/alerting-rules/runbooks/llmmodeldown.md"
 
 
@@ -30,30 +32,50 @@ def test_without_overrides_the_shipped_file_is_copied_as_it_is(tmp_path: Path):
 def test_a_shortened_for_and_interval_fire_in_promtool_where_the_shipped_rule_would_not(
     tmp_path: Path,
 ):
-    out = render_example("rules", tmp_path / "out", "--rules.for", "LLMModelDown=30s",
-                         "--rules.interval", "10s")
+    out = render_example(
+        "rules", tmp_path / "out", "--rules.for", "LLMModelDown=30s", "--rules.interval", "10s"
+    )
     rendered = out / "rules" / SHIPPED.name
     shortened, shipped = alerts(rendered), alerts(SHIPPED)
     assert shortened["LLMModelDown"]["for"] == "30s"
     assert {k: v for k, v in shortened.items() if k != "LLMModelDown"} == {
-        k: v for k, v in shipped.items() if k != "LLMModelDown"}
+        k: v for k, v in shipped.items() if k != "LLMModelDown"
+    }
     groups = yaml.safe_load(rendered.read_text())["groups"]
     assert {g["interval"] for g in groups} == {"10s"}
     promtool = require_tool("promtool")
     assert run(promtool, "check", "rules", str(rendered)).returncode == 0
     case = {
-        "rule_files": [str(rendered)], "evaluation_interval": "10s",
-        "tests": [{
-            "interval": "10s",
-            "input_series": [{"series": 'mlx_model_up{model="m", node="ai001"}',
-                              "values": "0x12"}],
-            "alert_rule_test": [{"eval_time": "40s", "alertname": "LLMModelDown",
-                                 "exp_alerts": [{"exp_labels": {
-                                     "severity": "critical", "model": "m", "node": "ai001"},
-                                     "exp_annotations": {
-                                         "summary": "An LLM model is not answering requests.",
-                                         "description": DOWN, "runbook_url": RUNBOOK}}]}],
-        }],
+        "rule_files": [str(rendered)],
+        "evaluation_interval": "10s",
+        "tests": [
+            {
+                "interval": "10s",
+                "input_series": [
+                    {"series": 'mlx_model_up{model="m", node="ai001"}', "values": "0x12"}
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "40s",
+                        "alertname": "LLMModelDown",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "model": "m",
+                                    "node": "ai001",
+                                },
+                                "exp_annotations": {
+                                    "summary": "An LLM model is not answering requests.",
+                                    "description": DOWN,
+                                    "runbook_url": RUNBOOK,
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
     }
     test_file = tmp_path / "shortened.yaml"
     test_file.write_text(yaml.safe_dump(case))

@@ -40,14 +40,19 @@ def test_each_head_allows_exactly_its_models_privileged_commands_for_its_login_u
     for node in ("ai001", "ai005"):
         expected = [
             f"{inventory.node(node).user} ALL=(root) NOPASSWD: {' '.join(argv)}"
-            for m in inventory.models if m.head == node for argv in privileged_argv(m)
+            for m in inventory.models
+            if m.head == node
+            for argv in privileged_argv(m)
         ]
         assert rules(out / node / "mlx-medic") == expected and len(expected) == 3
 
 
 def test_a_sudoers_separator_in_a_label_is_escaped_and_visudo_accepts_them(tmp_path: Path):
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {"ssh": "127.0.0.2", "user": "ops"}},
-                                {"m1": model("systemd", "mlx:m1")})
+    inventory = write_inventory(
+        tmp_path / "inv.yaml",
+        {"n1": {"ssh": "127.0.0.2", "user": "ops"}},
+        {"m1": model("systemd", "mlx:m1")},
+    )
     code, _, err = render("sudoers", inventory, tmp_path / "out")
     assert code == 0, err
     path = tmp_path / "out" / "sudoers" / "n1" / "mlx-medic"
@@ -56,17 +61,30 @@ def test_a_sudoers_separator_in_a_label_is_escaped_and_visudo_accepts_them(tmp_p
 
 
 def test_a_supervisord_model_needs_no_sudo_and_gets_no_rule(tmp_path: Path):
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {"ssh": "127.0.0.2"}},
-                                {"m1": model("supervisord", "m1")})
+    inventory = write_inventory(
+        tmp_path / "inv.yaml", {"n1": {"ssh": "127.0.0.2"}}, {"m1": model("supervisord", "m1")}
+    )
     code, _, err = render("sudoers", inventory, tmp_path / "out")
     assert code == 0, err
     assert not (tmp_path / "out" / "sudoers").exists()
 
 
 def test_a_plist_path_sudo_would_read_as_a_pattern_is_refused(tmp_path: Path):
-    inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {"ssh": "127.0.0.2"}}, {
-        "m1": model("launchd", "m1", service={"manager": "launchd", "label": "m1",
-                                              "plist": "/Library/LaunchDaemons/m*.plist"})})
+    inventory = write_inventory(
+        tmp_path / "inv.yaml",
+        {"n1": {"ssh": "127.0.0.2"}},
+        {
+            "m1": model(
+                "launchd",
+                "m1",
+                service={
+                    "manager": "launchd",
+                    "label": "m1",
+                    "plist": "/Library/LaunchDaemons/m*.plist",
+                },
+            )
+        },
+    )
     code, _, err = render("sudoers", inventory, tmp_path / "out")
     assert code == 1 and "models.m1.service" in err and "m*.plist" in err
 
@@ -88,9 +106,16 @@ def test_a_real_sudo_allows_the_remediators_commands_and_refuses_a_neighbour_and
         ["/bin/sh", "-c", "id"],
     ]
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({
-        "sudoers": str(out / "ai001" / "mlx-medic"), "user": inventory.node("ai001").user,
-        "stubs": ["/bin/launchctl"], "commands": [*allowed, *refused]}))
+    spec.write_text(
+        json.dumps(
+            {
+                "sudoers": str(out / "ai001" / "mlx-medic"),
+                "user": inventory.node("ai001").user,
+                "stubs": ["/bin/launchctl"],
+                "commands": [*allowed, *refused],
+            }
+        )
+    )
     seen = in_private_etc(tmp_path, "check", 240, "tests.render.private_sudo", str(spec))
     codes = [(r["argv"], r["code"]) for r in seen["commands"]]
     assert codes == [(argv, 0) for argv in allowed] + [(argv, 1) for argv in refused], seen

@@ -10,8 +10,14 @@ from mlx_medic.inventory import Inventory, parse_inventory
 BOTH = "{jaccl: {hostfile: /etc/jaccl.json}, ring: {hostfile: /etc/ring.json, pipeline: true}}"
 
 
-def inventory(tmp_path: Path, backends: str = BOTH, serve: str = "{}",
-              serve_args: str = "{}", policy: str = "{}", more: str = "") -> Inventory:
+def inventory(
+    tmp_path: Path,
+    backends: str = BOTH,
+    serve: str = "{}",
+    serve_args: str = "{}",
+    policy: str = "{}",
+    more: str = "",
+) -> Inventory:
     """`tiny` with these settings; `more`: further models' YAML, indented as models."""
     return parse_inventory(f"""\
 state_dir: {tmp_path / "state"}
@@ -45,7 +51,9 @@ def jaccl_inventory(tmp_path: Path) -> Inventory:
     """Two nodes whose JACCL hostfile names one device per peer (as mlx.launch reads it),
     and a second model placed on ai002 that shares its devices."""
     hostfile = tmp_path / "jaccl.json"
-    hostfile.write_text('[{"ssh": "ai001", "ips": ["10.0.0.1"], "rdma": [null, "rdma_en3"]},'
-                        ' {"ssh": "ai002", "ips": ["10.0.0.2"], "rdma": ["rdma_en5", null]}]')
+    hostfile.write_text(
+        '[{"ssh": "ai001", "ips": ["10.0.0.1"], "rdma": [null, "rdma_en3"]},'
+        ' {"ssh": "ai002", "ips": ["10.0.0.2"], "rdma": ["rdma_en5", null]}]'
+    )
     backends = f"{{jaccl: {{hostfile: {hostfile}}}, ring: {{hostfile: /etc/r.json}}}}"
     return inventory(tmp_path, backends, policy="{pd_reserve: 3}", more=OTHER)

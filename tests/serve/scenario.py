@@ -27,7 +27,9 @@ from tests.node.test_service_helper import SUPERVISORD_CONTROL
 MEDIC = str(Path(sys.executable).parent / "mlx-medic")
 NODES = ("ai001", "ai002")
 
-SUPERVISORD_CONF = SUPERVISORD_CONTROL + """\
+SUPERVISORD_CONF = (
+    SUPERVISORD_CONTROL
+    + """\
 [program:tiny-{token}]
 command={medic} serve tiny --config.file {inventory}
 environment=PATH="{path}",HF_HUB_OFFLINE="1"
@@ -39,6 +41,7 @@ stopwaitsecs={stopwaitsecs}
 redirect_stderr=true
 stdout_logfile={log}
 """
+)
 
 
 @dataclass
@@ -62,27 +65,40 @@ class Served:
 
     def serve_argv(self) -> list[str]:
         """The wrapper as its service runs it: as the node user in the three-user mode."""
-        return [*run_as(self.cluster.node_user), MEDIC, "serve", "tiny", "--config.file",
-                str(self.inventory)]  # fmt: skip
+        return [
+            *run_as(self.cluster.node_user),
+            MEDIC,
+            "serve",
+            "tiny",
+            "--config.file",
+            str(self.inventory),
+        ]
 
     def start_direct(self, log: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
         """`mlx-medic serve tiny` inside the head, output to `log`; (nsenter, wrapper pid)."""
         with (log or self.log).open("ab") as out:
-            popen = self.head.spawn(self.serve_argv(), env=self.cluster.env(HF_HUB_OFFLINE="1"),
-                                    stdout=out, stderr=subprocess.STDOUT,
-                                    cwd=str(self.cluster.workdir))  # fmt: skip
+            popen = self.head.spawn(
+                self.serve_argv(),
+                env=self.cluster.env(HF_HUB_OFFLINE="1"),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(self.cluster.workdir),
+            )
         self.spawned.append(popen)
         return popen, self.head.spawned_pid(popen)
 
     def run_direct(self, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """A wrapper run to its end inside the head (for starts that must fail)."""
-        popen = self.head.spawn(self.serve_argv(), env=self.cluster.env(HF_HUB_OFFLINE="1"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                cwd=str(self.cluster.workdir))  # fmt: skip
+        popen = self.head.spawn(
+            self.serve_argv(),
+            env=self.cluster.env(HF_HUB_OFFLINE="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=str(self.cluster.workdir),
+        )
         self.spawned.append(popen)
         out, err = popen.communicate(timeout=timeout)
-        return subprocess.CompletedProcess(popen.args, popen.returncode, out.decode(),
-                                           err.decode())  # fmt: skip
+        return subprocess.CompletedProcess(popen.args, popen.returncode, out.decode(), err.decode())
 
     def output(self) -> str:
         try:
@@ -96,8 +112,12 @@ class Served:
         deadline = time.monotonic() + timeout
         while True:
             record = self.record()
-            if (record is not None and record.state == "serving" and record.run_id != run_id
-                    and answers(self.port)):  # fmt: skip
+            if (
+                record is not None
+                and record.state == "serving"
+                and record.run_id != run_id
+                and answers(self.port)
+            ):
                 return record
             assert time.monotonic() < deadline, f"not serving:\n{self.output()[-4000:]}"
             time.sleep(0.5)
@@ -114,13 +134,17 @@ class Served:
         return found
 
     def launchers(self) -> list[int]:
-        return [pid for pid in self.head.host_pids()
-                if any(part.endswith("mlx.launch") for part in processes.cmdline(pid)[:2])]
+        return [
+            pid
+            for pid in self.head.host_pids()
+            if any(part.endswith("mlx.launch") for part in processes.cmdline(pid)[:2])
+        ]
 
     def supervisorctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         assert self.conf is not None
-        return self.head.run(f"supervisorctl -c {self.conf} {' '.join(args)}", timeout=120,
-                             check=False)  # fmt: skip
+        return self.head.run(
+            f"supervisorctl -c {self.conf} {' '.join(args)}", timeout=120, check=False
+        )
 
     def close(self) -> None:
         for popen in self.spawned:
@@ -135,8 +159,9 @@ def environ(pid: int) -> dict[str, str]:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return {}
-    return dict(e.decode(errors="replace").partition("=")[::2] for e in raw.split(b"\0")
-                if b"=" in e)  # fmt: skip
+    return dict(
+        e.decode(errors="replace").partition("=")[::2] for e in raw.split(b"\0") if b"=" in e
+    )
 
 
 def answers(port: int) -> bool:
@@ -155,9 +180,14 @@ def wait_until(predicate: Any, timeout: float, what: str) -> float:
     return time.monotonic() - start
 
 
-def prepare(cluster: Cluster, tiny_model: Path, *, ring_hostfile: Path | None = None,
-            extra_model: dict[str, Any] | None = None,
-            serve: dict[str, Any] | None = None) -> Served:  # fmt: skip
+def prepare(
+    cluster: Cluster,
+    tiny_model: Path,
+    *,
+    ring_hostfile: Path | None = None,
+    extra_model: dict[str, Any] | None = None,
+    serve: dict[str, Any] | None = None,
+) -> Served:
     """`serve`: settings over the scenario's (which turn the wrapper's own relaunch off, so
     a failure ends the wrapper as a test of one start expects)."""
     token = uuid.uuid4().hex[:8]
@@ -169,18 +199,28 @@ def prepare(cluster: Cluster, tiny_model: Path, *, ring_hostfile: Path | None = 
     inventory = work / "inventory.yaml"
     conf = work / "supervisord.conf"
     model = {
-        "name": "tiny", "model": str(tiny_model), "nodes": list(NODES), "port": port,
+        "name": "tiny",
+        "model": str(tiny_model),
+        "nodes": list(NODES),
+        "port": port,
         "service": {"manager": "supervisord", "label": f"tiny-{token}", "config": str(conf)},
-        "backends": {"jaccl": {"hostfile": str(jaccl)},
-                     "ring": {"hostfile": str(ring), "pipeline": True}},
+        "backends": {
+            "jaccl": {"hostfile": str(jaccl)},
+            "ring": {"hostfile": str(ring), "pipeline": True},
+        },
         "serve_args": {"prefill-step-size": 256},
-        "serve": {"python": cluster.python, "starting_port": random.randrange(42000, 52000, 20),
-                  "smoke_timeout": "90s", "lease": "10s",
-                  "identity_file": str(cluster.identity), "relaunch_limit": 0,
-                  **(serve or {})},
+        "serve": {
+            "python": cluster.python,
+            "starting_port": random.randrange(42000, 52000, 20),
+            "smoke_timeout": "90s",
+            "lease": "10s",
+            "identity_file": str(cluster.identity),
+            "relaunch_limit": 0,
+            **(serve or {}),
+        },
         "policy": {"kill_grace": "3s", "stop_timeout": "40s", "start_timeout": "5m"},
         **(extra_model or {}),
-    }  # fmt: skip
+    }
     user = cluster.node_user
     if user is not None:  # three-user mode: as deployed (testbed/node_users.py)
         model["service"].update({"user": user.name, "sudo": True})
@@ -203,8 +243,9 @@ def login(cluster: Cluster) -> dict[str, Any]:
 def as_deployed(cluster: Cluster, data: dict[str, Any]) -> None:
     """Three-user mode: the remediator logs in with its own key from this machine
     (127.0.0.1), and so do the heads' wrappers (the nodes share its loopback)."""
-    data["ssh"].update({"identity_file": str(cluster.remediator_identity),
-                        "remediator_addresses": ["127.0.0.1"]})  # fmt: skip
+    data["ssh"].update(
+        {"identity_file": str(cluster.remediator_identity), "remediator_addresses": ["127.0.0.1"]}
+    )
     for node in data["nodes"].values():
         node["source_addresses"] = ["127.0.0.1"]
 
@@ -215,13 +256,23 @@ def supervised(served: Served) -> Iterator[subprocess.Popen[bytes]]:
     assert served.conf is not None
     env = served.cluster.env(HF_HUB_OFFLINE="1")
     conf = SUPERVISORD_CONF.format(
-        token=served.token, medic=MEDIC, inventory=served.inventory, path=env["PATH"],
-        workdir=served.cluster.workdir, stopwaitsecs=60, log=served.log)  # fmt: skip
+        token=served.token,
+        medic=MEDIC,
+        inventory=served.inventory,
+        path=env["PATH"],
+        workdir=served.cluster.workdir,
+        stopwaitsecs=60,
+        log=served.log,
+    )
     if served.cluster.node_user is not None:  # the wrapper runs as the node user
         conf += f"user={served.cluster.node_user.name}\n"
     served.conf.write_text(conf)
-    daemon = served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    daemon = served.head.spawn(
+        ["supervisord", "-n", "-c", str(served.conf)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         yield daemon
     finally:

@@ -54,10 +54,21 @@ def guarded(tmp_path: Path):
     record_lease(state, "m1", run_id, 60.0, "test")
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(backend: str = "ring", grace: float = 0.5,
-              command: tuple[str, ...] = ("-c", "import time; time.sleep(600)")):  # fmt: skip
-        argv = guard_argv(sys.executable, model="m1", run_id=run_id, state_dir=state,
-                          grace=grace, sigkill=True, backend=backend, python_args=True)
+    def start(
+        backend: str = "ring",
+        grace: float = 0.5,
+        command: tuple[str, ...] = ("-c", "import time; time.sleep(600)"),
+    ):
+        argv = guard_argv(
+            sys.executable,
+            model="m1",
+            run_id=run_id,
+            state_dir=state,
+            grace=grace,
+            sigkill=True,
+            backend=backend,
+            python_args=True,
+        )
         env = {**os.environ, ENV_RANK: "0", ENV_RUN_ID: run_id}
         popen = subprocess.Popen([*argv, *command], env=env)
         started.append(popen)
@@ -104,8 +115,10 @@ def test_a_rank_that_ignores_sigterm_is_sigkilled_and_a_jaccl_ranks_kill_is_a_le
     guarded,
 ):
     state, _run_id, start = guarded
-    ignore = ("-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-              " time.sleep(600)")  # fmt: skip
+    ignore = (
+        "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
+    )
     rank = start(backend="jaccl", command=ignore)
     pid = rank.pid
     record_current_run(state, "m1", "another-run")

@@ -40,8 +40,6 @@ from tests.serve.inventories import BOTH, inventory, jaccl_inventory
 NODES = ["ai001", "ai002"]
 
 
-
-
 # --- the smoke test's verdict -------------------------------------------------------
 
 
@@ -51,9 +49,11 @@ def test_every_rank_with_the_full_sum_is_a_passed_smoke_test():
 
 
 def test_a_rank_that_says_why_it_failed_names_its_node_and_the_reason():
-    out = ("mlx-medic smoke: rank 1 failed: RuntimeError: Cannot initialize jaccl distributed"
-           " backend.\n\x1b[33m[WARN] Node with rank 1 exited with code 1 \x1b[0m\n"
-           "[WARN] Node with rank 0 exited with code -15\n")  # fmt: skip
+    out = (
+        "mlx-medic smoke: rank 1 failed: RuntimeError: Cannot initialize jaccl distributed"
+        " backend.\n\x1b[33m[WARN] Node with rank 1 exited with code 1 \x1b[0m\n"
+        "[WARN] Node with rank 0 exited with code -15\n"
+    )
     verdict = judge(out, NODES, timed_out=False, limit=60)
     assert (verdict.ok, verdict.host) == (False, "ai002")
     assert verdict.reason == "RuntimeError: Cannot initialize jaccl distributed backend."
@@ -108,11 +108,14 @@ def test_jaccl_is_judged_per_device_each_node_needs_and_a_refusal_names_every_mo
     room = {"debt_by_unit": {"rdma_en5": 2, "rdma_en9": 7}}
     full = {"debt_by_unit": {"rdma_en5": 3}}
     unknown = {"debt_by_unit": {"node": 2, "rdma_en5": 1}}  # unknown devices count on each
-    assert ledger_refusal(model, {"ai001": reply("ai001", {}),
-                                  "ai002": reply("ai002", room)}, inv) is None  # fmt: skip
+    assert (
+        ledger_refusal(model, {"ai001": reply("ai001", {}), "ai002": reply("ai002", room)}, inv)
+        is None
+    )
     for ledger in (full, unknown):
-        refusal = ledger_refusal(model, {"ai001": reply("ai001", {}),
-                                         "ai002": reply("ai002", ledger)}, inv)  # fmt: skip
+        refusal = ledger_refusal(
+            model, {"ai001": reply("ai001", {}), "ai002": reply("ai002", ledger)}, inv
+        )
         assert refusal is not None and refusal.host == "ai002"
         assert "at the reserve on rdma_en5: 3 spent (reserve 3 per device" in refusal.reason
         assert "models placed on ai002: tiny, other" in refusal.reason
@@ -127,8 +130,9 @@ def test_without_a_readable_hostfile_each_nodes_busiest_device_is_judged(tmp_pat
 
 def test_a_ledger_that_cannot_be_read_vetoes_jaccl(tmp_path: Path):
     model = inventory(tmp_path, BOTH).model("tiny")
-    refusal = ledger_refusal(model, {"ai001": reply("ai001", {}),
-                                     "ai002": {"error": "pd-ledger.json is not a ledger"}})
+    refusal = ledger_refusal(
+        model, {"ai001": reply("ai001", {}), "ai002": {"error": "pd-ledger.json is not a ledger"}}
+    )
     assert refusal is not None and refusal.host == "ai002"
     assert "its ledger cannot be read (pd-ledger.json is not a ledger)" in refusal.reason
     assert ledger_refusal(model, {"ai001": reply("ai001", {})}) is not None  # no answer
@@ -137,8 +141,13 @@ def test_a_ledger_that_cannot_be_read_vetoes_jaccl(tmp_path: Path):
 @pytest.mark.parametrize("backend", ["jaccl", "ring"])
 def test_a_smoke_test_is_skipped_only_after_a_success_this_boot_and_no_error_since(backend):
     boots = {"ai001": "b1", "ai002": "b1"}
-    record = ServeRecord("r1", 1, None, "starting", **{
-        f"last_{backend}_success": JacclSuccess(dict(boots), at=100.0)})  # fmt: skip
+    record = ServeRecord(
+        "r1",
+        1,
+        None,
+        "starting",
+        **{f"last_{backend}_success": JacclSuccess(dict(boots), at=100.0)},
+    )
     assert smoke_can_be_skipped(record, boots, NODES, backend)
     other = "ring" if backend == "jaccl" else "jaccl"
     assert not smoke_can_be_skipped(record, boots, NODES, other)  # each backend its own
@@ -152,40 +161,74 @@ def test_a_smoke_test_is_skipped_only_after_a_success_this_boot_and_no_error_sin
 
 
 def sweep_reply(node: str, document: dict, status: int = 0) -> HelperReply:
-    base = {"signalled": [], "exited": [], "survivors": [], "unkillable": [], "spared": [],
-            "pd_spent": 0, "complete": status == 0}  # fmt: skip
-    return HelperReply(node, "sweep", [], status, {"schema": 1, "command": "sweep",
-                                                   **base, **document})  # fmt: skip
+    base = {
+        "signalled": [],
+        "exited": [],
+        "survivors": [],
+        "unkillable": [],
+        "spared": [],
+        "pd_spent": 0,
+        "complete": status == 0,
+    }
+    return HelperReply(
+        node, "sweep", [], status, {"schema": 1, "command": "sweep", **base, **document}
+    )
 
 
 def test_an_unreachable_node_makes_the_sweep_incomplete_and_is_named():
-    outcome = judge_sweep("tiny", {
-        "ai001": sweep_reply("ai001", {}),
-        "ai002": HelperCallError("ai002", "sweep", "connection refused", unreachable=True)})
+    outcome = judge_sweep(
+        "tiny",
+        {
+            "ai001": sweep_reply("ai001", {}),
+            "ai002": HelperCallError("ai002", "sweep", "connection refused", unreachable=True),
+        },
+    )
     assert not outcome.complete
     assert outcome.problems[0].startswith("ai002: unreachable")
 
 
-FROZEN = {"pid": 4242, "start_time": 1.0, "cmdline": ["python", "-m", "mlx_lm", "server"],
-          "role": "rank", "state": "uninterruptible", "backend": "jaccl",
-          "devices": ["rdma_en5"], "holds_port": False}  # fmt: skip
+FROZEN = {
+    "pid": 4242,
+    "start_time": 1.0,
+    "cmdline": ["python", "-m", "mlx_lm", "server"],
+    "role": "rank",
+    "state": "uninterruptible",
+    "backend": "jaccl",
+    "devices": ["rdma_en5"],
+    "holds_port": False,
+}
 
 
 def test_an_unkillable_survivor_is_named_with_what_frees_it_and_the_start_goes_on():
-    outcome = judge_sweep("tiny", {"ai002": sweep_reply("ai002", {
-        "survivors": [FROZEN], "unkillable": [FROZEN], "settled": True})})
+    outcome = judge_sweep(
+        "tiny",
+        {
+            "ai002": sweep_reply(
+                "ai002", {"survivors": [FROZEN], "unkillable": [FROZEN], "settled": True}
+            )
+        },
+    )
     assert outcome.complete and not outcome.blocked and outcome.problems == []
     assert outcome.survivors is not None
     assert outcome.survivors.describe() == (
         "ai002: pid 4242 (rank, state uninterruptible, holding 1 protection domain(s) on"
         " rdma_en5) survives SIGKILL: python -m mlx_lm server. reboot ai002 to free 1"
-        " protection domain(s)")
+        " protection domain(s)"
+    )
 
 
 def test_a_survivor_on_the_models_port_blocks_the_start_with_the_reboot_it_needs():
     on_port = {**FROZEN, "holds_port": True}
-    outcome = judge_sweep("tiny", {"ai001": sweep_reply("ai001", {
-        "survivors": [on_port], "unkillable": [on_port], "settled": False}, status=1)})
+    outcome = judge_sweep(
+        "tiny",
+        {
+            "ai001": sweep_reply(
+                "ai001",
+                {"survivors": [on_port], "unkillable": [on_port], "settled": False},
+                status=1,
+            )
+        },
+    )
     assert outcome.blocked and outcome.survivors is not None
     assert outcome.survivors.reboot_nodes == ["ai001"]
     assert "holds model tiny's port" in outcome.survivors.refusal()
@@ -194,17 +237,18 @@ def test_a_survivor_on_the_models_port_blocks_the_start_with_the_reboot_it_needs
 
 def test_a_killable_survivor_leaves_the_sweep_incomplete():
     stuck = {**FROZEN, "state": "sleeping"}
-    outcome = judge_sweep("tiny", {"ai002": sweep_reply("ai002", {
-        "survivors": [stuck], "settled": False}, status=1)})
+    outcome = judge_sweep(
+        "tiny", {"ai002": sweep_reply("ai002", {"survivors": [stuck], "settled": False}, status=1)}
+    )
     assert not outcome.complete
-    assert outcome.problems == ["ai002: 1 process(es) survived the sweep and are not in"
-                                " uninterruptible sleep"]
+    assert outcome.problems == [
+        "ai002: 1 process(es) survived the sweep and are not in uninterruptible sleep"
+    ]
 
 
 def test_an_answering_listener_found_by_the_start_sweep_is_reported():
     listener = {"pid": 77, "cmdline": ["python", "-m", "mlx_lm", "server"]}
-    outcome = judge_sweep("tiny", {"ai001": sweep_reply("ai001", {
-        "serving_listener": listener})})
+    outcome = judge_sweep("tiny", {"ai001": sweep_reply("ai001", {"serving_listener": listener})})
     assert outcome.serving == {"ai001": listener}
 
 
@@ -212,10 +256,17 @@ def test_an_answering_listener_found_by_the_start_sweep_is_reported():
 
 
 def test_the_serve_record_round_trips(tmp_path: Path):
-    record = ServeRecord("r1", 42, 1000.5, "failed", backend="ring",
-                         failures=(Failure("jaccl", "ai002", "no RDMA", "line"),),
-                         failed_starts=3, last_jaccl_success=JacclSuccess({"ai001": "b"}, 9.0),
-                         jaccl_error_at=10.0)  # fmt: skip
+    record = ServeRecord(
+        "r1",
+        42,
+        1000.5,
+        "failed",
+        backend="ring",
+        failures=(Failure("jaccl", "ai002", "no RDMA", "line"),),
+        failed_starts=3,
+        last_jaccl_success=JacclSuccess({"ai001": "b"}, 9.0),
+        jaccl_error_at=10.0,
+    )
     write_serve_record(tmp_path, "tiny", record)
     assert read_serve_record(tmp_path, "tiny") == record
 
@@ -243,8 +294,12 @@ def test_a_second_wrapper_is_refused_with_how_to_restart_the_service(tmp_path: P
 
 
 def test_the_launch_guards_mlx_launch_and_every_rank_and_tags_the_run(tmp_path: Path):
-    inv = inventory(tmp_path, BOTH, serve="{python: /opt/mlx/bin/python, starting_port: 41000}",
-                    serve_args="{prefill-step-size: 2048}")  # fmt: skip
+    inv = inventory(
+        tmp_path,
+        BOTH,
+        serve="{python: /opt/mlx/bin/python, starting_port: 41000}",
+        serve_args="{prefill-step-size: 2048}",
+    )
     model = inv.model("tiny")
     ring = dict(model.backends.in_order())["ring"]
     argv = launch_argv(inv, model, "ring", ring, "run-1", server_command(model, ring))
@@ -263,30 +318,54 @@ def test_the_launch_guards_mlx_launch_and_every_rank_and_tags_the_run(tmp_path: 
     assert rank[:2] == ["-m", "mlx_medic.serve.guard"] and "--python-args" in rank
     assert rank[rank.index("--backend") + 1] == "ring"
     assert rank[rank.index("--") + 1 :] == [
-        "-m", "mlx_lm", "server", "--model", "/models/tiny", "--host", "127.0.0.1",
-        "--port", "8123", "--pipeline", "--prefill-step-size", "2048"]  # fmt: skip
+        "-m",
+        "mlx_lm",
+        "server",
+        "--model",
+        "/models/tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--pipeline",
+        "--prefill-step-size",
+        "2048",
+    ]
 
 
 def test_the_smoke_test_runs_the_smoke_rank_with_the_backend_and_the_state_dir(tmp_path: Path):
     inv = inventory(tmp_path, BOTH)
     assert smoke_command(inv.model("tiny"), "jaccl", inv) == [
-        "-m", "mlx_medic.serve.smoke", "--backend", "jaccl", "--state-dir",
-        str(tmp_path / "state"), "--model", "tiny"]  # fmt: skip
+        "-m",
+        "mlx_medic.serve.smoke",
+        "--backend",
+        "jaccl",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--model",
+        "tiny",
+    ]
 
 
 def test_a_model_without_prefill_step_size_is_warned_about(tmp_path: Path):
     bare = inventory(tmp_path, BOTH).model("tiny")
     assert serve_args_warnings(bare) == [
         "model tiny has no prefill-step-size in serve_args: mlx_lm.server then prefills with"
-        " its own default step, whatever the model's memory allows"]
+        " its own default step, whatever the model's memory allows"
+    ]
     set_ = inventory(tmp_path, BOTH, serve_args="{prefill-step-size: 2048}").model("tiny")
     assert serve_args_warnings(set_) == []
 
 
 def test_the_wrapper_reaches_peers_with_its_own_key_never_the_remediators(tmp_path: Path):
     text = inventory(tmp_path, BOTH, serve="{identity_file: /home/mlx/.ssh/id_serve}")
-    remediators = text.model_copy(update={"ssh": text.ssh.model_copy(
-        update={"identity_file": Path("/etc/mlx-medic/remediator_key")})})  # fmt: skip
+    remediators = text.model_copy(
+        update={
+            "ssh": text.ssh.model_copy(
+                update={"identity_file": Path("/etc/mlx-medic/remediator_key")}
+            )
+        }
+    )
     model = remediators.model("tiny")
     assert wrapper_ssh(remediators, model).ssh.identity_file == Path("/home/mlx/.ssh/id_serve")
     default = inventory(tmp_path, BOTH).model("tiny")
@@ -300,8 +379,10 @@ def test_each_nodes_devices_come_from_its_row_of_either_hostfile_form(tmp_path: 
     both, and so does the per-device judgement."""
     from mlx_medic.serve.backend import jaccl_devices
 
-    hosts = [{"ssh": "ai001", "ips": ["10.0.0.1"], "rdma": [None, "rdma_en3"]},
-             {"ssh": "ai002", "ips": ["10.0.0.2"], "rdma": ["rdma_en5", None]}]
+    hosts = [
+        {"ssh": "ai001", "ips": ["10.0.0.1"], "rdma": [None, "rdma_en3"]},
+        {"ssh": "ai002", "ips": ["10.0.0.2"], "rdma": ["rdma_en5", None]},
+    ]
     inv = jaccl_inventory(tmp_path)
     data = hosts if form == "list" else {"backend": "jaccl", "envs": [], "hosts": hosts}
     Path(str(inv.model("tiny").backends.jaccl.hostfile)).write_text(json.dumps(data))

@@ -29,6 +29,8 @@ models:
     backends: {{jaccl: {{hostfile: /etc/jaccl.json}}}}
     serve: {{simulated_jaccl: true}}
 """
+
+
 def model(tmp_path: Path, serve: str = "{}"):
     return inventory(tmp_path, serve=serve).model("tiny")
 
@@ -38,8 +40,9 @@ BOOTS = {"ai001": "boot-a1", "ai002": "boot-b1"}
 
 def test_a_ring_pin_mlx_medic_set_is_stamped_then_lifted_once_a_node_has_rebooted(tmp_path):
     tiny = model(tmp_path)
-    pin = write_backend_choice(tmp_path, "tiny", "ring", by="remediator run 7",
-                               reason="JACCL failed on ai002")  # fmt: skip
+    pin = write_backend_choice(
+        tmp_path, "tiny", "ring", by="remediator run 7", reason="JACCL failed on ai002"
+    )
     stamped, said = fail_back(tmp_path, tiny, pin, BOOTS)
     assert (stamped.choice, stamped.boots, said) == ("ring", BOOTS, None)
     assert read_backend_choice(tmp_path, "tiny").boots == BOOTS  # kept on the head
@@ -60,8 +63,9 @@ def test_a_ring_pin_mlx_medic_set_is_stamped_then_lifted_once_a_node_has_reboote
 
 def test_a_pin_a_person_set_is_never_lifted(tmp_path):
     tiny = model(tmp_path)
-    pin = write_backend_choice(tmp_path, "tiny", "ring", by="ana@ops1 at a terminal",
-                               reason="cable work", boots=BOOTS)  # fmt: skip
+    pin = write_backend_choice(
+        tmp_path, "tiny", "ring", by="ana@ops1 at a terminal", reason="cable work", boots=BOOTS
+    )
     kept, said = fail_back(tmp_path, tiny, pin, {"ai001": "new", "ai002": "new"})
     assert (kept, said) == (pin, None)
     assert "a person pinned ring" in kept.retry()
@@ -71,10 +75,13 @@ def test_a_pin_a_person_set_is_never_lifted(tmp_path):
 def test_the_choice_says_when_jaccl_will_be_tried_again(tmp_path):
     auto = read_backend_choice(tmp_path, "tiny")
     assert auto.retry() == "JACCL is tried first at every start while the ledger allows it"
-    pin = write_backend_choice(tmp_path, "tiny", "ring", by="remediator run 7", reason="x",
-                               boots=BOOTS)  # fmt: skip
-    assert pin.retry() == ("JACCL is tried again once one of ai001, ai002 has rebooted"
-                           " (mlx-medic lifts its own ring pin once per reboot)")
+    pin = write_backend_choice(
+        tmp_path, "tiny", "ring", by="remediator run 7", reason="x", boots=BOOTS
+    )
+    assert pin.retry() == (
+        "JACCL is tried again once one of ai001, ai002 has rebooted"
+        " (mlx-medic lifts its own ring pin once per reboot)"
+    )
 
 
 def test_relaunches_are_bounded_per_window_and_spaced_like_launchds_throttle():
@@ -115,8 +122,11 @@ def test_check_config_refuses_the_simulated_jaccl_outside_a_testbed(tmp_path):
     path.write_text(INVENTORY_TEXT.format(state=tmp_path))
 
     def check(*flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "mlx_medic.cli", "check-config",
-                               str(path), *flags], capture_output=True, text=True)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "mlx_medic.cli", "check-config", str(path), *flags],
+            capture_output=True,
+            text=True,
+        )
 
     refused = check()
     assert refused.returncode == 1
@@ -128,9 +138,17 @@ def test_check_config_refuses_the_simulated_jaccl_outside_a_testbed(tmp_path):
 def test_the_backend_command_says_who_pinned_why_and_when_jaccl_is_tried_again(tmp_path):
     from mlx_medic.node.backend_cli import describe
 
-    write_backend_choice(tmp_path, "tiny", "ring", by="remediator run 7", reason="jaccl failed",
-                         boots={"ai001": "b1"})  # fmt: skip
+    write_backend_choice(
+        tmp_path,
+        "tiny",
+        "ring",
+        by="remediator run 7",
+        reason="jaccl failed",
+        boots={"ai001": "b1"},
+    )
     said = describe("tiny", read_backend_choice(tmp_path, "tiny"))
     assert said.startswith("tiny: pinned to ring, by remediator run 7 at ")
-    assert said.endswith(": jaccl failed; JACCL is tried again once one of ai001 has rebooted"
-                         " (mlx-medic lifts its own ring pin once per reboot)")
+    assert said.endswith(
+        ": jaccl failed; JACCL is tried again once one of ai001 has rebooted"
+        " (mlx-medic lifts its own ring pin once per reboot)"
+    )

@@ -46,8 +46,12 @@ models:
 
 
 def serve(inventory: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([MEDIC, "serve", "m1", "--config.file", str(inventory)],
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    return subprocess.run(
+        [MEDIC, "serve", "m1", "--config.file", str(inventory)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def test_a_held_model_lock_refuses_the_start_at_once_and_touches_nothing(tmp_path: Path):
@@ -65,8 +69,9 @@ def test_a_held_model_lock_refuses_the_start_at_once_and_touches_nothing(tmp_pat
 
     result = asyncio.run(hold_and_serve())
     assert result.returncode == 3, result.stderr
-    assert "already being started or served: locked by remediator (run remediation 7" \
-           in result.stderr  # fmt: skip
+    assert (
+        "already being started or served: locked by remediator (run remediation 7" in result.stderr
+    )
     assert "supervisorctl restart m1-" in result.stderr
     assert read_serve_record(inventory.state_dir, "m1") is None  # no record written
     assert not (inventory.state_dir / "runs").exists()  # no run recorded anywhere
@@ -77,8 +82,10 @@ def test_an_unreachable_node_stops_the_start_and_is_named(tmp_path: Path):
     state = tmp_path / "state"
     result = serve(inventory_path)
     assert result.returncode == 1, result.stderr
-    assert "the start sweep is incomplete, so nothing is started on top of possible" \
-           " orphans: n2: unreachable" in result.stderr  # fmt: skip
+    assert (
+        "the start sweep is incomplete, so nothing is started on top of possible"
+        " orphans: n2: unreachable" in result.stderr
+    )
     assert "smoke test" not in result.stderr and "launching" not in result.stderr
     record = read_serve_record(state, "m1")
     assert record is not None and (record.state, record.failed_starts) == ("failed", 1)

@@ -50,12 +50,17 @@ def served(clean_cluster: Cluster, tiny_model: Path):
 def head_metrics(served: Served) -> dict[tuple, float]:
     popen = served.head.spawn(
         [MEDIC, "exporter", "--once", "--config.file", str(served.inventory), "--node", "ai001"],
-        env=served.cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        env=served.cluster.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = popen.communicate(timeout=120)
     assert popen.returncode == 0, err.decode()
-    return {(s.name, *sorted(s.labels.items())): s.value
-            for family in text_string_to_metric_families(out.decode())
-            for s in family.samples}  # fmt: skip
+    return {
+        (s.name, *sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(out.decode())
+        for s in family.samples
+    }
 
 
 def metric(samples: dict[tuple, float], name: str, **labels: str) -> float | None:
@@ -123,8 +128,13 @@ def test_a_sigkilled_wrapper_leaves_no_rank_anywhere_while_a_sigkilled_mlx_launc
     cluster = served.cluster
     popen, wrapper = served.start_direct()
     # A second wrapper while the first starts (its ranks loading): refused, nothing touched.
-    wait_until(lambda: (r := served.record()) is not None and r.backend == "ring"
-               and served.ranks("ai002"), 300, "the first wrapper launching its ranks")  # fmt: skip
+    wait_until(
+        lambda: (
+            (r := served.record()) is not None and r.backend == "ring" and served.ranks("ai002")
+        ),
+        300,
+        "the first wrapper launching its ranks",
+    )
     loading = served.ranks("ai001") + served.ranks("ai002")
     starting = served.record()
     assert starting is not None and starting.state == "starting"
@@ -147,9 +157,13 @@ def test_a_sigkilled_wrapper_leaves_no_rank_anywhere_while_a_sigkilled_mlx_launc
 
     os.kill(wrapper, signal.SIGKILL)  # no teardown: only the guards are left to act
     popen.wait(timeout=30)
+
     def run_gone() -> bool:
-        return not (served.ranks("ai001", record.run_id) or served.ranks("ai002", record.run_id)
-                    or served.launchers())
+        return not (
+            served.ranks("ai001", record.run_id)
+            or served.ranks("ai002", record.run_id)
+            or served.launchers()
+        )
 
     took = wait_until(run_gone, ORPHAN_LIMIT, "no rank of the killed run and no mlx.launch")
     print(f"after SIGKILL of the wrapper, its run was gone from every node in {took:.1f}s")
@@ -157,8 +171,12 @@ def test_a_sigkilled_wrapper_leaves_no_rank_anywhere_while_a_sigkilled_mlx_launc
     # The same crash without the wrapper: plain mlx.launch, SIGKILLed, leaves the peer's rank.
     script = served.inventory.parent / "plain_rank.py"
     script.write_text(RANK_SCRIPT)
-    plain = start_launch(cluster, served.ring_hostfile, [cluster.python, str(script)],
-                         launch_args=["--starting-port", str(served.port % 1000 + 53000)])
+    plain = start_launch(
+        cluster,
+        served.ring_hostfile,
+        [cluster.python, str(script)],
+        launch_args=["--starting-port", str(served.port % 1000 + 53000)],
+    )
     try:
         plain.wait_for_output("rank 1 ready", timeout=120)
         plain.kill()
@@ -175,8 +193,9 @@ def test_a_dead_launchs_broken_listener_is_swept_and_a_node_at_its_reserve_gets_
     peer = cluster.node("ai002")
     assert read_node_id(peer.state_dir) == "ai002"
     for pid in range(1, 6):  # the default reserve: 5 domains spent this boot, devices unknown
-        record_spend(peer.state_dir, "ai002", "sigkill", pid=pid, start_time=1.0,
-                     boot_id=peer.boot_id)  # fmt: skip
+        record_spend(
+            peer.state_dir, "ai002", "sigkill", pid=pid, start_time=1.0, boot_id=peer.boot_id
+        )
 
     earlier = start_earlier_run(served)
     try:
@@ -191,10 +210,13 @@ def test_a_dead_launchs_broken_listener_is_swept_and_a_node_at_its_reserve_gets_
         assert record.backend == "ring"
         output = served.output()
         # Broken, not busy: refused at once each time, so a short window.
-        assert f"listens on model tiny's port {served.port} and does not answer (3 probes" \
-               in output, output[-3000:]  # fmt: skip
-        assert "no JACCL start: jaccl failed on ai002: the protection-domain ledger is at the" \
-               " reserve on rdma_ai001: 5 spent (reserve 5 per device" in output, output[-3000:]
+        assert (
+            f"listens on model tiny's port {served.port} and does not answer (3 probes" in output
+        ), output[-3000:]
+        assert (
+            "no JACCL start: jaccl failed on ai002: the protection-domain ledger is at the"
+            " reserve on rdma_ai001: 5 spent (reserve 5 per device" in output
+        ), output[-3000:]
         assert "(models placed on ai002: tiny)" in output
         assert "smoke test: jaccl" not in output
         assert "ring smoke test skipped: ring is the last backend to try" in output
@@ -226,8 +248,9 @@ def test_an_answering_listener_on_the_port_is_never_touched_and_the_start_says_w
         assert "a serving process is never touched" in result.stderr
         assert left and all(processes.is_alive(pid) for pid in left)
         assert answers(served.port)
-        assert not served.ranks("ai002", (served.record() or ServeRecord("", 0, None,
-                                                                         "failed")).run_id)
+        assert not served.ranks(
+            "ai002", (served.record() or ServeRecord("", 0, None, "failed")).run_id
+        )
     finally:
         earlier.close()
 
@@ -235,11 +258,26 @@ def test_an_answering_listener_on_the_port_is_never_touched_and_the_start_says_w
 def start_earlier_run(served: Served):
     """The model served by plain mlx.launch (an earlier deployment, a person by hand)."""
     cluster = served.cluster
-    server = [cluster.python, "-m", "mlx_lm", "server", "--model", str(served_model(served)),
-              "--host", "127.0.0.1", "--port", str(served.port), "--pipeline"]  # fmt: skip
-    earlier = start_launch(cluster, served.ring_hostfile, server,
-                           env=cluster.env(HF_HUB_OFFLINE="1"),
-                           launch_args=["--starting-port", str(served.port % 1000 + 54000)])
+    server = [
+        cluster.python,
+        "-m",
+        "mlx_lm",
+        "server",
+        "--model",
+        str(served_model(served)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(served.port),
+        "--pipeline",
+    ]
+    earlier = start_launch(
+        cluster,
+        served.ring_hostfile,
+        server,
+        env=cluster.env(HF_HUB_OFFLINE="1"),
+        launch_args=["--starting-port", str(served.port % 1000 + 54000)],
+    )
     try:
         wait_until(lambda: answers(served.port), 300, "the earlier run answering")
     except BaseException:
@@ -261,11 +299,14 @@ def served_model(served: Served) -> str:
 
 
 def test_with_the_ring_hostfile_broken_too_the_wrapper_exits_naming_each_failure(
-    clean_cluster: Cluster, tiny_model: Path,
+    clean_cluster: Cluster,
+    tiny_model: Path,
 ):
     broken = clean_cluster.workdir / f"broken-ring-{os.getpid()}-{time.time_ns()}.json"
-    broken.write_text('[{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}, {"ssh": "no-such-node'
-                      '.invalid", "ips": ["127.0.0.254"]}]\n')  # fmt: skip
+    broken.write_text(
+        '[{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}, {"ssh": "no-such-node'
+        '.invalid", "ips": ["127.0.0.254"]}]\n'
+    )
     served = prepare(clean_cluster, tiny_model, ring_hostfile=broken)
     try:
         result = served.run_direct()
@@ -276,9 +317,13 @@ def test_with_the_ring_hostfile_broken_too_the_wrapper_exits_naming_each_failure
         assert record is not None and record.state == "failed"
         assert [f.backend for f in record.failures] == ["jaccl", "ring"]
         # Each JACCL rank that failed to start recorded it on its own node: disputed, no debt.
-        spent = [e for node in ("ai001", "ai002")
-                 for e in read_ledger(clean_cluster.node(node).state_dir, node,
-                                      clean_cluster.node(node).boot_id).entries]
+        spent = [
+            e
+            for node in ("ai001", "ai002")
+            for e in read_ledger(
+                clean_cluster.node(node).state_dir, node, clean_cluster.node(node).boot_id
+            ).entries
+        ]
         assert spent and {(e.kind, e.model) for e in spent} == {("failed_start", "tiny")}
         assert served.ranks("ai001") == served.ranks("ai002") == []
     finally:
@@ -293,10 +338,12 @@ def crash(served: Served, run_id: str) -> None:
 
 
 def test_after_a_crash_the_wrapper_relaunches_at_once_and_leaves_no_rank_of_the_crash(
-    clean_cluster: Cluster, tiny_model: Path,
+    clean_cluster: Cluster,
+    tiny_model: Path,
 ):
-    served = prepare(clean_cluster, tiny_model,
-                     serve={"relaunch_limit": 2, "relaunch_interval": "1s"})
+    served = prepare(
+        clean_cluster, tiny_model, serve={"relaunch_limit": 2, "relaunch_interval": "1s"}
+    )
     try:
         popen, wrapper = served.start_direct()
         first = served.wait_serving()
@@ -310,8 +357,9 @@ def test_after_a_crash_the_wrapper_relaunches_at_once_and_leaves_no_rank_of_the_
         assert "relaunching at once (1 of 2 within 600s)" in output
         assert "phase start sweep and run record" in output
         # the crashed run's ranks went in the start sweep, before any wait for the interval
-        assert output.index("phase start sweep and run record", output.index("relaunching")) \
-            < output.index("launching on", output.index("relaunching"))  # fmt: skip
+        assert output.index(
+            "phase start sweep and run record", output.index("relaunching")
+        ) < output.index("launching on", output.index("relaunching"))
 
         # A crash loop spends the budget, then the wrapper exits for the service manager.
         crash(served, second.run_id)

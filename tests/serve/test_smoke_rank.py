@@ -36,8 +36,10 @@ def test_a_failed_jaccl_init_is_recorded_as_a_disputed_cycle_not_debt(
 
     monkeypatch.setattr(mx.distributed, "init", refuse)
     assert run_smoke(tmp_path, "jaccl") == 1
-    assert "mlx-medic smoke: rank ? failed: RuntimeError: Cannot initialize jaccl" \
-           in capsys.readouterr().out  # fmt: skip
+    assert (
+        "mlx-medic smoke: rank ? failed: RuntimeError: Cannot initialize jaccl"
+        in capsys.readouterr().out
+    )
     ledger = read_ledger(tmp_path, "ai002")
     assert [(e.kind, e.model) for e in ledger.entries] == [("failed_start", "tiny")]
     assert (ledger.debt, ledger.disputed_cycles) == (0, 1)  # a failed allocation spends nothing

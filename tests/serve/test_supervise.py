@@ -27,8 +27,11 @@ async def test_a_line_longer_than_the_stream_limit_is_copied_and_reading_goes_on
 
 
 async def test_a_rank_that_ends_is_noticed_through_mlx_launchs_colours() -> None:
-    launch = Launch(printing(
-        r"print('\x1b[33m[WARN] Node with rank 1 exited with code 1 \x1b[0m'); print('more')"))
+    launch = Launch(
+        printing(
+            r"print('\x1b[33m[WARN] Node with rank 1 exited with code 1 \x1b[0m'); print('more')"
+        )
+    )
     await launch.start()
     await launch.wait(30)
     assert launch.rank_ended == "[WARN] Node with rank 1 exited with code 1"

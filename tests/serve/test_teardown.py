@@ -46,14 +46,19 @@ def test_the_teardown_ends_within_the_stop_timeout_when_no_node_answers(tmp_path
     nodes = ModelNodes(NodeHelpers(transport, INVENTORY, 60.0), model, 60.0)  # type: ignore[arg-type]
 
     async def bounded() -> list[str]:
-        return await asyncio.wait_for(end_run(nodes, "run-1", None, teardown_deadline(model)),
-                                      timeout=model.policy.stop_timeout)  # fmt: skip
+        return await asyncio.wait_for(
+            end_run(nodes, "run-1", None, teardown_deadline(model)),
+            timeout=model.policy.stop_timeout,
+        )
 
     problems = asyncio.run(bounded())
     assert [p.split(":")[0] for p in problems] == ["ai001", "ai002", "ai001", "ai002"]
     assert "no answer" in problems[0]
     helpers = [(node, argv[2:4], argv[4:6]) for node, argv, _ in transport.calls]
-    assert helpers[:2] == [("ai001", ["sweep", "tiny"], ["--run", "run-1"]),
-                           ("ai002", ["sweep", "tiny"], ["--run", "run-1"])]  # fmt: skip
+    assert helpers[:2] == [
+        ("ai001", ["sweep", "tiny"], ["--run", "run-1"]),
+        ("ai002", ["sweep", "tiny"], ["--run", "run-1"]),
+    ]
     assert [argv[2:6] for _, argv, _ in transport.calls[2:]] == [
-        ["run", "tiny", "clear", "run-1"]] * 2
+        ["run", "tiny", "clear", "run-1"]
+    ] * 2
