@@ -203,7 +203,7 @@ def remediator_probes_on_the_head(port: int) -> dict[str, Any]:
 def helper_takes_the_model_lock(token: str) -> dict[str, Any]:
     """`mlx-medic node lock m1 take` as the node's login user, as the remediator sends it;
     then released, so the next one may take it."""
-    from mlx_medic.model_lock import LockInfo
+    from mlx_medic.model_lock_file import LockInfo
 
     info = LockInfo(
         node=None,

@@ -122,7 +122,7 @@ def _serve_holder(value: Any, request: Request) -> None:
 
 def _remediator_lock(value: Any, request: Request) -> None:
     """A lock the remediator writes: its engine's holder and run id, its own node or none."""
-    from mlx_medic.model_lock import LockInfo
+    from mlx_medic.model_lock_file import LockInfo
 
     try:
         info = LockInfo.parse(str(value))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mlx_medic.model_lock import act_on_lock, checked_info, lock_path
+from mlx_medic.model_lock_file import act_on_lock, checked_info, lock_path
 from mlx_medic.node.cli import (
     EXIT_FAILED,
     EXIT_OK,

@@ -9,9 +9,10 @@ are argv lists, never shell text, on every implementation. Over SSH they are onl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from mlx_medic.inventory import Node
+if TYPE_CHECKING:
+    from mlx_medic.inventory import Node  # annotations only: the transport loads no pydantic
 
 
 @dataclass(frozen=True)

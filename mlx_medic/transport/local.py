@@ -8,9 +8,12 @@ never a shell.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-from mlx_medic.inventory import Node
 from mlx_medic.transport.interface import CommandResult, output_text
+
+if TYPE_CHECKING:
+    from mlx_medic.inventory import Node  # annotations only: the transport loads no pydantic
 
 
 class LocalTransport:

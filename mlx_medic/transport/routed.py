@@ -8,8 +8,12 @@ answered from this machine's process table.
 
 from __future__ import annotations
 
-from mlx_medic.inventory import Node
+from typing import TYPE_CHECKING
+
 from mlx_medic.transport.interface import CommandResult, NodeTransport
+
+if TYPE_CHECKING:
+    from mlx_medic.inventory import Node  # annotations only: the transport loads no pydantic
 
 
 class RoutedTransport:
