@@ -17,7 +17,13 @@ from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.samples import Sample
 
 from mlx_medic.exporter.settings import read_settings
-from mlx_medic.state_layout import Owner, StateFileError, node_owner, prepare_state_dir
+from mlx_medic.state_layout import (
+    DEFAULT_STATE_DIR,
+    Owner,
+    StateFileError,
+    node_owner,
+    prepare_state_dir,
+)
 
 if TYPE_CHECKING:  # the inventory's schema (pydantic) loads only when there is an inventory
     from _typeshed import DataclassInstance
@@ -46,7 +52,7 @@ class ExporterContext:
 
     node: str | None = None
     inventory: Inventory | None = None
-    state_dir: Path = Path("/var/lib/mlx-medic")
+    state_dir: Path = DEFAULT_STATE_DIR
     state_owner: Owner | None = None
     clock: Callable[[], float] = time.time
     settings: Mapping[type, object] = field(default_factory=dict)

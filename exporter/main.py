@@ -20,6 +20,7 @@ from mlx_medic.exporter.collector import REGISTRY, ExporterContext, ScrapeCollec
 from mlx_medic.exporter.settings import add_flags, describe, settings_from_args
 from mlx_medic.listen_address import parse_listen
 from mlx_medic.node_identity import resolve_node
+from mlx_medic.state_layout import DEFAULT_STATE_DIR
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
@@ -87,7 +88,7 @@ def load(config_file: Path) -> Inventory:
 
 def build(args: argparse.Namespace) -> tuple[ExporterContext, ScrapeCollector]:
     inventory = load(args.config_file) if args.config_file else None
-    state_dir = args.state_dir or (inventory.state_dir if inventory else Path("/var/lib/mlx-medic"))
+    state_dir = args.state_dir or (inventory.state_dir if inventory else DEFAULT_STATE_DIR)
     node = resolve_node(inventory, args.node, state_dir)
     enabled = [REGISTRY[name] for name in sorted(REGISTRY) if getattr(args, f"collector_{name}")]
     settings = {

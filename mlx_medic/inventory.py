@@ -33,6 +33,7 @@ from mlx_medic.inventory_methods import (
     ServiceMethods,
 )
 from mlx_medic.names import NAME_PATTERN
+from mlx_medic.state_layout import DEFAULT_STATE_DIR
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 USER_NAME_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
@@ -609,7 +610,7 @@ class Inventory(_Strict, InventoryMethods[Node, Model]):
         default_factory=list, description="extra log signatures, added to the built-in set"
     )
     state_dir: Path = Field(
-        default=Path("/var/lib/mlx-medic"),
+        default=DEFAULT_STATE_DIR,
         description="on every node: the node-id file, current run ids (`runs/`), probe locks"
         " (`locks/`) and log read positions",
     )

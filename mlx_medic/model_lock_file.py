@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mlx_medic.state_layout import locks_dir
+
 
 def text_digest(text: str) -> str:
     """What `lock break` compares: the lock's text exactly as it was judged."""
@@ -64,7 +66,7 @@ class LockInfo:
 
 def lock_path(state_dir: Path, model: str) -> Path:
     """Where the model's lock lives on its head node."""
-    return Path(state_dir) / "locks" / f"{model}.lock"
+    return locks_dir(state_dir) / f"{model}.lock"
 
 
 # --- the lock file's actions (one compare-then-write under an flock each) ----------------

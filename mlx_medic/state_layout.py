@@ -54,6 +54,14 @@ BACKEND = "backend"  # <model>.json
 SERVE = "serve"  # <model>.json
 SERVICE = "service"  # <model>.stopped
 DIRS = (LOCKS, RUNS, RANKS, BACKEND, SERVE, SERVICE)
+
+
+def locks_dir(state_dir: Path) -> Path:
+    """Where a node keeps its model locks and probe locks: the node helpers, the serve
+    wrapper, the exporter's probes and `mlx-medic probe` all meet there."""
+    return Path(state_dir) / LOCKS
+
+
 _MAX_DEPTH = 4  # deeper than any part: the repair walk goes no further
 _MAX_ENTRIES = 100_000  # nor past this many entries (a dir filled by someone else)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)

@@ -23,6 +23,7 @@ from mlx_medic import health
 from mlx_medic.inventory import Inventory, Model, Node, is_loopback
 from mlx_medic.node_identity import NodeIdentityError, node_id_path, read_node_id
 from mlx_medic.remediator.config import ConfigError
+from mlx_medic.state_layout import locks_dir
 from mlx_medic.transport import NodeTransport, TransportError
 
 log = logging.getLogger("mlx_medic.remediator.model_health")
@@ -140,7 +141,7 @@ async def _probe_on_head(
         "--timeout",
         f"{PROBE_TIMEOUT:g}",
         "--lock-dir",
-        str(inventory.state_dir / "locks"),
+        str(locks_dir(inventory.state_dir)),
     ]
     where = f"on {head.name}"
     try:

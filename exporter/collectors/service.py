@@ -30,7 +30,7 @@ from mlx_medic.exporter.background import PeriodicWorker
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.exporter.settings import positive_seconds, setting
 from mlx_medic.health import ProbeResult, probe_host, probe_model
-from mlx_medic.state_layout import LOCKS, StateFileError, ensure_dir
+from mlx_medic.state_layout import StateFileError, ensure_dir, locks_dir
 
 log = logging.getLogger("mlx_medic.exporter.service")
 
@@ -193,7 +193,7 @@ def targets_for(context: ExporterContext) -> list[ProbeTarget]:
 def _lock_dir(context: ExporterContext) -> Path | None:
     """`<state_dir>/locks`, the node's login user's (state_layout): the node helpers take
     the model lock and `mlx-medic probe` its probe locks in the same dir."""
-    path = context.state_dir / LOCKS
+    path = locks_dir(context.state_dir)
     try:
         return ensure_dir(path, context.prepare_state_dir())
     except StateFileError as exc:

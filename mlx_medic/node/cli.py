@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlx_medic.state_layout import DEFAULT_STATE_DIR
+
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
 
@@ -25,7 +27,6 @@ SCHEMA = 1
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_ARGUMENTS = 2
-DEFAULT_STATE_DIR = Path("/var/lib/mlx-medic")
 
 # helper name -> (module with add_arguments(parser) and run(args) -> int, help)
 HELPERS: dict[str, tuple[str, str]] = {

@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from mlx_medic.state_layout import locks_dir
+
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory, Model
 
@@ -143,7 +145,7 @@ def _remediator_lock(value: Any, request: Request) -> None:
 
 
 def _lock_dir(value: Any, request: Request) -> None:
-    expected = request.inventory.state_dir / "locks"
+    expected = locks_dir(request.inventory.state_dir)
     if os.path.normpath(str(value)) != os.path.normpath(expected):
         raise Refused(f"--lock-dir {value!r} is not the inventory's ({expected})")
 

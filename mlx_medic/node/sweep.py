@@ -307,9 +307,9 @@ def answers_health_probe(model: Model, state_dir: Path) -> Health:
 def _probe_lock_dir(state_dir: Path) -> Path | None:
     """`<state_dir>/locks`, as the exporter's probe uses; None (this process only) if it
     cannot be made."""
-    from mlx_medic.state_layout import LOCKS, StateFileError, ensure_dir
+    from mlx_medic.state_layout import StateFileError, ensure_dir, locks_dir
 
-    path = state_dir / LOCKS
+    path = locks_dir(state_dir)
     try:
         ensure_dir(path)
     except (OSError, StateFileError) as exc:
