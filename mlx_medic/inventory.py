@@ -76,7 +76,10 @@ def _absolute_path(value: Path) -> Path:
 AbsolutePath = Annotated[Path, AfterValidator(_absolute_path)]
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """A config section that refuses unknown keys (a typo is an error, never ignored) and
+    never changes once read."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -107,7 +110,7 @@ def _ssh_source(value: str) -> str:
 SshSource = Annotated[str, AfterValidator(_ssh_source)]
 
 
-class Node(_Strict):
+class Node(StrictModel):
     """A machine in the cluster, reached over SSH."""
 
     name: Name = Field(
@@ -164,7 +167,7 @@ class Node(_Strict):
         return value
 
 
-class Service(_Strict, ServiceMethods):
+class Service(StrictModel, ServiceMethods):
     """How the head node keeps the model running (launchd KeepAlive in production)."""
 
     manager: ServiceManager = Field(
@@ -212,7 +215,7 @@ class Service(_Strict, ServiceMethods):
     )
 
 
-class Backend(_Strict):
+class Backend(StrictModel):
     """One way to start the model's ranks."""
 
     hostfile: Path = Field(description="the mlx.launch hostfile for this backend")
@@ -231,7 +234,7 @@ class RingBackend(Backend):
     )
 
 
-class Backends(_Strict, BackendsMethods[Backend]):
+class Backends(StrictModel, BackendsMethods[Backend]):
     """Backends in order of preference: JACCL first, ring as the fallback."""
 
     jaccl: Backend | None = Field(
@@ -248,7 +251,7 @@ class Backends(_Strict, BackendsMethods[Backend]):
         return self
 
 
-class Policy(_Strict):
+class Policy(StrictModel):
     """Limits on automatic action, so a restart loop cannot spend the PD budget."""
 
     restart_budget: int = Field(
@@ -310,7 +313,7 @@ class Policy(_Strict):
     )
 
 
-class ServeSettings(_Strict):
+class ServeSettings(StrictModel):
     """How `mlx-medic serve` starts the model's ranks and keeps them tied to itself."""
 
     python: AbsolutePath | None = Field(
@@ -422,7 +425,7 @@ def _process_regex(value: str) -> str:
 ProcessRegex = Annotated[str, AfterValidator(_process_regex)]
 
 
-class ProcessPatterns(_Strict, ProcessPatternsMethods):
+class ProcessPatterns(StrictModel, ProcessPatternsMethods):
     """The model's own processes by command line, for ranks that are not mlx_lm.server
     or mlx_lm.share (the seed runs `serve.py` and `mlx-share-rank.py`).
 
@@ -448,7 +451,7 @@ class ProcessPatterns(_Strict, ProcessPatternsMethods):
     )
 
 
-class Model(_Strict, ModelMethods):
+class Model(StrictModel, ModelMethods):
     """One served model: its ranks, where they run, and how they are started."""
 
     name: Name = Field(description="the alert's `model` label")
@@ -538,7 +541,7 @@ class Model(_Strict, ModelMethods):
         return value
 
 
-class Signature(_Strict):
+class Signature(StrictModel):
     """An error text to count in service logs; a regular expression."""
 
     name: Name = Field(
@@ -556,7 +559,7 @@ class Signature(_Strict):
         return value
 
 
-class SshSettings(_Strict):
+class SshSettings(StrictModel):
     """How the remediator reaches nodes. Host keys are always checked."""
 
     user: str = Field(
@@ -593,7 +596,7 @@ class SshSettings(_Strict):
     )
 
 
-class Inventory(_Strict, InventoryMethods[Node, Model]):
+class Inventory(StrictModel, InventoryMethods[Node, Model]):
     """The whole file."""
 
     nodes: list[Node] = Field(

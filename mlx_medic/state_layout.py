@@ -302,7 +302,7 @@ def settle_new_file(fd: int, path: Path, owner: Owner | None = None, mode: int =
 
 
 @dataclass
-class Prepared:
+class PreparedStateDir:
     """What `prepare_state_dir` did: entries it corrected, entries it had to leave."""
 
     state_dir: Path
@@ -311,7 +311,7 @@ class Prepared:
     left: list[str] = field(default_factory=list)
 
 
-def prepare_state_dir(state_dir: Path, owner: Owner) -> Prepared:
+def prepare_state_dir(state_dir: Path, owner: Owner) -> PreparedStateDir:
     """Make `state_dir` and its dirs (DIRS) for `owner`; as root, also correct every entry
     root made or the owner left wider than the layout (a probe lock 0600, a record 0644),
     never following a link. Missing parents above it are made 0755, as tmpfiles.d would.
@@ -320,7 +320,7 @@ def prepare_state_dir(state_dir: Path, owner: Owner) -> Prepared:
     testbed may too): the result is the same in any order. A process other than root that
     cannot use the dir gets a StateFileError naming its owner and mode."""
     state_dir = Path(state_dir)
-    prepared = Prepared(state_dir, owner)
+    prepared = PreparedStateDir(state_dir, owner)
     above = [p for p in state_dir.parents if not p.is_dir()]
     for parent in reversed(above):
         try:
@@ -349,7 +349,7 @@ def prepare_state_dir(state_dir: Path, owner: Owner) -> Prepared:
 
 
 def _repair(
-    dir_fd: int, where: Path, owner: Owner, prepared: Prepared, depth: int, seen: list[int]
+    dir_fd: int, where: Path, owner: Owner, prepared: PreparedStateDir, depth: int, seen: list[int]
 ) -> None:
     """Correct the entries of one dir (by fd, so a rename under us cannot redirect it)."""
     try:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from mlx_medic.inventory import Duration
+from mlx_medic.inventory import Duration, StrictModel
 
 # Where the service's config is when no `--config.file` is given: the environment variable
 # the shipped units set, else the path they use (deploy/systemd, deploy/launchd).
@@ -57,11 +57,7 @@ def default_state_dir() -> Path:
     return Path(base) / "mlx-medic"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class AuthConfig(_Strict):
+class AuthConfig(StrictModel):
     """Credentials Alertmanager sends: `authorization.credentials_file` (bearer)
     or `basic_auth.password_file`. Secrets live in files, never in this config."""
 
@@ -80,13 +76,13 @@ class AuthConfig(_Strict):
         return self.bearer_token_file is not None or self.basic_password_file is not None
 
 
-class TlsConfig(_Strict):
+class TlsConfig(StrictModel):
     cert_file: Path
     key_file: Path
     client_ca_file: Path | None = Field(default=None, description="set to require client certs")
 
 
-class RoutingConfig(_Strict):
+class RoutingConfig(StrictModel):
     """Which alert names start which playbook (by name: the remediator's built-in
     playbooks), and which label names the model."""
 
@@ -96,7 +92,7 @@ class RoutingConfig(_Strict):
     model_label: str = Field(default="model", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class RemediatorConfig(_Strict):
+class RemediatorConfig(StrictModel):
     inventory: Path = Path("/etc/mlx-medic/inventory.yaml")
     journal: Path = Field(default_factory=lambda: default_state_dir() / "journal.sqlite")
     listen: str = "127.0.0.1:10901"

@@ -46,7 +46,7 @@ DEVICE_PREFIX = "rdma_"  # the testbed's jaccl hostfile: rdma_<name of the peer'
 HOLDER_SUFFIX = ".holder"
 
 
-class ConfigError(Exception):
+class SimConfigError(Exception):
     """The simulator's config cannot be read: the rank must not run unsimulated."""
 
 
@@ -96,7 +96,7 @@ class Config:
                 settle=float(data["settle"]),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+            raise SimConfigError(f"{path}: {exc}") from None
 
 
 def start_ticks(pid: int | str = "self") -> int:
@@ -632,7 +632,7 @@ def install(module: Any, config_path: str) -> None:
     mlx.core: refuse (exit 2) without a readable config, else patch its distributed.init."""
     try:
         config = Config.load(config_path)
-    except ConfigError as exc:
+    except SimConfigError as exc:
         print(
             f"mlx-medic testbed: refusing to simulate JACCL: the simulator's config "
             f"cannot be read ({exc})",

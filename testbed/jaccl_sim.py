@@ -71,7 +71,7 @@ class Holder:
 
 
 @dataclass(frozen=True)
-class Orphan:
+class SimOrphan:
     """A rank that did not exit because a peer died without a normal exit."""
 
     node: str
@@ -164,7 +164,7 @@ class JacclSim(ClosedOnExit):
                 )
         return found
 
-    def orphans(self, node: str | None = None) -> list[Orphan]:
+    def orphans(self, node: str | None = None) -> list[SimOrphan]:
         """The ranks that stayed as orphans (alive or not: see `host_pid`)."""
         found = []
         for marker in sorted((self.root / "worlds").glob("*/rank-*.orphan")):
@@ -174,7 +174,7 @@ class JacclSim(ClosedOnExit):
             rank = int(marker.name.removeprefix("rank-").removesuffix(".orphan"))
             pid, ticks = int(record["pid"]), int(record["start_ticks"])
             found.append(
-                Orphan(
+                SimOrphan(
                     str(record["node"]),
                     marker.parent.name,
                     rank,
@@ -187,7 +187,7 @@ class JacclSim(ClosedOnExit):
             )
         return found
 
-    def wait_for_orphan(self, node: str, timeout: float = 60.0) -> Orphan:
+    def wait_for_orphan(self, node: str, timeout: float = 60.0) -> SimOrphan:
         """The first live orphan on the node, waiting for one."""
         deadline = time.monotonic() + timeout
         while True:
@@ -328,4 +328,4 @@ def start_jaccl_sim(
     return sim
 
 
-__all__ = ["Holder", "JacclSim", "OnSigkill", "Orphan", "start_jaccl_sim"]
+__all__ = ["Holder", "JacclSim", "OnSigkill", "SimOrphan", "start_jaccl_sim"]

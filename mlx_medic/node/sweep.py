@@ -396,7 +396,7 @@ class Seams:
     warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr)
 
 
-class Sweep:
+class NodeSweep:
     """One sweep of one model on this node: `plan` (scope, mode, guards), then `run`
     (signals, bounded waits, ledger spends); the report says what happened."""
 

@@ -81,7 +81,7 @@ def _seconds(value: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_medic.node.sweep import Mode, Sweep
+    from mlx_medic.node.sweep import Mode, NodeSweep
     from mlx_medic.platform.process_table import system_process_table
     from mlx_medic.process_model import PatternSet, classifier
     from mlx_medic.runs import check_run_id
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         else Mode.SCOPE
     )
     table = system_process_table(classifier(PatternSet.of(inventory)))
-    report = Sweep(
+    report = NodeSweep(
         inventory=inventory,
         model=model,
         node=context.node,

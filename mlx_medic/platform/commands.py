@@ -18,7 +18,7 @@ MAX_OUTPUT_CHARS = 1_000_000  # a tool that floods stdout is garbage, not data
 
 
 @dataclass(frozen=True)
-class CommandResult:
+class CompletedCommand:
     argv: tuple[str, ...]
     returncode: int
     stdout: str
@@ -45,14 +45,16 @@ class ParseError(ValueError):
     """A tool printed something we do not recognise; the message quotes it."""
 
 
-Runner = Callable[[Sequence[str], float], CommandResult]
+Runner = Callable[[Sequence[str], float], CompletedCommand]
 
 
 def _quote(argv: Sequence[str]) -> str:
     return " ".join(argv)
 
 
-def run_command(argv: Sequence[str], timeout: float, *, user: str | None = None) -> CommandResult:
+def run_command(
+    argv: Sequence[str], timeout: float, *, user: str | None = None
+) -> CompletedCommand:
     """Run `argv` (no shell) and return its output, killing it after `timeout` s.
 
     Output is decoded as UTF-8 with replacement, so binary garbage becomes a
@@ -82,7 +84,7 @@ def run_command(argv: Sequence[str], timeout: float, *, user: str | None = None)
     except (OSError, KeyError) as exc:  # KeyError: no such user
         who = f" as {user}" if user else ""
         raise CommandError(f"`{_quote(argv)}` could not run{who}: {exc}") from exc
-    return CommandResult(
+    return CompletedCommand(
         argv=argv,
         returncode=completed.returncode,
         stdout=completed.stdout.decode("utf-8", "replace")[:MAX_OUTPUT_CHARS],

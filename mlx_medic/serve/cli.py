@@ -75,7 +75,7 @@ async def serve(inventory: Inventory, model: Model) -> int:
     from mlx_medic.serve.nodes import ModelNodes, StartRefused
     from mlx_medic.serve.record import RecordKeeper, read_serve_record
     from mlx_medic.serve.relaunch import Relaunches
-    from mlx_medic.serve.run import RunContext, RunResult, ServeRun
+    from mlx_medic.serve.run import RunResult, ServeRun, WrapperContext
     from mlx_medic.serve.start import AlreadyServed, phase, refuse_if_live, take_lock
     from mlx_medic.state_files import StateFileError
     from mlx_medic.transport import LocalTransport, RoutedTransport, SshTransport
@@ -142,7 +142,7 @@ async def serve(inventory: Inventory, model: Model) -> int:
             else:
                 records.update("starting", run_id=run_id)
             log.info("serve %s: run %s starting (%s)", model.name, run_id, holder)
-            context = RunContext(
+            context = WrapperContext(
                 inventory,
                 model,
                 run_id,

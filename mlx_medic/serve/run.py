@@ -55,7 +55,7 @@ class Stopped(Exception):
 
 
 @dataclass
-class RunContext:
+class WrapperContext:
     """What the wrapper holds once it has the lock."""
 
     inventory: Inventory
@@ -83,7 +83,7 @@ class RunResult:
 
 
 class ServeRun:
-    def __init__(self, context: RunContext):
+    def __init__(self, context: WrapperContext):
         self.w = context
         self.model = context.model
         self.locks = context.locks

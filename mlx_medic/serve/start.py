@@ -62,7 +62,7 @@ async def take_lock(locks: ModelLocks, model: Model, run_id: str) -> LockHandle:
 
 
 @dataclass
-class Prepared:
+class StartPrepared:
     """What the start sweep left: its survivors, each node's ledger as the sweep left it,
     and the clean, still running (stale files waste space, they start no rank)."""
 
@@ -93,7 +93,7 @@ async def prepare_nodes(
     holder: str,
     recorded: Callable[[], None],
     crashed_run: str | None = None,
-) -> Prepared:
+) -> StartPrepared:
     """On every node at once: the start sweep and the new run recorded as current (the
     crashed run's guards then end what the sweep has not yet); then the clean, left
     running beside the launch. `recorded` is called before the run is recorded anywhere
@@ -144,7 +144,7 @@ async def prepare_nodes(
             " the start goes on around it: %s",
             sweep.survivors.describe(nodes.helpers.inventory),
         )
-    return Prepared(sweep.survivors, sweep.ledgers, asyncio.create_task(cleaned(nodes)))
+    return StartPrepared(sweep.survivors, sweep.ledgers, asyncio.create_task(cleaned(nodes)))
 
 
 async def cleaned(nodes: ModelNodes) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlx_medic.platform.commands import CommandResult
+from mlx_medic.platform.commands import CompletedCommand
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 
@@ -27,11 +27,11 @@ def macos_output(name: str) -> str:
 class FakeRunner:
     """Answers each fixed argv with a prepared result (or raises), and records calls."""
 
-    def __init__(self, answers: dict[tuple[str, ...], CommandResult | Exception]):
+    def __init__(self, answers: dict[tuple[str, ...], CompletedCommand | Exception]):
         self.answers = answers
         self.calls: list[tuple[tuple[str, ...], float]] = []
 
-    def __call__(self, argv: Sequence[str], timeout: float) -> CommandResult:
+    def __call__(self, argv: Sequence[str], timeout: float) -> CompletedCommand:
         argv = tuple(argv)
         self.calls.append((argv, timeout))
         answer = self.answers[argv]
@@ -40,6 +40,6 @@ class FakeRunner:
         return answer
 
 
-def ok(argv: tuple[str, ...], stdout: str) -> CommandResult:
+def ok(argv: tuple[str, ...], stdout: str) -> CompletedCommand:
     """What a tool that succeeded returns."""
-    return CommandResult(argv=argv, returncode=0, stdout=stdout, stderr="")
+    return CompletedCommand(argv=argv, returncode=0, stdout=stdout, stderr="")

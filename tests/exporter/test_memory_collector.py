@@ -10,7 +10,7 @@ import pytest
 
 from mlx_medic.exporter.collector import ScrapeCollector, sample_value
 from mlx_medic.exporter.collectors.memory import MemoryCollector
-from mlx_medic.platform.commands import CommandError, CommandNotFound, CommandResult, ParseError
+from mlx_medic.platform.commands import CommandError, CommandNotFound, CompletedCommand, ParseError
 from mlx_medic.platform.macos_memory import (
     PRESSURE_ARGV,
     VM_STAT_ARGV,
@@ -23,7 +23,7 @@ MACOS_ONLY = {"mlx_memory_pressure_level", "mlx_memory_wired_bytes", "mlx_memory
 
 
 def macos_collector(
-    pressure: CommandResult | Exception, vm_stat: CommandResult | Exception
+    pressure: CompletedCommand | Exception, vm_stat: CompletedCommand | Exception
 ) -> MemoryCollector:
     return MemoryCollector(
         available_bytes=lambda: 123_456_789,
@@ -150,8 +150,8 @@ def test_on_macos_pressure_wired_and_compressor_are_reported():
     [
         CommandError("`sysctl kern.memorystatus_vm_pressure_level` did not finish within 5s"),
         CommandNotFound("sysctl is not installed on this host"),
-        CommandResult(PRESSURE_ARGV, 1, "", "sysctl: unknown oid\n"),
-        CommandResult(PRESSURE_ARGV, 0, "\x00\xff\xfe", ""),
+        CompletedCommand(PRESSURE_ARGV, 1, "", "sysctl: unknown oid\n"),
+        CompletedCommand(PRESSURE_ARGV, 0, "\x00\xff\xfe", ""),
     ],
 )
 def test_a_failing_pressure_tool_leaves_only_its_series_out_with_a_log_line(bad, caplog):

@@ -17,7 +17,7 @@ from mlx_medic.exporter.collectors.rdma import RdmaCollector
 from mlx_medic.platform.commands import (
     CommandError,
     CommandNotFound,
-    CommandResult,
+    CompletedCommand,
     ParseError,
     run_command,
 )
@@ -248,7 +248,7 @@ def test_ioclasscount_no_such_class_leaves_the_object_series_absent_not_zero():
 def test_rdma_core_no_devices_exit_status_is_not_a_failure():
     runner = FakeRunner(
         {
-            IBV_DEVINFO_ARGV: CommandResult(IBV_DEVINFO_ARGV, 255, "", "No IB devices found\n"),
+            IBV_DEVINFO_ARGV: CompletedCommand(IBV_DEVINFO_ARGV, 255, "", "No IB devices found\n"),
             IOCLASSCOUNT_ARGV: missing(IOCLASSCOUNT_ARGV),
         }
     )
@@ -261,10 +261,10 @@ def test_rdma_core_no_devices_exit_status_is_not_a_failure():
     [
         (CommandError("`ibv_devinfo` did not finish within 5s"), "did not finish"),
         (
-            CommandResult(IBV_DEVINFO_ARGV, 1, "", "Failed to get IB devices list\n"),
+            CompletedCommand(IBV_DEVINFO_ARGV, 1, "", "Failed to get IB devices list\n"),
             "exited with status 1: Failed to get IB devices list",
         ),
-        (CommandResult(IBV_DEVINFO_ARGV, 0, "\x00\xff\xfe garbage", ""), "no `hca_id:` line"),
+        (CompletedCommand(IBV_DEVINFO_ARGV, 0, "\x00\xff\xfe garbage", ""), "no `hca_id:` line"),
     ],
 )
 def test_ibv_devinfo_that_fails_hangs_or_prints_garbage_fails_the_collector_with_a_log_line(
@@ -289,7 +289,7 @@ def test_ioclasscount_failure_fails_the_collector_rather_than_reading_zero(caplo
     runner = FakeRunner(
         {
             IBV_DEVINFO_ARGV: ok(IBV_DEVINFO_ARGV, macos_output("ibv_devinfo_tn3205.txt")),
-            IOCLASSCOUNT_ARGV: CommandResult(
+            IOCLASSCOUNT_ARGV: CompletedCommand(
                 IOCLASSCOUNT_ARGV, 71, "", "Error: Can't get registry root.\n"
             ),
         }

@@ -33,7 +33,7 @@ from mlx_medic.exporter.collectors.tmpdirs import (
     scan_watched_dir,
 )
 from mlx_medic.inventory import parse_inventory
-from mlx_medic.platform.commands import CommandError, CommandResult, as_user, output_of
+from mlx_medic.platform.commands import CommandError, CompletedCommand, as_user, output_of
 from mlx_medic.platform.du import DuError, gnu_du, parse_du_output, probe_du
 from mlx_medic.platform.open_paths import PathsInUse, paths_in_use, psutil_paths_in_use
 from mlx_medic.platform.temp_dirs import (
@@ -668,7 +668,7 @@ def test_the_macos_temp_dir_comes_from_getconf_not_tmpdir():
 
     def runner(argv, timeout):
         asked.append(list(argv))
-        return CommandResult(tuple(argv), 0, output, "")
+        return CompletedCommand(tuple(argv), 0, output, "")
 
     dirs = launch_temp_dirs("darwin", runner, {"TMPDIR": "/opt/mlx/tmp"})
     assert asked == [["getconf", "DARWIN_USER_TEMP_DIR"]]
@@ -694,7 +694,7 @@ def test_an_exporter_running_as_root_asks_getconf_as_the_service_user_not_itself
                 if user is None
                 else "getconf_darwin_user_temp_dir.txt"
             )
-            return CommandResult(tuple(argv), 0, getconf_fixture(fixture), "")
+            return CompletedCommand(tuple(argv), 0, getconf_fixture(fixture), "")
 
         return runner
 

@@ -12,7 +12,7 @@ import pytest
 
 from mlx_medic.node.facts import SW_VERS_ARGV, memory_facts, os_build, rdma_facts, recent_errors
 from mlx_medic.node.log_marks import written_after
-from mlx_medic.platform.commands import CommandError, CommandNotFound, CommandResult
+from mlx_medic.platform.commands import CommandError, CommandNotFound, CompletedCommand
 from mlx_medic.platform.macos_memory import PRESSURE_ARGV, VM_STAT_ARGV
 from mlx_medic.platform.macos_rdma import IBV_DEVINFO_ARGV, IOCLASSCOUNT_ARGV
 from mlx_medic.serve.record import Failure, ServeRecord, write_serve_record
@@ -36,7 +36,7 @@ def test_on_macos_memory_reads_pressure_wired_and_compressor_as_the_exporter_doe
 
 
 def test_a_failing_macos_memory_tool_leaves_its_part_null_with_the_reason() -> None:
-    failed = CommandResult(VM_STAT_ARGV, 1, "", "vm_stat: boom\n")
+    failed = CompletedCommand(VM_STAT_ARGV, 1, "", "vm_stat: boom\n")
     runner = FakeRunner(
         {PRESSURE_ARGV: CommandError("sysctl did not finish within 5s"), VM_STAT_ARGV: failed}
     )
@@ -75,7 +75,7 @@ def test_no_rdma_tool_means_no_rdma_not_an_error() -> None:
 
 
 def test_a_broken_rdma_tool_is_an_error_not_no_rdma() -> None:
-    broken = CommandResult(IBV_DEVINFO_ARGV, 1, "", "ibv_devinfo: segfault\n")
+    broken = CompletedCommand(IBV_DEVINFO_ARGV, 1, "", "ibv_devinfo: segfault\n")
     facts = rdma_facts(FakeRunner({IBV_DEVINFO_ARGV: broken}))
     assert facts is not None and facts["ports"] is None and "exited with status 1" in facts["error"]
 

@@ -29,7 +29,7 @@ import pytest
 
 from mlx_medic.inventory import Inventory, parse_inventory
 from mlx_medic.node.clean import Cleaner
-from mlx_medic.node.sweep import Sweep
+from mlx_medic.node.sweep import NodeSweep
 from mlx_medic.platform.process_table import system_process_table
 from mlx_medic.platform.weighers import PythonWeigher, Weigher, default_weigher
 from mlx_medic.process_model import PatternSet, classifier
@@ -238,7 +238,7 @@ def test_the_sweep_as_the_node_user_ends_its_own_look_alike_and_leaves_roots_as_
             ours = scope.look_alike()
             inventory = scope.inventory()
             table = system_process_table(classifier(PatternSet.of(inventory)))
-            report = Sweep(
+            report = NodeSweep(
                 inventory=inventory,
                 model=inventory.model(scope.model),
                 node="n1",

@@ -21,8 +21,8 @@ from mlx_medic.node.sweep import (
     PROBES,
     LedgerNotes,
     Mode,
+    NodeSweep,
     Seams,
-    Sweep,
     in_sweep_scope,
 )
 from mlx_medic.node_identity import write_node_id
@@ -215,7 +215,7 @@ def sweep(
         listening=lambda: lambda pid, port: port in world.listening.get(pid, ()),
         read_file=lambda p, path: None,
     )
-    return Sweep(
+    return NodeSweep(
         inventory=INVENTORY,
         model=model,
         node="ai001",
@@ -523,7 +523,7 @@ def test_the_callers_grace_shortens_the_wait_before_sigkill_but_never_lengthens_
             listening=lambda: lambda pid, port: False,
             read_file=lambda p, path: None,
         )
-        Sweep(
+        NodeSweep(
             inventory=INVENTORY,
             model=GLM,
             node="ai001",
@@ -604,7 +604,7 @@ def test_orphans_only_ends_orphans_and_spares_suspects_and_the_current_run(tmp_p
         listening=lambda: lambda pid, port: False,
         read_file=lambda p, path: scan_files.get(path),
     )
-    report = Sweep(
+    report = NodeSweep(
         inventory=INVENTORY,
         model=GLM,
         node="ai002",

@@ -464,7 +464,7 @@ def scrape_ledger(cluster: Cluster, config: str) -> dict[str, float]:
 REUSE = """\
 import json, os, subprocess, sys, time
 from mlx_medic.inventory import load_inventory
-from mlx_medic.node.sweep import Seams, Sweep
+from mlx_medic.node.sweep import NodeSweep, Seams
 from mlx_medic.platform.process_table import system_process_table
 from mlx_medic.process_model import PatternSet, classifier
 
@@ -491,7 +491,7 @@ def reuse(proc, signal_name):
         child.wait()
     raise SystemExit("the pid was not reused")
 
-report = Sweep(inventory=inventory, model=inventory.model("solo"), node="ai003",
+report = NodeSweep(inventory=inventory, model=inventory.model("solo"), node="ai003",
                state_dir=inventory.state_dir,
                table=system_process_table(classifier(PatternSet.of(inventory))),
                seams=Seams(before_signal=reuse)).run()
