@@ -39,6 +39,10 @@ Not ours: the helper runs as the node's login user. A process in scope that it m
 signal (another user's: EPERM, checked with signal 0 before anything is noted or sent,
 and again on each signal) is not the model's to end here: reported in `not_ours` with
 its owner, never a target, a survivor or a failure (mlx_medic.not_ours).
+
+The scope rules are in `sweep_scope`, the report in `sweep_report`, the ledger notes in
+`sweep_ledger`; this module keeps the plan and the signal sequence together (about 480
+lines): both read every process through the same guards and identity checks.
 """
 
 from __future__ import annotations
@@ -48,34 +52,24 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from mlx_medic.not_ours import may_signal, owner_fields, process_uid
+from mlx_medic.node.sweep_ledger import LedgerNotes, Spender, _CallableNotes
+from mlx_medic.node.sweep_report import SweepReport, Target
+from mlx_medic.node.sweep_scope import Mode, backend_of, in_sweep_scope, is_jaccl_rank
+from mlx_medic.not_ours import may_signal, process_uid
 from mlx_medic.orphan_scan import OrphanScan, ProcessReader, ScanResult, read_as_process
 from mlx_medic.orphans import run_id_of
 from mlx_medic.placement import rank_devices
 from mlx_medic.platform.process_identity import Identity, own_lineage, read_identity
 from mlx_medic.process_model import (
-    ENV_HOSTFILE,
-    ENV_IBV_DEVICES,
-    ENV_JACCL_COORDINATOR,
-    ENV_MODEL,
-    ENV_RANK,
-    ModelScoper,
     ProcessInfo,
     ProcessTable,
     State,
-    flag_value,
-    invocation,
-    launch_script_env,
-    scope_argv,
-    under_any,
 )
-from mlx_medic.survivors import Survivor
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory, Model
@@ -90,197 +84,6 @@ PROBE_WINDOW = 10.0  # seconds they are spread over when one timed out (slow or 
 BROKEN_WINDOW = 2.0  # ... when each was refused at once (an error, a closed connection)
 
 log = logging.getLogger(__name__)
-
-
-class Mode(StrEnum):
-    SCOPE = "scope"  # everything in scope
-    ORPHANS_ONLY = "orphans-only"  # what the shared orphan rules call orphans
-    RUN = "run"  # the processes of one run
-    START_SWEEP = "start-sweep"  # the serve wrapper's own start sweep, under the model lock
-
-
-# --- the scope rules ---------------------------------------------------------------------
-
-
-def is_medic_command(cmdline: tuple[str, ...]) -> bool:
-    """`mlx-medic ...` or `python -m mlx_medic...`: the wrapper, a helper, the exporter."""
-    inv = invocation(cmdline)
-    if inv is None:
-        return False
-    if inv.kind == "module":
-        return inv.target == "mlx_medic" or inv.target.startswith("mlx_medic.")
-    return inv.kind in ("script", "program") and inv.target == "mlx-medic"
-
-
-def model_tag(proc: ProcessInfo) -> str | None:
-    return proc.env.get(ENV_MODEL) or launch_script_env(proc.cmdline).get(ENV_MODEL) or None
-
-
-def carries_key(proc: ProcessInfo, model: Model, run_ids: set[str]) -> bool:
-    """One of the model's keys: its `--model`, `--port`, a path under its tmp dirs, its
-    model tag, or one of `run_ids` (the model's runs)."""
-    argv = scope_argv(proc.cmdline)
-    if flag_value(argv, "--model") == model.model:
-        return True
-    if flag_value(argv, "--port") == str(model.port):
-        return True
-    if model.tmp_dirs and any(under_any(arg, model.tmp_dirs) for arg in argv):
-        return True
-    if model_tag(proc) == model.name:
-        return True
-    run_id = run_id_of(proc)
-    return run_id is not None and run_id in run_ids
-
-
-def in_sweep_scope(proc: ProcessInfo, model: Model, scoper: ModelScoper, run_ids: set[str]) -> bool:
-    """The model's pattern (a role, and the exporter's scoping says this model) and one of
-    its keys, or a role and one of the model's run ids; never an `mlx-medic` command."""
-    if proc.role is None or is_medic_command(proc.cmdline):
-        return False
-    found = scoper.model_of(proc)
-    if found is None and run_id_of(proc) in run_ids:
-        return True  # placed by nothing else, but tagged with one of the model's runs
-    return found == model.name and carries_key(proc, model, run_ids)
-
-
-def is_jaccl_rank(proc: ProcessInfo) -> bool:
-    return ENV_IBV_DEVICES in proc.env or ENV_JACCL_COORDINATOR in proc.env
-
-
-def backend_of(proc: ProcessInfo) -> str:
-    """The backend a process is a rank of: jaccl, ring, none (no rank: a launcher, an ssh
-    client), or unknown (a rank whose placement its environment does not say)."""
-    if is_jaccl_rank(proc):
-        return "jaccl"
-    if ENV_HOSTFILE in proc.env:
-        return "ring"
-    return "unknown" if ENV_RANK in proc.env or proc.role == "rank" else "none"
-
-
-# --- the report ----------------------------------------------------------------------------
-
-
-@dataclass
-class Target:
-    proc: ProcessInfo
-    rule: str | None = None
-    signals: list[str] = field(default_factory=list)
-    state: State | None = None  # last seen, for survivors
-    holds_port: bool = False  # listens on the model's port
-    devices: tuple[str, ...] = ()  # a JACCL rank's RDMA devices, read when listed
-    foreign: bool = False  # a signal was refused (EPERM): another user's, not ours
-
-    @property
-    def role(self) -> str:
-        return str(self.proc.role)
-
-    def same(self, identity: Identity | None) -> bool:
-        return identity is not None and identity.same_process(
-            self.proc.pid, self.proc.create_time, self.proc.cmdline
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "pid": self.proc.pid,
-            "start_time": self.proc.create_time,
-            "cmdline": list(self.proc.cmdline),
-            "role": self.role,
-            "rule": self.rule,
-            "signals": list(self.signals),
-        }
-
-    def survivor_json(self) -> dict[str, Any]:
-        return {
-            "pid": self.proc.pid,
-            "start_time": self.proc.create_time,
-            "cmdline": list(self.proc.cmdline),
-            "role": self.role,
-            "state": str(self.state or self.proc.state),
-        }
-
-    def survivor(self, node: str, model: str) -> Survivor:
-        return Survivor(
-            node=node,
-            pid=self.proc.pid,
-            start_time=self.proc.create_time,
-            cmdline=tuple(self.proc.cmdline),
-            role=self.role,
-            state=str(self.state or self.proc.state),
-            model=model,
-            backend=backend_of(self.proc),
-            devices=self.devices,
-            holds_port=self.holds_port,
-        )
-
-
-@dataclass
-class SweepReport:
-    model: str
-    node: str
-    mode: Mode
-    run_id: str | None
-    dry_run: bool
-    targets: list[Target] = field(default_factory=list)
-    exited: list[int] = field(default_factory=list)
-    survivors: list[Target] = field(default_factory=list)
-    spared: list[dict[str, Any]] = field(default_factory=list)
-    pd_spent: int = 0
-    listeners_signalled: list[int] = field(default_factory=list)  # hung ones, or its run's
-    serving_listener: dict[str, Any] | None = None  # start sweep: an answering listener
-    not_ours: list[dict[str, Any]] = field(default_factory=list)  # may not signal: left alone
-    grace_waited: float = 0.0  # seconds of SIGTERM grace waited out (something outlived it)
-
-    @property
-    def unkillable(self) -> list[Target]:
-        return [s for s in self.survivors if s.state is State.UNINTERRUPTIBLE]
-
-    @property
-    def complete(self) -> bool:
-        return not self.survivors
-
-    @property
-    def settled(self) -> bool:
-        """Nothing survived, or only what no sweep can end and no start needs: a start may
-        go on around it."""
-        return all(s.state is State.UNINTERRUPTIBLE and not s.holds_port for s in self.survivors)
-
-    def spare(self, proc: ProcessInfo, reason: str) -> None:
-        self.spared.append({"pid": proc.pid, "cmdline": list(proc.cmdline), "reason": reason})
-
-    def foreign(self, proc: ProcessInfo, uid: int | None, holds_port: bool, why: str) -> None:
-        """Another user's process this helper may not signal: named, never ended."""
-        self.not_ours.append(
-            {
-                "pid": proc.pid,
-                "start_time": proc.create_time,
-                "cmdline": list(proc.cmdline),
-                "role": str(proc.role),
-                **owner_fields(uid),
-                "holds_port": holds_port,
-                "why": why,
-            }
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "node": self.node,
-            "mode": str(self.mode),
-            "run_id": self.run_id,
-            "dry_run": self.dry_run,
-            "signalled": [t.to_json() for t in self.targets if t.signals or self.dry_run],
-            "exited": self.exited,
-            "survivors": [s.survivor_json() for s in self.survivors],
-            "unkillable": [s.survivor(self.node, self.model).to_json() for s in self.unkillable],
-            "spared": self.spared,
-            "pd_spent": self.pd_spent,
-            "complete": self.complete,
-            "settled": self.settled,
-            "listeners_signalled": self.listeners_signalled,
-            "serving_listener": self.serving_listener,
-            "not_ours": self.not_ours,
-            "grace_waited": round(self.grace_waited, 3),
-        }
 
 
 # --- the sweep -------------------------------------------------------------------------------
@@ -316,65 +119,6 @@ def _probe_lock_dir(state_dir: Path) -> Path | None:
         log.warning("probing without the shared probe lock: %s", exc)
         return None
     return path
-
-
-Spender = Callable[..., bool]
-Ended = tuple[int, float, "str | None", tuple[str, ...]]  # pid, start time, model, devices
-
-
-class LedgerNotes:
-    """What a sweep writes into its node's ledger: a spend (a SIGKILLed JACCL rank, a
-    survivor), and before SIGTERM the JACCL ranks a signal of ours is about to end."""
-
-    def __init__(self, state_dir: Path, node: str):
-        self.state_dir, self.node = state_dir, node
-
-    def spend(self, **fields: Any) -> bool:
-        from mlx_medic.node.ledger import record_spend
-
-        kind = fields.pop("kind", "sigkill")
-        return record_spend(self.state_dir, self.node, kind, **fields)
-
-    def ended(self, processes: Sequence[Ended]) -> None:
-        from mlx_medic.node.ledger import record_ended
-
-        record_ended(self.state_dir, self.node, processes)
-
-    def count_gone(self) -> None:
-        """JACCL ranks registered by their guards that are gone by no signal of ours:
-        counted before this sweep reports (mlx_medic.node.rank_register)."""
-        from mlx_medic.node.rank_register import count_gone
-
-        count_gone(self.state_dir, self.node)
-
-    def survivors(self) -> set[tuple[int, float]]:
-        """(pid, start time) of every survivor the ledger records this boot."""
-        from mlx_medic.node.ledger import LedgerError, read_ledger
-
-        try:
-            ledger = read_ledger(self.state_dir, self.node)
-        except LedgerError:
-            return set()
-        return {(e.pid, e.start_time) for e in ledger.survivors}
-
-
-class _CallableNotes(LedgerNotes):
-    """A test's spender (keyword arguments, `kind` among them); nothing else is noted."""
-
-    def __init__(self, spender: Spender):
-        self._spender = spender
-
-    def spend(self, **fields: Any) -> bool:
-        return self._spender(**fields)
-
-    def ended(self, processes: Sequence[Ended]) -> None:
-        return None
-
-    def count_gone(self) -> None:
-        return None
-
-    def survivors(self) -> set[tuple[int, float]]:
-        return set()
 
 
 @dataclass
