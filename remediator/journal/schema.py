@@ -1,0 +1,96 @@
+"""The journal's SQLite layout: its tables and indexes (DDL) and the pragmas every
+connection sets. Every statement is `IF NOT EXISTS`, so opening a journal an older
+process wrote changes nothing in it: it reads as it did."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    model         TEXT NOT NULL,
+    playbook      TEXT NOT NULL,
+    trigger_kind  TEXT NOT NULL,           -- 'alert' | 'manual' | 'startup'
+    alertname     TEXT,
+    fingerprint   TEXT,
+    starts_at     TEXT,
+    labels        TEXT,                    -- JSON
+    dry_run       INTEGER NOT NULL DEFAULT 0,
+    owner         TEXT NOT NULL,           -- host:pid of the process that runs it
+    outcome       TEXT NOT NULL,
+    detail        TEXT NOT NULL DEFAULT '',
+    next_action   TEXT,
+    counted       INTEGER NOT NULL DEFAULT 0,  -- spent budget (acted on the nodes)
+    queued_at     REAL NOT NULL,
+    started_at    REAL,
+    ended_at      REAL
+);
+CREATE INDEX IF NOT EXISTS runs_model_time ON runs(model, queued_at);
+CREATE TABLE IF NOT EXISTS steps (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id       INTEGER NOT NULL REFERENCES runs(id),
+    seq          INTEGER NOT NULL,
+    name         TEXT NOT NULL,
+    node         TEXT NOT NULL,
+    command      TEXT,                     -- JSON argv, or NULL for a described step
+    description  TEXT NOT NULL DEFAULT '',
+    targets      TEXT NOT NULL DEFAULT '[]',
+    outcome      TEXT NOT NULL,
+    exit_status  INTEGER,
+    output       TEXT NOT NULL DEFAULT '',
+    detail       TEXT NOT NULL DEFAULT '',
+    started_at   REAL NOT NULL,
+    ended_at     REAL
+);
+CREATE INDEX IF NOT EXISTS steps_run ON steps(run_id, seq);
+CREATE TABLE IF NOT EXISTS events (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    time         REAL NOT NULL,
+    kind         TEXT NOT NULL,            -- a Disposition value or e.g. 'escalation'
+    model        TEXT,
+    fingerprint  TEXT,
+    run_id       INTEGER,
+    detail       TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS events_time ON events(time);
+CREATE TABLE IF NOT EXISTS firings (
+    fingerprint  TEXT NOT NULL,
+    starts_at    TEXT NOT NULL,
+    model        TEXT NOT NULL,
+    run_id       INTEGER,
+    time         REAL NOT NULL,
+    PRIMARY KEY (fingerprint, starts_at)
+);
+CREATE TABLE IF NOT EXISTS controls (
+    key          TEXT PRIMARY KEY,         -- 'pause:*', 'pause:<model>', 'circuit:<model>'
+    kind         TEXT NOT NULL,            -- 'pause' | 'circuit'
+    model        TEXT,                     -- NULL for all models
+    reason       TEXT NOT NULL DEFAULT '',
+    next_action  TEXT,
+    by_whom      TEXT NOT NULL DEFAULT '',
+    since        REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS budget_resets (
+    model        TEXT PRIMARY KEY,         -- runs before `since` no longer count
+    since        REAL NOT NULL
+);
+"""
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection to the journal at `path` with the journal's pragmas and its schema.
+    Autocommit (isolation_level None): the store opens every write transaction itself."""
+    db = sqlite3.connect(str(path), timeout=10.0, isolation_level=None, check_same_thread=False)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA journal_mode=WAL")
+    # FULL: a committed step or pause survives a power cut too, not only a crash (NORMAL
+    # in WAL mode may lose the last commits); a journal write costs one more fsync.
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("PRAGMA busy_timeout=10000")
+    db.execute("PRAGMA foreign_keys=ON")
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    return db

@@ -1,0 +1,151 @@
+"""What a journal read returns: runs with their steps, events and controls as plain
+dataclasses (what the on-call page, `/api/remediations` and `mlx-medic log` show, via
+`to_dict`), and how a row of the journal becomes one."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TypeVar
+
+
+@dataclass
+class StepView:
+    id: int
+    run_id: int
+    seq: int
+    name: str
+    node: str
+    command: list[str] | None
+    description: str
+    targets: list[str]
+    outcome: str
+    exit_status: int | None
+    output: str
+    detail: str
+    started_at: float
+    ended_at: float | None
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.ended_at is None else self.ended_at - self.started_at
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "duration": self.duration}
+
+
+@dataclass
+class RunView:
+    id: int
+    model: str
+    playbook: str
+    trigger_kind: str
+    alertname: str | None
+    fingerprint: str | None
+    starts_at: str | None
+    labels: dict[str, str]
+    dry_run: bool
+    owner: str
+    outcome: str
+    detail: str
+    next_action: str | None
+    counted: bool
+    queued_at: float
+    started_at: float | None
+    ended_at: float | None
+    steps: list[StepView] = field(default_factory=list)
+
+    @property
+    def duration(self) -> float | None:
+        begin = self.started_at if self.started_at is not None else self.queued_at
+        return None if self.ended_at is None else self.ended_at - begin
+
+    @property
+    def trigger(self) -> str:
+        """`manual`, `start-up` (a service a run left stopped), or the alert's fingerprint
+        (what on-call greps Alertmanager for)."""
+        if self.trigger_kind == "startup":
+            return "start-up"
+        return "manual" if self.trigger_kind == "manual" else f"alert {self.fingerprint or '?'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k != "steps"}
+        data["duration"] = self.duration
+        data["trigger"] = self.trigger
+        data["steps"] = [s.to_dict() for s in self.steps]
+        return data
+
+
+@dataclass
+class EventView:
+    id: int
+    time: float
+    kind: str
+    model: str | None
+    fingerprint: str | None
+    run_id: int | None
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ControlView:
+    kind: str  # 'pause' | 'circuit'
+    model: str | None  # None: every model
+    reason: str
+    next_action: str | None
+    by_whom: str
+    since: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_view(r: sqlite3.Row) -> RunView:
+    """A row of `runs`, without its steps (the reader adds them)."""
+    return _from_row(
+        RunView,
+        r,
+        labels=_loads(r["labels"], {}),
+        dry_run=bool(r["dry_run"]),
+        counted=bool(r["counted"]),
+    )
+
+
+def step_view(r: sqlite3.Row) -> StepView:
+    return _from_row(
+        StepView, r, command=_loads(r["command"], None), targets=_loads(r["targets"], [])
+    )
+
+
+def event_view(r: sqlite3.Row) -> EventView:
+    return _from_row(EventView, r)
+
+
+def control_view(r: sqlite3.Row) -> ControlView:
+    return _from_row(ControlView, r)
+
+
+_View = TypeVar("_View", RunView, StepView, EventView, ControlView)
+
+
+def _from_row(view: type[_View], row: sqlite3.Row, **decoded: Any) -> _View:
+    """A `view` of the row: each field the column of its name as stored, or its value
+    in `decoded` (JSON, flags); a field no column has (a run's steps) keeps its default."""
+    columns = set(row.keys())
+    stored = {f.name: row[f.name] for f in fields(view) if f.name in columns}
+    return view(**{**stored, **decoded})
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    """A JSON column's value; `default` for NULL or for text that is not JSON, so one
+    bad value does not break a listing."""
+    if text is None:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default
