@@ -1,0 +1,86 @@
+"""The metrics the remediator exports about its own runs (its side of
+alerting-rules/metrics.txt). Their names, labels and help texts are a contract the
+alerting rules and dashboards read: change them there first."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from mlx_medic.inventory import Inventory, Model
+
+
+class EngineMetrics:
+    """The engine's counters, gauges and histogram on one registry, each series of a
+    known model present (at 0) from the start, so a rule sees 0 rather than nothing."""
+
+    def __init__(self, registry: CollectorRegistry, inventory: Inventory) -> None:
+        self.remediations = Counter(
+            "mlx_medic_remediations_total",
+            "Remediation runs by final outcome.",
+            ["model", "outcome"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "mlx_medic_remediation_duration_seconds",
+            "Wall time of remediation runs.",
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+            registry=registry,
+        )
+        self.in_progress = Gauge(
+            "mlx_medic_remediation_in_progress",
+            "1 while a run acts on the model.",
+            ["model"],
+            registry=registry,
+        )
+        self.last_verified_backend = Gauge(
+            "mlx_medic_last_verified_backend",
+            "1 for the backend the last remediation run verified the model serving on,"
+            " 0 for its other backends (all 0 until a run verified one).",
+            ["model", "backend"],
+            registry=registry,
+        )
+        self.escalations = Counter(
+            "mlx_medic_escalations_total",
+            "Escalations to a person that opened the model's circuit, by reason (a playbook"
+            " with its own budget, such as sweep-orphans, pages through its own alert).",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.unreachable = Counter(
+            "mlx_medic_node_unreachable_total",
+            "Times a node the remediator needed for a model did not answer over SSH: taking"
+            " or checking the model lock, the re-check on the head, the start-up check of a"
+            " crashed run's lock (nothing was done then), or a playbook step's node helper"
+            " (the run then escalated).",
+            ["model", "node"],
+            registry=registry,
+        )
+        self.unkillable = Gauge(
+            "mlx_medic_unkillable_processes",
+            "Processes of the model that the remediator's last sweep of the node found"
+            " unkillable (uninterruptible sleep survives SIGKILL; only a reboot of the node"
+            " clears them and the protection domains they hold; the run goes on around"
+            " them).",
+            ["model", "node"],
+            registry=registry,
+        )
+        for model in inventory.models:
+            self.in_progress.labels(model=model.name).set(0)
+            for node_name in model.nodes:
+                self.unkillable.labels(model=model.name, node=node_name).set(0)
+            for backend, _spec in model.backends.in_order():
+                self.last_verified_backend.labels(model=model.name, backend=backend).set(0)
+
+    def node_unreachable(self, model: str, node: str) -> None:
+        """A node the model needed did not answer over SSH."""
+        self.unreachable.labels(model=model, node=node).inc()
+
+    def verified(self, model: Model, backend: str | None) -> None:
+        """A run verified the model serving on `backend` (None: a verify that names none
+        leaves the gauge as it was)."""
+        if backend is None:
+            return
+        for name, _spec in model.backends.in_order():
+            self.last_verified_backend.labels(model=model.name, backend=name).set(
+                1 if name == backend else 0
+            )

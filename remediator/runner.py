@@ -1,0 +1,367 @@
+"""The runner: one queued run, from its queue to its end, with every step journaled.
+
+A run asks its playbook whether the alert still holds (`recover`: is the model still
+down? "could not tell" is not down), takes the model lock on the head node (waiting up
+to `lock_wait` for a holder such as a serve wrapper starting its ranks, then asking the
+playbook again, since that holder may have fixed it), and walks the playbook's plan of
+steps, journaling each step before it starts. A node that does not answer over SSH
+while the run re-checks or takes the lock ends it `unreachable` (never `locked`): a
+warning, `mlx_medic_node_unreachable_total`, and the next action in words.
+
+The runner owns the control flow: fallback steps only after a failed verify, a verify
+that could not tell ends the run inconclusive, and a step that failed or found a state
+a restart cannot fix escalates to a person. What a sweep could not end (uninterruptible
+sleep: only a reboot of its node ends it) is no such state: the sweep's step ends ok,
+the run keeps its survivors in its context and journals them (`run_survivors`), and
+goes on to start and verify. A verified run ends `succeeded` naming the survivors left;
+an escalation of a run that met any carries their reboot advice (after a failed verify,
+a survivor holding the model's port makes "reboot NODE" the next action).
+
+How a run ends is handed to `finish` (the engine's: journal, metrics, its slot)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mlx_medic.inventory import Inventory, Model
+from mlx_medic.model_lock import LockHandle, ModelLocks
+from mlx_medic.node.client import NodeHelpers
+from mlx_medic.remediator.active_run import ActiveRun, RunEnd
+from mlx_medic.remediator.budget import Escalator, resume_hint
+from mlx_medic.remediator.engine_metrics import EngineMetrics
+from mlx_medic.remediator.journal import Journal, JournalError
+from mlx_medic.remediator.outcomes import EscalationReason, RunOutcome, StepOutcome
+from mlx_medic.remediator.run_survivors import (
+    known_unkillable,
+    merged_survivors,
+    record_unkillable,
+)
+from mlx_medic.remediator.steps import (
+    HealthCheck,
+    RunContext,
+    Step,
+    StepDescription,
+    StepKind,
+    StepResult,
+)
+from mlx_medic.remediator.steps.sweep import survivor_escalation
+from mlx_medic.transport import NodeTransport, TransportError
+
+log = logging.getLogger("mlx_medic.remediator.engine")  # the engine's parts log as one
+
+
+@dataclass
+class Runner:
+    """Runs the engine's runs; holds no state of its own between them."""
+
+    inventory: Inventory
+    journal: Journal
+    transport: NodeTransport
+    locks: ModelLocks
+    helpers: NodeHelpers
+    escalator: Escalator
+    metrics: EngineMetrics
+    clock: Callable[[], float]
+    lock_wait: float  # how long an alert's run waits for another holder's lock
+    health: HealthCheck  # the model's health verdict; never raises
+    stale: Callable[[str, int, str], None]  # (model, run id, why): journal a re-check's "no"
+    finish: Callable[[ActiveRun, RunEnd], None]  # journal a run's end once, free its slot
+
+    async def execute(self, run: ActiveRun) -> None:
+        """One run from queue to end. The lock is released before the run is marked
+        ended, so the next run of the model never finds our own lock still there."""
+        model = self.inventory.model(run.model)
+        holding: list[LockHandle] = []
+        end: RunEnd | None = None
+        try:
+            if run.after is not None:  # a run that acts while the model serves goes first
+                await asyncio.wait({run.after})
+            end = await self._attempt(run, model, holding)
+        except asyncio.CancelledError:
+            if not run.ended:
+                self._interrupt_steps(run)
+                end = RunEnd(RunOutcome.INTERRUPTED, "the remediator stopped during this run")
+            raise
+        except Exception as exc:
+            log.exception("run %s of %s crashed", run.run_id, model.name)
+            self._interrupt_steps(run)
+            end = RunEnd(RunOutcome.FAILED, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self.metrics.in_progress.labels(model=model.name).set(0)
+            for handle in holding:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.locks.release(handle))
+            if end is not None:
+                self.finish(run, end)
+
+    async def _attempt(self, run: ActiveRun, model: Model, holding: list[LockHandle]) -> RunEnd:
+        """Re-check (the playbook's), lock, walk the plan."""
+
+        async def release_lock() -> None:
+            """The start step lets go of the lock, so the wrapper it starts can take it."""
+            while holding:
+                await asyncio.shield(self.locks.release(holding.pop()))
+
+        run.nodes_fixed = True
+        context = RunContext(
+            model=model,
+            inventory=self.inventory,
+            transport=self.transport,
+            run_id=run.run_id,
+            health=self.health,
+            log=log,
+            helpers=self.helpers,
+            release_lock=release_lock,
+            nodes=tuple(n for n in model.nodes if n in run.nodes),
+            known_unkillable=known_unkillable(self.journal, model.name),
+        )
+        alert = run.trigger in ("alert", "startup")  # both re-check before they act
+        if alert:
+            control = self.journal.blocking_control(model.name)
+            if control is not None:
+                return RunEnd(RunOutcome.SKIPPED, f"{control.kind} set before the run started")
+            skipped = await self._recheck(run, model, context)
+            if skipped is not None:
+                return skipped
+        holder = "manual" if run.trigger == "manual" else "remediator"
+        run.phase = "starting"  # no longer cancellable: a half-taken lock must not leak
+        # A person waits at a terminal for a manual run: it never waits for the lock.
+        handle = await self.locks.acquire(
+            model.name, holder, str(run.run_id), wait=self.lock_wait if alert else 0.0
+        )
+        if handle is None:
+            why = self.locks.refusals.get(model.name, "locked")
+            silent = self.locks.unreachable.get(model.name)
+            if silent is not None:
+                return self._unreachable(model, silent, f"taking the model lock: {why}")
+            return RunEnd(RunOutcome.LOCKED, why if why.startswith("locked") else f"locked: {why}")
+        holding.append(handle)
+        if alert and handle.waited > 0:  # the holder (a serve wrapper?) may have fixed it
+            skipped = await self._recheck(run, model, context)
+            if skipped is not None:
+                return skipped
+        run.phase = "executing"
+        self.journal.start_run(run.run_id, self.clock())
+        self.metrics.in_progress.labels(model=model.name).set(1)
+        return await self._walk(run, model, context)
+
+    async def _recheck(self, run: ActiveRun, model: Model, context: RunContext) -> RunEnd | None:
+        """The playbook's re-check: None to act, else how the run ends."""
+        verdict = await run.playbook.recheck(context)
+        if verdict.should_act:
+            log.info(
+                "run %s of %s acts: %s",
+                run.run_id,
+                model.name,
+                verdict.reason,
+                extra={"model": model.name, "run_id": run.run_id},
+            )
+            return None
+        if verdict.unreachable_node is not None:
+            return self._unreachable(model, verdict.unreachable_node, f"re-check: {verdict.reason}")
+        if not verdict.undecided:
+            self.stale(model.name, run.run_id, verdict.reason)
+        return RunEnd(RunOutcome.SKIPPED, verdict.reason)
+
+    def _unreachable(self, model: Model, node_name: str, detail: str) -> RunEnd:
+        """A node the run needed did not answer: nothing was done; say what to check."""
+        self.metrics.node_unreachable(model.name, node_name)
+        node = self.inventory.node(node_name)
+        return RunEnd(
+            RunOutcome.UNREACHABLE,
+            f"{node_name} did not answer over SSH ({detail})",
+            f"nothing was done to {model.name}: check that {node_name} is up and answers SSH"
+            f" (`ssh -p {node.port} {node.user}@{node.ssh} true`) and that"
+            f" {self.inventory.state_dir / 'locks'} there is writable; the next notification"
+            f" of the alert starts a new run, or run `mlx-medic remediate {model.name}`",
+        )
+
+    def _interrupt_steps(self, run: ActiveRun) -> None:
+        with contextlib.suppress(JournalError):  # a failing journal: start-up marks them
+            view = self.journal.get_run(run.run_id)
+            for step in view.steps if view else []:
+                if step.outcome == StepOutcome.RUNNING:
+                    self.journal.end_step(
+                        step.id,
+                        StepOutcome.INTERRUPTED,
+                        self.clock(),
+                        detail="the run stopped while this step ran",
+                    )
+
+    async def _walk(self, run: ActiveRun, model: Model, context: RunContext) -> RunEnd:
+        """Walk the plan: each step journaled before it starts, its result deciding what
+        comes next."""
+        plan = run.playbook.plan_for(model, self.inventory, context.nodes)
+        if not plan:
+            return RunEnd(RunOutcome.FAILED, "the playbook planned no steps")
+        described = [step.describe() for step in plan]
+        if run.dry_run:
+            for seq, about in enumerate(described, 1):
+                self._begin_step(run, seq, about, outcome=StepOutcome.PLANNED)
+            return RunEnd(
+                RunOutcome.PLANNED, f"dry run: {len(plan)} steps planned, nothing executed"
+            )
+
+        self.journal.mark_counted(run.run_id)
+        step_timeout = max(model.policy.start_timeout, self.inventory.ssh.command_timeout) + 60
+        verify_failed = False
+        done: list[str] = []  # steps that did their part: an escalation names them
+        for seq, (step, about) in enumerate(zip(plan, described, strict=True), 1):
+            if step.fallback and not verify_failed:
+                continue
+            step_id = self._begin_step(run, seq, about)
+            result = await self._run_step(run.run_id, step, about, context, step_timeout)
+            self.journal.end_step(
+                step_id,
+                result.outcome,
+                self.clock(),
+                exit_status=result.exit_status,
+                output=result.output,
+                detail=result.detail,
+            )
+            where = f"{about.name} on {about.node}"
+            for node_name in result.unreachable:
+                self.metrics.node_unreachable(model.name, node_name)
+            if result.survivors is not None:
+                context.survivors = merged_survivors(context.survivors, result.survivors)
+            if result.unkillable is not None:
+                record_unkillable(
+                    journal=self.journal,
+                    inventory=self.inventory,
+                    gauge=self.metrics.unkillable,
+                    clock=self.clock,
+                    run_id=run.run_id,
+                    model=model,
+                    result=result,
+                    context=context,
+                )
+            if result.unrecoverable:
+                detail = result.detail or f"{where} found a state a restart cannot fix"
+                action = result.next_action or f"recover {model.name} by hand"
+                return self._escalate(
+                    run,
+                    EscalationReason.UNRECOVERABLE,
+                    detail,
+                    action,
+                    context,
+                    after_start=verify_failed,
+                )
+            if result.outcome == StepOutcome.INCONCLUSIVE:
+                return RunEnd(
+                    RunOutcome.INCONCLUSIVE,
+                    f"step {where}: {result.detail}",
+                    f"find out by hand whether {model.name} serves on {model.head}"
+                    f" ({model.host}:{model.port}); the run: `mlx-medic log --model {model.name}`",
+                )
+            if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.OK:
+                self.metrics.verified(model, result.backend)
+                on = f" on {result.backend}" if result.backend else ""
+                left = context.survivors
+                said = (
+                    f"; survivors left: {left.describe(self.inventory)}"
+                    if left is not None and left.survivors
+                    else ""
+                )
+                return RunEnd(RunOutcome.SUCCEEDED, f"{model.name} verified healthy{on}{said}")
+            if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.FAILED:
+                verify_failed = True
+                continue
+            if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.SKIPPED:
+                # a "still serving" check of a model that was not serving: the steps before
+                # it did their work, the model is LLMModelDown's (sweep-orphans)
+                swept = f"{', '.join(done)} done; " if done else ""
+                return RunEnd(RunOutcome.SUCCEEDED, f"{swept}{result.detail}")
+            if result.outcome in (StepOutcome.OK, StepOutcome.SKIPPED):
+                done += [where] if result.outcome == StepOutcome.OK else []
+                continue
+            ended = "failed" if result.outcome == StepOutcome.FAILED else f"ended {result.outcome}"
+            detail = f"step {where} {ended}: {result.detail}".rstrip(": ")
+            action = (
+                f"read the step's output (`mlx-medic log --model {model.name}`), recover by hand"
+            )
+            return self._escalate(
+                run,
+                EscalationReason.STEP_FAILED,
+                detail,
+                action,
+                context,
+                after_start=verify_failed,
+            )
+        ended = "the playbook ended without a verified start"
+        if verify_failed:
+            ended = f"{model.name} did not answer" + (f" after {', '.join(done)}" if done else "")
+        return self._escalate(
+            run,
+            EscalationReason.STEP_FAILED,
+            ended,
+            f"recover {model.name} by hand",
+            context,
+            after_start=verify_failed,
+        )
+
+    async def _run_step(
+        self,
+        run_id: int,
+        step: Step,
+        about: StepDescription,
+        context: RunContext,
+        timeout: float,
+    ) -> StepResult:
+        """The step's own result; a step that raised or overran has failed."""
+        try:
+            return await asyncio.wait_for(step.run(context), timeout)
+        except TimeoutError:
+            return StepResult(StepOutcome.FAILED, detail=f"no end after {timeout:g}s")
+        except TransportError as exc:
+            return StepResult(StepOutcome.FAILED, detail=str(exc))
+        except Exception as exc:
+            log.exception("step %s of run %s raised", about.name, run_id)
+            return StepResult(StepOutcome.FAILED, detail=f"{type(exc).__name__}: {exc}")
+
+    def _escalate(
+        self,
+        run: ActiveRun,
+        reason: EscalationReason,
+        detail: str,
+        next_action: str,
+        context: RunContext,
+        *,
+        after_start: bool,
+    ) -> RunEnd:
+        """Tell on-call; open the model's circuit (and say how to close it) unless the
+        playbook has its own budget. A run whose sweep left survivors names them and
+        carries their reboot advice (after a failed verify, a survivor holding the port
+        makes its reboot the next action: `survivor_escalation`)."""
+        detail, next_action = survivor_escalation(
+            context.survivors, self.inventory, detail, next_action, after_start=after_start
+        )
+        opens = not run.playbook.own_budget
+        if opens:
+            next_action = f"{next_action}; {resume_hint(run.model)}"
+        self.escalator.escalate(
+            run.model, reason, detail, next_action, run_id=run.run_id, open_circuit=opens
+        )
+        return RunEnd(RunOutcome.ESCALATED, detail, next_action)
+
+    def _begin_step(
+        self,
+        run: ActiveRun,
+        seq: int,
+        about: StepDescription,
+        outcome: StepOutcome = StepOutcome.RUNNING,
+    ) -> int:
+        return self.journal.begin_step(
+            run.run_id,
+            seq=seq,
+            name=about.name,
+            node=about.node,
+            command=about.argv,
+            description=about.description,
+            targets=list(about.targets),
+            now=self.clock(),
+            outcome=outcome,
+        )
