@@ -8,7 +8,8 @@ suspects are shown, never acted on. A rank that serves the model's port is
 never an orphan nor a suspect. Rules are pure functions of the snapshot plus
 injected lookups (the model's current run, an sshd's live connection, a
 process's listening ports, a rank's placement) so they are tested on synthetic
-tables.
+tables. The rules stay in one module (about 460 lines) because each one's verdict
+is read against the others' (a rank one rule clears, another must not flag).
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ Per device: a spend with devices counts one domain on each; a spend whose device
 unknown counts against every device of the node (`NODE_UNIT` in `debt_by_unit`, added to
 each device by `device_debt`). A JACCL start may be tried while every device it needs is
 below the reserve (`jaccl_allowed`).
+
+One module at about 470 lines: the entry kinds, the per-device debt and the file's lock
+and format are one contract that every writer and reader shares.
 """
 
 from __future__ import annotations

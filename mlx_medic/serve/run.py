@@ -2,7 +2,8 @@
 test the backend, launch, wait for the model to answer, release the lock, and supervise.
 How it ended is a `RunResult`; ending what is left of it is the caller's choice: the whole
 teardown before the wrapper exits, or only the launch before a relaunch (whose start
-sweep, at once and under the lock, ends every rank of the dead launch on every node)."""
+sweep, at once and under the lock, ends every rank of the dead launch on every node).
+One module at about 470 lines: the steps of a start share its record and its lock."""
 
 from __future__ import annotations
 
