@@ -24,18 +24,16 @@ def log_sizes(files: Sequence[Path]) -> dict[str, int | None]:
 
 
 def written_after(
-    entry: Mapping[str, Any], marks: Mapping[str, int | None], sizes: Mapping[str, Any]
+    file: str | None, offset: int | None, marks: Mapping[str, int | None], sizes: Mapping[str, Any]
 ) -> bool:
-    """Whether a `log_errors` entry was written after its file's mark: at or past the mark,
-    or anywhere in a file that had none (not there yet) or has shrunk below it since
-    (rotated or truncated). An entry of a file without a mark, or without an offset, is
-    not known to be new: False."""
-    name = entry.get("file")
-    offset = entry.get("offset")
-    if not isinstance(name, str) or name not in marks or not isinstance(offset, int):
+    """Whether a log line at `offset` of `file` was written after the file's mark: at or
+    past the mark, or anywhere in a file that had none (not there yet) or has shrunk below
+    it since (rotated or truncated). A line of a file without a mark, or without an
+    offset, is not known to be new: False."""
+    if file is None or file not in marks or offset is None:
         return False
-    mark = marks[name]
-    size = sizes.get(name)
+    mark = marks[file]
+    size = sizes.get(file)
     if mark is None or (isinstance(size, int) and size < mark):
         return True
     return offset >= mark

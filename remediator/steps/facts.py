@@ -138,9 +138,8 @@ class NodeFacts:
         """The latest JACCL line of the service log written after `marks` (where each log
         ended before a start, `node service start`'s `log_sizes`); None if none."""
         for error in reversed(self.errors):
-            entry = {"file": error.file, "offset": error.offset}
             if error.signature.startswith(JACCL_SIGNATURE_PREFIX) and written_after(
-                entry, marks, self.log_sizes
+                error.file, error.offset, marks, self.log_sizes
             ):
                 return error
         return None

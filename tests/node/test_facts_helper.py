@@ -126,23 +126,24 @@ def test_each_error_line_says_the_byte_it_starts_at_even_in_a_cut_tail(tmp_path:
 
 
 @pytest.mark.parametrize(
-    ("entry", "marks", "sizes", "new"),
+    ("file", "offset", "marks", "sizes", "new"),
     [
-        ({"file": "/l", "offset": 10}, {"/l": 10}, {"/l": 40}, True),  # at the mark
-        ({"file": "/l", "offset": 9}, {"/l": 10}, {"/l": 40}, False),  # before it
-        ({"file": "/l", "offset": 0}, {"/l": None}, {"/l": 40}, True),  # no log before the start
-        ({"file": "/l", "offset": 0}, {"/l": 100}, {"/l": 40}, True),  # rotated since the start
-        ({"file": "/other", "offset": 50}, {"/l": 10}, {"/other": 90}, False),  # no mark of it
-        ({"file": "/l", "line": "no offset"}, {"/l": 10}, {"/l": 40}, False),
+        ("/l", 10, {"/l": 10}, {"/l": 40}, True),  # at the mark
+        ("/l", 9, {"/l": 10}, {"/l": 40}, False),  # before it
+        ("/l", 0, {"/l": None}, {"/l": 40}, True),  # no log before the start
+        ("/l", 0, {"/l": 100}, {"/l": 40}, True),  # rotated since the start
+        ("/other", 50, {"/l": 10}, {"/other": 90}, False),  # no mark of it
+        ("/l", None, {"/l": 10}, {"/l": 40}, False),  # no offset
     ],
 )
 def test_a_line_is_new_when_written_after_its_logs_start_mark(
-    entry: dict[str, object],
+    file: str,
+    offset: int | None,
     marks: dict[str, int | None],
     sizes: dict[str, int],
     new: bool,
 ) -> None:
-    assert written_after(entry, marks, sizes) is new
+    assert written_after(file, offset, marks, sizes) is new
 
 
 def test_the_helper_reports_versions_os_and_the_models_log_errors(tmp_path: Path) -> None:
