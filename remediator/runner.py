@@ -4,9 +4,10 @@ A run asks its playbook whether the alert still holds (`recover`: is the model s
 down? "could not tell" is not down), takes the model lock on the head node (waiting up
 to `lock_wait` for a holder such as a serve wrapper starting its ranks, then asking the
 playbook again, since that holder may have fixed it), and walks the playbook's plan of
-steps, journaling each step before it starts. A node that does not answer over SSH
-while the run re-checks or takes the lock ends it `unreachable` (never `locked`): a
-warning, `mlx_medic_node_unreachable_total`, and the next action in words.
+steps, journaling each step before it starts. The first step's read-only question (the
+preflight's facts) is asked while it re-checks and takes the lock. A node that does not
+answer over SSH while the run re-checks or takes the lock ends it `unreachable` (never
+`locked`): a warning, `mlx_medic_node_unreachable_total`, and the next action in words.
 
 The runner owns the control flow: fallback steps only after a failed verify, a verify
 that could not tell ends the run inconclusive, and a step that failed or found a state
@@ -99,7 +100,8 @@ class Runner:
                 self.finish(run, end)
 
     async def _attempt(self, run: ActiveRun, model: Model, holding: list[LockHandle]) -> RunEnd:
-        """Re-check (the playbook's), lock, walk the plan."""
+        """Re-check (the playbook's), lock, walk the plan; the plan's first step may ask
+        its read-only question meanwhile (Step.read_ahead)."""
 
         async def release_lock() -> None:
             """The start step lets go of the lock, so the wrapper it starts can take it."""
@@ -119,6 +121,28 @@ class Runner:
             nodes=tuple(n for n in model.nodes if n in run.nodes),
             known_unkillable=known_unkillable(self.journal, model.name),
         )
+        plan = run.playbook.plan_for(model, self.inventory, context.nodes)
+        ahead = plan[0].read_ahead(context) if plan and not run.dry_run else None
+        asked = asyncio.create_task(ahead) if ahead is not None else None
+        try:
+            return await self._lock_and_walk(run, model, context, plan, holding, asked)
+        finally:
+            if asked is not None:  # unused when the run ended before its first step
+                asked.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asked
+
+    async def _lock_and_walk(
+        self,
+        run: ActiveRun,
+        model: Model,
+        context: RunContext,
+        plan: list[Step],
+        holding: list[LockHandle],
+        asked: asyncio.Task[object] | None,
+    ) -> RunEnd:
+        """Re-check and take the lock while the first step's read-only question is asked
+        (`asked`); an answer from before a wait for the lock is not used."""
         alert = run.trigger in ("alert", "startup")  # both re-check before they act
         if alert:
             control = self.journal.blocking_control(model.name)
@@ -140,6 +164,10 @@ class Runner:
                 return self._unreachable(model, silent, f"taking the model lock: {why}")
             return RunEnd(RunOutcome.LOCKED, why if why.startswith("locked") else f"locked: {why}")
         holding.append(handle)
+        if handle.waited == 0:
+            context.read_ahead = asked
+        elif asked is not None:  # asked before the wait: the holder may have changed things
+            asked.cancel()
         if alert and handle.waited > 0:  # the holder (a serve wrapper?) may have fixed it
             skipped = await self._recheck(run, model, context)
             if skipped is not None:
@@ -147,7 +175,7 @@ class Runner:
         run.phase = "executing"
         self.journal.start_run(run.run_id, self.clock())
         self.metrics.in_progress.labels(model=model.name).set(1)
-        return await self._walk(run, model, context)
+        return await self._walk(run, model, context, plan)
 
     async def _recheck(self, run: ActiveRun, model: Model, context: RunContext) -> RunEnd | None:
         """The playbook's re-check: None to act, else how the run ends."""
@@ -192,10 +220,11 @@ class Runner:
                         detail="the run stopped while this step ran",
                     )
 
-    async def _walk(self, run: ActiveRun, model: Model, context: RunContext) -> RunEnd:
+    async def _walk(
+        self, run: ActiveRun, model: Model, context: RunContext, plan: list[Step]
+    ) -> RunEnd:
         """Walk the plan: each step journaled before it starts, its result deciding what
         comes next."""
-        plan = run.playbook.plan_for(model, self.inventory, context.nodes)
         if not plan:
             return RunEnd(RunOutcome.FAILED, "the playbook planned no steps")
         described = [step.describe() for step in plan]

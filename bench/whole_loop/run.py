@@ -149,7 +149,10 @@ def table(outcome: Outcome) -> str:
                 for s in run["steps"]
                 if s.get("ended_at") is not None
             )
-            lines.append(f"recover run {run['id']} ({run['outcome']}): {steps}")
+            started = [s["started_at"] for s in run["steps"] if s.get("started_at") is not None]
+            first = min(started, default=None)
+            before = f"re-check and lock {fmt(first - run['queued_at'])} s, " if first else ""
+            lines.append(f"recover run {run['id']} ({run['outcome']}): {before}{steps}")
     shown = sorted(set(outcome.dashboard_orphans.values()))
     lines.append(
         f"dashboard orphan panels at the end: {shown}; alerts the webhook took"

@@ -7,12 +7,13 @@ ended; what follows (the next step, a fallback, an escalation) is the engine's t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from mlx_medic.inventory import Inventory, Model
 from mlx_medic.node.client import NodeHelpers
@@ -100,6 +101,9 @@ class RunContext:
     # The head just before this run's last start (the start helper's reply): a verify
     # reads what that start did
     start_marks: StartMarks | None = None
+    # The first step's read-only question, asked while the run re-checked and took the
+    # lock (Step.read_ahead); None once taken, or when nothing was asked ahead
+    read_ahead: asyncio.Task[Any] | None = None
 
     def __post_init__(self) -> None:
         if self.helpers is None:
@@ -111,6 +115,11 @@ class RunContext:
     def node_helpers(self) -> NodeHelpers:
         assert self.helpers is not None
         return self.helpers
+
+    def take_read_ahead(self) -> asyncio.Task[Any] | None:
+        """The answer asked ahead, once: a step that asks again later asks anew."""
+        task, self.read_ahead = self.read_ahead, None
+        return task
 
     @property
     def by(self) -> str:
@@ -130,3 +139,9 @@ class Step(ABC):
     @abstractmethod
     async def run(self, context: RunContext) -> StepResult:
         """Do the step. Never called in a dry run."""
+
+    def read_ahead(self, context: RunContext) -> Coroutine[Any, Any, Any] | None:
+        """A first step's question that changes nothing on any node, asked while the run
+        re-checks and takes the lock, so its answer is there when the step starts (one
+        round trip less before the start); None: nothing to ask ahead."""
+        return None

@@ -8,13 +8,15 @@ run in an escalation before the service is touched.
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from mlx_medic.inventory import Model
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
 from mlx_medic.remediator.steps.facts import read_facts
-from mlx_medic.remediator.steps.on_nodes import ask, not_done
+from mlx_medic.remediator.steps.on_nodes import NodeReplies, ask, not_done
 
 
 def _gib(value: int | None) -> str:
@@ -31,13 +33,19 @@ class Preflight(Step):
             "preflight",
             ", ".join(nodes),
             f"every node of {self.model.name} answers `mlx-medic node facts` (memory, RDMA"
-            " ports) before anything is stopped; an unreachable node escalates",
+            " ports) before anything is stopped (asked while the run takes the model lock);"
+            " an unreachable node escalates",
             targets=list(nodes),
         )
 
+    def read_ahead(self, context: RunContext) -> Coroutine[Any, Any, NodeReplies]:
+        """The facts are only read: asked while the run re-checks and takes the lock."""
+        return ask(context, self.model.nodes, "facts", self.model.name)
+
     async def run(self, context: RunContext) -> StepResult:
         model = self.model
-        replies = await ask(context, model.nodes, "facts", model.name)
+        ahead = context.take_read_ahead()
+        replies: NodeReplies = await (ahead if ahead is not None else self.read_ahead(context))
         problem = not_done(
             replies,
             "the preflight",

@@ -7,12 +7,16 @@ escalate with nothing started."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mlx_medic.inventory import Inventory
+from mlx_medic.model_lock_file import LockInfo
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import RunView
 from mlx_medic.remediator.model_health import HealthVerdict
@@ -43,28 +47,40 @@ def inventory() -> Inventory:
     return make_inventory(backoff=0, start_timeout="1s")  # one probe per verify
 
 
+def engine_with(
+    tmp_path: Path,
+    engines: list[Engine],
+    health: Health,
+    answers: dict[tuple[str, str], Any] | None = None,
+    on_call: Callable[[str, str, tuple[str, ...]], None] | None = None,
+) -> tuple[Engine, FakeHelpers]:
+    """An engine running `recover`, its helpers answering from `answers`."""
+    inv = inventory()
+    config = make_config(tmp_path, lock_wait="5s")
+    engine = make_engine(config, inv, transport=LocalTransport(), health=health)
+    engines.append(engine)
+    helpers = FakeHelpers(inv, answers, on_call=on_call)
+    engine.helpers = helpers
+    return engine, helpers
+
+
 async def recover(
     tmp_path: Path,
     engines: list[Engine],
     health: Health,
     answers: dict[tuple[str, str], Any] | None = None,
 ) -> tuple[Engine, FakeHelpers, RunView]:
-    inv = inventory()
-    transport = LocalTransport()
-    engine = make_engine(make_config(tmp_path), inv, transport=transport, health=health)
-    engines.append(engine)
-    lock = inv.state_dir / "locks" / f"{MODEL}.lock"
     held_at_start: list[bool] = []
     held_at_stop: list[bool] = []
 
     def on_call(node: str, helper: str, args: tuple[str, ...]) -> None:
+        lock = engine.inventory.state_dir / "locks" / f"{MODEL}.lock"
         if helper == "service" and args[1] in ("start", "restart"):
             held_at_start.append(lock.exists())
         if helper == "service" and args[1] == "stop":
             held_at_stop.append(lock.exists())
 
-    helpers = FakeHelpers(inv, answers, on_call=on_call)
-    engine.helpers = helpers
+    engine, helpers = engine_with(tmp_path, engines, health, answers, on_call)
     await engine.submit(alert("r1"))
     await engine.wait_idle()
     (run,) = engine.journal.list_runs()
@@ -103,6 +119,65 @@ async def test_recover_acts_through_the_helpers_in_order_and_journals_every_answ
     assert sweep.targets == [f"{MODEL} on {n}" for n in NODES]
     assert all(f'"node": "{n}"' in sweep.output for n in NODES)
     assert helpers.of("service")[0][1][2:4] == ("--by", f"remediator run {run.id}")
+
+
+async def test_the_preflight_facts_are_asked_while_the_run_rechecks_and_takes_the_lock(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """One round trip less before the start: the facts are only read, so they are asked
+    beside the re-check, and the preflight uses that answer instead of asking again."""
+    health = Health(verdicts=[DOWN, UP])
+    health.gate = asyncio.Event()
+    engine, helpers = engine_with(tmp_path, engines, health)
+    await engine.submit(alert("r1"))
+    for _ in range(50):
+        if len(helpers.of("facts")) == len(NODES):
+            break
+        await asyncio.sleep(0.01)
+    assert sorted(node for node, _ in helpers.of("facts")) == NODES  # the re-check still waits
+    assert health.calls == 1 and not helpers.of("service")
+    health.gate.set()
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert run.outcome == "succeeded"
+    before_stop = [h for _, h, _ in helpers.calls[: helpers.calls.index(helpers.calls[4])]]
+    assert before_stop == ["facts"] * 4 and helpers.calls[4][1] == "service"
+    assert run.steps[0].name == "preflight" and "64.0 GiB free" in run.steps[0].detail
+
+
+async def test_a_run_whose_recheck_finds_the_model_up_has_only_read_the_facts(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine, helpers = engine_with(tmp_path, engines, Health(verdicts=[UP]))
+    await engine.submit(alert("r1"))
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert run.outcome == "skipped" and run.steps == []
+    assert {helper for _, helper, _ in helpers.calls} <= {"facts"}
+
+
+async def test_after_waiting_for_the_lock_the_preflight_asks_the_facts_again(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """An answer from before the wait may be old: the holder (a serve wrapper starting)
+    may have changed the nodes meanwhile."""
+    then, now = (
+        Answer({**DEFAULTS["facts"], "memory": {"available_bytes": g * 2**30}}) for g in (1, 2)
+    )
+    engine, helpers = engine_with(
+        tmp_path, engines, Health(verdicts=[DOWN, DOWN, UP]), {("ai001", "facts"): [then, now]}
+    )
+    lock = engine.inventory.state_dir / "locks" / f"{MODEL}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    held = LockInfo(None, 1, None, "wrapper-host", time.time(), "serve", "7", time.time() + 60, "t")
+    lock.write_text(held.to_json())
+    asyncio.get_running_loop().call_later(0.5, lock.unlink)
+    await engine.submit(alert("r1"))
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert run.outcome == "succeeded"
+    assert [node for node, _ in helpers.of("facts")][:8] == [*NODES, *NODES]
+    assert run.steps[0].detail.startswith("ai001: memory 2.0 GiB free")
 
 
 @pytest.mark.parametrize(
