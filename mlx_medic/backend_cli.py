@@ -21,6 +21,7 @@ from mlx_medic.backend_choice import CHOICES
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
     from mlx_medic.node.client import HelperReply
+    from mlx_medic.node.replies import BackendReply
 
 DEFAULT_INVENTORY = Path("/etc/mlx-medic/inventory.yaml")
 TIMEOUT = 60.0
@@ -62,8 +63,9 @@ def who() -> str:
 
 async def ask_head(
     inventory: Inventory, model: str, this_node: str | None, args: list[str]
-) -> HelperReply:
+) -> HelperReply[BackendReply]:
     from mlx_medic.node.client import NodeHelpers
+    from mlx_medic.node.replies import BackendReply
     from mlx_medic.transport import LocalTransport, NodeTransport, RoutedTransport, SshTransport
 
     remote = SshTransport(inventory)
@@ -72,7 +74,7 @@ async def ask_head(
     )
     try:
         helpers = NodeHelpers(transport, inventory, timeout=TIMEOUT)
-        return await helpers.call(inventory.model(model).head, "backend", model, *args)
+        return await helpers.call(inventory.model(model).head, BackendReply, model, *args)
     finally:
         await transport.close()
 
@@ -115,15 +117,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(reply.document))
     elif reply.ok:
-        from mlx_medic.backend_choice import BackendChoice
-
-        document = reply.document
-        choice = BackendChoice(
-            document["choice"],
-            document["by"],
-            document["at"],
-            document["reason"],
-            dict(document.get("boots") or {}),
-        )
-        print(describe(args.model, choice) + f" (on {reply.node})")
+        print(describe(args.model, reply.answer.choice) + f" (on {reply.node})")
     return reply.exit_status

@@ -9,8 +9,9 @@ it: JACCL while the ledger leaves every device the start needs room, else ring. 
 survivor that holds what no start can do without, the model's port on the node that
 must listen on it, stops the start.
 
-One module for `mlx-medic serve` (`serve/nodes.py`) and the remediator's sweep step, so
-both read a sweep's reply alike and say the same words.
+One module for `node sweep` (`survivors_of`), `mlx-medic serve` (`serve/nodes.py`) and
+the remediator's sweep step (both through `node.sweep_reply.SweepReply`), so all three
+judge survivors alike and say the same words.
 """
 
 from __future__ import annotations
@@ -173,7 +174,8 @@ def _models_on(inventory: Inventory | None, node: str) -> list[str]:
 
 
 def survivors_of(model: str, documents: Mapping[str, Mapping[str, Any]]) -> SurvivorVerdict:
-    """The verdict from each node's sweep document (node -> document)."""
+    """The verdict from each node's sweep document (node -> document): the helper's
+    own (a caller reads a `SweepReply`: `node.sweep_reply.survivor_verdict`)."""
     verdict = SurvivorVerdict(model)
     for node, document in documents.items():
         entries: Iterable[Any] = document.get("unkillable") or ()

@@ -123,9 +123,9 @@ class StartupRecovery:
             return
         if record is None:
             return
-        said = f"{model.service.label} on {model.head} was left stopped by {record.by}"
+        said = f"{model.service.label} on {model.head} was left stopped by {record.run}"
         control = self.journal.blocking_control(model.name)
-        if record.by != ours or control is not None:
+        if record.run != ours or control is not None:
             why = (
                 f"not by {ours}, which was interrupted"
                 if control is None

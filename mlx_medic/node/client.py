@@ -4,7 +4,10 @@ on its head and peers.
 One argv shape for every call, `<medic_command> node HELPER ARGS --config.file
 <medic_config> --node NAME --json`, which the forced command on the node accepts, and
 one reading of the reply: the helper's JSON document and exit status, or an error that
-says the node could not be asked (never read as the helper's answer).
+says the node could not be asked (never read as the helper's answer). Called with the
+helper's reply type (`call(node, SweepReply, ...)`, mlx_medic.node.replies), the document
+is read into it here, once: a document that cannot be is a HelperCallError naming the
+node, the helper and the field, never a KeyError in the caller.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from mlx_medic.inventory import Inventory, Node
 from mlx_medic.node.cli import EXIT_OK, SCHEMA
+from mlx_medic.node.replies import Fields, Reply, ReplyError
 from mlx_medic.transport import NodeTransport, TransportError
 
 
@@ -45,13 +49,21 @@ class HelperCallError(RuntimeError):
         return self.unreachable or self.timed_out
 
 
+A = TypeVar("A")  # a reply's answer: a Reply, or None for a helper called by name
+R = TypeVar("R", bound=Reply)
+
+
 @dataclass(frozen=True)
-class HelperReply:
+class HelperReply(Generic[A]):
+    """The helper's exit status, its raw document (what the journal records) and `answer`,
+    the document read as the helper's reply type (None when called by the helper's name)."""
+
     node: str
     helper: str
     argv: list[str]
     exit_status: int
     document: dict[str, Any]
+    answer: A
     stderr: str = field(default="", repr=False)
 
     @property
@@ -89,7 +101,27 @@ def parse_reply(
         raise HelperCallError(node, helper, f"exit {exit_status}, no helper document: {why}")
     if document.get("command") != helper:
         raise HelperCallError(node, helper, f"answered as {document.get('command')!r}")
-    return HelperReply(node, helper, argv, exit_status, document, stderr)
+    return HelperReply(node, helper, argv, exit_status, document, None, stderr)
+
+
+def read_as(reply: HelperReply[Any], kind: type[R]) -> HelperReply[R]:
+    """The reply with its document read as `kind`; HelperCallError naming the node, the
+    helper and the field when it cannot be (mlx_medic.node.replies: what is garbage)."""
+    try:
+        answer = kind.parse(reply.node, Fields(reply.document))
+    except ReplyError as exc:
+        raise HelperCallError(
+            reply.node, reply.helper, f"exit {reply.exit_status}, the document's {exc}"
+        ) from None
+    return HelperReply(
+        reply.node,
+        reply.helper,
+        reply.argv,
+        reply.exit_status,
+        reply.document,
+        answer,
+        reply.stderr,
+    )
 
 
 class NodeHelpers:
@@ -100,9 +132,28 @@ class NodeHelpers:
         self.inventory = inventory
         self.timeout = timeout
 
+    @overload
+    async def call(
+        self, node_name: str, helper: type[R], *args: str, timeout: float | None = None
+    ) -> HelperReply[R]: ...
+
+    @overload
     async def call(
         self, node_name: str, helper: str, *args: str, timeout: float | None = None
-    ) -> HelperReply:
+    ) -> HelperReply[None]: ...
+
+    async def call(
+        self, node_name: str, helper: type[R] | str, *args: str, timeout: float | None = None
+    ) -> HelperReply[R] | HelperReply[None]:
+        """The helper's reply on the node: read as `helper` when it is a reply type."""
+        if isinstance(helper, str):
+            return await self.raw_call(node_name, helper, args, timeout)
+        return read_as(await self.raw_call(node_name, helper.helper, args, timeout), helper)
+
+    async def raw_call(
+        self, node_name: str, helper: str, args: Sequence[str], timeout: float | None
+    ) -> HelperReply[None]:
+        """The helper's document and exit status, or HelperCallError saying why none."""
         node = self.inventory.node(node_name)
         argv = helper_argv(node, helper, args)
         limit = self.timeout if timeout is None else timeout
@@ -116,12 +167,24 @@ class NodeHelpers:
             node_name, helper, argv, result.exit_status, result.stdout, result.stderr
         )
 
+    @overload
+    async def on_nodes(
+        self, nodes: Sequence[str], helper: type[R], *args: str, timeout: float | None = None
+    ) -> dict[str, HelperReply[R] | HelperCallError]: ...
+
+    @overload
     async def on_nodes(
         self, nodes: Sequence[str], helper: str, *args: str, timeout: float | None = None
-    ) -> dict[str, HelperReply | HelperCallError]:
+    ) -> dict[str, HelperReply[None] | HelperCallError]: ...
+
+    async def on_nodes(
+        self, nodes: Sequence[str], helper: type[R] | str, *args: str, timeout: float | None = None
+    ) -> (
+        dict[str, HelperReply[R] | HelperCallError] | dict[str, HelperReply[None] | HelperCallError]
+    ):
         """The same helper on every node at once; each node's reply or its error."""
 
-        async def one(name: str) -> HelperReply | HelperCallError:
+        async def one(name: str) -> HelperReply[Any] | HelperCallError:
             try:
                 return await self.call(name, helper, *args, timeout=timeout)
             except HelperCallError as exc:

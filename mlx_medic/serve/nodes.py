@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_medic.inventory import Model
-from mlx_medic.node.client import HelperCallError, HelperReply, NodeHelpers
-from mlx_medic.survivors import SurvivorVerdict, survivors_of
+from mlx_medic.node.client import HelperCallError, HelperReply, NodeHelpers, R
+from mlx_medic.node.replies import CleanReply, ProcessEntry, RunReply
+from mlx_medic.node.sweep_reply import SweepReply, survivor_verdict
+from mlx_medic.survivors import SurvivorVerdict
 
 log = logging.getLogger("mlx_medic.serve")
 
@@ -29,26 +31,25 @@ class SweepOutcome:
 
     complete: bool
     problems: list[str] = field(default_factory=list)  # one sentence per node that failed
-    replies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replies: dict[str, SweepReply] = field(default_factory=dict)
     said: dict[str, str] = field(default_factory=dict)  # each node's stderr (its warnings)
     survivors: SurvivorVerdict | None = None
-    serving: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> listener
+    serving: dict[str, ProcessEntry] = field(default_factory=dict)  # node -> listener
 
     @property
     def ledgers(self) -> dict[str, dict[str, Any]]:
         """Each node's ledger as its sweep left it (`boot_id`, `debt_by_unit`), or
         `error`: what a start is judged by."""
-        return {
-            node: dict(document.get("ledger") or {"error": "the sweep sent no ledger"})
-            for node, document in self.replies.items()
-        }
+        return {node: dict(sweep.ledger) for node, sweep in self.replies.items()}
 
     @property
     def blocked(self) -> bool:
         return self.survivors is not None and self.survivors.blocked
 
 
-def judge_sweep(model: str, replies: dict[str, HelperReply | HelperCallError]) -> SweepOutcome:
+def judge_sweep(
+    model: str, replies: dict[str, HelperReply[SweepReply] | HelperCallError]
+) -> SweepOutcome:
     """Complete when every node answered and its sweep settled; the survivors (if any)
     named in one verdict, the start going on around them unless one blocks it."""
     outcome = SweepOutcome(True)
@@ -58,30 +59,24 @@ def judge_sweep(model: str, replies: dict[str, HelperReply | HelperCallError]) -
             why = "unreachable" if reply.unreachable else "no answer"
             outcome.problems.append(f"{node}: {why}: {reply}")
             continue
-        document = reply.document
-        outcome.replies[node] = document
+        sweep = reply.answer
+        outcome.replies[node] = sweep
         if reply.stderr.strip():
             outcome.said[node] = reply.stderr.strip()
-        if isinstance(document.get("serving_listener"), dict):
-            outcome.serving[node] = document["serving_listener"]
-        settled = document.get("settled", document.get("complete", False))
-        if not reply.ok or not settled:
+        if sweep.serving_listener is not None:
+            outcome.serving[node] = sweep.serving_listener
+        if not reply.ok or not sweep.settled:
             outcome.complete = False
-            killable = [
-                s
-                for s in document.get("survivors", [])
-                if s.get("pid") not in {u.get("pid") for u in document.get("unkillable", [])}
-            ]
-            if killable:
+            if sweep.killable:
                 outcome.problems.append(
-                    f"{node}: {len(killable)} process(es) survived the"
+                    f"{node}: {len(sweep.killable)} process(es) survived the"
                     " sweep and are not in uninterruptible sleep"
                 )
-            elif not document.get("unkillable"):
+            elif not sweep.unkillable:
                 outcome.problems.append(
                     f"{node}: the sweep did not complete: {reply.stderr.strip()[-300:] or 'exit 1'}"
                 )
-    outcome.survivors = survivors_of(model, outcome.replies)
+    outcome.survivors = survivor_verdict(model, outcome.replies.values())
     return outcome
 
 
@@ -98,8 +93,8 @@ class ModelNodes:
         return list(self.model.nodes)
 
     async def on_all(
-        self, helper: str, *args: str, timeout: float | None = None
-    ) -> dict[str, HelperReply | HelperCallError]:
+        self, helper: type[R], *args: str, timeout: float | None = None
+    ) -> dict[str, HelperReply[R] | HelperCallError]:
         limit = self.timeout if timeout is None else timeout
         return await self.helpers.on_nodes(self.names, helper, *args, timeout=limit)
 
@@ -117,7 +112,7 @@ class ModelNodes:
         return judge_sweep(
             self.model.name,
             await self.on_all(
-                "sweep",
+                SweepReply,
                 self.model.name,
                 "--start-sweep",
                 "--grace",
@@ -132,13 +127,15 @@ class ModelNodes:
         grace = ["--grace", self.dead_launch_grace] if launcher_dead else []
         return judge_sweep(
             self.model.name,
-            await self.on_all("sweep", self.model.name, "--run", run_id, *grace, timeout=timeout),
+            await self.on_all(
+                SweepReply, self.model.name, "--run", run_id, *grace, timeout=timeout
+            ),
         )
 
     async def clean(self) -> list[str]:
         """Problems, one per node whose clean failed (a clean that fails stops nothing:
         stale files waste space, they start no rank)."""
-        replies = await self.on_all("clean", self.model.name)
+        replies = await self.on_all(CleanReply, self.model.name)
         return [
             _failed(node, reply)
             for node, reply in replies.items()
@@ -147,7 +144,7 @@ class ModelNodes:
 
     async def record_run(self, run_id: str, lease: float, holder: str) -> list[str]:
         replies = await self.on_all(
-            "run", self.model.name, "set", run_id, "--lease", f"{lease:g}", "--holder", holder
+            RunReply, self.model.name, "set", run_id, "--lease", f"{lease:g}", "--holder", holder
         )
         return [
             _failed(node, reply)
@@ -157,7 +154,7 @@ class ModelNodes:
 
     async def renew_run(self, run_id: str, lease: float, holder: str) -> list[str]:
         replies = await self.on_all(
-            "run",
+            RunReply,
             self.model.name,
             "renew",
             run_id,
@@ -174,18 +171,15 @@ class ModelNodes:
         ]
 
     async def clear_run(self, run_id: str, timeout: float) -> list[str]:
-        replies = await self.on_all("run", self.model.name, "clear", run_id, timeout=timeout)
+        replies = await self.on_all(RunReply, self.model.name, "clear", run_id, timeout=timeout)
         return [
             _failed(node, reply)
             for node, reply in replies.items()
             if isinstance(reply, HelperCallError) or not reply.ok
         ]
 
-    async def ledgers(self) -> dict[str, HelperReply | HelperCallError]:
-        return await self.on_all("ledger")
 
-
-def _failed(node: str, reply: HelperReply | HelperCallError) -> str:
+def _failed(node: str, reply: HelperReply[Any] | HelperCallError) -> str:
     if isinstance(reply, HelperCallError):
         return str(reply)
     return f"{node}: mlx-medic node {reply.helper}: exit {reply.exit_status}: " + (

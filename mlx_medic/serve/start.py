@@ -108,21 +108,21 @@ async def prepare_nodes(
         sweep, problems = await asyncio.gather(
             nodes.start_sweep(crashed_run), nodes.record_run(run_id, lease, holder)
         )
-    for node, document in sweep.replies.items():
+    for node, swept in sweep.replies.items():
         for line in sweep.said.get(node, "").splitlines():
             log.warning("start sweep on %s: %s", node, line)
-        if document.get("signalled"):
+        if swept.signalled:
             log.warning(
                 "start sweep on %s ended %d process(es) of the model (no run of it may"
                 " exist before this start)",
                 node,
-                len(document["signalled"]),
+                len(swept.signalled),
             )
     if sweep.serving:
         node, listener = next(iter(sweep.serving.items()))
         raise AlreadyServed(
             f"another instance serves model {nodes.model.name} on port"
-            f" {nodes.model.port}: pid {listener.get('pid')} on {node} answers"
+            f" {nodes.model.port}: pid {listener.pid} on {node} answers"
             " the health probe, and a serving process is never touched; stop"
             " it, or leave the model to it"
         )

@@ -15,10 +15,9 @@ on top of possible orphans, so it never does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from mlx_medic.inventory import Inventory, Model
 from mlx_medic.node.client import HelperCallError, NodeHelpers
+from mlx_medic.node.replies import ServiceReply
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict
 from mlx_medic.remediator.steps import (
     REMEDIATOR_RUN,
@@ -30,32 +29,20 @@ from mlx_medic.remediator.steps import (
     Sweep,
     Verify,
 )
+from mlx_medic.service_stop import ServiceStop
 
 FINISH_STOP = "finish-stop"
 
 
-@dataclass(frozen=True)
-class StopRecord:
-    by: str  # e.g. "remediator run 12"
-    reason: str
-
-    @property
-    def by_a_remediator(self) -> bool:
-        return self.by.startswith(REMEDIATOR_RUN)
-
-
-async def read_stop_record(helpers: NodeHelpers, model: Model) -> StopRecord | None:
+async def read_stop_record(helpers: NodeHelpers, model: Model) -> ServiceStop | None:
     """The head's "stopped by" record, from `node service MODEL status` (`stopped_by`:
-    {run, reason} or null); HelperCallError when the head cannot be asked or says no."""
-    reply = await helpers.call(model.head, "service", model.name, "status")
+    {run, at, reason} or null); HelperCallError when the head cannot be asked or says no."""
+    reply = await helpers.call(model.head, ServiceReply, model.name, "status")
     if not reply.ok:
         raise HelperCallError(
             model.head, "service", f"exit {reply.exit_status}: {reply.stderr.strip()[-300:]}"
         )
-    record = reply.document.get("stopped_by")
-    if isinstance(record, dict) and record.get("run"):
-        return StopRecord(str(record["run"]), str(record.get("reason", "")))
-    return None
+    return reply.answer.stopped_by
 
 
 class FinishStopPlaybook(Playbook):
@@ -86,9 +73,9 @@ class FinishStopPlaybook(Playbook):
                 undecided=True,
                 unreachable_node=model.head if exc.unreachable else None,
             )
-        if record is None or not record.by_a_remediator:
+        if record is None or not record.run.startswith(REMEDIATOR_RUN):
             return RecheckVerdict.skip(f"{model.service.label} is no longer left stopped by a run")
         return RecheckVerdict.act(
-            f"{model.service.label} was left stopped by {record.by} ({record.reason});"
+            f"{model.service.label} was left stopped by {record.run} ({record.reason});"
             " finishing its work: sweep, clean, start"
         )

@@ -22,11 +22,11 @@ import asyncio
 from collections.abc import Sequence
 
 from mlx_medic.inventory import Inventory, Model
+from mlx_medic.node.replies import OrphansReply
 from mlx_medic.remediator.model_health import ModelState
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict
 from mlx_medic.remediator.steps import RunContext, Step, Sweep, Verify
-from mlx_medic.remediator.steps.on_nodes import ask, document_list
-from mlx_medic.remediator.steps.sweep import identity
+from mlx_medic.remediator.steps.on_nodes import ask
 
 SWEEP_ORPHANS = "sweep-orphans"
 
@@ -65,7 +65,7 @@ class SweepOrphansPlaybook(Playbook):
         # the model's health is asked beside the orphans, not after them: one round trip
         # less before the sweep, while the orphans may still be killable
         replies, health = await asyncio.gather(
-            ask(context, nodes, "orphans", model.name), context.health(model)
+            ask(context, nodes, OrphansReply, model.name), context.health(model)
         )
         if replies.errors:
             node, error = next(iter(replies.errors.items()))
@@ -76,11 +76,11 @@ class SweepOrphansPlaybook(Playbook):
             )
         fresh, known = [], 0
         for node, reply in replies.replies.items():
-            for entry in document_list(reply.document, "orphans"):
-                if (node, *identity(entry)) in context.known_unkillable:
+            for orphan in reply.answer.orphans:
+                if (node, *orphan.identity) in context.known_unkillable:
                     known += 1
                 else:
-                    fresh.append(f"{node} pid {entry.get('pid')} ({entry.get('rule', '?')})")
+                    fresh.append(f"{node} pid {orphan.pid} ({orphan.rule or '?'})")
         if fresh:
             context.answered_before = health.state is ModelState.UP
             return RecheckVerdict.act(f"orphans of {model.name} still reported: {', '.join(fresh)}")

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlx_medic.inventory import Model
+from mlx_medic.node.facts_reply import FactsReply
+from mlx_medic.node.replies import BackendReply
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
 from mlx_medic.remediator.steps.facts import maintainers_report, read_facts
@@ -51,7 +53,7 @@ class PinRing(Step):
                 " backend can listen there and no pin was made",
                 next_action=blocking_advice(survivors, context.inventory),
             )
-        facts_replies = await ask(context, [head], "facts", model.name)
+        facts_replies = await ask(context, [head], FactsReply, model.name)
         unanswered = not_answered(facts_replies, "`facts`", HEAD_UNREACHABLE)
         if unanswered is not None:
             return unanswered
@@ -76,7 +78,7 @@ class PinRing(Step):
         replies = await ask(
             context,
             [head],
-            "backend",
+            BackendReply,
             model.name,
             "set",
             "ring",

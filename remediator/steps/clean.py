@@ -8,18 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlx_medic.inventory import Model
+from mlx_medic.node.replies import CleanReply
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
-from mlx_medic.remediator.steps.on_nodes import ask, document_list, not_done
+from mlx_medic.remediator.steps.on_nodes import ask, not_done
 
 
-def not_ours_said(document: dict) -> str:
+def not_ours_said(reply: CleanReply) -> str:
     """`, 1 not ours (/tmp/tmp.x, root's: left whole)`, or "" when there is none."""
-    entries = document_list(document, "not_ours")
-    if not entries:
+    if not reply.not_ours:
         return ""
-    named = ", ".join(f"{e.get('path')}, {e.get('owner', '?')}'s" for e in entries)
-    return f", {len(entries)} not ours ({named}: may not remove, left whole)"
+    named = ", ".join(f"{e.path}, {e.owner}'s" for e in reply.not_ours)
+    return f", {len(reply.not_ours)} not ours ({named}: may not remove, left whole)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +37,7 @@ class CleanTmp(Step):
 
     async def run(self, context: RunContext) -> StepResult:
         model = self.model
-        replies = await ask(context, model.nodes, "clean", model.name)
+        replies = await ask(context, model.nodes, CleanReply, model.name)
         problem = not_done(
             replies, "the clean", "check that {nodes} is up and answers SSH; nothing was started"
         )
@@ -45,10 +45,9 @@ class CleanTmp(Step):
             return problem
         freed = []
         for node, reply in replies.replies.items():
-            removed = document_list(reply.document, "removed")
+            clean = reply.answer
             freed.append(
-                f"{node}: {len(removed)} removed,"
-                f" {reply.document.get('bytes_freed', 0)} bytes freed"
-                f"{not_ours_said(reply.document)}"
+                f"{node}: {len(clean.removed)} removed, {clean.bytes_freed} bytes freed"
+                f"{not_ours_said(clean)}"
             )
         return StepResult(StepOutcome.OK, detail="; ".join(freed), output=replies.output())

@@ -11,19 +11,20 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic
 
-from mlx_medic.node.client import HelperCallError, HelperReply
+from mlx_medic.node.client import HelperCallError, HelperReply, R
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, StepResult
 
 
 @dataclass
-class NodeReplies:
-    """One helper's answers from a set of nodes, in the order asked."""
+class NodeReplies(Generic[R]):
+    """One helper's answers from a set of nodes, in the order asked, each read as its
+    reply type (`reply.answer`)."""
 
     helper: str
-    replies: dict[str, HelperReply] = field(default_factory=dict)
+    replies: dict[str, HelperReply[R]] = field(default_factory=dict)
     errors: dict[str, HelperCallError] = field(default_factory=dict)
 
     @property
@@ -66,11 +67,16 @@ class NodeReplies:
 
 
 async def ask(
-    context: RunContext, nodes: Sequence[str], helper: str, *args: str, timeout: float | None = None
-) -> NodeReplies:
-    """The helper on every node at once; each node's document or why there is none."""
-    answers = await context.node_helpers.on_nodes(list(nodes), helper, *args, timeout=timeout)
-    replies = NodeReplies(helper)
+    context: RunContext,
+    nodes: Sequence[str],
+    kind: type[R],
+    *args: str,
+    timeout: float | None = None,
+) -> NodeReplies[R]:
+    """The helper of reply type `kind` on every node at once; each node's reply or why
+    there is none (a document that cannot be read as `kind` is one of those)."""
+    answers = await context.node_helpers.on_nodes(list(nodes), kind, *args, timeout=timeout)
+    replies: NodeReplies[R] = NodeReplies(kind.helper)
     for node, answer in answers.items():
         if isinstance(answer, HelperCallError):
             replies.errors[node] = answer
@@ -79,7 +85,7 @@ async def ask(
     return replies
 
 
-def not_answered(replies: NodeReplies, what: str, next_action: str) -> StepResult | None:
+def not_answered(replies: NodeReplies[R], what: str, next_action: str) -> StepResult | None:
     """The step's result when a node could not be asked (unreachable or no document):
     a run cannot act on what it cannot see, so it escalates (`unrecoverable`) and names the
     nodes; None when every node answered."""
@@ -91,7 +97,8 @@ def not_answered(replies: NodeReplies, what: str, next_action: str) -> StepResul
     if unreachable:
         outcome, said = StepOutcome.UNREACHABLE, "did not answer"
         action = next_action.format(nodes=", ".join(nodes))
-    else:  # it answered, but not as the helper: a missing helper, a bad inventory path
+    else:  # it answered, but not as the helper: a missing helper, a bad inventory path,
+        # a document its reply type cannot read
         outcome, said = StepOutcome.FAILED, "gave no helper document for"
         action = (
             f"run `mlx-medic node {replies.helper}` on {', '.join(nodes)} by hand and"
@@ -107,7 +114,7 @@ def not_answered(replies: NodeReplies, what: str, next_action: str) -> StepResul
     )
 
 
-def failed_on(replies: NodeReplies, what: str) -> StepResult | None:
+def failed_on(replies: NodeReplies[R], what: str) -> StepResult | None:
     """The step's result when a helper answered that it could not do its job; else None."""
     if not replies.failed:
         return None
@@ -115,18 +122,12 @@ def failed_on(replies: NodeReplies, what: str) -> StepResult | None:
     return StepResult(StepOutcome.FAILED, detail=f"{what}: {reasons}", output=replies.output())
 
 
-def not_done(replies: NodeReplies, what: str, next_action: str) -> StepResult | None:
+def not_done(replies: NodeReplies[R], what: str, next_action: str) -> StepResult | None:
     """A node could not be asked (escalate), or its helper could not do its job (fail);
     None when every node did what it was asked."""
     return not_answered(replies, what, next_action) or failed_on(replies, f"{what} failed")
 
 
-def one_reply(replies: NodeReplies) -> HelperReply:
+def one_reply(replies: NodeReplies[R]) -> HelperReply[R]:
     (reply,) = replies.replies.values()
     return reply
-
-
-def document_list(document: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    """A list of objects from a helper's document; anything else is read as empty."""
-    value = document.get(key)
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []

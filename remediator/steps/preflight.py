@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlx_medic.inventory import Model
+from mlx_medic.node.facts_reply import FactsReply
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
 from mlx_medic.remediator.steps.facts import read_facts
@@ -38,14 +39,16 @@ class Preflight(Step):
             targets=list(nodes),
         )
 
-    def read_ahead(self, context: RunContext) -> Coroutine[Any, Any, NodeReplies]:
+    def read_ahead(self, context: RunContext) -> Coroutine[Any, Any, NodeReplies[FactsReply]]:
         """The facts are only read: asked while the run re-checks and takes the lock."""
-        return ask(context, self.model.nodes, "facts", self.model.name)
+        return ask(context, self.model.nodes, FactsReply, self.model.name)
 
     async def run(self, context: RunContext) -> StepResult:
         model = self.model
         ahead = context.take_read_ahead()
-        replies: NodeReplies = await (ahead if ahead is not None else self.read_ahead(context))
+        replies: NodeReplies[FactsReply] = await (
+            ahead if ahead is not None else self.read_ahead(context)
+        )
         problem = not_done(
             replies,
             "the preflight",

@@ -9,9 +9,9 @@ any remediator after a restart, by a replica and by `mlx-medic log`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from mlx_medic.inventory import Model
+from mlx_medic.node.replies import ServiceReply
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import (
     RunContext,
@@ -28,32 +28,20 @@ HEAD_UNREACHABLE = (
 )
 
 
-def start_marks(document: dict[str, Any]) -> StartMarks:
-    """The start helper's `log_sizes` and `failed_starts`, anything else read as unknown."""
-    sizes = document.get("log_sizes")
-    failed = document.get("failed_starts")
-    return StartMarks(
-        {str(k): v if isinstance(v, int) else None for k, v in sizes.items()}
-        if isinstance(sizes, dict)
-        else {},
-        failed if isinstance(failed, int) and not isinstance(failed, bool) else None,
-    )
-
-
 async def service_helper(context: RunContext, action: ServiceAction, *extra: str) -> StepResult:
     """`node service MODEL ACTION` on the head; the step's result from its reply."""
     model = context.model
-    replies = await ask(context, [model.head], "service", model.name, action, *extra)
+    replies = await ask(context, [model.head], ServiceReply, model.name, action, *extra)
     unanswered = not_answered(replies, f"`service {action}`", HEAD_UNREACHABLE)
     if unanswered is not None:
         return unanswered
     reply = one_reply(replies)
-    document = reply.document
+    service = reply.answer
     if action != "stop":
-        context.start_marks = start_marks(document)
-    said = str(document.get("stderr") or document.get("stdout") or "").strip()[-500:]
-    status = document.get("exit_status", reply.exit_status)
-    exit_status = status if isinstance(status, int) else reply.exit_status
+        context.start_marks = StartMarks(service.log_sizes, service.failed_starts)
+    said = (service.stderr or service.stdout).strip()[-500:]
+    # the manager command's own status; the helper's when the command did not run
+    exit_status = reply.exit_status if service.exit_status is None else service.exit_status
     label = model.service.label
     if not reply.ok:
         why = said or replies.why_not(model.head)

@@ -36,19 +36,17 @@ with its owner, so the log says what the sweep could not do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlx_medic.inventory import Inventory, Model
+from mlx_medic.node.replies import ProcessEntry
+from mlx_medic.node.sweep_reply import SweepReply, survivor_verdict
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
 from mlx_medic.remediator.steps.facts import maintainers_report
-from mlx_medic.remediator.steps.on_nodes import (
-    NodeReplies,
-    ask,
-    document_list,
-    not_answered,
-)
-from mlx_medic.survivors import SurvivorVerdict, survivors_of
+from mlx_medic.remediator.steps.on_nodes import ask, not_answered
+from mlx_medic.survivors import SurvivorVerdict
 
 UNREACHABLE_NEXT = (
     "the sweep could not be complete, so nothing was started: check that"
@@ -57,51 +55,19 @@ UNREACHABLE_NEXT = (
 SURVIVE = "that only a reboot of its node ends: "
 
 
-def unkillable_by_node(replies: NodeReplies) -> dict[str, list[dict]]:
-    """Node -> the processes its sweep found unkillable (state D: reboot the node), for
-    every node that answered (an empty list: none)."""
-    return {
-        node: document_list(reply.document, "unkillable") for node, reply in replies.replies.items()
-    }
+def describe_processes(entries: Sequence[ProcessEntry]) -> str:
+    return ", ".join(f"pid {e.pid} ({e.role}, state {e.state})" for e in entries)
 
 
-def identity(entry: dict) -> tuple[int, float]:
-    """A process as the sweep names it: pid and start time (a reused pid is another)."""
-    try:
-        return int(entry.get("pid", -1)), float(entry.get("start_time", 0.0))
-    except (TypeError, ValueError):
-        return -1, 0.0
-
-
-def describe_processes(entries: list[dict]) -> str:
-    return ", ".join(
-        f"pid {e.get('pid')} ({e.get('role', '?')}, state {e.get('state', '?')})" for e in entries
-    )
-
-
-def killable_survivors(replies: NodeReplies) -> dict[str, list[dict]]:
-    """Node -> what survived its sweep without being unkillable (a sweep could have ended
-    it, or may not: `policy.sigkill` false), for every node that answered."""
-    found = {}
-    for node, reply in replies.replies.items():
-        stuck = {identity(e) for e in document_list(reply.document, "unkillable")}
-        found[node] = [
-            e for e in document_list(reply.document, "survivors") if identity(e) not in stuck
-        ]
-    return found
-
-
-def not_ours_said(document: dict) -> str:
+def not_ours_said(reply: SweepReply) -> str:
     """`, 1 not ours (pid 4242 rank, root's: left alone)`, or "" when there is none."""
-    entries = document_list(document, "not_ours")
-    if not entries:
+    if not reply.not_ours:
         return ""
     named = ", ".join(
-        f"pid {e.get('pid')} {e.get('role', '?')}, {e.get('owner', '?')}'s"
-        + (", on the model's port" if e.get("holds_port") else "")
-        for e in entries
+        f"pid {e.pid} {e.role}, {e.owner}'s" + (", on the model's port" if e.holds_port else "")
+        for e in reply.not_ours
     )
-    return f", {len(entries)} not ours ({named}: may not signal, left alone)"
+    return f", {len(reply.not_ours)} not ours ({named}: may not signal, left alone)"
 
 
 def blocking_advice(verdict: SurvivorVerdict, inventory: Inventory) -> str:
@@ -193,16 +159,17 @@ class Sweep(Step):
         model = self.model
         args = ["--orphans-only"] if self.orphans_only else []
         timeout = context.node_helpers.timeout + model.policy.kill_grace
-        replies = await ask(context, self.on, "sweep", model.name, *args, timeout=timeout)
+        replies = await ask(context, self.on, SweepReply, model.name, *args, timeout=timeout)
         unanswered = not_answered(replies, "the sweep", UNREACHABLE_NEXT)
         if unanswered is not None:
             return unanswered
         output = replies.output()
-        found = unkillable_by_node(replies)
-        identities = {node: [identity(e) for e in entries] for node, entries in found.items()}
-        verdict = survivors_of(
-            model.name, {node: reply.document for node, reply in replies.replies.items()}
-        )
+        swept = {node: reply.answer for node, reply in replies.replies.items()}
+        # node -> (pid, start time) of what its sweep found unkillable (empty: none)
+        identities = {
+            node: [(s.pid, s.start_time) for s in sweep.unkillable] for node, sweep in swept.items()
+        }
+        verdict = survivor_verdict(model.name, swept.values())
         known = 0
         if self.orphans_only:  # named once: an earlier run found them and said so
             fresh = [s for s in verdict.survivors if s.identity not in context.known_unkillable]
@@ -212,11 +179,11 @@ class Sweep(Step):
         report = (
             ". " + await maintainers_report(context, verdict.nodes) if verdict.survivors else ""
         )
-        killable = killable_survivors(replies)
+        killable = {node: sweep.killable for node, sweep in swept.items()}
         failed = [
             node
             for node, reply in replies.replies.items()
-            if killable[node] or (not reply.ok and not found[node])
+            if killable[node] or (not reply.ok and not swept[node].unkillable)
         ]
         if failed:
             reasons = "; ".join(
@@ -240,12 +207,10 @@ class Sweep(Step):
                 detail=f"survivors after the sweep: {reasons}{also}{report}",
             )
         counts = []
-        for node, reply in replies.replies.items():
-            doc = reply.document
+        for node, sweep in swept.items():
             counts.append(
-                f"{node}: {len(document_list(doc, 'signalled'))} signalled,"
-                f" {len(document_list(doc, 'spared'))} spared,"
-                f" {doc.get('pd_spent', 0)} PD spent{not_ours_said(doc)}"
+                f"{node}: {len(sweep.signalled)} signalled, {len(sweep.spared)} spared,"
+                f" {sweep.pd_spent} PD spent{not_ours_said(sweep)}"
             )
         if known:
             counts.append(f"{known} unkillable process(es) an earlier run named, left alone")

@@ -29,6 +29,7 @@ from typing import ClassVar
 
 from mlx_medic.inventory import Model
 from mlx_medic.inventory_methods import BackendName
+from mlx_medic.node.facts_reply import FactsReply
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import (
@@ -133,7 +134,7 @@ class Verify(Step):
         ):
             return None
         head = model.head
-        facts = read_facts(await ask(context, [head], "facts", model.name)).get(head)
+        facts = read_facts(await ask(context, [head], FactsReply, model.name)).get(head)
         if facts is None:
             return None
         wait = f"so the run does not wait out its start_timeout ({self.wait:g}s)"
@@ -165,7 +166,7 @@ class Verify(Step):
         """The backend the head's serve record says the live wrapper serves on (one of the
         model's); None when the head does not say."""
         head = self.model.head
-        facts = read_facts(await ask(context, [head], "facts", self.model.name)).get(head)
+        facts = read_facts(await ask(context, [head], FactsReply, self.model.name)).get(head)
         served = facts.serving_backend if facts is not None else None
         return next(
             (name for name, _spec in self.model.backends.in_order() if name == served), None

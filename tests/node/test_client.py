@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.inventory import Node, load_inventory
-from mlx_medic.node.client import HelperCallError, NodeHelpers, helper_argv, parse_reply
+from mlx_medic.node.client import (
+    HelperCallError,
+    NodeHelpers,
+    helper_argv,
+    parse_reply,
+    read_as,
+)
+from mlx_medic.node.replies import Fields, RunReply
+from mlx_medic.node.sweep_reply import SweepReply
 from mlx_medic.transport import CommandResult, LocalTransport, TransportError
 from tests.node.inventories import two_models
 
@@ -94,3 +102,24 @@ def test_a_failed_helper_still_returns_its_document_and_exit_status() -> None:
     document = '{"schema": 1, "command": "sweep", "complete": false}'
     reply = parse_reply("n1", "sweep", [], 1, document, "")
     assert not reply.ok and reply.exit_status == 1 and reply.document["complete"] is False
+
+
+def test_a_reply_type_reads_the_document_once_where_it_arrives(tmp_path: Path) -> None:
+    inventory = load_inventory(inventory_file(tmp_path))
+    helpers = NodeHelpers(LocalTransport(), inventory, timeout=60)
+    reply = asyncio.run(helpers.call("n1", RunReply, "m1", "show"))
+    assert reply.ok and reply.document["command"] == "run"  # the raw document, as journaled
+    assert reply.answer == RunReply.parse("n1", Fields(reply.document)) == RunReply()
+    replies = asyncio.run(helpers.on_nodes(["n1"], RunReply, "m1", "show"))
+    assert replies["n1"] == reply
+
+
+def test_a_document_a_reply_type_cannot_read_is_an_error_naming_node_helper_and_field() -> None:
+    document = '{"schema": 1, "command": "sweep", "unkillable": [{"pid": "x"}]}'
+    raw = parse_reply("n1", "sweep", [], 1, document, "")
+    with pytest.raises(HelperCallError) as caught:
+        read_as(raw, SweepReply)
+    assert str(caught.value) == (
+        "n1: mlx-medic node sweep: exit 1, the document's unkillable[0].pid is 'x', not a pid"
+    )
+    assert not caught.value.no_answer  # it answered, but not well

@@ -5,7 +5,7 @@ test can say what ran where, with which arguments, and in which order."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,9 +73,11 @@ class FakeHelpers(NodeHelpers):
     def of(self, helper: str) -> list[tuple[str, tuple[str, ...]]]:
         return [(node, args) for node, name, args in self.calls if name == helper]
 
-    async def call(
-        self, node_name: str, helper: str, *args: str, timeout: float | None = None
-    ) -> HelperReply:
+    async def raw_call(
+        self, node_name: str, helper: str, args: Sequence[str], timeout: float | None
+    ) -> HelperReply[None]:
+        """The scripted answer; NodeHelpers.call reads it as the caller's reply type."""
+        args = tuple(args)
         self.calls.append((node_name, helper, args))
         if self.on_call is not None:
             self.on_call(node_name, helper, args)
@@ -89,7 +91,9 @@ class FakeHelpers(NodeHelpers):
             raise answer
         document = {"schema": SCHEMA, "command": helper, **answer.document}
         argv = helper_argv(self.inventory.node(node_name), helper, args)
-        return HelperReply(node_name, helper, argv, answer.exit_status, document, answer.stderr)
+        return HelperReply(
+            node_name, helper, argv, answer.exit_status, document, None, answer.stderr
+        )
 
 
 def unreachable(node: str, helper: str) -> HelperCallError:

@@ -726,6 +726,18 @@ async def test_a_node_that_answers_without_a_helper_document_is_told_apart_from_
     assert result.next_action.startswith("run `mlx-medic node facts` on ai002 by hand")
 
 
+async def test_a_sweep_document_without_a_pid_escalates_naming_the_node_and_field(
+    tmp_path: Path,
+) -> None:
+    garbage = Answer({**DEFAULTS["sweep"], "unkillable": [{"state": "D"}]}, exit_status=1)
+    helpers = FakeHelpers(INVENTORY, {("ai003", "sweep"): garbage})
+    result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
+    assert result.outcome is StepOutcome.FAILED and result.unrecoverable
+    assert result.detail.startswith("ai003 gave no helper document for the sweep")
+    assert "ai003: mlx-medic node sweep: exit 1, the document's unkillable[0].pid" in result.detail
+    assert '"node": "ai003"' in result.output  # named in the journal's output too
+
+
 SERVICE_LOG = "/Users/ai/logs/service.log"
 PD_LINE = "RuntimeError: [jaccl] Couldn't allocate protection domain"
 BEFORE_START = StartMarks({SERVICE_LOG: 1000}, failed_starts=4)

@@ -15,7 +15,9 @@ import pytest
 
 from mlx_medic.backend_choice import AUTO, BackendChoice
 from mlx_medic.model_lock import process_start_time
-from mlx_medic.node.client import HelperCallError, HelperReply
+from mlx_medic.node.client import HelperCallError, HelperReply, read_as
+from mlx_medic.node.replies import ProcessEntry
+from mlx_medic.node.sweep_reply import SweepReply
 from mlx_medic.serve.backend import candidates, ledger_refusal, smoke_can_be_skipped
 from mlx_medic.serve.cli import wrapper_ssh
 from mlx_medic.serve.launch import (
@@ -160,7 +162,7 @@ def test_a_smoke_test_is_skipped_only_after_a_success_this_boot_and_no_error_sin
 # --- the sweep's verdict ----------------------------------------------------------------
 
 
-def sweep_reply(node: str, document: dict, status: int = 0) -> HelperReply:
+def sweep_reply(node: str, document: dict, status: int = 0) -> HelperReply[SweepReply]:
     base = {
         "signalled": [],
         "exited": [],
@@ -170,9 +172,10 @@ def sweep_reply(node: str, document: dict, status: int = 0) -> HelperReply:
         "pd_spent": 0,
         "complete": status == 0,
     }
-    return HelperReply(
-        node, "sweep", [], status, {"schema": 1, "command": "sweep", **base, **document}
+    raw = HelperReply(
+        node, "sweep", [], status, {"schema": 1, "command": "sweep", **base, **document}, None
     )
+    return read_as(raw, SweepReply)
 
 
 def test_an_unreachable_node_makes_the_sweep_incomplete_and_is_named():
@@ -249,7 +252,9 @@ def test_a_killable_survivor_leaves_the_sweep_incomplete():
 def test_an_answering_listener_found_by_the_start_sweep_is_reported():
     listener = {"pid": 77, "cmdline": ["python", "-m", "mlx_lm", "server"]}
     outcome = judge_sweep("tiny", {"ai001": sweep_reply("ai001", {"serving_listener": listener})})
-    assert outcome.serving == {"ai001": listener}
+    assert outcome.serving == {
+        "ai001": ProcessEntry(77, cmdline=("python", "-m", "mlx_lm", "server"))
+    }
 
 
 # --- the head's serve record and a second wrapper ----------------------------------
