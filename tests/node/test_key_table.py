@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from mlx_medic.inventory import Inventory, Node, load_inventory
-from mlx_medic.model_lock import ModelLocks, lock_path
+from mlx_medic.model_lock import LockHandle, ModelLocks, lock_path
 from mlx_medic.node.cli import SCHEMA
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.node.forced_command import Allowed, checked, helper_parser
@@ -154,11 +154,11 @@ async def remediator_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
     for pid_start in (1.5, None):  # a holder's pid asked about with and without its start
         stale_lock(inventory, MODEL, "ai002", pid_start)
         handle = await locks.acquire(MODEL, "remediator", "7", renew=False)
-        assert handle is not None, locks.refusals
+        assert isinstance(handle, LockHandle), handle
         assert await locks.renew(handle)
         await locks.release(handle)
     crashed = await locks.acquire(MODEL, "remediator", "8", renew=False)  # then it crashed
-    assert crashed is not None
+    assert isinstance(crashed, LockHandle)
     assert await locks.release_of_ended_run(MODEL, "8", "replica-a", crashed.info.pid)
 
     await probe_model_health(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlx_medic.model_lock import ModelLocks
+from mlx_medic.model_lock import LockHandle, ModelLocks
 from tests.remediator.engine_fakes import (
     MODEL,
     alert,
@@ -44,7 +44,7 @@ async def test_every_command_on_a_node_is_a_node_helper_or_the_probe(tmp_path: P
     )
     locks = ModelLocks(inventory, transport, this_node=None, hostname="replica-a")
     handle = await locks.acquire(MODEL, "remediator", "7", renew=False)
-    assert handle is not None, locks.refusals
+    assert isinstance(handle, LockHandle), handle
     assert await locks.renew(handle)
     assert (await locks.current(MODEL)) is not None
     await locks.release(handle)
