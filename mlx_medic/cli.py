@@ -1,8 +1,8 @@
 """The `mlx-medic` command: one console script, a subcommand per job.
 
 Like pip's `commands_dict`, the table below names each command's module and only the
-chosen one is imported: `mlx-medic probe` runs over SSH on every re-check and
-`mlx-medic exporter` runs on every node, so neither may pay for aiohttp, asyncssh or
+chosen one is imported: `mlx-medic node ...` runs over SSH on every step and re-check
+and `mlx-medic exporter` runs on every node, so neither may pay for aiohttp, asyncssh or
 the engine.
 """
 

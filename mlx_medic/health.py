@@ -16,16 +16,19 @@ import errno
 import fcntl
 import http.client
 import json
+import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from mlx_medic.state_layout import open_lock_file
+from mlx_medic.state_layout import Owner, StateFileError, ensure_dir, locks_dir, open_lock_file
+
+log = logging.getLogger(__name__)
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -51,6 +54,38 @@ class ProbeResult:
     latency_seconds: float
     conclusive: bool = True
     timed_out: bool = False  # no answer within the timeout: slow or hung, not refused
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """A probe's verdict as it leaves the node: the line `mlx-medic probe` prints, the
+    verdict in `mlx-medic node probe`'s document, read back by the remediator."""
+
+    up: bool
+    conclusive: bool
+    reason: str
+    latency_seconds: float
+
+    @classmethod
+    def of(cls, result: ProbeResult) -> ProbeAnswer:
+        return cls(result.up, result.conclusive, result.reason, round(result.latency_seconds, 6))
+
+    def to_document(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_document(cls, document: Mapping[str, Any]) -> ProbeAnswer:
+        """ValueError when the document carries no verdict."""
+        up, conclusive = document.get("up"), document.get("conclusive")
+        reason, latency = document.get("reason"), document.get("latency_seconds", 0.0)
+        if not (
+            isinstance(up, bool)
+            and isinstance(conclusive, bool)
+            and isinstance(reason, str)
+            and isinstance(latency, int | float)
+        ):
+            raise ValueError("no verdict (up, conclusive, reason)")
+        return cls(up, conclusive, reason[:500], float(latency))
 
 
 def _request_body(path: str) -> bytes:
@@ -97,6 +132,23 @@ _target_locks: dict[tuple[str, int], threading.Lock] = {}
 def _target_lock(host: str, port: int) -> threading.Lock:
     with _registry_lock:
         return _target_locks.setdefault((host, port), threading.Lock())
+
+
+def probe_lock_dir(state_dir: Path, owner: Owner | None = None) -> Path:
+    """`<state_dir>/locks`, made if need be (for `owner`, else its parent's): where every
+    prober on a node (the exporter, a sweep, `mlx-medic node probe`) flocks a server's
+    probe lock. StateFileError saying whose it is when this process cannot use it."""
+    return ensure_dir(locks_dir(state_dir), owner)
+
+
+def shared_probe_lock_dir(state_dir: Path, owner: Owner | None = None) -> Path | None:
+    """`probe_lock_dir`, or None (logged) when it cannot be made: the caller then probes
+    under its in-process lock only, rather than not at all."""
+    try:
+        return probe_lock_dir(state_dir, owner)
+    except (OSError, StateFileError) as exc:
+        log.warning("%s: probes are serialized within this process only", exc)
+        return None
 
 
 def _lock_file_name(host: str, port: int) -> str:

@@ -23,11 +23,13 @@ It is stale when its holder is dead, and who may say so depends on who the holde
 `host` is there for people reading the lock; it decides nothing. `token` is the
 acquirer's nonce: release and renew touch only the lock this acquire wrote.
 Anything we cannot judge (node unreachable, unreadable file, a helper that answered with
-an error) counts as held: fail closed; `unreachable[model]` names the node only when it did
-not answer (cannot connect, no answer in time), so a caller can tell "someone holds it"
-(or "its helper failed", in `refusals[model]` with the node's own message) from "we cannot
-reach it". A caller may wait a bounded time
-for a held lock (`acquire(wait=...)`): the serve wrapper holds it while its ranks start.
+an error) counts as held: fail closed. `acquire` returns the lock or a `LockRefused` that
+says why and of which kind: `locked` (someone holds it, or we cannot tell who),
+`unreachable` (naming the node that did not answer: cannot connect, no answer in time) or
+`helper_failed` (the head's lock helper answered with an error, its message in `why`),
+so a caller can tell "someone holds it" from "we cannot reach it". A caller may wait a
+bounded time for a held lock (`acquire(wait=...)`): the serve wrapper holds it while its
+ranks start.
 This module knows nothing of the remediator, so the serve wrapper on the head can use
 it too, with a RoutedTransport (its own node local, peers over SSH: a holder on a peer
 must be asked about there, not here).
@@ -44,10 +46,10 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from mlx_medic.inventory import Inventory, Node
-from mlx_medic.model_lock_file import LockInfo, act_on_lock, lock_path, text_digest
+from mlx_medic.model_lock_file import LockInfo, LockState, act_and_read, lock_path, text_digest
 from mlx_medic.node.client import HelperCallError, NodeHelpers
 from mlx_medic.pid_liveness import Liveness, local_liveness
 from mlx_medic.transport.interface import NodeTransport, TransportError
@@ -65,6 +67,21 @@ class LockHelperFailed(TransportError):
     ended by a signal); the message is the head's. A TransportError still, so whoever
     fails closed on an unreachable head does so on this too; only acquire tells them apart
     (the head is not unreachable)."""
+
+
+RefusalKind = Literal["locked", "unreachable", "helper_failed"]
+
+
+@dataclass(frozen=True)
+class LockRefused:
+    """Why `acquire` did not take the lock. `kind`: `locked` (held, or its holder cannot be
+    judged: fail closed), `unreachable` (`node` gave no answer: the head, or the holder's
+    node asked whether its pid lives) or `helper_failed` (the `lock` helper on `node`, the
+    head, answered with an error). `why` is the sentence the journal and the person see."""
+
+    why: str
+    kind: RefusalKind
+    node: str
 
 
 @dataclass
@@ -120,9 +137,6 @@ class ModelLocks:
         self.clock = clock
         self.in_process = in_process
         self.helpers = NodeHelpers(transport, inventory, timeout=HELPER_TIMEOUT)
-        self.refusals: dict[str, str] = {}  # model -> why the last acquire failed
-        self.unreachable: dict[str, str] = {}  # model -> the node that did not answer then
-        self.helper_failed: dict[str, str] = {}  # model -> the head whose lock helper failed
 
     def _head(self, model: str) -> Node:
         return self.inventory.node(self.inventory.model(model).head)
@@ -143,30 +157,29 @@ class ModelLocks:
 
     async def acquire(
         self, model: str, holder: str, run_id: str, *, renew: bool = True, wait: float = 0.0
-    ) -> LockHandle | None:
-        """The lock, or None: someone live held it for all of `wait` seconds, or a node
-        did not answer (no waiting then). `refusals[model]` says why,
-        `unreachable[model]` names the node that did not answer and `helper_failed[model]`
-        the head whose lock helper answered with an error."""
+    ) -> LockHandle | LockRefused:
+        """The lock, or why not: someone live held it for all of `wait` seconds, its helper
+        failed, or a node did not answer (no waiting then)."""
         if holder not in HOLDERS:
             raise ValueError(f"lock holder must be one of {HOLDERS}, not {holder!r}")
         started = time.monotonic()
         waited = 0.0
         while True:
-            handle = await self._try_acquire(model, holder, run_id, renew=renew)
-            if handle is not None:
-                handle.waited = waited
-                return handle
+            taken = await self._try_acquire(model, holder, run_id, renew=renew)
+            if isinstance(taken, LockHandle):
+                taken.waited = waited
+                return taken
             waited = time.monotonic() - started
-            if model in self.unreachable or waited >= wait:
-                return None
+            if taken.kind == "unreachable" or waited >= wait:
+                return taken
             await asyncio.sleep(min(WAIT_POLL, wait - waited))
             waited = time.monotonic() - started
 
-    async def _lock(self, head: Node, model: str, action: str, *args: str) -> dict[str, Any]:
-        """The head's `lock` helper document (its action done or not); TransportError when
+    async def _lock(self, head: Node, model: str, action: str, *args: str) -> LockState:
+        """The head's `lock` helper's answer (its action done or not); TransportError when
         the head gave no answer (unreachable, timed out), LockHelperFailed when it answered
-        without a document (the helper failed: exit 1 or 2, its stderr the message)."""
+        without a lock helper's document (the helper failed: exit 1 or 2, its stderr the
+        message)."""
         if self.in_process and head.name == self.this_node:
             return await asyncio.to_thread(self._lock_here, model, action, args)
         try:
@@ -176,16 +189,19 @@ class ModelLocks:
                 raise LockHelperFailed(str(exc)) from exc
             cause = exc.__cause__ if exc.unreachable else None  # the transport's own words
             raise TransportError(str(cause or exc)) from exc
-        return reply.document
+        try:
+            return LockState.from_document(reply.document)
+        except ValueError as exc:
+            raise LockHelperFailed(f"{head.name}: mlx-medic node lock: {exc}") from exc
 
-    def _lock_here(self, model: str, action: str, args: tuple[str, ...]) -> dict[str, Any]:
-        """The `lock` helper's action and document, done by this process on its own node."""
-        from mlx_medic.state_files import StateFileError, read_text_nofollow
+    def _lock_here(self, model: str, action: str, args: tuple[str, ...]) -> LockState:
+        """The `lock` helper's action and answer, done by this process on its own node."""
+        from mlx_medic.state_files import StateFileError
 
         options = dict(zip(args[::2], args[1::2], strict=True))
         path = lock_path(self.inventory.state_dir, model)
         try:
-            done = act_on_lock(
+            return act_and_read(
                 path,
                 action,
                 info=options.get("--info"),
@@ -193,63 +209,47 @@ class ModelLocks:
                 expected_token=options.get("--expected-token"),
                 expected_sha256=options.get("--expected-sha256"),
             )
-            return {"done": done, "text": read_text_nofollow(path)}
         except (StateFileError, ValueError) as exc:
             raise LockHelperFailed(f"{self.this_node}: the model lock: {exc}") from exc
 
     async def _try_acquire(
         self, model: str, holder: str, run_id: str, *, renew: bool
-    ) -> LockHandle | None:
+    ) -> LockHandle | LockRefused:
         head = self._head(model)
-        self.unreachable.pop(model, None)
-        self.helper_failed.pop(model, None)
+
+        def refused(why: str, kind: RefusalKind = "locked", node: str = head.name) -> LockRefused:
+            return LockRefused(why, kind, node)
+
         for _attempt in range(2):
             info = self._info(holder, run_id)
+            doing = "reach"  # the lock, then "judge" its holder
             try:
                 taken = await self._lock(head, model, "take", "--info", info.to_json())
-                if taken["done"]:
+                if taken.done:
                     handle = LockHandle(model, head, info)
                     if renew and self.lease > 0:
                         handle.renewer = asyncio.create_task(self._renew_loop(handle))
-                    self.refusals.pop(model, None)
                     return handle
-                text = taken["text"]
-            except LockHelperFailed as exc:
-                self.refusals[model] = f"the lock helper failed on {head.name}: {exc}"
-                self.helper_failed[model] = head.name
-                return None
-            except TransportError as exc:
-                self.refusals[model] = f"cannot reach the lock on {head.name}: {exc}"
-                self.unreachable[model] = head.name
-                return None
-            if text is None:
-                continue  # released between our create and read: try again
-            try:
-                stale, why, silent = await self._judge(head, text)
+                if taken.text is None:
+                    continue  # released between our create and read: try again
+                doing = "judge"
+                stale, why, silent = await self._judge(head, taken.text)
                 if not stale:
-                    self.refusals[model] = why
                     if silent is not None:
-                        self.unreachable[model] = silent
-                    return None
+                        return refused(why, "unreachable", silent)
+                    return refused(why)
                 log.warning("breaking stale lock: %s", why, extra={"model": model})
-                broken = await self._break(head, model, text)
+                broken = await self._break(head, model, taken.text)
             except LockHelperFailed as exc:
-                self.refusals[model] = f"the lock helper failed on {head.name}: {exc}"
-                self.helper_failed[model] = head.name
-                return None
+                return refused(f"the lock helper failed on {head.name}: {exc}", "helper_failed")
             except TransportError as exc:
-                self.refusals[model] = f"cannot judge the lock on {head.name}: {exc}"
-                self.unreachable[model] = head.name
-                return None
+                return refused(f"cannot {doing} the lock on {head.name}: {exc}", "unreachable")
             if not broken:
-                self.refusals[model] = "another process is breaking the same stale lock"
-                return None
-        self.refusals[model] = "the lock changed hands while we tried to take it"
-        return None
+                return refused("another process is breaking the same stale lock")
+        return refused("the lock changed hands while we tried to take it")
 
     async def _text(self, model: str) -> str | None:
-        text = (await self._lock(self._head(model), model, "show"))["text"]
-        return None if text is None else str(text)
+        return (await self._lock(self._head(model), model, "show")).text
 
     async def current(self, model: str) -> LockInfo | None:
         text = await self._text(model)
@@ -271,7 +271,7 @@ class ModelLocks:
         released = await self._lock(
             handle.node, handle.model, "release", "--token", handle.info.token
         )
-        if not released["done"]:
+        if not released.done:
             log.warning("lock no longer ours; left in place", extra={"model": handle.model})
 
     async def renew(self, handle: LockHandle) -> bool:
@@ -288,7 +288,7 @@ class ModelLocks:
             "--info",
             info.to_json(),
         )
-        if not replaced["done"]:
+        if not replaced.done:
             return False
         handle.info = info
         return True
@@ -380,4 +380,4 @@ class ModelLocks:
         while its text is still exactly that (compared under its flock)."""
         digest = text_digest(stale_text)
         broken = await self._lock(head, model, "break", "--expected-sha256", digest)
-        return bool(broken["done"])
+        return broken.done

@@ -13,8 +13,10 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from mlx_medic.state_layout import locks_dir
 
@@ -67,6 +69,26 @@ class LockInfo:
 def lock_path(state_dir: Path, model: str) -> Path:
     """Where the model's lock lives on its head node."""
     return locks_dir(state_dir) / f"{model}.lock"
+
+
+@dataclass(frozen=True)
+class LockState:
+    """What one action on the lock left: whether it was done, and the lock's text after it
+    (None: no lock). The `lock` helper's document carries it; its caller reads it here."""
+
+    done: bool
+    text: str | None
+
+    def to_document(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_document(cls, document: Mapping[str, Any]) -> LockState:
+        """ValueError when the document is not a lock helper's answer."""
+        done, text = document.get("done"), document.get("text")
+        if not isinstance(done, bool) or not (text is None or isinstance(text, str)):
+            raise ValueError(f"not a lock helper's answer (done {done!r}, text {text!r})")
+        return cls(done, text)
 
 
 # --- the lock file's actions (one compare-then-write under an flock each) ----------------
@@ -143,3 +165,12 @@ def act_on_lock(
             remove_record(path)
             return True
         return False
+
+
+def act_and_read(path: Path, action: str, **options: str | None) -> LockState:
+    """`act_on_lock`, and the lock's text as the action left it (so its caller judges
+    what is really there)."""
+    from mlx_medic.state_files import read_text_nofollow
+
+    done = act_on_lock(path, action, **options)
+    return LockState(done, read_text_nofollow(path))

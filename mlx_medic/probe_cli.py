@@ -1,9 +1,9 @@
 """`mlx-medic probe --host H --port P`: one health probe from this node, as one JSON line.
 
-The remediator runs it on a model's head node over SSH when the model listens on
-loopback: probed from the remediator's own machine, 127.0.0.1 is the wrong machine,
-and "connection refused" there would read as down. The exit status carries the
-verdict for scripts; the JSON line carries the reason for on-call.
+For people and scripts on a node: the exit status carries the verdict, the JSON line
+the reason. The remediator asks the same probe of a model's head through the node helper
+`mlx-medic node probe MODEL` (mlx_medic.node.probe_cli), which shares this code: the
+timeout's reading and the verdict's JSON (health.ProbeAnswer).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import sys
 from pathlib import Path
 
-from mlx_medic.health import ProbeResult, probe_model
+from mlx_medic.health import ProbeAnswer, probe_model
 from mlx_medic.state_layout import StateFileError, ensure_dir
 
 EXIT_UP = 0
@@ -36,23 +36,28 @@ def _port(text: str) -> int:
 
 def _seconds(text: str) -> float:
     try:
-        seconds = float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(seconds) and seconds > 0):
+    if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return seconds
+    return value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", required=True, help="address the model's server listens on")
-    parser.add_argument("--port", required=True, type=_port, help="the server's port")
+def add_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    """--timeout, as both probes read it (this one and `mlx-medic node probe`)."""
     parser.add_argument(
         "--timeout",
         type=_seconds,
         default=DEFAULT_TIMEOUT,
         help=f"seconds for the whole completion request (default {DEFAULT_TIMEOUT:g})",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", required=True, help="address the model's server listens on")
+    parser.add_argument("--port", required=True, type=_port, help="the server's port")
+    add_timeout_argument(parser)
     parser.add_argument(
         "--lock-dir",
         type=Path,
@@ -62,10 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _exit_status(result: ProbeResult) -> int:
-    if not result.conclusive:
+def _exit_status(answer: ProbeAnswer) -> int:
+    if not answer.conclusive:
         return EXIT_INCONCLUSIVE
-    return EXIT_UP if result.up else EXIT_DOWN
+    return EXIT_UP if answer.up else EXIT_DOWN
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,15 +85,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a host that is no host name or address
         print(f"mlx-medic probe: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
-    print(
-        json.dumps(
-            {
-                "up": result.up,
-                "conclusive": result.conclusive,
-                "reason": result.reason,
-                "latency_seconds": round(result.latency_seconds, 6),
-            }
-        ),
-        flush=True,
-    )
-    return _exit_status(result)
+    answer = ProbeAnswer.of(result)
+    print(json.dumps(answer.to_document()), flush=True)
+    return _exit_status(answer)

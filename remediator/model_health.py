@@ -2,8 +2,9 @@
 
 A model listening on loopback answers only on its head node: probed from the
 remediator's machine, 127.0.0.1 is the wrong machine, and "connection refused" there
-would act on a healthy model. So such a model is probed on its head with
-`<medic_command> probe` over SSH, unless the remediator runs on that head. Which node
+would act on a healthy model. So such a model is probed on its head with the node helper
+`mlx-medic node probe MODEL` (over SSH, like every helper), unless the remediator runs
+on that head. Which node
 the remediator runs on is said (config `node`, or `<state_dir>/node-id`), never guessed
 from addresses: on the testbed every node is 127.0.0.N on one machine, so a loopback
 SSH address does not mean "this machine".
@@ -13,24 +14,23 @@ A verdict has three values, and "could not tell" is never "down": nothing acts o
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
 from mlx_medic import health
-from mlx_medic.inventory import Inventory, Model, Node, is_loopback
+from mlx_medic.inventory import Inventory, Model, is_loopback
+from mlx_medic.node.client import HelperCallError, NodeHelpers
 from mlx_medic.node_identity import NodeIdentityError, node_id_path, read_node_id
 from mlx_medic.remediator.config import ConfigError
-from mlx_medic.state_layout import locks_dir
-from mlx_medic.transport import NodeTransport, TransportError
+from mlx_medic.transport import NodeTransport
 
 log = logging.getLogger("mlx_medic.remediator.model_health")
 
 PROBE_TIMEOUT = 10.0
-# `mlx-medic probe` on the head: may wait a probe's length for the node's probe lock,
-# then probe; plus its own start-up.
+# `mlx-medic node probe` on the head: may wait a probe's length for the node's probe
+# lock, then probe; plus its own start-up.
 REMOTE_PROBE_TIMEOUT = 2 * PROBE_TIMEOUT + 15.0
 ProbeFrom = Literal["auto", "remediator", "head"]
 
@@ -117,7 +117,7 @@ async def probe_model_health(
     node's own address."""
     head = inventory.node(model.head)
     if probes_on_head(model, probe_from, this_node):
-        return await _probe_on_head(model, head, inventory, transport)
+        return await _probe_on_head(model, inventory, transport)
     # Probed from here, a server listening on every address is reached at its head's
     # address; probed on the head itself, it answers on loopback (health.probe_host).
     host = head.ssh if model.host in health.WILDCARD_HOSTS else model.host
@@ -126,60 +126,22 @@ async def probe_model_health(
 
 
 async def _probe_on_head(
-    model: Model, head: Node, inventory: Inventory, transport: NodeTransport
+    model: Model, inventory: Inventory, transport: NodeTransport
 ) -> HealthVerdict:
-    """Run `medic_command probe` on the head; anything but a clean up/down answer is
+    """`mlx-medic node probe MODEL` on the head; anything but a clean up/down answer is
     unknown (nothing acts on it)."""
-    host = health.probe_host(model.host)
-    argv = [
-        head.medic_command,
-        "probe",
-        "--host",
-        host,
-        "--port",
-        str(model.port),
-        "--timeout",
-        f"{PROBE_TIMEOUT:g}",
-        "--lock-dir",
-        str(locks_dir(inventory.state_dir)),
-    ]
-    where = f"on {head.name}"
+    where = f"on {model.head}"
+    helpers = NodeHelpers(transport, inventory, timeout=REMOTE_PROBE_TIMEOUT)
+    timeout = f"{PROBE_TIMEOUT:g}"
     try:
-        result = await transport.run(head, argv, timeout=REMOTE_PROBE_TIMEOUT)
-    except TransportError as exc:  # not knowing is never "down"
-        return HealthVerdict.unreachable(head.name, f"could not probe {where}: {exc}")
-    except Exception as exc:
+        reply = await helpers.call(model.head, "probe", model.name, "--timeout", timeout)
+        answer = health.ProbeAnswer.from_document(reply.document)
+    except HelperCallError as exc:  # not knowing is never "down"
+        if exc.unreachable:  # in the transport's own words
+            return HealthVerdict.unreachable(
+                model.head, f"could not probe {where}: {exc.__cause__}"
+            )
         return HealthVerdict.unknown(f"could not probe {where}: {exc}")
-    if result.timed_out:
-        return HealthVerdict.unknown(
-            f"`{head.medic_command} probe` {where} gave no answer within {REMOTE_PROBE_TIMEOUT:g}s"
-        )
-    answer = _parse_probe_output(result.stdout)
-    if answer is not None and result.exit_status in (0, 1, 3):
-        up, conclusive, reason = answer
-        if result.exit_status == 3 or not conclusive:
-            return HealthVerdict.unknown(f"{where}: {reason}")
-        if up == (result.exit_status == 0):
-            return HealthVerdict.of(up, True, f"{where}: {reason}")
-    said = (result.stderr.strip() or result.stdout.strip() or "no output")[-300:]
-    return HealthVerdict.unknown(
-        f"`{head.medic_command} probe` {where} exited {result.exit_status} without a verdict:"
-        f" {said}"
-    )
-
-
-def _parse_probe_output(stdout: str) -> tuple[bool, bool, str] | None:
-    """(up, conclusive, reason) from the probe's JSON line, or None if it is not one."""
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    if not lines:
-        return None
-    try:
-        answer = json.loads(lines[-1])
-    except ValueError:
-        return None
-    if not isinstance(answer, dict):
-        return None
-    up, conclusive, reason = answer.get("up"), answer.get("conclusive"), answer.get("reason")
-    if not (isinstance(up, bool) and isinstance(conclusive, bool) and isinstance(reason, str)):
-        return None
-    return up, conclusive, reason[:500]
+    except Exception as exc:  # a document without a verdict (ValueError), or worse
+        return HealthVerdict.unknown(f"`mlx-medic node probe` {where} gave no verdict: {exc}")
+    return HealthVerdict.of(answer.up, answer.conclusive, f"{where}: {answer.reason}")

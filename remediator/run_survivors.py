@@ -8,10 +8,10 @@ and the node's exporter pages for the reboot (MLXUnkillableSurvivors)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from prometheus_client import Gauge
 
@@ -23,6 +23,47 @@ from mlx_medic.survivors import SurvivorVerdict, reboot_advice
 log = logging.getLogger("mlx_medic.remediator.engine")  # the engine's parts log as one
 
 UNKILLABLE_DATA = "processes: "  # in an `unkillable` event, before its JSON
+Identity = tuple[str, int, float]  # (node, pid, start time) of a process
+
+
+@dataclass(frozen=True)
+class UnkillableRecord:
+    """One node's processes a run found unkillable, as an `unkillable` event's detail
+    carries them: a sentence for people, then `processes: {"node": ..., "processes":
+    [[pid, start], ...]}` for the runs after it (the journal has no column for them)."""
+
+    node: str
+    processes: tuple[tuple[int, float], ...]
+
+    @classmethod
+    def of(cls, node: str, processes: Iterable[tuple[int, float]]) -> UnkillableRecord:
+        return cls(node, tuple(processes))
+
+    @property
+    def identities(self) -> frozenset[Identity]:
+        return frozenset((self.node, pid, start) for pid, start in self.processes)
+
+    @property
+    def pids(self) -> str:
+        return ", ".join(str(pid) for pid, _ in self.processes)
+
+    def to_detail(self, advice: str) -> str:
+        """The event's detail: what survives where, the node's reboot advice, the data."""
+        data = json.dumps({"node": self.node, "processes": self.processes})
+        return (
+            f"{len(self.processes)} process(es) on {self.node} survive SIGKILL (pids"
+            f" {self.pids}); {advice}. {UNKILLABLE_DATA}{data}"
+        )
+
+    @classmethod
+    def parse(cls, detail: str) -> UnkillableRecord:
+        """The record in an event's detail; ValueError when it carries none."""
+        try:
+            data = json.loads(detail.partition(UNKILLABLE_DATA)[2])
+            processes = [(int(pid), float(start)) for pid, start in data["processes"]]
+            return cls.of(str(data["node"]), processes)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"no unkillable processes in {detail!r}: {exc}") from None
 
 
 def merged_survivors(found: SurvivorVerdict | None, more: SurvivorVerdict) -> SurvivorVerdict:
@@ -35,14 +76,15 @@ def merged_survivors(found: SurvivorVerdict | None, more: SurvivorVerdict) -> Su
     )
 
 
-def known_unkillable(journal: Journal, model: str) -> frozenset[tuple[str, int, float]]:
+def known_unkillable(journal: Journal, model: str) -> frozenset[Identity]:
     """(node, pid, start time) of every process a run of the model found unkillable
     and named (journal events `unkillable`), so later runs name it once."""
-    found: set[tuple[str, int, float]] = set()
+    found: set[Identity] = set()
     for event in journal.list_events(model=model, kind="unkillable", limit=10_000):
-        with contextlib.suppress(ValueError, TypeError, KeyError):
-            data = json.loads(event.detail.partition(UNKILLABLE_DATA)[2])
-            found |= {(data["node"], int(pid), float(start)) for pid, start in data["processes"]}
+        try:
+            found |= UnkillableRecord.parse(event.detail).identities
+        except ValueError:
+            continue  # an event written by hand, or cut short: nothing to count
     return frozenset(found)
 
 
@@ -63,11 +105,11 @@ def record_unkillable(
     named = result.survivors.survivors if result.survivors is not None else []
     for node_name, processes in result.unkillable.items():
         gauge.labels(model=model.name, node=node_name).set(len(processes))
-        new = [p for p in processes if (node_name, *p) not in context.known_unkillable]
-        if not new:
+        new = UnkillableRecord.of(
+            node_name, (p for p in processes if (node_name, *p) not in context.known_unkillable)
+        )
+        if not new.processes:
             continue
-        data = json.dumps({"node": node_name, "processes": new})
-        pids = ", ".join(str(pid) for pid, _ in new)
         placed = [m.name for m in inventory.models_on(node_name)]
         advice = reboot_advice(node_name, named, placed)
         journal.add_event(
@@ -75,15 +117,14 @@ def record_unkillable(
             now=clock(),
             model=model.name,
             run_id=run_id,
-            detail=f"{len(new)} process(es) on {node_name} survive SIGKILL (pids"
-            f" {pids}); {advice}. {UNKILLABLE_DATA}{data}",
+            detail=new.to_detail(advice),
         )
         log.warning(
             "%s process(es) of %s on %s survive SIGKILL (pids %s); %s",
-            len(new),
+            len(new.processes),
             model.name,
             node_name,
-            pids,
+            new.pids,
             advice,
             extra={"model": model.name, "node": node_name, "run_id": run_id},
         )

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlx_medic.inventory import Inventory, Model
-from mlx_medic.model_lock import LockHandle, ModelLocks
+from mlx_medic.model_lock import LockHandle, LockRefused, ModelLocks
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.remediator.active_run import ActiveRun, RunEnd
 from mlx_medic.remediator.budget import Escalator, resume_hint
@@ -157,12 +157,13 @@ class Runner:
         handle = await self.locks.acquire(
             model.name, holder, str(run.run_id), wait=self.lock_wait if alert else 0.0
         )
-        if handle is None:
-            why = self.locks.refusals.get(model.name, "locked")
-            silent = self.locks.unreachable.get(model.name)
-            if silent is not None:
+        match handle:
+            case LockRefused(kind="unreachable", why=why, node=silent):
                 return self._unreachable(model, silent, f"taking the model lock: {why}")
-            return RunEnd(RunOutcome.LOCKED, why if why.startswith("locked") else f"locked: {why}")
+            case LockRefused(why=why):  # held, or its helper failed: the run ends locked
+                return RunEnd(
+                    RunOutcome.LOCKED, why if why.startswith("locked") else f"locked: {why}"
+                )
         holding.append(handle)
         if handle.waited == 0:
             context.read_ahead = asked

@@ -185,7 +185,8 @@ def remediator_pauses() -> dict[str, Any]:
 
 
 def remediator_probes_on_the_head(port: int) -> dict[str, Any]:
-    """What the remediator runs on the head over SSH, as the node's login user."""
+    """The probe the remediator runs on the head over SSH (`node probe` runs this same
+    code under the same locks), as the node's login user: `mlx-medic probe --lock-dir`."""
     return _as(
         "medic",
         "probe",

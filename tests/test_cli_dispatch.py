@@ -1,5 +1,6 @@
-"""The `mlx-medic` command imports only the command it runs: `probe` runs over SSH on
-every re-check and must start fast; nothing a node runs pays for the remediator."""
+"""The `mlx-medic` command imports only the command it runs: a probe runs on a node (over
+SSH on every re-check, as `node probe`) and must start fast; nothing a node runs pays for
+the remediator."""
 
 from __future__ import annotations
 

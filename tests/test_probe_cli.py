@@ -153,7 +153,7 @@ def test_an_unusable_lock_dir_exits_2_and_names_it(
 
 
 def test_the_installed_command_prints_the_same_line_as_a_subprocess() -> None:
-    """What the remediator runs over SSH: the console entry point, stdout only JSON."""
+    """What a person or a script runs on a node: the console entry point, stdout only JSON."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     with CountingCompletionServer() as server:

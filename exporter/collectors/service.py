@@ -29,8 +29,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from mlx_medic.exporter.background import PeriodicWorker
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.exporter.settings import positive_seconds, setting
-from mlx_medic.health import ProbeResult, probe_host, probe_model
-from mlx_medic.state_layout import StateFileError, ensure_dir, locks_dir
+from mlx_medic.health import ProbeResult, probe_host, probe_model, shared_probe_lock_dir
 
 log = logging.getLogger("mlx_medic.exporter.service")
 
@@ -190,17 +189,6 @@ def targets_for(context: ExporterContext) -> list[ProbeTarget]:
     ]
 
 
-def _lock_dir(context: ExporterContext) -> Path | None:
-    """`<state_dir>/locks`, the node's login user's (state_layout): the node helpers take
-    the model lock and `mlx-medic probe` its probe locks in the same dir."""
-    path = locks_dir(context.state_dir)
-    try:
-        return ensure_dir(path, context.prepare_state_dir())
-    except StateFileError as exc:
-        log.warning("%s: probes are serialized within this process only", exc)
-        return None
-
-
 @register(
     "service",
     help="probe each model served from this node with a real 1-token request",
@@ -209,7 +197,10 @@ def _lock_dir(context: ExporterContext) -> Path | None:
 def make(context: ExporterContext) -> Collector:
     settings = context.settings_for(ServiceSettings)
     targets = targets_for(context)
-    lock_dir = _lock_dir(context) if targets else None
+    # The node's login user's locks dir (state_layout), as every other prober there uses.
+    lock_dir = (
+        shared_probe_lock_dir(context.state_dir, context.prepare_state_dir()) if targets else None
+    )
     return ModelServiceCollector(
         targets, interval=settings.interval, timeout=settings.timeout, lock_dir=lock_dir
     )

@@ -49,9 +49,13 @@ HELPERS: dict[str, tuple[str, str]] = {
         "mlx_medic.node.facts_cli",
         "memory, RDMA, versions, OS build and a model's recent log errors here",
     ),
+    "probe": (
+        "mlx_medic.node.probe_cli",
+        "the model's health probe on its head, under the node's probe locks",
+    ),
     "forced-command": (
         "mlx_medic.node.forced_command",
-        "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if it is a helper or the probe",
+        "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if its key may send it",
     ),
 }
 

@@ -4,11 +4,12 @@ only what its own user's code sends (mlx_medic.node.key_table, one table per key
 
 sshd runs it for every login with that key and puts what the client asked for in
 `SSH_ORIGINAL_COMMAND`. That line is split with shlex (no shell ever sees it) and must be
-`mlx-medic node HELPER ...` or `mlx-medic probe ...` (the inventory's `medic_command`
-counts as `mlx-medic`). A helper's words are parsed by that helper's own argparse parser
-(no abbreviations, no --help), checked generically (MODEL must be an inventory model
-placed on this node, `--config.file` this inventory, `--state-dir` its state dir, `--node`
-this node, and no other path) and then against the key's table: one of its grants, exact
+`mlx-medic node HELPER ...` (the inventory's `medic_command` counts as `mlx-medic`); the
+health probe too is a helper (`node probe MODEL`: the inventory says where it probes).
+A helper's words are parsed by that helper's own argparse parser (no abbreviations, no
+--help), checked generically (MODEL must be an inventory model placed on this node,
+`--config.file` this inventory, `--state-dir` its state dir, `--node` this node, and no
+other path) and then against the key's table: one of its grants, exact
 in options and values (the remediator's key cannot send the serve wrapper's start sweep,
 `run set` or a lock with another holder; the serve key nothing but the wrapper's calls
 to a peer). Then the helper runs in this same process (`mlx_medic.cli.main`).
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from mlx_medic.node.cli import HELPERS, helper_inventory
-from mlx_medic.node.key_table import KEYS, PROBE, Grant, KeyName, Refused, Request, grants, match
+from mlx_medic.node.key_table import KEYS, Grant, KeyName, Refused, Request, grants, match
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory
@@ -77,7 +78,7 @@ class _Checking(argparse.ArgumentParser):
 
 def helper_names(key: KeyName = "remediator") -> list[str]:
     """The node helpers `key` may run (never this one)."""
-    return sorted({g.helper for g in grants(key)} - {PROBE, THIS_HELPER})
+    return sorted({g.helper for g in grants(key)} - {THIS_HELPER})
 
 
 def helper_parser(helper: str) -> argparse.ArgumentParser:
@@ -125,16 +126,6 @@ class Allowed:
     def programs(self) -> set[str]:
         return {"mlx-medic"} | {node.medic_command for node in self.inventory.nodes}
 
-    def check_probe_target(self, options: dict[str, str]) -> None:
-        from mlx_medic.health import probe_host
-
-        host, port = options["--host"], int(options["--port"])
-        for model in self.inventory.models:
-            hosts = {model.host, probe_host(model.host)}
-            if model.port == port and host in hosts:
-                return
-        raise Refused(f"no model in the inventory listens on {host} port {port}")
-
     def check_helper(self, helper: str, parsed: argparse.Namespace) -> None:
         """The generic checks on a helper's parsed arguments."""
         if self.this_node is None:
@@ -170,25 +161,6 @@ def _once_each(words: list[str], command: str) -> None:
             if name in seen:
                 raise Refused(f"option {name!r} given twice to {command!r}")
             seen.add(name)
-
-
-def _parse_probe(words: list[str], allowed: set[str]) -> dict[str, str]:
-    """`--name value` or `--name=value`, each at most once; nothing positional."""
-    found: dict[str, str] = {}
-    rest = list(words)
-    while rest:
-        word = rest.pop(0)
-        if not word.startswith("--"):
-            raise Refused(f"unexpected argument {word!r} to 'probe'")
-        name, has_value, value = word.partition("=")
-        if name not in allowed:
-            raise Refused(f"option {name!r} is not allowed for 'probe'")
-        if not has_value:
-            if not rest:
-                raise Refused(f"option {name!r} needs a value")
-            value = rest.pop(0)
-        found[name] = value
-    return found
 
 
 def _validate_helper(helper: str, words: list[str], allowed: Allowed) -> tuple[list[str], Grant]:
@@ -231,18 +203,6 @@ def _validate_helper(helper: str, words: list[str], allowed: Allowed) -> tuple[l
     return argv, grant
 
 
-def _validate_probe(words: list[str], allowed: Allowed) -> tuple[list[str], Grant]:
-    probes = [g for g in grants(allowed.key) if g.helper == PROBE]
-    if not probes:
-        raise Refused(f"'probe' is not allowed for the {allowed.key} key")
-    _once_each(words, PROBE)
-    names = {option for g in probes for option in (*g.options, *g.optional)}
-    options = _parse_probe(words, names)
-    grant = match(allowed.key, PROBE, None, options, {}, allowed.request())
-    allowed.check_probe_target(options)
-    return [PROBE, *(word for name, value in options.items() for word in (name, value))], grant
-
-
 def validate(original: str | None, allowed: Allowed) -> list[str]:
     """The mlx-medic arguments to run for `original` (SSH_ORIGINAL_COMMAND), or Refused."""
     return checked(original, allowed)[0]
@@ -251,7 +211,7 @@ def validate(original: str | None, allowed: Allowed) -> list[str]:
 def checked(original: str | None, allowed: Allowed) -> tuple[list[str], Grant]:
     """`validate`'s arguments and the key's grant they are (Refused when none)."""
     if not original or not original.strip():
-        raise Refused("no command given: this key runs only mlx-medic node helpers and probe")
+        raise Refused("no command given: this key runs only mlx-medic node helpers")
     try:
         words = shlex.split(original)
     except ValueError as exc:
@@ -261,13 +221,11 @@ def checked(original: str | None, allowed: Allowed) -> tuple[list[str], Grant]:
         raise Refused(f"{program!r} is not mlx-medic: this key runs only mlx-medic")
     if not args:
         raise Refused("no mlx-medic subcommand given")
-    if args[0] == "node":
-        if len(args) < 2 or args[1].startswith("-"):
-            raise Refused("no node helper given")
-        return _validate_helper(args[1], args[2:], allowed)
-    if args[0] != PROBE:
-        raise Refused(f"{args[0]!r} is not allowed (allowed: node HELPER, probe)")
-    return _validate_probe(args[1:], allowed)
+    if args[0] != "node":
+        raise Refused(f"{args[0]!r} is not allowed (allowed: node HELPER)")
+    if len(args) < 2 or args[1].startswith("-"):
+        raise Refused("no node helper given")
+    return _validate_helper(args[1], args[2:], allowed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,13 +4,13 @@ only source (`mlx-medic node forced-command --key KEY`).
 Two keys log in to a node as its login user, and each may send exactly what its own
 user's code sends, nothing more:
 - `remediator` (`ssh.identity_file`): the remediator's engine, its playbook steps, the
-  model lock and the health probe of a model that listens on its head's loopback.
+  model lock and the health probe of a model on its head (`probe`).
 - `serve` (`models.<name>.serve.identity_file`): the serve wrapper on a model's head,
   to the model's other nodes: the start sweep, the run's record and lease, the teardown,
   and `pid-alive` for a lock holder on a peer (its own head it reaches without SSH).
 
-A Grant is one command line shape: the helper (or `probe`), its action, its positional
-values and options, each value checked against the inventory (a run id's shape, the
+A Grant is one command line shape: the helper, its action, its positional values and
+options, each value checked against the inventory (a run id's shape, the
 model's own lease and grace, who stops a service). A request must match one grant of
 its key exactly: every required option, no option the grant does not name. The tail
 every caller adds (`--config.file`, `--state-dir`, `--node`, `--json`) and MODEL (an
@@ -21,7 +21,7 @@ serve wrapper with recording transports: everything they send passes, and every 
 
     python -m mlx_medic.node.key_table   # the table, as docs/security.md shows it
 
-One module at about 410 lines: the table is the forced command's only source, so every
+One module at about 390 lines: the table is the forced command's only source, so every
 grant and every value check stays in one place to read.
 """
 
@@ -29,20 +29,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
-
-from mlx_medic.state_layout import locks_dir
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory, Model
 
 KeyName = Literal["remediator", "serve"]
 KEYS: tuple[KeyName, ...] = ("remediator", "serve")
-PROBE = "probe"  # `mlx-medic probe`, the one grant that is not a node helper
 MAX_PROBE_TIMEOUT = 600.0
 MAX_TEXT = 500  # a --reason is a record for people, never a payload
 
@@ -147,17 +143,6 @@ def _remediator_lock(value: Any, request: Request) -> None:
         raise Refused(f"the lock's node {info.node!r} is not an inventory node")
 
 
-def _lock_dir(value: Any, request: Request) -> None:
-    expected = locks_dir(request.inventory.state_dir)
-    if os.path.normpath(str(value)) != os.path.normpath(expected):
-        raise Refused(f"--lock-dir {value!r} is not the inventory's ({expected})")
-
-
-def _tcp_port(value: Any, _request: Request) -> None:
-    if not str(value).isdigit() or not 0 < int(value) < 65536:
-        raise Refused(f"--port {value!r} is not a TCP port")
-
-
 def _probe_timeout(value: Any, _request: Request) -> None:
     try:
         seconds = float(value)
@@ -165,10 +150,6 @@ def _probe_timeout(value: Any, _request: Request) -> None:
         raise Refused(f"--timeout {value!r} is not a number of seconds") from None
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_PROBE_TIMEOUT):
         raise Refused(f"--timeout {value!r} is not between 0 and {MAX_PROBE_TIMEOUT:g} seconds")
-
-
-def _any(_value: Any, _request: Request) -> None:
-    """Checked with another value (the probe's host, with its port)."""
 
 
 # --- the values --------------------------------------------------------------------------
@@ -191,10 +172,7 @@ GRACE = _same_seconds(
 )
 LEASE = _same_seconds("LEASE", lambda m: m.serve.lease, "the model's serve.lease")
 HOLDER = Value("'serve pid N on HEAD'", _serve_holder)
-HOST = Value("HOST", _any)  # with --port: a model of the inventory listens there
-PORT = Value("PORT", _tcp_port)
 SECONDS = Value("SECONDS", _probe_timeout)
-LOCK_DIR = Value("STATE_DIR/locks", _lock_dir)
 
 Options = Mapping[str, Value | None]  # --option -> its value (None: a bare flag)
 
@@ -203,7 +181,7 @@ Options = Mapping[str, Value | None]  # --option -> its value (None: a bare flag
 class Grant:
     """One command line shape a key may send."""
 
-    helper: str  # a node helper, or PROBE
+    helper: str  # a node helper
     action: str | None = None  # the helper's subcommand (`service MODEL stop`)
     args: Mapping[str, Value] = field(default_factory=dict)  # positional dest -> value
     options: Options = field(default_factory=dict)  # required
@@ -305,10 +283,9 @@ TABLE: dict[KeyName, tuple[Grant, ...]] = {
             sent_by=f"{LOCK_USER}: is a holder alive on its node",
         ),
         Grant(
-            PROBE,
-            model=False,
-            options={"--host": HOST, "--port": PORT, "--timeout": SECONDS, "--lock-dir": LOCK_DIR},
-            sent_by="the remediator's health probe of a model on its head's loopback",
+            "probe",
+            options={"--timeout": SECONDS},
+            sent_by="the remediator's health probe of a model on its head (its loopback)",
         ),
     ),
     "serve": (
@@ -366,7 +343,7 @@ def grants(key: KeyName) -> tuple[Grant, ...]:
 
 
 def helpers_of(key: KeyName) -> list[str]:
-    """The helpers (and `probe`) a key may run at all."""
+    """The helpers a key may run at all."""
     return sorted({grant.helper for grant in TABLE[key]})
 
 
@@ -398,11 +375,7 @@ def table_text() -> str:
     lines = []
     for key in KEYS:
         lines += [f"### `--key {key}`", "", "| command | sent by |", "|---|---|"]
-        lines += [
-            f"| `{'mlx-medic' if g.helper == PROBE else 'mlx-medic node'} {g.shape()}`"
-            f" | {g.sent_by} |"
-            for g in TABLE[key]
-        ]
+        lines += [f"| `mlx-medic node {g.shape()}` | {g.sent_by} |" for g in TABLE[key]]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

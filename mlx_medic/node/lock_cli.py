@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mlx_medic.model_lock_file import act_on_lock, checked_info, lock_path
+from mlx_medic.model_lock_file import act_and_read, checked_info, lock_path
 from mlx_medic.node.cli import (
     EXIT_FAILED,
     EXIT_OK,
@@ -28,10 +28,7 @@ from mlx_medic.node.cli import (
     node_context,
 )
 from mlx_medic.node.model_arg import placed_model
-from mlx_medic.state_files import (
-    StateFileError,
-    read_text_nofollow,
-)
+from mlx_medic.state_files import StateFileError
 
 ACTIONS = ("show", "take", "replace", "release", "break")
 
@@ -63,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise BadArguments(str(exc)) from None
     try:
-        done = act_on_lock(
+        state = act_and_read(
             path,
             args.action,
             info=getattr(args, "info", None),
@@ -71,15 +68,14 @@ def run(args: argparse.Namespace) -> int:
             expected_token=getattr(args, "expected_token", None),
             expected_sha256=getattr(args, "expected_sha256", None),
         )
-        text = read_text_nofollow(path)
     except StateFileError as exc:
         raise HelperError(str(exc)) from None
     document: dict[str, Any] = {
         "model": model,
         "action": args.action,
         "path": str(path),
-        "done": done,
-        "text": text,
+        **state.to_document(),
     }
-    emit("lock", document, args.json, text if text is not None else f"{model}: not locked")
-    return EXIT_OK if done else EXIT_FAILED
+    text = state.text if state.text is not None else f"{model}: not locked"
+    emit("lock", document, args.json, text)
+    return EXIT_OK if state.done else EXIT_FAILED

@@ -47,7 +47,6 @@ lines): both read every process through the same guards and identity checks.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -83,8 +82,6 @@ PROBES = 3  # failed health probes before a listener on the model's port counts 
 PROBE_WINDOW = 10.0  # seconds they are spread over when one timed out (slow or hung)
 BROKEN_WINDOW = 2.0  # ... when each was refused at once (an error, a closed connection)
 
-log = logging.getLogger(__name__)
-
 
 # --- the sweep -------------------------------------------------------------------------------
 
@@ -96,29 +93,15 @@ def answers_health_probe(model: Model, state_dir: Path) -> Health:
     """Whether the model's port answers the health probe (a real one-token completion),
     never overlapping the exporter's probe of it (the same lock files: two requests at
     once can crash JACCL ranks, mlx-lm#1737), and whether a failure was a timeout."""
-    from mlx_medic.health import probe_host, probe_model
+    from mlx_medic.health import probe_host, probe_model, shared_probe_lock_dir
 
     result = probe_model(
         probe_host(model.host),
         model.port,
         timeout=HEALTH_TIMEOUT,
-        lock_dir=_probe_lock_dir(state_dir),
+        lock_dir=shared_probe_lock_dir(state_dir),
     )
     return result.up, result.reason, result.timed_out or not result.conclusive
-
-
-def _probe_lock_dir(state_dir: Path) -> Path | None:
-    """`<state_dir>/locks`, as the exporter's probe uses; None (this process only) if it
-    cannot be made."""
-    from mlx_medic.state_layout import StateFileError, ensure_dir, locks_dir
-
-    path = locks_dir(state_dir)
-    try:
-        ensure_dir(path)
-    except (OSError, StateFileError) as exc:
-        log.warning("probing without the shared probe lock: %s", exc)
-        return None
-    return path
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlx_medic.inventory import Inventory, Model
-from mlx_medic.model_lock import LockHandle, ModelLocks
+from mlx_medic.model_lock import LockHandle, LockRefused, ModelLocks
 from mlx_medic.serve.nodes import ModelNodes, StartRefused
 from mlx_medic.serve.record import ServeRecord, wrapper_alive
 from mlx_medic.service_manager import service_argv
@@ -52,13 +52,13 @@ def refuse_if_live(model: Model, record: ServeRecord | None) -> None:
 
 async def take_lock(locks: ModelLocks, model: Model, run_id: str) -> LockHandle:
     """The model lock, without waiting: a held lock means another start or a remediation."""
-    handle = await locks.acquire(model.name, "serve", run_id, wait=0.0)
-    if handle is None:
-        why = locks.refusals.get(model.name, "the model lock is held")
-        if model.name in locks.unreachable or model.name in locks.helper_failed:
+    match await locks.acquire(model.name, "serve", run_id, wait=0.0):
+        case LockRefused(kind="locked", why=why):
+            raise AlreadyServed(busy_message(model, why))
+        case LockRefused(why=why):  # unreachable, or its helper failed: we cannot tell
             raise StartRefused(f"cannot take the model lock: {why}")
-        raise AlreadyServed(busy_message(model, why))
-    return handle
+        case LockHandle() as handle:
+            return handle
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """What every node transport offers: argv commands, nothing else.
 
-The callers (the node helpers' client, the model lock through it, the remote probe) act
-on a node without knowing whether it is this machine or one reached over SSH. Commands
-are argv lists, never shell text, on every implementation. Over SSH they are only
-`mlx-medic node ...` and `mlx-medic probe`, so the key can be pinned to those.
+The callers (the node helpers' client, and through it the model lock and the remote
+probe) act on a node without knowing whether it is this machine or one reached over SSH.
+Commands are argv lists, never shell text, on every implementation. Over SSH they are
+only `mlx-medic node ...`, so the key can be pinned to those.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The forced command's validator: only `mlx-medic node <helper>` and `mlx-medic probe`,
+"""The forced command's validator: only `mlx-medic node <helper>` (the probe too),
 with options whose values the inventory allows, and of those only the command lines the
 key's own user sends (mlx_medic.node.key_table); everything else refused, saying why."""
 
@@ -78,24 +78,18 @@ def test_a_node_helper_runs_with_the_keys_own_inventory() -> None:
     ]
 
 
-def test_the_probe_runs_for_a_models_host_and_port_as_the_remediator_asks() -> None:
-    line = (
-        "mlx-medic probe --host 127.0.0.1 --port 8080 --timeout 10"
-        " --lock-dir /var/lib/mlx-medic/locks"
-    )
-    assert check(line) == [
+def test_the_probe_runs_for_a_model_placed_here_as_the_remediator_asks() -> None:
+    assert check("mlx-medic node probe m1 --timeout 10") == [
+        "node",
         "probe",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "8080",
+        "m1",
         "--timeout",
         "10",
-        "--lock-dir",
-        "/var/lib/mlx-medic/locks",
+        "--config.file",
+        str(CONFIG),
     ]
-    wildcard = line.replace("8080", "8081")  # m2 listens on 0.0.0.0: probed on loopback
-    assert check(wildcard)[0] == "probe"
+    on_n2 = Allowed(INVENTORY, CONFIG, "n2")  # m2 listens on 0.0.0.0: its head says where
+    assert check("mlx-medic node probe m2 --timeout 10", on_n2)[:3] == ["node", "probe", "m2"]
 
 
 # One command line per grant of each key, as its sender writes it (NodeHelpers adds the
@@ -119,6 +113,7 @@ REMEDIATOR_SENDS = [
     f"node lock m1 break --expected-sha256 {'ab' * 32}",
     "node pid-alive 4242 --start-time 1796084792.5",
     "node pid-alive 4242",
+    "node probe m1 --timeout 10",
 ]
 SERVE_SENDS = [
     "node sweep m1 --start-sweep --grace 0.25",
@@ -180,34 +175,17 @@ def test_what_the_serve_wrapper_sends_to_a_peer_passes_its_key(line: str) -> Non
         ("mlx-medic node service m1 reboot", "invalid choice: 'reboot'"),
         ("mlx-medic node service m1 stop", "required: --by"),
         ("mlx-medic node lock m1 show --config.file /tmp/evil.yaml", "not the inventory's"),
-        (
-            "mlx-medic probe --host 127.0.0.1 --port 9999 --timeout 10"
+        (  # the probe is a node helper now: the old line, and any address, are refused
+            "mlx-medic probe --host 127.0.0.1 --port 8080 --timeout 10"
             " --lock-dir /var/lib/mlx-medic/locks",
-            "no model in the inventory listens",
+            "'probe' is not allowed (allowed: node HELPER)",
         ),
-        (
-            "mlx-medic probe --host 10.0.0.1 --port 8080 --timeout 10"
-            " --lock-dir /var/lib/mlx-medic/locks",
-            "no model in the inventory listens",
-        ),
-        (
-            "mlx-medic probe --port 8080 --timeout 10 --lock-dir /var/lib/mlx-medic/locks",
-            "needs --host",
-        ),
-        (
-            "mlx-medic probe --host 127.0.0.1 --port 8080 --timeout 10 --lock-dir /tmp",
-            "not the inventory's",
-        ),
-        (
-            "mlx-medic probe --host 127.0.0.1 --port 8080 --timeout inf"
-            " --lock-dir /var/lib/mlx-medic/locks",
-            "not between",
-        ),
-        (
-            "mlx-medic probe --host 127.0.0.1 --port 80x --timeout 10"
-            " --lock-dir /var/lib/mlx-medic/locks",
-            "not a TCP port",
-        ),
+        ("mlx-medic node probe m1 --timeout 10 --host 10.0.0.1", "unrecognized arguments"),
+        ("mlx-medic node probe m1 --timeout 10 --lock-dir /tmp", "unrecognized arguments"),
+        ("mlx-medic node probe m2 --timeout 10", "'m2' is not an inventory model placed on n1"),
+        ("mlx-medic node probe m1", "needs --timeout"),
+        ("mlx-medic node probe m1 --timeout inf", "must be a positive number of seconds"),
+        ("mlx-medic node probe m1 --timeout 601", "not between"),
     ],
 )
 def test_anything_else_is_refused_saying_why(line: str, reason: str) -> None:
@@ -273,10 +251,7 @@ def test_the_remediators_key_runs_only_what_the_remediator_sends(line: str, reas
         ("node facts m1", "'node facts' is not allowed for the serve key"),
         ("node service m1 stop --by 'remediator run 1' --reason x", "'node service' is not"),
         ("node lock m1 show", "'node lock' is not allowed for the serve key"),
-        (
-            "probe --host 127.0.0.1 --port 8080 --timeout 10 --lock-dir /var/lib/mlx-medic/locks",
-            "'probe' is not allowed for the serve key",
-        ),
+        ("node probe m1 --timeout 10", "'node probe' is not allowed for the serve key"),
         ("node sweep m1", "needs --start-sweep"),
         ("node sweep m1 --orphans-only", "never sends --orphans-only"),
         ("node sweep m1 --start-sweep", "needs --grace"),
@@ -315,6 +290,7 @@ def test_each_key_runs_its_own_helpers_and_never_the_forced_command_itself() -> 
         "lock",
         "orphans",
         "pid-alive",
+        "probe",
         "service",
         "sweep",
     ]

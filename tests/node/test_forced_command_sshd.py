@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from mlx_medic.inventory import Inventory, Node, parse_inventory
-from mlx_medic.model_lock import ModelLocks
+from mlx_medic.model_lock import LockHandle, ModelLocks
 from mlx_medic.node.cli import SCHEMA
 from mlx_medic.node.client import NodeHelpers, helper_argv
 from mlx_medic.node.forced_command import EXIT_REFUSED
@@ -170,7 +170,7 @@ async def test_the_remediators_calls_pass_its_key_and_a_helper_outside_its_table
         assert await read_stop_record(helpers, inventory.model("second")) is None
         locks = ModelLocks(inventory, transport, this_node=None, hostname="replica-a")
         handle = await locks.acquire("second", "remediator", "7", renew=False)
-        assert handle is not None, locks.refusals
+        assert isinstance(handle, LockHandle), handle
         assert await locks.renew(handle)
         await locks.release(handle)
         assert not (forced_key.node.state_dir / "locks" / "second.lock").exists()

@@ -51,6 +51,7 @@ def loaded_by(argv: list[str], env: dict[str, str]) -> list[str]:
         ("facts", "m1"),
         ("orphans", "m1"),
         ("sweep", "m1", "--dry-run"),
+        ("probe", "m1", "--timeout", "1"),  # nothing listens: down, its verdict
     ],
 )
 def test_a_helper_loads_no_service_stack_ssh_exporter_or_validator(

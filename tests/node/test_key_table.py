@@ -22,13 +22,13 @@ import pytest
 import yaml
 
 from mlx_medic.inventory import Inventory, Node, load_inventory
-from mlx_medic.model_lock import ModelLocks, lock_path
+from mlx_medic.model_lock import LockHandle, ModelLocks, lock_path
 from mlx_medic.node.cli import SCHEMA
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.node.forced_command import Allowed, checked, helper_parser
-from mlx_medic.node.key_table import KEYS, PROBE, TABLE, Grant, KeyName, table_text
+from mlx_medic.node.key_table import KEYS, TABLE, Grant, KeyName, table_text
 from mlx_medic.remediator.engine import Engine
-from mlx_medic.remediator.model_health import HealthVerdict, probe_model_health
+from mlx_medic.remediator.model_health import HealthVerdict, ModelState, probe_model_health
 from mlx_medic.remediator.playbooks.finish_stop import read_stop_record
 from mlx_medic.runs import new_run_id
 from mlx_medic.serve.nodes import LeaseKeeper, ModelNodes
@@ -61,8 +61,8 @@ DEAD = {"liveness": "dead", "why": "no such process"}
 
 class Scripted:
     """A node transport that records (node, argv) of each command and answers it from a
-    script: `answers[(node, helper)]`, else the helper's fake_helpers.DEFAULTS; the probe is
-    up; `real` helpers run on this machine (LocalTransport: the lock keeps its state)."""
+    script: `answers[(node, helper)]`, else the helper's fake_helpers.DEFAULTS (the probe
+    is up); `real` helpers run on this machine (LocalTransport: the lock keeps its state)."""
 
     def __init__(
         self, answers: dict[tuple[str, str], dict[str, Any]] | None = None, real: Iterable[str] = ()
@@ -74,14 +74,6 @@ class Scripted:
 
     async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
         self.sent.append((node.name, list(argv)))
-        if argv[1] == PROBE:
-            document: dict[str, Any] = {
-                "up": True,
-                "conclusive": True,
-                "reason": "completed",
-                "latency_seconds": 0.1,
-            }
-            return CommandResult(0, json.dumps(document) + "\n", "")
         helper = argv[2]
         if helper in self.real:
             return await self.local.run(node, argv, timeout=timeout)
@@ -154,16 +146,17 @@ async def remediator_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
     for pid_start in (1.5, None):  # a holder's pid asked about with and without its start
         stale_lock(inventory, MODEL, "ai002", pid_start)
         handle = await locks.acquire(MODEL, "remediator", "7", renew=False)
-        assert handle is not None, locks.refusals
+        assert isinstance(handle, LockHandle), handle
         assert await locks.renew(handle)
         await locks.release(handle)
     crashed = await locks.acquire(MODEL, "remediator", "8", renew=False)  # then it crashed
-    assert crashed is not None
+    assert isinstance(crashed, LockHandle)
     assert await locks.release_of_ended_run(MODEL, "8", "replica-a", crashed.info.pid)
 
-    await probe_model_health(
+    probed = await probe_model_health(
         inventory.model(MODEL), inventory, transport=transport, probe_from="head"
     )
+    assert probed.state is ModelState.UP, probed  # the helper's answer, read as the probe's
     await read_stop_record(NodeHelpers(transport, inventory, 30), inventory.model(MODEL))
     return inventory, transport.sent
 
@@ -292,9 +285,6 @@ def positionals(parser: argparse.ArgumentParser, action: str | None) -> set[str]
 def test_every_grant_names_each_positional_and_only_options_its_helper_has(
     key: KeyName, grant: Grant
 ) -> None:
-    if grant.helper == PROBE:
-        assert set(grant.options) == {"--host", "--port", "--timeout", "--lock-dir"}
-        return
     parser = helper_parser(grant.helper)
     named = set(grant.args) | ({"model"} if grant.model else set())
     assert positionals(parser, grant.action) == named | ({"action"} if grant.action else set())

@@ -51,6 +51,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "clean": {"removed": [], "bytes_freed": 0, "skipped": []},
     "backend": {"choice": "ring"},
     "orphans": {"orphans": [], "suspects": []},
+    "probe": {"up": True, "conclusive": True, "reason": "completed", "latency_seconds": 0.1},
 }
 
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from mlx_medic.inventory import Inventory, Node, load_inventory, parse_inventory
-from mlx_medic.model_lock import LockInfo, ModelLocks, lock_path
+from mlx_medic.model_lock import LockHandle, LockInfo, LockRefused, ModelLocks, lock_path
 from mlx_medic.transport import CommandResult, LocalTransport, SshTransport, TransportError
 from tests.node.inventories import helper_inventory
 from tests.remediator.engine_fakes import MODEL, dead_pid, make_inventory
@@ -85,7 +85,7 @@ async def test_the_lock_lives_on_the_head_node_and_holds_who_took_it(
     handle = await locks(inventory, transport, "replica-a").acquire(
         MODEL, "remediator", "17", renew=False
     )
-    assert handle is not None and handle.node.name == "ai001"
+    assert isinstance(handle, LockHandle) and handle.node.name == "ai001"
     info = LockInfo.parse(lock_file(tmp_path, inventory).read_text())
     assert (info.host, info.pid, info.holder, info.run_id) == (
         "replica-a",
@@ -102,11 +102,12 @@ async def test_a_second_holder_is_refused_with_the_name_of_the_first(
     a = locks(inventory, transport, "replica-a")
     b = locks(inventory, transport, "replica-b")
     first = await a.acquire(MODEL, "remediator", "1", renew=False)
-    assert first is not None
-    assert await b.acquire(MODEL, "manual", "2", renew=False) is None
-    assert "locked by remediator (run 1" in b.refusals[MODEL] and "replica-a" in b.refusals[MODEL]
+    assert isinstance(first, LockHandle)
+    refused = await b.acquire(MODEL, "manual", "2", renew=False)
+    assert isinstance(refused, LockRefused), refused
+    assert "locked by remediator (run 1" in refused.why and "replica-a" in refused.why
     await a.release(first)
-    assert await b.acquire(MODEL, "manual", "2", renew=False) is not None
+    assert isinstance(await b.acquire(MODEL, "manual", "2", renew=False), LockHandle)
 
 
 async def test_release_never_removes_a_lock_that_is_no_longer_ours(
@@ -114,7 +115,7 @@ async def test_release_never_removes_a_lock_that_is_no_longer_ours(
 ) -> None:
     a = locks(inventory, transport, "replica-a")
     handle = await a.acquire(MODEL, "remediator", "1", renew=False)
-    assert handle is not None
+    assert isinstance(handle, LockHandle)
     plant(tmp_path, inventory, host="replica-b", run_id="2", expires=2e9)  # taken over
     await a.release(handle)
     assert lock_file(tmp_path, inventory).exists()
@@ -128,7 +129,7 @@ async def test_a_holder_on_a_named_node_whose_pid_is_gone_there_is_stale_at_once
     handle = await locks(inventory, transport, "replica-a").acquire(
         MODEL, "remediator", "5", renew=False
     )
-    assert handle is not None and handle.info.run_id == "5"
+    assert isinstance(handle, LockHandle) and handle.info.run_id == "5"
 
 
 async def test_a_holder_on_a_named_node_whose_pid_lives_there_is_held_whatever_its_lease(
@@ -137,8 +138,9 @@ async def test_a_holder_on_a_named_node_whose_pid_lives_there_is_held_whatever_i
     parent = os.getppid()
     plant(tmp_path, inventory, node="ai002", pid=parent, pid_start=started_at(parent), expires=0.0)
     a = locks(inventory, transport, "replica-a")
-    assert await a.acquire(MODEL, "manual", "5") is None
-    assert f"pid {parent} on node ai002" in a.refusals[MODEL]
+    refused = await a.acquire(MODEL, "manual", "5")
+    assert isinstance(refused, LockRefused), refused
+    assert f"pid {parent} on node ai002" in refused.why
 
 
 async def test_a_reused_pid_is_not_the_holder(
@@ -148,7 +150,7 @@ async def test_a_reused_pid_is_not_the_holder(
     me = os.getpid()
     plant(tmp_path, inventory, node="ai002", pid=me, pid_start=started_at(me) - 3600, expires=2e9)
     a = locks(inventory, transport, "replica-a")
-    assert await a.acquire(MODEL, "remediator", "6", renew=False) is not None
+    assert isinstance(await a.acquire(MODEL, "remediator", "6", renew=False), LockHandle)
 
 
 async def test_a_host_name_and_a_pid_decide_nothing_for_a_holder_without_a_node(
@@ -160,9 +162,9 @@ async def test_a_host_name_and_a_pid_decide_nothing_for_a_holder_without_a_node(
     clock = Clock(1000.0)
     plant(tmp_path, inventory, host="replica-a", pid=dead_pid(), expires=1100.0)
     a = locks(inventory, transport, "replica-a", clock)
-    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
+    assert isinstance(await a.acquire(MODEL, "remediator", "5", renew=False), LockRefused)
     clock.now = 1101.0
-    assert await a.acquire(MODEL, "remediator", "5", renew=False) is not None
+    assert isinstance(await a.acquire(MODEL, "remediator", "5", renew=False), LockHandle)
 
 
 class Unreachable(LocalTransport):
@@ -179,9 +181,11 @@ async def test_a_holder_on_a_node_we_cannot_reach_counts_as_held(
 ) -> None:
     plant(tmp_path, inventory, node="ai003", pid=dead_pid(), expires=0.0)
     a = locks(inventory, Unreachable(), "replica-a")
-    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
-    assert "cannot check its pid on ai003" in a.refusals[MODEL]
-    assert a.unreachable[MODEL] == "ai003"  # not "someone holds it": we cannot tell
+    refused = await a.acquire(MODEL, "remediator", "5", renew=False)
+    assert isinstance(refused, LockRefused), refused
+    assert "cannot check its pid on ai003" in refused.why
+    # not "someone holds it": we cannot tell
+    assert (refused.kind, refused.node) == ("unreachable", "ai003")
 
 
 class HeadUnreachable(LocalTransport):
@@ -197,10 +201,11 @@ async def test_a_head_we_cannot_reach_is_named_as_unreachable_and_never_waited_f
     a = locks(inventory, HeadUnreachable(), "replica-a")
     loop = asyncio.get_running_loop()
     started = loop.time()
-    assert await a.acquire(MODEL, "remediator", "5", renew=False, wait=30.0) is None
+    refused = await a.acquire(MODEL, "remediator", "5", renew=False, wait=30.0)
+    assert isinstance(refused, LockRefused), refused
     assert loop.time() - started < 5  # the wait is for a holder, not for a dead node
-    assert a.unreachable[MODEL] == "ai001"
-    assert a.refusals[MODEL].startswith("cannot reach the lock on ai001: cannot reach ai001")
+    assert (refused.kind, refused.node) == ("unreachable", "ai001")
+    assert refused.why.startswith("cannot reach the lock on ai001: cannot reach ai001")
 
 
 class HeadAnswers(LocalTransport):
@@ -219,19 +224,21 @@ async def test_a_head_whose_lock_helper_fails_is_a_refusal_in_its_words_not_unre
 ) -> None:
     failed = CommandResult(status, "", "mlx-medic node lock: cannot read the inventory\n")
     a = locks(inventory, HeadAnswers(failed), "replica-a")
-    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
-    assert MODEL not in a.unreachable  # it answered: reachable
-    assert a.refusals[MODEL].startswith("the lock helper failed on ai001: ")
-    assert f"exit {status}" in a.refusals[MODEL]
-    assert "cannot read the inventory" in a.refusals[MODEL]
+    refused = await a.acquire(MODEL, "remediator", "5", renew=False)
+    assert isinstance(refused, LockRefused), refused
+    assert refused.kind == "helper_failed"  # it answered: reachable
+    assert refused.why.startswith("the lock helper failed on ai001: ")
+    assert f"exit {status}" in refused.why
+    assert "cannot read the inventory" in refused.why
 
 
 async def test_a_head_that_does_not_answer_in_time_is_unreachable(inventory: Inventory) -> None:
     a = locks(inventory, HeadAnswers(CommandResult(None, "", "", timed_out=True)), "replica-a")
-    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
-    assert a.unreachable[MODEL] == "ai001"
-    assert a.refusals[MODEL].startswith("cannot reach the lock on ai001: ")
-    assert "no answer within" in a.refusals[MODEL]
+    refused = await a.acquire(MODEL, "remediator", "5", renew=False)
+    assert isinstance(refused, LockRefused), refused
+    assert (refused.kind, refused.node) == ("unreachable", "ai001")
+    assert refused.why.startswith("cannot reach the lock on ai001: ")
+    assert "no answer within" in refused.why
 
 
 async def test_a_live_holder_is_held_and_not_unreachable(
@@ -239,8 +246,9 @@ async def test_a_live_holder_is_held_and_not_unreachable(
 ) -> None:
     plant(tmp_path, inventory, host="replica-b", pid=os.getpid(), expires=2e9)
     a = locks(inventory, transport, "replica-a")
-    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
-    assert MODEL not in a.unreachable and "locked by remediator" in a.refusals[MODEL]
+    refused = await a.acquire(MODEL, "remediator", "5", renew=False)
+    assert isinstance(refused, LockRefused), refused
+    assert refused.kind == "locked" and "locked by remediator" in refused.why
 
 
 async def test_acquire_waits_a_bounded_time_for_a_holder_that_lets_go(
@@ -249,7 +257,7 @@ async def test_acquire_waits_a_bounded_time_for_a_holder_that_lets_go(
     """The serve wrapper holds the lock while its ranks start, then releases it."""
     serve = locks(inventory, transport, "head", this_node="ai001")
     held = await serve.acquire(MODEL, "serve", "r1", renew=False)
-    assert held is not None
+    assert isinstance(held, LockHandle)
     remediator = locks(inventory, transport, "replica-a")
 
     async def ranks_up() -> None:
@@ -259,7 +267,7 @@ async def test_acquire_waits_a_bounded_time_for_a_holder_that_lets_go(
     releasing = asyncio.create_task(ranks_up())
     handle = await remediator.acquire(MODEL, "remediator", "7", renew=False, wait=20.0)
     await releasing
-    assert handle is not None and handle.info.run_id == "7"
+    assert isinstance(handle, LockHandle) and handle.info.run_id == "7"
     assert 1.0 <= handle.waited < 15.0  # well within its 20 s: it took the lock once free
 
 
@@ -279,11 +287,12 @@ async def test_acquire_gives_up_after_its_wait_while_the_holder_keeps_the_lock(
     a = locks(inventory, transport, "replica-a")
     loop = asyncio.get_running_loop()
     started = loop.time()
-    assert await a.acquire(MODEL, "remediator", "8", renew=False, wait=1.5) is None
+    refused = await a.acquire(MODEL, "remediator", "8", renew=False, wait=1.5)
+    assert isinstance(refused, LockRefused), refused
     assert 1.5 <= loop.time() - started < 5.0
-    assert "locked by serve" in a.refusals[MODEL] and MODEL not in a.unreachable
+    assert "locked by serve" in refused.why and refused.kind == "locked"
     handle = await a.acquire(MODEL, "remediator", "8", renew=False)  # no wait: one try
-    assert handle is None
+    assert isinstance(handle, LockRefused)
 
 
 async def test_a_holder_on_a_node_the_inventory_no_longer_lists_is_judged_by_its_lease(
@@ -292,10 +301,11 @@ async def test_a_holder_on_a_node_the_inventory_no_longer_lists_is_judged_by_its
     clock = Clock(1000.0)
     plant(tmp_path, inventory, node="ai099", pid=os.getpid(), expires=1100.0)
     a = locks(inventory, transport, "replica-a", clock)
-    assert await a.acquire(MODEL, "remediator", "5", renew=False) is None
-    assert "ai099 is not in the inventory" in a.refusals[MODEL]
+    refused = await a.acquire(MODEL, "remediator", "5", renew=False)
+    assert isinstance(refused, LockRefused), refused
+    assert "ai099 is not in the inventory" in refused.why
     clock.now = 1101.0
-    assert await a.acquire(MODEL, "remediator", "5", renew=False) is not None
+    assert isinstance(await a.acquire(MODEL, "remediator", "5", renew=False), LockHandle)
 
 
 async def test_the_lock_records_the_holders_node_pid_and_start(
@@ -303,7 +313,7 @@ async def test_the_lock_records_the_holders_node_pid_and_start(
 ) -> None:
     a = locks(inventory, transport, "ai002-host", this_node="ai002")
     handle = await a.acquire(MODEL, "serve", "r1", renew=False)
-    assert handle is not None
+    assert isinstance(handle, LockHandle)
     info = LockInfo.parse(lock_file(tmp_path, inventory).read_text())
     assert (info.node, info.pid) == ("ai002", os.getpid())
     assert info.pid_start == pytest.approx(started_at(os.getpid()), abs=0.01)
@@ -322,10 +332,10 @@ async def test_a_holder_elsewhere_is_judged_by_its_lease(
     clock = Clock(1000.0)
     b = locks(inventory, transport, "replica-b", clock)
     plant(tmp_path, inventory, host="replica-a", pid=os.getpid(), expires=1100.0)
-    assert await b.acquire(MODEL, "remediator", "7", renew=False) is None
+    assert isinstance(await b.acquire(MODEL, "remediator", "7", renew=False), LockRefused)
     clock.now = 1101.0
     handle = await b.acquire(MODEL, "remediator", "7", renew=False)
-    assert handle is not None and handle.info.host == "replica-b"
+    assert isinstance(handle, LockHandle) and handle.info.host == "replica-b"
 
 
 async def test_a_holder_on_the_head_node_is_judged_by_its_pid_there(
@@ -343,8 +353,9 @@ async def test_a_holder_on_the_head_node_is_judged_by_its_pid_there(
         pid=os.getpid(),
         expires=0.0,
     )
-    assert await remote.acquire(MODEL, "remediator", "8", renew=False) is None
-    assert "locked by serve" in remote.refusals[MODEL]
+    refused = await remote.acquire(MODEL, "remediator", "8", renew=False)
+    assert isinstance(refused, LockRefused), refused
+    assert "locked by serve" in refused.why
     plant(
         tmp_path,
         inventory,
@@ -354,7 +365,7 @@ async def test_a_holder_on_the_head_node_is_judged_by_its_pid_there(
         pid=dead_pid(),
         expires=2e9,
     )
-    assert await remote.acquire(MODEL, "remediator", "8", renew=False) is not None
+    assert isinstance(await remote.acquire(MODEL, "remediator", "8", renew=False), LockHandle)
 
 
 async def test_an_unreadable_lock_file_counts_as_held(
@@ -364,8 +375,9 @@ async def test_an_unreadable_lock_file_counts_as_held(
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     a = locks(inventory, transport, "replica-a")
-    assert await a.acquire(MODEL, "remediator", "1") is None
-    assert "unreadable lock file" in a.refusals[MODEL]
+    refused = await a.acquire(MODEL, "remediator", "1")
+    assert isinstance(refused, LockRefused), refused
+    assert "unreadable lock file" in refused.why
 
 
 async def test_renewal_extends_the_lease_while_the_lock_is_ours(
@@ -374,7 +386,7 @@ async def test_renewal_extends_the_lease_while_the_lock_is_ours(
     clock = Clock(1000.0)
     a = locks(inventory, transport, "replica-a", clock, lease=60.0)
     handle = await a.acquire(MODEL, "remediator", "1", renew=False)
-    assert handle is not None
+    assert isinstance(handle, LockHandle)
     clock.now = 1050.0
     assert await a.renew(handle)
     assert LockInfo.parse(lock_file(tmp_path, inventory).read_text()).expires == 1110.0
@@ -407,7 +419,7 @@ async def test_the_lease_is_renewed_in_the_background_while_the_lock_is_held(
 ) -> None:
     a = ModelLocks(inventory, transport, this_node=None, hostname="replica-a", lease=3.0)
     handle = await a.acquire(MODEL, "remediator", "1")
-    assert handle is not None and handle.renewer is not None
+    assert isinstance(handle, LockHandle) and handle.renewer is not None
     first = LockInfo.parse(lock_file(tmp_path, inventory).read_text()).expires
     for _ in range(200):  # renewed every second; each renewal is a helper run on the head
         await asyncio.sleep(0.1)
@@ -484,13 +496,14 @@ async def test_over_ssh_a_holder_is_judged_on_its_own_node_by_pid_and_start_time
     try:
         # a holder on ai002 (not the head): alive there, invisible here and on the head
         write_lock(lock, node="ai002", pid=ns_pid, pid_start=started_at(host_pid))
-        assert await judge.acquire("tiny", "remediator", "7", renew=False) is None
-        assert f"locked by manual (run r1, pid {ns_pid} on node ai002" in judge.refusals["tiny"]
+        refused = await judge.acquire("tiny", "remediator", "7", renew=False)
+        assert isinstance(refused, LockRefused), refused
+        assert f"locked by manual (run r1, pid {ns_pid} on node ai002" in refused.why
 
         # the same pid with another start time: a reused pid, not the holder
         write_lock(lock, node="ai002", pid=ns_pid, pid_start=started_at(host_pid) - 3600)
         handle = await judge.acquire("tiny", "remediator", "7", renew=False)
-        assert handle is not None, judge.refusals
+        assert isinstance(handle, LockHandle), handle
         await judge.release(handle)
 
         # the holder dies on its node: stale
@@ -498,7 +511,7 @@ async def test_over_ssh_a_holder_is_judged_on_its_own_node_by_pid_and_start_time
         os.kill(host_pid, signal.SIGKILL)
         sleeper.wait(timeout=10)
         handle = await judge.acquire("tiny", "remediator", "7", renew=False)
-        assert handle is not None, judge.refusals
+        assert isinstance(handle, LockHandle), handle
         assert json.loads(lock.read_text())["node"] is None
         await judge.release(handle)
         assert not lock.exists()
@@ -520,8 +533,9 @@ async def test_over_ssh_a_holder_on_an_unreachable_node_counts_as_held(clean_clu
     write_lock(lock, node="ai003", pid=dead_pid())
     try:
         judge = ModelLocks(inventory, ssh, this_node=None, clock=lambda: 2e9)
-        assert await judge.acquire("tiny", "remediator", "7", renew=False) is None
-        assert "cannot check its pid on ai003" in judge.refusals["tiny"]
+        refused = await judge.acquire("tiny", "remediator", "7", renew=False)
+        assert isinstance(refused, LockRefused), refused
+        assert "cannot check its pid on ai003" in refused.why
         assert lock.exists()
     finally:
         await ssh.close()
@@ -555,12 +569,13 @@ async def test_over_ssh_a_serve_wrapper_holder_on_the_head_is_judged_by_its_pid_
         remote = ModelLocks(
             inventory, ssh, this_node=None, hostname="remediator-host", clock=lambda: 2e9
         )
-        assert await remote.acquire("tiny", "remediator", "7", renew=False) is None
-        assert "locked by serve" in remote.refusals["tiny"]
+        refused = await remote.acquire("tiny", "remediator", "7", renew=False)
+        assert isinstance(refused, LockRefused), refused
+        assert "locked by serve" in refused.why
         os.kill(host_pid, signal.SIGKILL)  # the wrapper dies; its pid is gone on the head
         sleeper.wait(timeout=10)
         handle = await remote.acquire("tiny", "remediator", "7", renew=False)
-        assert handle is not None, remote.refusals
+        assert isinstance(handle, LockHandle), handle
         assert json.loads(lock.read_text())["host"] == "remediator-host"
         await remote.release(handle)
         assert not lock.exists()
@@ -586,18 +601,19 @@ def test_the_serve_wrapper_takes_its_own_nodes_lock_in_process_as_the_helper_wou
 
     async def scenario() -> None:
         handle = await here.acquire(MODEL, "serve", "run-1", renew=False)
-        assert handle is not None
+        assert isinstance(handle, LockHandle)
         assert json.loads(lock_file(tmp_path, inventory).read_text())["run_id"] == "run-1"
         other = locks(
             inventory, NoHelpers(), "ai001", this_node=head, in_process=True, pid=os.getpid()
         )
-        assert await other.acquire(MODEL, "serve", "run-2", renew=False) is None  # held
-        assert "locked by" in other.refusals[MODEL]
+        refused = await other.acquire(MODEL, "serve", "run-2", renew=False)  # held
+        assert isinstance(refused, LockRefused), refused
+        assert "locked by" in refused.why
         await here.release(handle)
         assert not lock_file(tmp_path, inventory).exists()
         # A holder on this node whose pid is gone is stale, judged here without a helper.
         plant(tmp_path, inventory, node=head, pid=dead_pid(), expires=2e9)
         taken = await here.acquire(MODEL, "serve", "run-3", renew=False)
-        assert taken is not None and taken.info.run_id == "run-3"
+        assert isinstance(taken, LockHandle) and taken.info.run_id == "run-3"
 
     asyncio.run(scenario())

@@ -1,14 +1,14 @@
-"""Over SSH the remediator runs nothing but `mlx-medic node ...` and `mlx-medic probe`:
+"""Over SSH the remediator runs nothing but `mlx-medic node ...` (its probe is one too):
 every command its transport runs during an engine run and a full lock round-trip (take,
 judge a stale holder on its own node, break, renew, release) starts with the node's
-medic_command and then `node` or `probe`. That is what lets a forced command pin its key."""
+medic_command and then `node`. That is what lets a forced command pin its key."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from mlx_medic.model_lock import ModelLocks
+from mlx_medic.model_lock import LockHandle, ModelLocks
 from tests.remediator.engine_fakes import (
     MODEL,
     alert,
@@ -20,7 +20,7 @@ from tests.remediator.engine_fakes import (
 from tests.transport_fakes import RecordingTransport
 
 
-async def test_every_command_on_a_node_is_a_node_helper_or_the_probe(tmp_path: Path) -> None:
+async def test_every_command_on_a_node_is_a_node_helper(tmp_path: Path) -> None:
     inventory = make_inventory()
     transport = RecordingTransport()  # records (node, argv) of every command it runs
     engine = make_engine(make_config(tmp_path), inventory, transport=transport)
@@ -44,7 +44,7 @@ async def test_every_command_on_a_node_is_a_node_helper_or_the_probe(tmp_path: P
     )
     locks = ModelLocks(inventory, transport, this_node=None, hostname="replica-a")
     handle = await locks.acquire(MODEL, "remediator", "7", renew=False)
-    assert handle is not None, locks.refusals
+    assert isinstance(handle, LockHandle), handle
     assert await locks.renew(handle)
     assert (await locks.current(MODEL)) is not None
     await locks.release(handle)
@@ -55,4 +55,4 @@ async def test_every_command_on_a_node_is_a_node_helper_or_the_probe(tmp_path: P
     assert ("ai002", "pid-alive") in {(node, argv[2]) for node, argv in transport.commands}
     for node, argv in transport.commands:
         assert argv[0] == inventory.node(node).medic_command, argv
-        assert argv[1] in ("node", "probe"), argv
+        assert argv[1] == "node", argv

@@ -1,8 +1,9 @@
 """The re-check before acting probes a loopback listener where it listens: on the model's
-head node, through `mlx-medic probe` over SSH, unless the remediator is told it runs on
-that head. From the remediator's own machine, 127.0.0.1 is the wrong machine:
-"connection refused" there would act on a healthy model. Which node the remediator is
-on is said (config `node`, or the node id file), never guessed from an address."""
+head node, through the node helper `mlx-medic node probe MODEL` over SSH, unless the
+remediator is told it runs on that head. From the remediator's own machine, 127.0.0.1 is
+the wrong machine: "connection refused" there would act on a healthy model. Which node the
+remediator is on is said (config `node`, or the node id file), never guessed from an
+address."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory import Inventory, InventoryError, Model, parse_inventory
+from mlx_medic.node.cli import SCHEMA
 from mlx_medic.node_identity import write_node_id
 from mlx_medic.remediator.config import ConfigError, RemediatorConfig
 from mlx_medic.remediator.engine import Engine
@@ -182,13 +184,16 @@ async def _check(
 
 
 def _answer(up: bool, reason: str, conclusive: bool = True) -> str:
-    return (
-        json.dumps({"up": up, "conclusive": conclusive, "reason": reason, "latency_seconds": 0.1})
-        + "\n"
-    )
+    """`mlx-medic node probe`'s document, as the helper prints it."""
+    verdict = {"up": up, "conclusive": conclusive, "reason": reason, "latency_seconds": 0.1}
+    return _document(verdict)
 
 
-async def test_the_head_probe_is_an_argv_command_with_the_nodes_medic_command() -> None:
+def _document(fields: dict[str, Any]) -> str:
+    return json.dumps({"schema": SCHEMA, "command": "probe", "model": "m1", **fields}) + "\n"
+
+
+async def test_the_head_probe_is_the_probe_helper_with_the_nodes_medic_command() -> None:
     inventory = _two_node_inventory("0.0.0.0")
     transport = ScriptedTransport(CommandResult(0, _answer(True, "completed"), ""))
     verdict = await probe_model_health(
@@ -203,15 +208,16 @@ async def test_the_head_probe_is_an_argv_command_with_the_nodes_medic_command() 
             "ai001",
             [
                 "mlx-medic",
+                "node",
                 "probe",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "8080",
+                "m1",
                 "--timeout",
                 "10",
-                "--lock-dir",
-                "/var/lib/mlx-medic/locks",
+                "--config.file",
+                "/etc/mlx-medic/inventory.yaml",
+                "--node",
+                "ai001",
+                "--json",
             ],
         )
     ]
@@ -225,16 +231,20 @@ async def test_the_head_probe_is_an_argv_command_with_the_nodes_medic_command() 
             HealthVerdict.up("on ai001: completed a 1-token request"),
         ),
         (
-            CommandResult(1, _answer(False, "connection refused"), ""),
+            CommandResult(0, _answer(False, "connection refused"), ""),
             HealthVerdict.down("on ai001: connection refused"),
         ),
         (
-            CommandResult(3, _answer(False, "not probed: busy", conclusive=False), ""),
+            CommandResult(0, _answer(False, "not probed: busy", conclusive=False), ""),
+            HealthVerdict.unknown("on ai001: not probed: busy"),
+        ),
+        (  # inconclusive is unknown, whatever `up` says
+            CommandResult(0, _answer(True, "not probed: busy", conclusive=False), ""),
             HealthVerdict.unknown("on ai001: not probed: busy"),
         ),
     ],
 )
-async def test_exit_status_0_is_up_1_is_down_and_3_is_inconclusive(
+async def test_the_helpers_verdict_is_up_down_or_inconclusive(
     result: CommandResult,
     expected: HealthVerdict,
 ) -> None:
@@ -248,12 +258,18 @@ async def test_exit_status_0_is_up_1_is_down_and_3_is_inconclusive(
             TransportError("cannot reach ai001 (ai@192.168.101.1:22): refused"),
             "could not probe on ai001: cannot reach ai001",
         ),
-        (CommandResult(None, "", "", timed_out=True), "gave no answer within"),
-        (CommandResult(127, "", "sh: 1: mlx-medic: not found\n"), "exited 127 without a verdict"),
-        (CommandResult(0, "Traceback (most recent call last):\n", ""), "without a verdict"),
-        (CommandResult(0, '{"up": "yes"}\n', ""), "without a verdict"),
-        (CommandResult(0, _answer(False, "connection refused"), ""), "without a verdict"),
-        (CommandResult(2, "", "mlx-medic probe: error: argument --port"), "exited 2"),
+        (CommandResult(None, "", "", timed_out=True), "no answer within 35s"),
+        (
+            CommandResult(127, "", "sh: 1: mlx-medic: not found\n"),
+            "exit 127, no helper document: sh: 1: mlx-medic: not found",
+        ),
+        (CommandResult(0, "Traceback (most recent call last):\n", ""), "no helper document"),
+        (CommandResult(0, _document({"up": "yes"}), ""), "gave no verdict"),
+        (
+            CommandResult(1, "", "mlx-medic node probe: cannot use the probe locks: ..."),
+            "exit 1, no helper document: mlx-medic node probe: cannot use the probe locks",
+        ),
+        (CommandResult(2, "", "mlx-medic node probe: error: argument --timeout"), "exit 2"),
     ],
 )
 async def test_a_probe_that_could_not_run_or_said_nothing_clear_is_inconclusive(
@@ -308,7 +324,7 @@ def test_probe_from_accepts_only_auto_remediator_or_head() -> None:
         RemediatorConfig.model_validate({"probe_from": "exporter"})
 
 
-# --- the real thing: mlx-medic probe on the testbed's head over SSH -------------------
+# --- the real thing: mlx-medic node probe on the testbed's head over SSH --------------
 
 SERVER = """
 import sys
@@ -424,7 +440,7 @@ async def test_a_model_serving_on_the_heads_loopback_is_up_when_probed_on_the_he
     assert verdict.state is ModelState.UP, verdict
     assert verdict.reason.startswith("on ai001: completed a 1-token request")
     # the probe ran inside ai001: its mark is in ai001's private /tmp, not in ours
-    assert f"--port {server_in_head['port']}" in remote["marker"].read_text()
+    assert f"node probe {remote['model']} --timeout 10" in remote["marker"].read_text()
     assert not Path(f"/tmp/medic-probe-{remote['token']}.log").exists()
 
 
@@ -453,7 +469,9 @@ async def test_a_missing_medic_command_on_the_head_is_inconclusive_and_says_why(
     inventory = _inventory(remote, medic_command=missing)
     verdict = await _recheck(inventory, ssh_transports, remote["model"])
     assert verdict.state is ModelState.UNKNOWN
-    assert f"`{missing} probe` on ai001 exited 127 without a verdict" in verdict.reason
+    assert (
+        "could not probe on ai001: ai001: mlx-medic node probe: exit 127, no helper document"
+    ) in verdict.reason
     assert "No such file or directory" in verdict.reason or "not found" in verdict.reason
 
 
@@ -521,4 +539,4 @@ async def test_the_engine_acts_when_the_head_confirms_down_and_not_when_it_canno
     )
     assert outcome == "skipped"
     assert detail.startswith(f"could not confirm {remote['model']} is down:")
-    assert "exited 127" in detail
+    assert "exit 127, no helper document" in detail

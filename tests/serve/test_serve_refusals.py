@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from mlx_medic.inventory import parse_inventory
-from mlx_medic.model_lock import ModelLocks
+from mlx_medic.model_lock import LockHandle, ModelLocks
 from mlx_medic.runs import read_lease
 from mlx_medic.serve.record import read_serve_record
 from mlx_medic.transport import LocalTransport
@@ -61,7 +61,7 @@ def test_a_held_model_lock_refuses_the_start_at_once_and_touches_nothing(tmp_pat
 
     async def hold_and_serve() -> subprocess.CompletedProcess[str]:
         handle = await locks.acquire("m1", "remediator", "remediation 7", renew=False)
-        assert handle is not None
+        assert isinstance(handle, LockHandle)
         try:
             return await asyncio.to_thread(serve, inventory_path)
         finally:
