@@ -20,7 +20,9 @@ from enum import StrEnum
 from typing import Literal
 
 from mlx_medic import health
-from mlx_medic.inventory import Inventory, Model, Node, is_loopback
+from mlx_medic.inventory import Inventory, Node
+from mlx_medic.inventory_fields import is_loopback
+from mlx_medic.inventory_model import Model
 from mlx_medic.node_identity import NodeIdentityError, node_id_path, read_node_id
 from mlx_medic.remediator.config import ConfigError
 from mlx_medic.state_layout import locks_dir

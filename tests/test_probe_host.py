@@ -14,7 +14,7 @@ from mlx_medic import health
 from mlx_medic.exporter.collector import ExporterContext
 from mlx_medic.exporter.collectors.service import targets_for
 from mlx_medic.health import ProbeResult, _lock_file_name, probe_host
-from mlx_medic.inventory import parse_inventory
+from mlx_medic.inventory_load import parse_inventory
 from mlx_medic.node.forced_command import Allowed, validate
 from mlx_medic.node.sweep import answers_health_probe
 from mlx_medic.remediator.model_health import probe_model_health

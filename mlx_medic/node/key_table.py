@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from mlx_medic.state_layout import locks_dir
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory, Model
+    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory_model import Model
 
 KeyName = Literal["remediator", "serve"]
 KEYS: tuple[KeyName, ...] = ("remediator", "serve")

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_medic.inventory import Model
+from mlx_medic.inventory_model import Model
 from mlx_medic.node.client import HelperCallError, HelperReply, NodeHelpers
 from mlx_medic.survivors import SurvivorVerdict, survivors_of
 

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory import Inventory
+from mlx_medic.inventory_model import Model
 from mlx_medic.model_lock import LockHandle, ModelLocks
 from mlx_medic.serve.nodes import ModelNodes, StartRefused
 from mlx_medic.serve.record import ServeRecord, wrapper_alive

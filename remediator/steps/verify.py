@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mlx_medic.inventory import Model
 from mlx_medic.inventory_methods import BackendName
+from mlx_medic.inventory_model import Model
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import (

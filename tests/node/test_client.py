@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory import Node, load_inventory
+from mlx_medic.inventory import Node
+from mlx_medic.inventory_load import load_inventory
 from mlx_medic.node.client import HelperCallError, NodeHelpers, helper_argv, parse_reply
 from mlx_medic.transport import CommandResult, LocalTransport, TransportError
 from tests.node.inventories import two_models

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlx_medic.inventory import Inventory, Node, parse_inventory
+from mlx_medic.inventory import Inventory, Node
+from mlx_medic.inventory_load import parse_inventory
 from mlx_medic.model_lock import ModelLocks
 from mlx_medic.node.cli import SCHEMA
 from mlx_medic.node.client import NodeHelpers, helper_argv

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from mlx_medic.inventory import Inventory, Node, load_inventory
+from mlx_medic.inventory import Inventory, Node
+from mlx_medic.inventory_load import load_inventory
 from mlx_medic.model_lock import ModelLocks, lock_path
 from mlx_medic.node.cli import SCHEMA
 from mlx_medic.node.client import NodeHelpers

@@ -21,7 +21,10 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Inventory, InventoryError, Model, parse_inventory
+from mlx_medic.inventory import Inventory
+from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory_methods import InventoryError
+from mlx_medic.inventory_model import Model
 from mlx_medic.node_identity import write_node_id
 from mlx_medic.remediator.config import ConfigError, RemediatorConfig
 from mlx_medic.remediator.engine import Engine

@@ -12,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from mlx_medic.inventory import parse_inventory
+from mlx_medic.inventory_load import parse_inventory
 from mlx_medic.model_lock import ModelLocks
 from mlx_medic.runs import read_lease
 from mlx_medic.serve.record import read_serve_record
