@@ -28,7 +28,8 @@ from mlx_medic.state_layout import (
 if TYPE_CHECKING:  # the inventory's schema (pydantic) loads only when there is an inventory
     from _typeshed import DataclassInstance
 
-    from mlx_medic.inventory import Inventory, Model
+    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory_model import Model
 
 log = logging.getLogger("mlx_medic.exporter")
 

@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load(config_file: Path) -> Inventory:
     """The inventory; its schema (pydantic) is imported only here, so an exporter without
     an inventory never loads it. A bad file is a ValueError with the full report."""
-    from mlx_medic.inventory import InventoryError, load_inventory
+    from mlx_medic.inventory_load import load_inventory
+    from mlx_medic.inventory_methods import InventoryError
 
     try:
         return load_inventory(config_file)

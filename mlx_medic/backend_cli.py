@@ -80,7 +80,8 @@ async def ask_head(
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_medic.inventory import InventoryError, load_inventory
+    from mlx_medic.inventory_load import load_inventory
+    from mlx_medic.inventory_methods import InventoryError
     from mlx_medic.node.backend_cli import describe
     from mlx_medic.node.client import HelperCallError
     from mlx_medic.node_identity import NodeIdentityError, read_node_id, resolve_node

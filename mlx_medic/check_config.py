@@ -21,8 +21,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from mlx_medic.inventory import DEFAULT_LOGIN_USER, Inventory, InventoryError, load_inventory
+from mlx_medic.inventory import Inventory
 from mlx_medic.inventory_doc import human_duration
+from mlx_medic.inventory_fields import DEFAULT_LOGIN_USER
+from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory_methods import InventoryError
 from mlx_medic.tmp_rules import ScopeDir, scope_dirs
 
 

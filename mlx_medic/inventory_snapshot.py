@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, cast
 
+import mlx_medic
 from mlx_medic import __version__
 from mlx_medic.inventory_methods import (
     BackendsMethods,
@@ -39,7 +40,17 @@ KEEP = 16  # snapshots kept per cache dir (one per inventory version in use)
 _RECORD = "__record__"
 _PATH = "__path__"
 # The schema's sources: a changed one (a new field, default or rule) is a new key.
-_SCHEMA_SOURCES = tuple(Path(__file__).with_name(name) for name in ("inventory.py", "names.py"))
+_SCHEMA_SOURCES = tuple(
+    Path(mlx_medic.__file__).parent.parent / name
+    for name in (
+        "mlx_medic/inventory.py",
+        "mlx_medic/inventory_fields.py",
+        "mlx_medic/inventory_model.py",
+        "mlx_medic/inventory_model_settings.py",
+        "mlx_medic/inventory_load.py",
+        "mlx_medic/names.py",
+    )
+)
 
 
 class Record:
@@ -111,7 +122,7 @@ def load_cached_inventory(path: str | Path, cache_dir: Path | None = None) -> In
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return _load_in_full(path)  # it reports the encoding problem
-    from mlx_medic.inventory import parse_inventory
+    from mlx_medic.inventory_load import parse_inventory
 
     inventory = parse_inventory(text, str(path))
     if snapshot is not None:
@@ -120,7 +131,7 @@ def load_cached_inventory(path: str | Path, cache_dir: Path | None = None) -> In
 
 
 def _load_in_full(path: Path) -> Inventory:
-    from mlx_medic.inventory import load_inventory
+    from mlx_medic.inventory_load import load_inventory
 
     return load_inventory(path)
 

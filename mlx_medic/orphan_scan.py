@@ -30,7 +30,8 @@ from mlx_medic.orphans import (
 from mlx_medic.placement import Placement, Reader, placement_of_env
 from mlx_medic.platform.listening import Probe, listening_probe
 from mlx_medic.platform.process_files import read_process_file
-from mlx_medic.process_model import ModelScoper, ProcessInfo, Role, State, by_pid
+from mlx_medic.process_info import ProcessInfo, Role, State, by_pid
+from mlx_medic.process_scope import ModelScoper
 from mlx_medic.runs import read_current_run
 
 if TYPE_CHECKING:

@@ -21,21 +21,10 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from mlx_medic.placement import Placement, placement_of_ssh_client
-from mlx_medic.process_model import (
-    ENV_RANK,
-    ENV_RUN_ID,
-    ModelScoper,
-    ProcessInfo,
-    Role,
-    State,
-    ancestors,
-    flag_value,
-    has_exo_ancestor,
-    is_sshd_session,
-    launch_script_env,
-    scope_argv,
-    ssh_destination,
-)
+from mlx_medic.process_command_line import flag_value, launch_script_env, ssh_destination
+from mlx_medic.process_info import ENV_RANK, ENV_RUN_ID, ProcessInfo, Role, State, ancestors
+from mlx_medic.process_roles import has_exo_ancestor, is_sshd_session
+from mlx_medic.process_scope import ModelScoper, scope_argv
 
 if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
     from mlx_medic.inventory import Inventory

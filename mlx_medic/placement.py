@@ -23,17 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlx_medic.process_model import (
+from mlx_medic.process_command_line import launch_script
+from mlx_medic.process_info import (
     ENV_HOSTFILE,
     ENV_IBV_DEVICES,
     ENV_JACCL_COORDINATOR,
     ENV_JACCL_RING,
     ENV_RANK,
-    launch_script,
 )
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Model
+    from mlx_medic.inventory_model import Model
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_medic.names import NAME_PATTERN
-from mlx_medic.process_model import ENV_MODEL, ENV_RUN_ID
+from mlx_medic.process_info import ENV_MODEL, ENV_RUN_ID
 from mlx_medic.state_files import (
     StateFileError,
     read_json_record,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory import Inventory
+from mlx_medic.inventory_model import Model
 
 
 class EngineMetrics:

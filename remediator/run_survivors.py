@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from prometheus_client import Gauge
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory import Inventory
+from mlx_medic.inventory_model import Model
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.steps import RunContext, StepResult
 from mlx_medic.survivors import SurvivorVerdict, reboot_advice

@@ -220,7 +220,7 @@ def scraped_ledger_series(tmp_path: Path, pid: int, started: float) -> list[str]
 
     from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector
     from mlx_medic.exporter.collectors.ledger import LedgerCollector
-    from mlx_medic.inventory import parse_inventory
+    from mlx_medic.inventory_load import parse_inventory
     from mlx_medic.node.ledger import record_spend
 
     hostfile = tmp_path / "glm-jaccl.json"

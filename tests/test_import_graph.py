@@ -62,10 +62,20 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# The process model: what a process is, what its command line runs, its role, its scope.
+PROCESS_MODEL = (
+    "mlx_medic.process_info",
+    "mlx_medic.process_command_line",
+    "mlx_medic.process_roles",
+    "mlx_medic.process_scope",
+)
+
+
 def test_the_process_model_imports_no_platform_module() -> None:
-    path = REPO / PACKAGE / "process_model.py"
-    imported = imported_modules(path, f"{PACKAGE}.process_model")
-    assert sorted(n for n in imported if n.startswith(f"{PACKAGE}.platform")) == []
+    for module in PROCESS_MODEL:
+        path = REPO / (module.replace(".", "/") + ".py")
+        imported = imported_modules(path, module)
+        assert sorted(n for n in imported if n.startswith(f"{PACKAGE}.platform")) == [], module
 
 
 def test_no_module_of_the_package_imports_itself_through_others() -> None:
@@ -74,9 +84,9 @@ def test_no_module_of_the_package_imports_itself_through_others() -> None:
 
 def test_a_planted_circle_is_caught(tmp_path: Path) -> None:
     root = package_tree(tmp_path)
-    with (root / "process_model.py").open("a") as model:
+    with (root.parent / "mlx_medic/process_info.py").open("a") as model:
         model.write(
             "\n\ndef _planted():\n    from mlx_medic.platform.proc_linux import parse_stat\n"
         )
-    planted = {f"{PACKAGE}.process_model", f"{PACKAGE}.platform.proc_linux"}
+    planted = {"mlx_medic.process_info", f"{PACKAGE}.platform.proc_linux"}
     assert any(planted <= set(group) for group in circles(import_graph(root)))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory import InventoryError, load_inventory, parse_inventory
+from mlx_medic.inventory_load import load_inventory, parse_inventory
+from mlx_medic.inventory_methods import InventoryError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "inventory.yaml"
 

@@ -15,7 +15,6 @@ import pytest
 import yaml
 from pydantic import BaseModel, Field, TypeAdapter
 
-from mlx_medic.inventory import Policy, load_inventory, parse_inventory
 from mlx_medic.inventory_doc import (
     REQUIRED,
     SchemaField,
@@ -25,6 +24,8 @@ from mlx_medic.inventory_doc import (
     schema_models,
     undocumented,
 )
+from mlx_medic.inventory_load import load_inventory, parse_inventory
+from mlx_medic.inventory_model_settings import Policy
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "inventory.md"

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from mlx_medic.inventory import InventoryError, load_inventory
+from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory_methods import InventoryError
 from mlx_medic.inventory_snapshot import (
     KEEP,
     RECORDS,

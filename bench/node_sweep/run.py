@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from mlx_medic.inventory import load_inventory  # noqa: E402
+from mlx_medic.inventory_load import load_inventory  # noqa: E402
 from mlx_medic.transport.ssh import SshTransport  # noqa: E402
 from testbed import Cluster, free_port, processes, start_cluster  # noqa: E402
 

@@ -48,7 +48,8 @@ from mlx_medic.orphans import (
 )
 from mlx_medic.platform.listening import Probe, listening_probe
 from mlx_medic.platform.process_table import system_process_table
-from mlx_medic.process_model import PatternSet, ProcessTable, Role, State, classifier
+from mlx_medic.process_info import ProcessTable, Role, State
+from mlx_medic.process_roles import PatternSet, classifier
 
 if TYPE_CHECKING:
     from mlx_medic.inventory import Inventory

@@ -41,7 +41,7 @@ from mlx_medic.tmp_rules import (
 )
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Model
+    from mlx_medic.inventory_model import Model
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 

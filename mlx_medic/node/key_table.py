@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory, Model
+    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory_model import Model
 
 KeyName = Literal["remediator", "serve"]
 KEYS: tuple[KeyName, ...] = ("remediator", "serve")

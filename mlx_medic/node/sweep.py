@@ -64,14 +64,11 @@ from mlx_medic.orphan_scan import OrphanScan, ProcessReader, ScanResult, read_as
 from mlx_medic.orphans import run_id_of
 from mlx_medic.placement import rank_devices
 from mlx_medic.platform.process_identity import Identity, own_lineage, read_identity
-from mlx_medic.process_model import (
-    ProcessInfo,
-    ProcessTable,
-    State,
-)
+from mlx_medic.process_info import ProcessInfo, ProcessTable, State
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory, Model
+    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory_model import Model
 
 POLL = 0.02  # seconds between looks while waiting for targets to end
 KILL_WAIT = 3.0  # after SIGKILL: a process that is still there then will not go by itself

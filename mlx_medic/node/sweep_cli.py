@@ -83,7 +83,7 @@ def _seconds(value: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from mlx_medic.node.sweep import Mode, NodeSweep
     from mlx_medic.platform.process_table import system_process_table
-    from mlx_medic.process_model import PatternSet, classifier
+    from mlx_medic.process_roles import PatternSet, classifier
     from mlx_medic.runs import check_run_id
     from mlx_medic.survivors import survivors_of
 

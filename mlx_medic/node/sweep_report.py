@@ -11,7 +11,7 @@ from typing import Any
 from mlx_medic.node.sweep_scope import Mode, backend_of
 from mlx_medic.not_ours import owner_fields
 from mlx_medic.platform.process_identity import Identity
-from mlx_medic.process_model import ProcessInfo, State
+from mlx_medic.process_info import ProcessInfo, State
 from mlx_medic.survivors import Survivor
 
 

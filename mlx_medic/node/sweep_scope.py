@@ -10,23 +10,19 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from mlx_medic.orphans import run_id_of
-from mlx_medic.process_model import (
+from mlx_medic.process_command_line import flag_value, invocation, launch_script_env
+from mlx_medic.process_info import (
     ENV_HOSTFILE,
     ENV_IBV_DEVICES,
     ENV_JACCL_COORDINATOR,
     ENV_MODEL,
     ENV_RANK,
-    ModelScoper,
     ProcessInfo,
-    flag_value,
-    invocation,
-    launch_script_env,
-    scope_argv,
-    under_any,
 )
+from mlx_medic.process_scope import ModelScoper, scope_argv, under_any
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Model
+    from mlx_medic.inventory_model import Model
 
 
 class Mode(StrEnum):

@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from mlx_medic.process_model import State
+from mlx_medic.process_info import State
 
 
 @dataclass(frozen=True)

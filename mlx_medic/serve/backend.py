@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from mlx_medic.backend_choice import BackendChoice, write_backend_choice
-from mlx_medic.inventory import Backend, Inventory, Model
+from mlx_medic.inventory import Inventory
+from mlx_medic.inventory_model import Backend, Model
 from mlx_medic.serve.record import Failure, ServeRecord
 
 log = logging.getLogger("mlx_medic.serve")

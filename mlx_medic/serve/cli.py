@@ -25,7 +25,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlx_medic.inventory import Inventory, InventoryError, Model, load_inventory
+from mlx_medic.inventory import Inventory
+from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory_methods import InventoryError
+from mlx_medic.inventory_model import Model
 from mlx_medic.serve.run import EXIT_BAD_ARGUMENTS, EXIT_BUSY, EXIT_FAILED
 
 if TYPE_CHECKING:

@@ -216,7 +216,7 @@ def _watcher(args: argparse.Namespace, pid: int, started: float, devices: tuple[
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
-        from mlx_medic.process_model import WATCHED_ENV
+        from mlx_medic.process_info import WATCHED_ENV
 
         env = {k: v for k, v in os.environ.items() if k not in WATCHED_ENV}
         argv = [

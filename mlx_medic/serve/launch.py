@@ -11,7 +11,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from mlx_medic.inventory import Backend, Inventory, Model
+from mlx_medic.inventory import Inventory
+from mlx_medic.inventory_model import Backend, Model
 from mlx_medic.runs import run_env
 from mlx_medic.serve.guard import guard_argv
 from mlx_medic.serve.nodes import StartRefused

@@ -15,7 +15,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory import Inventory
+from mlx_medic.inventory_model import Model
 from mlx_medic.model_lock import LockHandle, ModelLocks
 from mlx_medic.runs import run_env
 from mlx_medic.serve.backend import (

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory import Inventory
+from mlx_medic.inventory_model import Model
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.remediator.outcomes import StepOutcome

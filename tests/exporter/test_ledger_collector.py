@@ -14,7 +14,7 @@ import pytest
 
 from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector, sample_value
 from mlx_medic.exporter.collectors.ledger import LedgerCollector
-from mlx_medic.inventory import parse_inventory
+from mlx_medic.inventory_load import parse_inventory
 from mlx_medic.node.ledger import record_spend
 from tests.node.inventories import two_models
 

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 from mlx_medic.orphans import Rule, SuspectRule, find_orphans, scope
 from mlx_medic.placement import placement_of_env
-from mlx_medic.process_model import (
-    ModelScoper,
-    ProcessInfo,
-    Role,
-    State,
-    by_pid,
-    classify_cmdline,
-    launched_command,
-    ssh_destination,
-)
+from mlx_medic.process_command_line import launched_command, ssh_destination
+from mlx_medic.process_info import ProcessInfo, Role, State, by_pid
+from mlx_medic.process_roles import classify_cmdline
+from mlx_medic.process_scope import ModelScoper
 from tests.exporter.process_tables import (
     INVENTORY,
     MODEL_PATH,

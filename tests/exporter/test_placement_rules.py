@@ -16,7 +16,7 @@ from mlx_medic.placement import (
     placement_of_env,
     placement_of_ssh_client,
 )
-from mlx_medic.process_model import ProcessInfo, State
+from mlx_medic.process_info import ProcessInfo, State
 from tests.exporter.process_tables import (
     GLM_RING,
     INVENTORY,

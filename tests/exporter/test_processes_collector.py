@@ -15,7 +15,7 @@ import pytest
 from mlx_medic.exporter.collector import ExporterContext, sample_value
 from mlx_medic.exporter.collectors.processes import ProcessesCollector, make
 from mlx_medic.platform.proc_linux import LinuxProcessTable
-from mlx_medic.process_model import ProcessInfo, Role, State
+from mlx_medic.process_info import ProcessInfo, Role, State
 from mlx_medic.runs import record_current_run
 from tests.exporter.process_tables import (
     INVENTORY,

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from mlx_medic.inventory import parse_inventory
+from mlx_medic.inventory_load import parse_inventory
 from mlx_medic.node.clean import Cleaner
 from mlx_medic.node_identity import write_node_id
 from mlx_medic.platform.open_paths import PathsInUse

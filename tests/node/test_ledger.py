@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from mlx_medic.inventory import parse_inventory
+from mlx_medic.inventory_load import parse_inventory
 from mlx_medic.node import ledger as ledger_module
 from mlx_medic.node.ledger import (
     NODE_UNIT,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory import parse_inventory
+from mlx_medic.inventory_load import parse_inventory
 from mlx_medic.node.ledger import read_ledger
 from mlx_medic.node.sweep import (
     BROKEN_WINDOW,
@@ -29,7 +29,9 @@ from mlx_medic.node_identity import write_node_id
 from mlx_medic.not_ours import user_name
 from mlx_medic.orphan_scan import OrphanScan
 from mlx_medic.platform.process_identity import Identity
-from mlx_medic.process_model import ModelScoper, PatternSet, ProcessInfo, State, classifier
+from mlx_medic.process_info import ProcessInfo, State
+from mlx_medic.process_roles import PatternSet, classifier
+from mlx_medic.process_scope import ModelScoper
 from mlx_medic.runs import record_current_run
 from tests.exporter.process_tables import (
     PYTHON,

@@ -463,10 +463,10 @@ def scrape_ledger(cluster: Cluster, config: str) -> dict[str, float]:
 
 REUSE = """\
 import json, os, subprocess, sys, time
-from mlx_medic.inventory import load_inventory
+from mlx_medic.inventory_load import load_inventory
 from mlx_medic.node.sweep import NodeSweep, Seams
 from mlx_medic.platform.process_table import system_process_table
-from mlx_medic.process_model import PatternSet, classifier
+from mlx_medic.process_roles import PatternSet, classifier
 
 inventory = load_inventory(sys.argv[1])
 reborn = []

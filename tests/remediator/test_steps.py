@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from mlx_medic.inventory import Inventory, Model, parse_inventory
+from mlx_medic.inventory import Inventory
+from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory_model import Model
 from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.playbooks import RecheckVerdict, RecoverPlaybook

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Model, load_inventory
+from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory_model import Model
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine

@@ -15,7 +15,7 @@ import pytest
 
 from mlx_medic.node.ledger import read_ledger
 from mlx_medic.node_identity import write_node_id
-from mlx_medic.process_model import ENV_RANK, ENV_RUN_ID
+from mlx_medic.process_info import ENV_RANK, ENV_RUN_ID
 from mlx_medic.runs import record_current_run, record_lease
 from mlx_medic.serve.guard import guard_argv, run_is_over
 

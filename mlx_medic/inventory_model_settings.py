@@ -1,0 +1,146 @@
+"""A model's run settings: `models.<name>.policy` (limits on automatic action) and
+`models.<name>.serve` (how `mlx-medic serve` launches and keeps the ranks)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from mlx_medic.inventory_fields import AbsolutePath, Duration, StrictModel
+
+
+class Policy(StrictModel):
+    """Limits on automatic action, so a restart loop cannot spend the PD budget."""
+
+    restart_budget: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="automatic runs allowed per `window`; when spent, the model's circuit"
+        " opens and on-call is told",
+    )
+    window: Duration = Field(default=3600.0, description="the span `restart_budget` counts over")
+    backoff: Duration = Field(
+        default=30.0,
+        description="the wait after the first counted run in the window; it doubles with each"
+        " further run",
+    )
+    start_timeout: Duration = Field(
+        default=600.0,
+        description="the time a start gets to answer the health probe (the playbook's verify"
+        " step); also bounds a step's run time, with `ssh.command_timeout`",
+    )
+    pd_reserve: int = Field(
+        default=5,
+        ge=0,
+        le=11,
+        description="no JACCL start is tried on a node where a device the start needs (its"
+        " row of the JACCL hostfile) has spent this many protection domains since the boot,"
+        " by the node's ledger (of about 11 per RDMA device; a SIGKILLed, vanished or"
+        " unkillable JACCL rank spends one on each of its devices until reboot, a failed"
+        " allocation spends nothing). 5 after dryvist/nix-ai's cap of 5 of 11, which keeps"
+        " domains for a person to recover with; 0: never JACCL",
+    )
+    kill_grace: Duration = Field(
+        default=10.0,
+        description="a sweep's wait between SIGTERM and SIGKILL, for a rank to end itself",
+    )
+    dead_launch_grace: Duration = Field(
+        default=0.25,
+        description="the serve wrapper's wait between SIGTERM and SIGKILL for the ranks of a"
+        " launch whose mlx.launch is gone (its start sweep, its teardown after a crash), at"
+        " most kill_grace: an orphan stuck in the RDMA driver ignores SIGTERM and may turn"
+        " unkillable while it is waited for (docs/decisions.md)",
+    )
+    sigkill: bool = Field(
+        default=True,
+        description="whether a sweep may SIGKILL what SIGTERM left (a SIGKILLed JACCL rank"
+        " spends a protection domain until reboot, which the ledger counts); false: survivors"
+        " of SIGTERM are reported, never killed",
+    )
+    stop_timeout: Duration = Field(
+        default=60.0,
+        description="the serve wrapper ends every rank of its run within this after SIGTERM;"
+        " rendered service files wait longer before their own SIGKILL",
+    )
+    stale_tmp_age: Duration = Field(
+        default=600.0,
+        description="a `tmp*` entry in `tmp_dirs`/`cache_dirs` unchanged this long, and used by"
+        " no live process, is stale; in a dir other models on the node also name, only once"
+        " it is older than every one of their ages",
+    )
+
+
+class ServeSettings(StrictModel):
+    """How `mlx-medic serve` starts the model's ranks and keeps them tied to itself."""
+
+    python: AbsolutePath | None = Field(
+        default=None,
+        description="the interpreter the ranks start with on every node (`mlx.launch"
+        " --python`: one path for all hosts, so keep MLX and mlx-medic in a venv at the same"
+        " path on each node; the rank guard runs in it too); null: the interpreter that runs"
+        " `mlx-medic serve`",
+    )
+    starting_port: int | None = Field(
+        default=None,
+        ge=1024,
+        le=65000,
+        description="`mlx.launch --starting-port` for this model's ring (and its smoke test):"
+        " two models on one node need ranges of their own; null: mlx.launch's default,"
+        " which only one model per node may use",
+    )
+    smoke_timeout: Duration = Field(
+        default=60.0,
+        description="the time limit of the smoke test (a short all-reduce over every rank"
+        " through mlx.launch); past it the test has failed and its ranks are ended",
+    )
+    lease: Duration = Field(
+        default=10.0,
+        description="the run's lease on each node, renewed by the wrapper every quarter of it;"
+        " a guard beside each rank ends it once the lease runs out, so after a SIGKILLed"
+        " wrapper no rank lives much longer than this",
+    )
+
+    relaunch_limit: int = Field(
+        default=5,
+        ge=0,
+        le=100,
+        description="after a crash (or a start whose backends all failed) the wrapper ends"
+        " what is left and launches again itself, up to this many times per"
+        " relaunch_window, instead of exiting into the service manager's restart throttle"
+        " (launchd: 10s); then it exits 1 and the service manager restarts it. 0: exit at"
+        " once",
+    )
+    relaunch_window: Duration = Field(
+        default=600.0,
+        description="the span relaunch_limit counts over",
+    )
+    relaunch_interval: Duration = Field(
+        default=10.0,
+        description="two launches of the model (a relaunch's and the one before it) start at"
+        " least this far apart, as launchd's default ThrottleInterval spaces KeepAlive"
+        " restarts, so a crash loop spends protection domains no faster than one under"
+        " KeepAlive; the start sweep still runs at once (orphans are caught while killable)",
+    )
+    simulated_jaccl: bool = Field(
+        default=False,
+        description="test-only: JACCL is the testbed's simulation (serve.python is its"
+        " shim; testbed/README.md). `check-config` refuses it unless"
+        " --allow-simulated-jaccl; the wrapper logs a warning at every start",
+    )
+
+    identity_file: AbsolutePath | None = Field(
+        default=None,
+        description="the private key the wrapper logs in to the model's other nodes with, to"
+        " run the node helpers there (`mlx-medic render authorized-keys` pins its `.pub` on"
+        " them to what the wrapper sends, `--key serve`; the remediator's key refuses the"
+        " wrapper's start sweep); host keys are"
+        " checked against `ssh.known_hosts`; null: the service user's own default keys, as"
+        " mlx.launch's ssh uses",
+    )
+
+    @field_validator("lease")
+    @classmethod
+    def _lease_positive(cls, value: float) -> float:
+        if value < 3:
+            raise ValueError("a lease shorter than 3s cannot be renewed in time over SSH")
+        return value
