@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.samples import Sample
 
 from mlx_medic.exporter.settings import read_settings
-from mlx_medic.state_layout import (
+from mlx_medic.state.layout import (
     DEFAULT_STATE_DIR,
     Owner,
     StateFileError,
@@ -28,8 +28,8 @@ from mlx_medic.state_layout import (
 if TYPE_CHECKING:  # the inventory's schema (pydantic) loads only when there is an inventory
     from _typeshed import DataclassInstance
 
-    from mlx_medic.inventory import Inventory
-    from mlx_medic.inventory_model import Model
+    from mlx_medic.inventory.model import Model
+    from mlx_medic.inventory.schema import Inventory
 
 log = logging.getLogger("mlx_medic.exporter")
 
@@ -47,7 +47,7 @@ class ExporterContext:
     mode), where nothing is named after a node because identity is never guessed.
     `settings` holds each collector's parsed settings, by settings class.
     `state_owner` owns what the exporter makes in `state_dir`: the node's login user
-    (mlx_medic.state_layout) once `prepare_state_dir` ran; None: nobody named (discovery
+    (mlx_medic.state.layout) once `prepare_state_dir` ran; None: nobody named (discovery
     mode), what is made belongs to the owner of the dir it is made in.
     """
 

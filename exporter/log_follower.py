@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from mlx_medic.state_files import StateFileError, read_text_nofollow, write_text_atomic
+from mlx_medic.state.files import StateFileError, read_text_nofollow, write_text_atomic
 
 log = logging.getLogger("mlx_medic.exporter.logs")
 

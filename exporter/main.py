@@ -19,11 +19,11 @@ from mlx_medic.exporter import collectors as _collectors  # noqa: F401  (registe
 from mlx_medic.exporter.collector import REGISTRY, ExporterContext, ScrapeCollector
 from mlx_medic.exporter.settings import add_flags, describe, settings_from_args
 from mlx_medic.listen_address import parse_listen
-from mlx_medic.node_identity import resolve_node
-from mlx_medic.state_layout import DEFAULT_STATE_DIR
+from mlx_medic.state.layout import DEFAULT_STATE_DIR
+from mlx_medic.state.node_identity import resolve_node
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
 
 log = logging.getLogger("mlx_medic.exporter")
 
@@ -78,8 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load(config_file: Path) -> Inventory:
     """The inventory; its schema (pydantic) is imported only here, so an exporter without
     an inventory never loads it. A bad file is a ValueError with the full report."""
-    from mlx_medic.inventory_load import load_inventory
-    from mlx_medic.inventory_methods import InventoryError
+    from mlx_medic.inventory.load import load_inventory
+    from mlx_medic.inventory.methods import InventoryError
 
     try:
         return load_inventory(config_file)

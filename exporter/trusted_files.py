@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_medic.not_ours import user_name
+from mlx_medic.processes.not_ours import user_name
 
 MAX_LINKS = 40  # as the kernel's ELOOP limit
 CWD_ADVICE = (

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlx_medic import person
-from mlx_medic.backend_choice import CHOICES
+from mlx_medic.state.backend_choice import CHOICES
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
     from mlx_medic.node.client import HelperReply
     from mlx_medic.node.replies import BackendReply
 
@@ -80,11 +80,11 @@ async def ask_head(
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_medic.inventory_load import load_inventory
-    from mlx_medic.inventory_methods import InventoryError
+    from mlx_medic.inventory.load import load_inventory
+    from mlx_medic.inventory.methods import InventoryError
     from mlx_medic.node.backend_cli import describe
     from mlx_medic.node.client import HelperCallError
-    from mlx_medic.node_identity import NodeIdentityError, read_node_id, resolve_node
+    from mlx_medic.state.node_identity import NodeIdentityError, read_node_id, resolve_node
 
     try:
         inventory = load_inventory(args.config_file)

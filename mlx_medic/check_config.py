@@ -21,11 +21,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_doc import human_duration
-from mlx_medic.inventory_fields import DEFAULT_LOGIN_USER
-from mlx_medic.inventory_load import load_inventory
-from mlx_medic.inventory_methods import InventoryError
+from mlx_medic.inventory.fields import DEFAULT_LOGIN_USER
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.methods import InventoryError
+from mlx_medic.inventory.reference import human_duration
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.tmp_rules import ScopeDir, scope_dirs
 
 
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.schema:
-        from mlx_medic.inventory_doc import reference
+        from mlx_medic.inventory.reference import reference
 
         print(reference())
         return 0

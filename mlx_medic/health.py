@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from mlx_medic.state_layout import Owner, StateFileError, ensure_dir, locks_dir, open_lock_file
+from mlx_medic.state.layout import Owner, StateFileError, ensure_dir, locks_dir, open_lock_file
 
 log = logging.getLogger(__name__)
 

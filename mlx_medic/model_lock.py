@@ -48,10 +48,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from mlx_medic.inventory import Inventory, Node
-from mlx_medic.model_lock_file import LockInfo, LockState, act_and_read, lock_path, text_digest
+from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.node.client import HelperCallError, NodeHelpers
-from mlx_medic.pid_liveness import Liveness, local_liveness
+from mlx_medic.processes.pid_liveness import Liveness, local_liveness
+from mlx_medic.state.model_lock_file import (
+    LockInfo,
+    LockState,
+    act_and_read,
+    lock_path,
+    text_digest,
+)
 from mlx_medic.transport.interface import NodeTransport, TransportError
 
 log = logging.getLogger(__name__)
@@ -196,7 +202,7 @@ class ModelLocks:
 
     def _lock_here(self, model: str, action: str, args: tuple[str, ...]) -> LockState:
         """The `lock` helper's action and answer, done by this process on its own node."""
-        from mlx_medic.state_files import StateFileError
+        from mlx_medic.state.files import StateFileError
 
         options = dict(zip(args[::2], args[1::2], strict=True))
         path = lock_path(self.inventory.state_dir, model)

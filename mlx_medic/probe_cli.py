@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from mlx_medic.health import ProbeAnswer, probe_model
-from mlx_medic.state_layout import StateFileError, ensure_dir
+from mlx_medic.state.layout import StateFileError, ensure_dir
 
 EXIT_UP = 0
 EXIT_DOWN = 1

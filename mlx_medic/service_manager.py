@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory_model import Model
+    from mlx_medic.inventory.model import Model
 
 ServiceAction = Literal["stop", "start", "restart"]
 SERVICE_ACTIONS: tuple[ServiceAction, ...] = get_args(ServiceAction)

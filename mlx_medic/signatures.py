@@ -23,10 +23,10 @@ from re import _constants as sre_constants  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING
 
-from mlx_medic.names import NAME_PATTERN
+from mlx_medic.inventory.names import NAME_PATTERN
 
 if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
 
 # Anchors shorter than this select too many lines to be worth a search pass.
 MIN_ANCHOR_LENGTH = 4

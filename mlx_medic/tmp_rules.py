@@ -55,7 +55,7 @@ from mlx_medic.platform.process_files import read_small_file
 from mlx_medic.platform.weighers import Weigher, default_weigher
 
 if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
-    from mlx_medic.inventory_model import Model
+    from mlx_medic.inventory.model import Model
 
 STALE_PREFIX = "tmp"
 LEFTOVER_NAME = re.compile(r"tmp\.[A-Za-z0-9]{6,32}")

@@ -20,7 +20,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.model import Model
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.outcomes import EscalationReason
 

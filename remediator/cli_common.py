@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_load import load_inventory
-from mlx_medic.inventory_methods import InventoryError
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.methods import InventoryError
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.person import user_name, who
 from mlx_medic.remediator.cli_identity import (
     become_journal_owner,

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from mlx_medic.inventory_fields import parse_duration
+from mlx_medic.inventory.fields import parse_duration
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.cli_common import (
     CliError,

@@ -18,7 +18,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Inventory
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.cli_common import (
     CliError,
     OnCall,

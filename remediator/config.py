@@ -11,7 +11,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from mlx_medic.inventory_fields import Duration, StrictModel
+from mlx_medic.inventory.fields import Duration, StrictModel
 
 # Where the service's config is when no `--config.file` is given: the environment variable
 # the shipped units set, else the path they use (deploy/systemd, deploy/launchd).

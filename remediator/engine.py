@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.model_lock import ModelLocks
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.remediator.active_run import ActiveRun, RunEnd

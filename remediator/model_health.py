@@ -20,10 +20,12 @@ from enum import StrEnum
 from typing import Literal
 
 from mlx_medic import health
-from mlx_medic.inventory import Inventory, Model, is_loopback
+from mlx_medic.inventory.fields import is_loopback
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.client import HelperCallError, NodeHelpers
-from mlx_medic.node_identity import NodeIdentityError, node_id_path, read_node_id
 from mlx_medic.remediator.config import ConfigError
+from mlx_medic.state.node_identity import NodeIdentityError, node_id_path, read_node_id
 from mlx_medic.transport import NodeTransport
 
 log = logging.getLogger("mlx_medic.remediator.model_health")

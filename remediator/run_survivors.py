@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from prometheus_client import Gauge
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
+from mlx_medic.processes.survivors import SurvivorVerdict, reboot_advice
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.steps import RunContext, StepResult
-from mlx_medic.survivors import SurvivorVerdict, reboot_advice
 
 log = logging.getLogger("mlx_medic.remediator.engine")  # the engine's parts log as one
 

@@ -28,7 +28,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.model_lock import LockHandle, LockRefused, ModelLocks
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.remediator.active_run import ActiveRun, RunEnd

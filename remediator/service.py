@@ -21,8 +21,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory_load import load_inventory
-from mlx_medic.inventory_methods import InventoryError
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.methods import InventoryError
 from mlx_medic.listen_address import parse_listen
 from mlx_medic.remediator.auth import AuthError, Credentials, load_credentials
 from mlx_medic.remediator.config import (

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from mlx_medic.inventory_fields import parse_duration
+from mlx_medic.inventory.fields import parse_duration
 from mlx_medic.remediator.alerts import AlertEvent, Disposition, InvalidAlert
 from mlx_medic.remediator.auth import DECISION_KEY, Credentials, auth_middleware
 from mlx_medic.remediator.config import RemediatorConfig

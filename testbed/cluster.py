@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from mlx_medic.node_identity import write_node_id
+from mlx_medic.state.node_identity import write_node_id
 from testbed import freezer, node_users, processes
 from testbed.closing import ClosedOnExit
 from testbed.net import wait_listening

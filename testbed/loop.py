@@ -194,7 +194,7 @@ class Loop(ClosedOnExit):
     def ledgers(self) -> dict[str, int]:
         """What the product's ledger counted spent per node this boot (processes holding
         or having held domains: its estimate)."""
-        from mlx_medic.node.ledger import read_ledger
+        from mlx_medic.state.ledger import read_ledger
 
         spent = {}
         for name in self.settings.nodes:

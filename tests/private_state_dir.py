@@ -141,7 +141,7 @@ def exporter_starts() -> dict[str, Any]:
     collector do); what it logged at WARNING and above."""
     from mlx_medic.exporter.collector import ExporterContext
     from mlx_medic.exporter.collectors import service
-    from mlx_medic.inventory_load import load_inventory
+    from mlx_medic.inventory.load import load_inventory
 
     logged = _Logged()
     logging.getLogger().addHandler(logged)
@@ -204,7 +204,7 @@ def remediator_probes_on_the_head(port: int) -> dict[str, Any]:
 def helper_takes_the_model_lock(token: str) -> dict[str, Any]:
     """`mlx-medic node lock m1 take` as the node's login user, as the remediator sends it;
     then released, so the next one may take it."""
-    from mlx_medic.model_lock_file import LockInfo
+    from mlx_medic.state.model_lock_file import LockInfo
 
     info = LockInfo(
         node=None,
@@ -257,7 +257,7 @@ def what_an_older_version_left() -> None:
     """The state dir as today's units and main leave it: systemd's StateDirectory= (root,
     0755), the exporter's locks/ 0700 and probe lock 0600, root's records 0644."""
     from mlx_medic.health import _lock_file_name
-    from mlx_medic.inventory_load import load_inventory
+    from mlx_medic.inventory.load import load_inventory
 
     port = load_inventory(INVENTORY).model(MODEL).port
     STATE_DIR.mkdir(mode=0o755)

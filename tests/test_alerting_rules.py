@@ -220,8 +220,8 @@ def scraped_ledger_series(tmp_path: Path, pid: int, started: float) -> list[str]
 
     from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector
     from mlx_medic.exporter.collectors.ledger import LedgerCollector
-    from mlx_medic.inventory_load import parse_inventory
-    from mlx_medic.node.ledger import record_spend
+    from mlx_medic.inventory.load import parse_inventory
+    from mlx_medic.state.ledger import record_spend
 
     hostfile = tmp_path / "glm-jaccl.json"
     hostfile.write_text(

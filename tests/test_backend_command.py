@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.backend_choice import read_backend_choice
-from mlx_medic.node_identity import write_node_id
+from mlx_medic.state.backend_choice import read_backend_choice
+from mlx_medic.state.node_identity import write_node_id
 from testbed import Cluster
 from tests.node.inventories import MEDIC, helper_inventory, two_models
 

@@ -143,7 +143,7 @@ def test_the_alertmanager_example_names_hosts_never_ip_addresses() -> None:
 
 
 def test_prometheus_scrapes_each_exporter_at_its_inventory_address() -> None:
-    from mlx_medic.inventory_load import load_inventory
+    from mlx_medic.inventory.load import load_inventory
 
     inventory = load_inventory(DEPLOY.parent / "examples" / "inventory.yaml")
     (job,) = [

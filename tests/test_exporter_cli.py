@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from mlx_medic.node_identity import write_node_id
+from mlx_medic.state.node_identity import write_node_id
 from testbed import free_port, wait_listening
 from tests.test_metric_contract import inventory_text
 from tests.tools import require_tool

@@ -64,10 +64,10 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 # The process model: what a process is, what its command line runs, its role, its scope.
 PROCESS_MODEL = (
-    "mlx_medic.process_info",
-    "mlx_medic.process_command_line",
-    "mlx_medic.process_roles",
-    "mlx_medic.process_scope",
+    "mlx_medic.processes.info",
+    "mlx_medic.processes.command_line",
+    "mlx_medic.processes.roles",
+    "mlx_medic.processes.scope",
 )
 
 
@@ -84,9 +84,9 @@ def test_no_module_of_the_package_imports_itself_through_others() -> None:
 
 def test_a_planted_circle_is_caught(tmp_path: Path) -> None:
     root = package_tree(tmp_path)
-    with (root.parent / "mlx_medic/process_info.py").open("a") as model:
+    with (root.parent / "mlx_medic/processes/info.py").open("a") as model:
         model.write(
             "\n\ndef _planted():\n    from mlx_medic.platform.proc_linux import parse_stat\n"
         )
-    planted = {"mlx_medic.process_info", f"{PACKAGE}.platform.proc_linux"}
+    planted = {"mlx_medic.processes.info", f"{PACKAGE}.platform.proc_linux"}
     assert any(planted <= set(group) for group in circles(import_graph(root)))

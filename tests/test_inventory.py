@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory_load import load_inventory, parse_inventory
-from mlx_medic.inventory_methods import InventoryError
+from mlx_medic.inventory.load import load_inventory, parse_inventory
+from mlx_medic.inventory.methods import InventoryError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "inventory.yaml"
 

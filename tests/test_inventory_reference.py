@@ -15,7 +15,9 @@ import pytest
 import yaml
 from pydantic import BaseModel, Field, TypeAdapter
 
-from mlx_medic.inventory_doc import (
+from mlx_medic.inventory.load import load_inventory, parse_inventory
+from mlx_medic.inventory.model_settings import Policy
+from mlx_medic.inventory.reference import (
     REQUIRED,
     SchemaField,
     reference,
@@ -24,8 +26,6 @@ from mlx_medic.inventory_doc import (
     schema_models,
     undocumented,
 )
-from mlx_medic.inventory_load import load_inventory, parse_inventory
-from mlx_medic.inventory_model_settings import Policy
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "inventory.md"
@@ -50,7 +50,7 @@ def test_every_field_of_the_models_has_a_description() -> None:
 
 def test_the_reference_documents_every_field_of_the_models() -> None:
     missing = sorted(set(FIELDS) - set(documented_rows()))
-    assert missing == [], "run: python -m mlx_medic.inventory_doc --write docs/inventory.md"
+    assert missing == [], "run: python -m mlx_medic.inventory.reference --write docs/inventory.md"
 
 
 def test_the_reference_names_no_field_that_does_not_exist() -> None:
@@ -89,7 +89,9 @@ def test_a_documented_start_timeout_other_than_the_code_default_is_caught() -> N
 
 def test_the_committed_reference_is_the_generated_one() -> None:
     text = REFERENCE.read_text(encoding="utf-8")
-    assert refresh(text) == text, "run: python -m mlx_medic.inventory_doc --write docs/inventory.md"
+    assert refresh(text) == text, (
+        "run: python -m mlx_medic.inventory.reference --write docs/inventory.md"
+    )
 
 
 def test_an_undocumented_field_is_found_in_a_nested_section() -> None:
@@ -164,7 +166,7 @@ def test_the_generator_reports_a_stale_reference(tmp_path: Path) -> None:
     stale = tmp_path / "inventory.md"
     current = REFERENCE.read_text(encoding="utf-8")
     stale.write_text(current.replace("| `models.<name>.policy.window` |", "| `x` |"))
-    command = [sys.executable, "-m", "mlx_medic.inventory_doc"]
+    command = [sys.executable, "-m", "mlx_medic.inventory.reference"]
     check = subprocess.run([*command, "--check", str(stale)], capture_output=True, text=True)
     assert check.returncode == 1 and "is stale" in check.stderr
     subprocess.run([*command, "--write", str(stale)], check=True)

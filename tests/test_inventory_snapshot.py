@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from mlx_medic.inventory_load import load_inventory
-from mlx_medic.inventory_methods import InventoryError
-from mlx_medic.inventory_snapshot import (
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.methods import InventoryError
+from mlx_medic.inventory.snapshot import (
     KEEP,
     RECORDS,
     Record,
@@ -37,7 +37,7 @@ def same(validated: Any, record: Any, where: str = "inventory") -> None:
         shared = [
             base
             for base in type(validated).__mro__
-            if base.__module__ == "mlx_medic.inventory_methods"
+            if base.__module__ == "mlx_medic.inventory.methods"
         ]
         assert all(isinstance(record, base) for base in shared), where  # the same methods
         assert sorted(vars(record)) == sorted(type(validated).model_fields), where
@@ -193,7 +193,7 @@ def test_reading_a_snapshot_loads_neither_pydantic_nor_yaml(
 ) -> None:
     load_cached_inventory(inventory_file, tmp_path)
     code = (
-        "import sys\nfrom mlx_medic.inventory_snapshot import load_cached_inventory\n"
+        "import sys\nfrom mlx_medic.inventory.snapshot import load_cached_inventory\n"
         f"inventory = load_cached_inventory({str(inventory_file)!r}, "
         f"__import__('pathlib').Path({str(tmp_path)!r}))\n"
         "print(inventory.model('glm-4_6-5b').head,"
@@ -213,7 +213,7 @@ def test_reading_a_snapshot_loads_neither_pydantic_nor_yaml(
 def test_a_changed_schema_source_makes_every_snapshot_a_miss(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mlx_medic.inventory_snapshot as snapshot_module
+    import mlx_medic.inventory.snapshot as snapshot_module
 
     source = tmp_path / "inventory.py"
     source.write_text("# version 1\n")

@@ -7,9 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_load import parse_inventory
-from mlx_medic.node_identity import NodeIdentityError, read_node_id, resolve_node, write_node_id
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.schema import Inventory
+from mlx_medic.state.node_identity import (
+    NodeIdentityError,
+    read_node_id,
+    resolve_node,
+    write_node_id,
+)
 
 
 @pytest.fixture

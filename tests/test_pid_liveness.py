@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlx_medic.pid_liveness import (
+from mlx_medic.processes.pid_liveness import (
     Liveness,
     judge_ps,
     liveness_argv,

@@ -17,7 +17,7 @@ from mlx_medic import health
 from mlx_medic.exporter.collector import ExporterContext
 from mlx_medic.exporter.collectors.service import targets_for
 from mlx_medic.health import ProbeResult, _lock_file_name, probe_host
-from mlx_medic.inventory import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.node import probe_cli
 from mlx_medic.node.cli import SCHEMA
 from mlx_medic.node.forced_command import Allowed, validate

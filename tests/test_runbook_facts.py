@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory_doc import human_duration
-from mlx_medic.inventory_load import load_inventory
-from mlx_medic.inventory_model_settings import Policy
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.model_settings import Policy
+from mlx_medic.inventory.reference import human_duration
 from mlx_medic.remediator.playbooks.recover import RecoverPlaybook
 
 ROOT = Path(__file__).resolve().parents[1]

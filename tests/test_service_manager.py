@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.service_manager import SERVICE_ACTIONS, privileged_argv, service_argv
 
 

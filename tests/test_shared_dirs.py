@@ -12,7 +12,7 @@ from mlx_medic.check_config import shared_dirs_report
 from mlx_medic.exporter.collector import ExporterContext
 from mlx_medic.exporter.collectors import tmpdirs
 from mlx_medic.exporter.collectors.tmpdirs import TmpWalker, WatchedDir
-from mlx_medic.inventory_load import load_inventory, parse_inventory
+from mlx_medic.inventory.load import load_inventory, parse_inventory
 from mlx_medic.platform.open_paths import PathsInUse
 from mlx_medic.remediator.playbooks.recover import RecoverPlaybook
 from mlx_medic.tmp_rules import ScopeDir, scope_dirs, stale_entries

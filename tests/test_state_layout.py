@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from mlx_medic.node.record_lock import exclusive
-from mlx_medic.state_files import read_text_nofollow, write_text_atomic
-from mlx_medic.state_layout import (
+from mlx_medic.state.files import read_text_nofollow, write_text_atomic
+from mlx_medic.state.layout import (
     DIR_MODE,
     DIRS,
     FILE_MODE,

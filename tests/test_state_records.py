@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.backend_choice import (
+from mlx_medic.state.backend_choice import (
     backend_choice_path,
     read_backend_choice,
     write_backend_choice,
 )
-from mlx_medic.runs import lease_path, read_lease, record_lease
-from mlx_medic.service_stop import clear_service_stop, read_service_stop, record_service_stop
-from mlx_medic.state_files import StateFileError, read_json_record, write_json_record
+from mlx_medic.state.files import StateFileError, read_json_record, write_json_record
+from mlx_medic.state.runs import lease_path, read_lease, record_lease
+from mlx_medic.state.service_stop import clear_service_stop, read_service_stop, record_service_stop
 
 
 def test_no_backend_record_means_auto(tmp_path: Path) -> None:

@@ -393,7 +393,7 @@ def test_the_tiny_model_is_served_across_head_and_peer_with_pipeline_over_ring(
 def test_the_inventory_names_every_node_with_its_address_and_the_pinned_keys(
     cluster: Cluster, tiny_model: Path
 ) -> None:
-    from mlx_medic.inventory_load import parse_inventory
+    from mlx_medic.inventory.load import parse_inventory
 
     hostfile = cluster.workdir / "inventory-ring.json"
     model = {

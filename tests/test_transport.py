@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory import Node
+from mlx_medic.inventory.schema import Node
 from mlx_medic.transport import LocalTransport, RoutedTransport
 from tests.transport_fakes import RecordingTransport
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
-    "module", ["mlx_medic.transport", "mlx_medic.model_lock", "mlx_medic.pid_liveness"]
+    "module", ["mlx_medic.transport", "mlx_medic.model_lock", "mlx_medic.processes.pid_liveness"]
 )
 def test_importing_the_interface_or_the_lock_never_loads_asyncssh(module: str) -> None:
     probe = (

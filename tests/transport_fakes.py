@@ -5,7 +5,7 @@ as long as it runs)."""
 
 from __future__ import annotations
 
-from mlx_medic.inventory import Node
+from mlx_medic.inventory.schema import Node
 from mlx_medic.transport import LocalTransport
 from mlx_medic.transport.interface import CommandResult
 

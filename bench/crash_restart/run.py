@@ -47,8 +47,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from mlx_medic.health import probe_model  # noqa: E402
-from mlx_medic.node.ledger import read_ledger  # noqa: E402
 from mlx_medic.serve.record import read_serve_record  # noqa: E402
+from mlx_medic.state.ledger import read_ledger  # noqa: E402
 from testbed import Cluster, free_port, start_cluster  # noqa: E402
 from testbed.faults import frozen_survivor, seed_crash  # noqa: E402
 from testbed.jaccl_sim import JacclSim, start_jaccl_sim  # noqa: E402

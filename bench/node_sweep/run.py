@@ -4,7 +4,7 @@ Ours: the four nodes in parallel over asyncssh (`mlx_medic.transport.ssh.SshTran
 one connection per node, kept from repetition to repetition as the remediator keeps
 them), each running `mlx-medic node sweep MODEL --json --config.file INVENTORY`. The
 inventory is new in every run, so the first repetition's helpers validate it in full and
-snapshot it (mlx_medic.inventory_snapshot); later ones read the snapshot.
+snapshot it (mlx_medic.inventory.snapshot); later ones read the snapshot.
 
 The seed's (the incident write-up's pre-start sweep, /work/shared/seeds/000_*): node
 after node, a fresh `ssh -o BatchMode=yes -o ConnectTimeout=5 NODE '...'` whose script
@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from mlx_medic.inventory_load import load_inventory  # noqa: E402
+from mlx_medic.inventory.load import load_inventory  # noqa: E402
 from mlx_medic.transport.ssh import SshTransport  # noqa: E402
 from testbed import Cluster, free_port, processes, start_cluster  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""`ledger`: this node's protection-domain ledger (mlx_medic.node.ledger), served here
+"""`ledger`: this node's protection-domain ledger (mlx_medic.state.ledger), served here
 so the name has one owner: the debt (the node's total and per RDMA device), each model's
 reserve beside it, and the survivors of SIGKILL still alive here with the domains they
 hold, so the reboot alert works from the node's own scrape.
@@ -25,13 +25,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.node.boot_id import current_boot_id
-from mlx_medic.node.ledger import (
+from mlx_medic.processes.placement import hostfile_devices
+from mlx_medic.state.ledger import (
     debt_by_device,
     live_survivors,
     process_alive,
     read_ledger,
 )
-from mlx_medic.placement import hostfile_devices
 
 DEBT_HELP = (
     "JACCL processes this node has counted as spending protection domains since it"

@@ -1,11 +1,11 @@
 """`processes`: MLX processes on this node by model, role and state, the
 orphans among them with the rule that found each, and the suspects apart.
 
-Orphans are judged by rules a node can apply alone (mlx_medic.orphans), never
+Orphans are judged by rules a node can apply alone (mlx_medic.processes.orphans), never
 by `ppid == 1`: on a peer an orphaned rank keeps its stuck sshd as parent.
 Suspects (ranks of which at most some can be current, with nothing to tell
 which) are a series of their own, so nothing that counts or sweeps orphans
-counts them. The judging is the shared scan's (`mlx_medic.orphan_scan`, which the
+counts them. The judging is the shared scan's (`mlx_medic.processes.orphan_scan`, which the
 node helpers `orphans` and `sweep --orphans-only` use too); this collector keeps one
 scan between scrapes, for its caches, and turns its report into series. Every state
 is always present (0 when empty) for every inventory model and role, so alert
@@ -34,9 +34,11 @@ from prometheus_client.core import GaugeMetricFamily
 
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.node.boot_id import current_boot_id
-from mlx_medic.node.ledger import START_TOLERANCE, LedgerError, read_ledger
-from mlx_medic.orphan_scan import OrphanScan, ProcessReader, read_as_process
-from mlx_medic.orphans import (
+from mlx_medic.platform.listening import Probe, listening_probe
+from mlx_medic.platform.process_table import system_process_table
+from mlx_medic.processes.info import ProcessTable, Role, State
+from mlx_medic.processes.orphan_scan import OrphanScan, ProcessReader, read_as_process
+from mlx_medic.processes.orphans import (
     Established,
     Orphan,
     OrphanReport,
@@ -46,13 +48,11 @@ from mlx_medic.orphans import (
     SuspectRule,
     psutil_established,
 )
-from mlx_medic.platform.listening import Probe, listening_probe
-from mlx_medic.platform.process_table import system_process_table
-from mlx_medic.process_info import ProcessTable, Role, State
-from mlx_medic.process_roles import PatternSet, classifier
+from mlx_medic.processes.roles import PatternSet, classifier
+from mlx_medic.state.ledger import START_TOLERANCE, LedgerError, read_ledger
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
 
 log = logging.getLogger("mlx_medic.exporter.processes")
 

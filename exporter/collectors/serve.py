@@ -20,7 +20,6 @@ from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from mlx_medic.backend_choice import read_backend_choice
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.serve.record import (
     LIVE_STATES,
@@ -29,7 +28,8 @@ from mlx_medic.serve.record import (
     read_serve_record,
     wrapper_alive,
 )
-from mlx_medic.service_stop import read_service_stop
+from mlx_medic.state.backend_choice import read_backend_choice
+from mlx_medic.state.service_stop import read_service_stop
 
 BACKEND_HELP = (
     "1 for the backend the model's current run serves on (from the serve wrapper's record on"

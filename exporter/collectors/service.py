@@ -197,7 +197,7 @@ def targets_for(context: ExporterContext) -> list[ProbeTarget]:
 def make(context: ExporterContext) -> Collector:
     settings = context.settings_for(ServiceSettings)
     targets = targets_for(context)
-    # The node's login user's locks dir (state_layout), as every other prober there uses.
+    # The node's login user's locks dir (state.layout), as every other prober there uses.
     lock_dir = (
         shared_probe_lock_dir(context.state_dir, context.prepare_state_dir()) if targets else None
     )

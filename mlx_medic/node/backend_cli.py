@@ -1,5 +1,5 @@
 """`mlx-medic node backend MODEL show|set auto|ring|jaccl --by TEXT --reason TEXT`: the
-model's durable backend choice, kept on its head (backend_choice.py), which the serve
+model's durable backend choice, kept on its head (state/backend_choice.py), which the serve
 wrapper reads before it starts and `mlx-medic backend` shows or sets for a person."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import argparse
 import time
 from dataclasses import asdict
 
-from mlx_medic.backend_choice import (
+from mlx_medic.node.cli import EXIT_OK, HelperError, add_node_arguments, emit, node_context
+from mlx_medic.node.model_arg import placed_model
+from mlx_medic.state.backend_choice import (
     CHOICES,
     BackendChoice,
     read_backend_choice,
     write_backend_choice,
 )
-from mlx_medic.node.cli import EXIT_OK, HelperError, add_node_arguments, emit, node_context
-from mlx_medic.node.model_arg import placed_model
-from mlx_medic.state_files import StateFileError
+from mlx_medic.state.files import StateFileError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

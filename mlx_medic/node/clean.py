@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlx_medic.not_ours import owner_fields
 from mlx_medic.platform.open_paths import PathsInUse, paths_in_use
 from mlx_medic.platform.weighers import Weigher, default_weigher
+from mlx_medic.processes.not_ours import owner_fields
 from mlx_medic.tmp_rules import (
     STALE_PREFIX,
     ScopeDir,
@@ -41,7 +41,7 @@ from mlx_medic.tmp_rules import (
 )
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory_model import Model
+    from mlx_medic.inventory.model import Model
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlx_medic.state_layout import DEFAULT_STATE_DIR
+from mlx_medic.state.layout import DEFAULT_STATE_DIR
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
 
 SCHEMA = 1
 EXIT_OK = 0
@@ -108,7 +108,7 @@ class NodeContext:
 
 def node_context(args: argparse.Namespace) -> NodeContext:
     """The inventory, state dir and this node's name, or HelperError saying what is missing."""
-    from mlx_medic.node_identity import NodeIdentityError, resolve_node
+    from mlx_medic.state.node_identity import NodeIdentityError, resolve_node
 
     inventory = None
     if args.config_file is not None:
@@ -128,13 +128,13 @@ def node_context(args: argparse.Namespace) -> NodeContext:
 
 def helper_inventory(path: Path) -> Inventory:
     """The inventory as a helper loads it: from its validated snapshot when there is one
-    (no pydantic: mlx_medic.inventory_snapshot), else validated in full; HelperError with
+    (no pydantic: mlx_medic.inventory.snapshot), else validated in full; HelperError with
     every problem when it is not valid."""
     # No pydantic plugins in a helper that validates: looking for them reads every
     # installed package's metadata, which costs more than the validation.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    from mlx_medic.inventory_methods import InventoryError
-    from mlx_medic.inventory_snapshot import load_cached_inventory
+    from mlx_medic.inventory.methods import InventoryError
+    from mlx_medic.inventory.snapshot import load_cached_inventory
 
     try:
         return load_cached_inventory(path)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
-from mlx_medic.inventory import Inventory, Node
+from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.node.cli import EXIT_OK, SCHEMA
 from mlx_medic.node.replies import Fields, Reply, ReplyError
 from mlx_medic.transport import NodeTransport, TransportError

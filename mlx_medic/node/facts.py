@@ -20,7 +20,7 @@ from typing import Any
 from mlx_medic.platform.commands import CommandError, ParseError, Runner, output_of
 from mlx_medic.serve.record import read_serve_record
 from mlx_medic.signatures import LogSignature, signatures_matching
-from mlx_medic.state_files import StateFileError
+from mlx_medic.state.files import StateFileError
 
 TIMEOUT = 5.0
 SW_VERS_ARGV = ("sw_vers", "-buildVersion")

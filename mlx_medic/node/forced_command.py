@@ -43,7 +43,7 @@ from mlx_medic.node.cli import HELPERS, helper_inventory
 from mlx_medic.node.key_table import KEYS, Grant, KeyName, Refused, Request, grants, match
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
 
 EXIT_REFUSED = 2
 THIS_HELPER = "forced-command"
@@ -249,7 +249,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_medic.node_identity import NodeIdentityError, resolve_node
+    from mlx_medic.state.node_identity import NodeIdentityError, resolve_node
 
     config_file = Path(os.path.abspath(args.config_file))
     inventory = helper_inventory(config_file)

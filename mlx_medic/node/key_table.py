@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory
-    from mlx_medic.inventory_model import Model
+    from mlx_medic.inventory.model import Model
+    from mlx_medic.inventory.schema import Inventory
 
 KeyName = Literal["remediator", "serve"]
 KEYS: tuple[KeyName, ...] = ("remediator", "serve")
@@ -124,7 +124,7 @@ def _serve_holder(value: Any, request: Request) -> None:
 
 def _remediator_lock(value: Any, request: Request) -> None:
     """A lock the remediator writes: its engine's holder and run id, its own node or none."""
-    from mlx_medic.model_lock_file import LockInfo
+    from mlx_medic.state.model_lock_file import LockInfo
 
     try:
         info = LockInfo.parse(str(value))

@@ -8,7 +8,8 @@ import argparse
 from typing import Any
 
 from mlx_medic.node.cli import EXIT_OK, HelperError, add_node_arguments, emit, node_context
-from mlx_medic.node.ledger import (
+from mlx_medic.processes.placement import hostfile_devices
+from mlx_medic.state.ledger import (
     LedgerError,
     debt_by_device,
     jaccl_allowed,
@@ -16,7 +17,6 @@ from mlx_medic.node.ledger import (
     read_ledger,
     start_debt,
 )
-from mlx_medic.placement import hostfile_devices
 
 PORT = ", listening on the model's port"
 

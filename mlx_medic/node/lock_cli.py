@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mlx_medic.model_lock_file import act_and_read, checked_info, lock_path
 from mlx_medic.node.cli import (
     EXIT_FAILED,
     EXIT_OK,
@@ -28,7 +27,8 @@ from mlx_medic.node.cli import (
     node_context,
 )
 from mlx_medic.node.model_arg import placed_model
-from mlx_medic.state_files import StateFileError
+from mlx_medic.state.files import StateFileError
+from mlx_medic.state.model_lock_file import act_and_read, checked_info, lock_path
 
 ACTIONS = ("show", "take", "replace", "release", "break")
 

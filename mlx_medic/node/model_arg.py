@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from mlx_medic.node.cli import BadArguments, NodeContext
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory_model import Model
+    from mlx_medic.inventory.model import Model
 
 
 def placed_model(context: NodeContext, name: str, *, on_head: bool = False) -> Model:

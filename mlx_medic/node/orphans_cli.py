@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_medic.orphan_scan import OrphanScan
     from mlx_medic.platform.process_table import system_process_table
-    from mlx_medic.process_roles import PatternSet, classifier
+    from mlx_medic.processes.orphan_scan import OrphanScan
+    from mlx_medic.processes.roles import PatternSet, classifier
 
     context = node_context(args)
     inventory = context.inventory

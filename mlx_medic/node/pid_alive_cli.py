@@ -2,7 +2,7 @@
 live on this node? Asked here because a pid means something only in its own PID
 namespace on its own machine (the model lock's holder is judged on the holder's node).
 
-Answers with `ps` (pid_liveness: the same reading on Linux and macOS): alive, dead (gone
+Answers with `ps` (processes.pid_liveness: the same reading on Linux and macOS): alive, dead (gone
 or a zombie), reused (the pid lives but started at another time: another process) or
 unknown (ps answered in a way that cannot be read; the caller counts it as alive).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from mlx_medic.node.cli import EXIT_OK, add_node_arguments, emit, node_context
-from mlx_medic.pid_liveness import local_liveness
+from mlx_medic.processes.pid_liveness import local_liveness
 
 
 def _pid(value: str) -> int:

@@ -21,7 +21,7 @@ from mlx_medic.health import ProbeAnswer, probe_host, probe_lock_dir, probe_mode
 from mlx_medic.node.cli import EXIT_OK, HelperError, add_node_arguments, emit, node_context
 from mlx_medic.node.model_arg import placed_model
 from mlx_medic.probe_cli import add_timeout_argument
-from mlx_medic.state_layout import StateFileError
+from mlx_medic.state.layout import StateFileError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_medic.state_files import StateFileError, read_text_nofollow, write_text_atomic
+from mlx_medic.state.files import StateFileError, read_text_nofollow, write_text_atomic
 
 START_TOLERANCE = 0.5  # seconds: two readings of one process's start time agree this well
 
@@ -107,7 +107,7 @@ def count_gone(
 ) -> list[Registered]:
     """Count every registered rank that is gone and that the ledger does not know as
     `vanished`; forget every gone one. Returns those counted."""
-    from mlx_medic.node.ledger import LedgerError, read_ledger, record_spend
+    from mlx_medic.state.ledger import LedgerError, read_ledger, record_spend
 
     counted = []
     for rank in registered(state_dir):

@@ -1,10 +1,10 @@
 """One writer at a time for a node record that is read, judged and then rewritten.
 
-A record is always written whole (state_files); what this adds is that a compare-then-
+A record is always written whole (state.files); what this adds is that a compare-then-
 write (renew a lease only if the run is current, take the model lock only if it is free,
 remove it only if it is still the one judged stale) is not interleaved with another
 helper's. An flock ends with its process, so a helper that dies never leaves it taken.
-The guard file belongs to the owner of its dir whoever makes it (state_layout), so root
+The guard file belongs to the owner of its dir whoever makes it (state.layout), so root
 and the node's login user can both take it.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mlx_medic.state_layout import StateFileError, open_lock_file
+from mlx_medic.state.layout import StateFileError, open_lock_file
 
 WAIT = 10.0  # helpers hold it for milliseconds; longer means a stuck writer
 

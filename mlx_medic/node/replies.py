@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
-from mlx_medic.backend_choice import CHOICES, BackendChoice
-from mlx_medic.service_stop import ServiceStop
+from mlx_medic.state.backend_choice import CHOICES, BackendChoice
+from mlx_medic.state.service_stop import ServiceStop
 
 
 class ReplyError(ValueError):

@@ -26,7 +26,8 @@ from mlx_medic.node.cli import (
 )
 from mlx_medic.node.model_arg import placed_model
 from mlx_medic.node.record_lock import exclusive
-from mlx_medic.runs import (
+from mlx_medic.state.files import StateFileError, remove_record
+from mlx_medic.state.runs import (
     RunLease,
     check_run_id,
     current_run_path,
@@ -36,7 +37,6 @@ from mlx_medic.runs import (
     record_current_run,
     record_lease,
 )
-from mlx_medic.state_files import StateFileError, remove_record
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

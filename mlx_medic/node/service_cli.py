@@ -44,13 +44,13 @@ from mlx_medic.platform.commands import (
 )
 from mlx_medic.serve.record import read_serve_record
 from mlx_medic.service_manager import ServiceAction, service_argv
-from mlx_medic.service_stop import (
+from mlx_medic.state.files import StateFileError
+from mlx_medic.state.service_stop import (
     ServiceStop,
     clear_service_stop,
     read_service_stop,
     record_service_stop,
 )
-from mlx_medic.state_files import StateFileError
 
 DEFAULT_TIMEOUT = 120.0
 LAUNCHD_NOT_LOADED = (3, "Boot-out failed: 3: No such process")

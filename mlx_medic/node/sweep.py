@@ -33,12 +33,12 @@ Survivors: a survivor in uninterruptible sleep is unkillable: only a reboot free
 is recorded in the ledger (`unkillable`, once per process, with its devices) and
 reported with the domains it is believed to hold. When every survivor is unkillable and
 none holds the model's port the sweep is `settled`: it did all a sweep can, and a start
-may go on around them (mlx_medic.survivors).
+may go on around them (mlx_medic.processes.survivors).
 
 Not ours: the helper runs as the node's login user. A process in scope that it may not
 signal (another user's: EPERM, checked with signal 0 before anything is noted or sent,
 and again on each signal) is not the model's to end here: reported in `not_ours` with
-its owner, never a target, a survivor or a failure (mlx_medic.not_ours).
+its owner, never a target, a survivor or a failure (mlx_medic.processes.not_ours).
 
 The scope rules are in `sweep_scope`, the report in `sweep_report`, the ledger notes in
 `sweep_ledger`; this module keeps the plan and the signal sequence together (about 480
@@ -59,16 +59,16 @@ from typing import TYPE_CHECKING
 from mlx_medic.node.sweep_ledger import LedgerNotes, Spender, _CallableNotes
 from mlx_medic.node.sweep_report import SweepReport, Target
 from mlx_medic.node.sweep_scope import Mode, backend_of, in_sweep_scope, is_jaccl_rank
-from mlx_medic.not_ours import may_signal, process_uid
-from mlx_medic.orphan_scan import OrphanScan, ProcessReader, ScanResult, read_as_process
-from mlx_medic.orphans import run_id_of
-from mlx_medic.placement import rank_devices
 from mlx_medic.platform.process_identity import Identity, own_lineage, read_identity
-from mlx_medic.process_info import ProcessInfo, ProcessTable, State
+from mlx_medic.processes.info import ProcessInfo, ProcessTable, State
+from mlx_medic.processes.not_ours import may_signal, process_uid
+from mlx_medic.processes.orphan_scan import OrphanScan, ProcessReader, ScanResult, read_as_process
+from mlx_medic.processes.orphans import run_id_of
+from mlx_medic.processes.placement import rank_devices
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory
-    from mlx_medic.inventory_model import Model
+    from mlx_medic.inventory.model import Model
+    from mlx_medic.inventory.schema import Inventory
 
 POLL = 0.02  # seconds between looks while waiting for targets to end
 KILL_WAIT = 3.0  # after SIGKILL: a process that is still there then will not go by itself
@@ -224,7 +224,7 @@ class NodeSweep:
         return rank_devices(proc.env, lambda path: self.seams.read_file(proc, path))
 
     def _current_run(self) -> str | None:
-        from mlx_medic.runs import read_current_run
+        from mlx_medic.state.runs import read_current_run
 
         return read_current_run(self.state_dir, self.model.name)
 

@@ -83,9 +83,9 @@ def _seconds(value: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from mlx_medic.node.sweep import Mode, NodeSweep
     from mlx_medic.platform.process_table import system_process_table
-    from mlx_medic.process_roles import PatternSet, classifier
-    from mlx_medic.runs import check_run_id
-    from mlx_medic.survivors import survivors_of
+    from mlx_medic.processes.roles import PatternSet, classifier
+    from mlx_medic.processes.survivors import survivors_of
+    from mlx_medic.state.runs import check_run_id
 
     context = node_context(args)
     model = placed_model(context, args.model)
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
 def ledger_after(state_dir: Path, node: str) -> dict[str, Any]:
     """The node's ledger as the sweep leaves it (what a start is judged by), or why not."""
-    from mlx_medic.node.ledger import LedgerError, read_ledger
+    from mlx_medic.state.ledger import LedgerError, read_ledger
 
     try:
         ledger = read_ledger(state_dir, node)

@@ -1,4 +1,4 @@
-"""What a sweep writes into its node's protection-domain ledger (mlx_medic.node.ledger):
+"""What a sweep writes into its node's protection-domain ledger (mlx_medic.state.ledger):
 spends, the JACCL ranks a signal of ours is about to end, and the survivors already
 recorded this boot. A test gives a spender of its own instead.
 """
@@ -21,13 +21,13 @@ class LedgerNotes:
         self.state_dir, self.node = state_dir, node
 
     def spend(self, **fields: Any) -> bool:
-        from mlx_medic.node.ledger import record_spend
+        from mlx_medic.state.ledger import record_spend
 
         kind = fields.pop("kind", "sigkill")
         return record_spend(self.state_dir, self.node, kind, **fields)
 
     def ended(self, processes: Sequence[Ended]) -> None:
-        from mlx_medic.node.ledger import record_ended
+        from mlx_medic.state.ledger import record_ended
 
         record_ended(self.state_dir, self.node, processes)
 
@@ -40,7 +40,7 @@ class LedgerNotes:
 
     def survivors(self) -> set[tuple[int, float]]:
         """(pid, start time) of every survivor the ledger records this boot."""
-        from mlx_medic.node.ledger import LedgerError, read_ledger
+        from mlx_medic.state.ledger import LedgerError, read_ledger
 
         try:
             ledger = read_ledger(self.state_dir, self.node)

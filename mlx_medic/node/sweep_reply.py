@@ -1,6 +1,6 @@
 """What `mlx-medic node sweep MODEL` tells a caller (`SweepReply`): the remediator's sweep
 step and the serve wrapper read the same fields, and judge survivors by one verdict
-(`survivor_verdict`, mlx_medic.survivors). Fields missing or ill-typed read as unknown
+(`survivor_verdict`, mlx_medic.processes.survivors). Fields missing or ill-typed read as unknown
 (mlx_medic.node.replies); a process without a pid is garbage."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from mlx_medic.node.replies import Fields, ProcessEntry, Reply, ReplyError
-from mlx_medic.survivors import Survivor, SurvivorVerdict
+from mlx_medic.processes.survivors import Survivor, SurvivorVerdict
 
 NO_LEDGER = {"error": "the sweep sent no ledger"}
 

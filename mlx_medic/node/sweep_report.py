@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_medic.node.sweep_scope import Mode, backend_of
-from mlx_medic.not_ours import owner_fields
 from mlx_medic.platform.process_identity import Identity
-from mlx_medic.process_info import ProcessInfo, State
-from mlx_medic.survivors import Survivor
+from mlx_medic.processes.info import ProcessInfo, State
+from mlx_medic.processes.not_ours import owner_fields
+from mlx_medic.processes.survivors import Survivor
 
 
 @dataclass

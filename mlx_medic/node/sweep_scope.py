@@ -9,9 +9,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from mlx_medic.orphans import run_id_of
-from mlx_medic.process_command_line import flag_value, invocation, launch_script_env
-from mlx_medic.process_info import (
+from mlx_medic.processes.command_line import flag_value, invocation, launch_script_env
+from mlx_medic.processes.info import (
     ENV_HOSTFILE,
     ENV_IBV_DEVICES,
     ENV_JACCL_COORDINATOR,
@@ -19,10 +18,11 @@ from mlx_medic.process_info import (
     ENV_RANK,
     ProcessInfo,
 )
-from mlx_medic.process_scope import ModelScoper, scope_argv, under_any
+from mlx_medic.processes.orphans import run_id_of
+from mlx_medic.processes.scope import ModelScoper, scope_argv, under_any
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory_model import Model
+    from mlx_medic.inventory.model import Model
 
 
 class Mode(StrEnum):

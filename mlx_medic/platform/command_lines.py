@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from mlx_medic.process_info import Role, next_check
-from mlx_medic.process_roles import Classifier, classify, is_exo_spawn_child
+from mlx_medic.processes.info import Role, next_check
+from mlx_medic.processes.roles import Classifier, classify, is_exo_spawn_child
 
 EnvReader = Callable[[], dict[str, str]]
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_medic.platform.command_lines import CachedCommand, recheck
-from mlx_medic.process_info import ProcessInfo, Role, State, parse_environ
-from mlx_medic.process_roles import Classifier, classify, resolve_exo_runners
+from mlx_medic.processes.info import ProcessInfo, Role, State, parse_environ
+from mlx_medic.processes.roles import Classifier, classify, resolve_exo_runners
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import psutil
 
 from mlx_medic.platform.command_lines import CachedCommand, recheck
-from mlx_medic.process_info import WATCHED_ENV, ProcessInfo, Role, State
-from mlx_medic.process_roles import Classifier, classify, resolve_exo_runners
+from mlx_medic.processes.info import WATCHED_ENV, ProcessInfo, Role, State
+from mlx_medic.processes.roles import Classifier, classify, resolve_exo_runners
 
 log = logging.getLogger(__name__)
 

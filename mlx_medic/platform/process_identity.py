@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from mlx_medic.process_info import State
+from mlx_medic.processes.info import State
 
 
 @dataclass(frozen=True)

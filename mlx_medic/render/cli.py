@@ -221,8 +221,8 @@ def _serve_public_keys(args: argparse.Namespace, inventory: Any, needed: bool) -
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_medic.inventory_load import load_inventory
-    from mlx_medic.inventory_methods import InventoryError
+    from mlx_medic.inventory.load import load_inventory
+    from mlx_medic.inventory.methods import InventoryError
     from mlx_medic.render import rules
     from mlx_medic.render.files import RenderError, RulesOptions, Site, write
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from mlx_medic.render import services
 from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site
-from mlx_medic.state_layout import REMEDIATOR_STATE_DIR
+from mlx_medic.state.layout import REMEDIATOR_STATE_DIR
 
 TARGET = "launchd"
 

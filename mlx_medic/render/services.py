@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
-from mlx_medic.inventory import Inventory, Node
-from mlx_medic.inventory_model import Model, ServiceManager
+from mlx_medic.inventory.model import Model, ServiceManager
+from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.render.files import RenderError
 
 EXPORTER_PORT = 10900  # the exporter's default --web.listen-address port

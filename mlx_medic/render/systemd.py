@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 
 from mlx_medic.render import services, tmpfiles
 from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site
-from mlx_medic.state_layout import REMEDIATOR_STATE_DIRECTORY
+from mlx_medic.state.layout import REMEDIATOR_STATE_DIRECTORY
 
 TARGET = "systemd"
 _PLAIN = re.compile(r"[A-Za-z0-9_./:=,+@-]+")

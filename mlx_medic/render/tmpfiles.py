@@ -5,7 +5,7 @@ the dir to the unit's user (root) at every start, and the node's login user coul
 longer write its locks there. And why not `ReadWritePaths=` of the parent: the root
 exporter (ProtectSystem=strict) would then write anywhere in /var/lib. systemd-tmpfiles
 runs at boot before every service (and by hand at install), makes the dir with the
-layout's owner and mode (mlx_medic/state_layout.py), and gives back a dir that another
+layout's owner and mode (mlx_medic/state/layout.py), and gives back a dir that another
 unit or an older version re-owned; the exporter then corrects what is inside it.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from mlx_medic.inventory import Inventory, Node
+from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.render.files import GENERATED, Rendered, RenderError
-from mlx_medic.state_layout import DIR_MODE, DIRS, STATE_GROUP
+from mlx_medic.state.layout import DIR_MODE, DIRS, STATE_GROUP
 
 CONF_NAME = "mlx-medic.conf"  # as installed: /etc/tmpfiles.d/mlx-medic.conf
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlx_medic.backend_choice import BackendChoice, write_backend_choice
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_model import Backend, Model
+from mlx_medic.inventory.model import Backend, Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.serve.record import Failure, ServeRecord
+from mlx_medic.state.backend_choice import BackendChoice, write_backend_choice
 
 log = logging.getLogger("mlx_medic.serve")
 SERVE_CHOOSER = "mlx-medic serve"  # who lifts or sets a pin from the wrapper
@@ -68,7 +68,7 @@ Ledgers = dict[str, dict[str, Any]]  # node -> {boot_id, debt_by_unit} or {error
 def jaccl_devices(model: Model) -> dict[str, tuple[str, ...]]:
     """Node -> the RDMA devices its rank uses (its row of the model's JACCL hostfile);
     a node whose row cannot be read here is left out: its busiest device is judged."""
-    from mlx_medic.placement import hostfile_devices
+    from mlx_medic.processes.placement import hostfile_devices
 
     found = {node: hostfile_devices(model, node) for node in model.nodes}
     return {node: devices for node, devices in found.items() if devices}
@@ -83,7 +83,7 @@ def ledger_refusal(
     """A reason not to start JACCL: a device a node needs at the model's reserve, or a
     ledger that cannot be read (an unknown debt is not room for another spend). The
     refusal names every model placed on that node: they share its devices."""
-    from mlx_medic.node.ledger import device_debt, jaccl_allowed
+    from mlx_medic.state.ledger import device_debt, jaccl_allowed
 
     needed = jaccl_devices(model) if devices is None else devices
     reserve = model.policy.pd_reserve

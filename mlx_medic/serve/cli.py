@@ -25,10 +25,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_load import load_inventory
-from mlx_medic.inventory_methods import InventoryError
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.methods import InventoryError
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.serve.run import EXIT_BAD_ARGUMENTS, EXIT_BUSY, EXIT_FAILED
 
 if TYPE_CHECKING:
@@ -74,13 +74,13 @@ def wrapper_ssh(inventory: Inventory, model: Model) -> Inventory:
 async def serve(inventory: Inventory, model: Model) -> int:
     from mlx_medic.model_lock import ModelLocks, process_start_time
     from mlx_medic.node.client import NodeHelpers
-    from mlx_medic.runs import new_run_id
     from mlx_medic.serve.nodes import ModelNodes, StartRefused
     from mlx_medic.serve.record import RecordKeeper, read_serve_record
     from mlx_medic.serve.relaunch import Relaunches
     from mlx_medic.serve.run import RunResult, ServeRun, WrapperContext
     from mlx_medic.serve.start import AlreadyServed, phase, refuse_if_live, take_lock
-    from mlx_medic.state_files import StateFileError
+    from mlx_medic.state.files import StateFileError
+    from mlx_medic.state.runs import new_run_id
     from mlx_medic.transport import LocalTransport, RoutedTransport, SshTransport
 
     logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per channel otherwise

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mlx_medic.node.ledger import EntryKind
+    from mlx_medic.state.ledger import EntryKind
 
 # The guard sits on every launch's critical path (before mlx.launch on the head, before
 # each rank): what only its watcher needs is imported there, after the fork.
@@ -76,8 +76,8 @@ def guard_argv(
 
 def run_is_over(state_dir: Path, model: str, run_id: str, now: float) -> str | None:
     """Why the run's processes must end on this node, or None while its lease holds."""
-    from mlx_medic.runs import read_current_run, read_lease
-    from mlx_medic.state_files import StateFileError
+    from mlx_medic.state.files import StateFileError
+    from mlx_medic.state.runs import read_current_run, read_lease
 
     current = read_current_run(state_dir, model)
     if current != run_id:
@@ -139,8 +139,8 @@ def record_spend_of(
     devices: tuple[str, ...],
 ) -> None:
     """A SIGKILLed (or vanished) JACCL rank spends its devices' domains until reboot."""
-    from mlx_medic.node.ledger import record_spend
-    from mlx_medic.node_identity import read_node_id
+    from mlx_medic.state.ledger import record_spend
+    from mlx_medic.state.node_identity import read_node_id
 
     node = read_node_id(state_dir)
     if node is not None:
@@ -177,7 +177,7 @@ def count_vanished(state_dir: Path) -> None:
     """The rank is gone: count it (and any other gone rank here) unless a signal of ours
     ended it."""
     from mlx_medic.node.rank_register import count_gone
-    from mlx_medic.node_identity import read_node_id
+    from mlx_medic.state.node_identity import read_node_id
 
     node = read_node_id(state_dir)
     if node is None:
@@ -192,7 +192,7 @@ def count_vanished(state_dir: Path) -> None:
 
 def own_devices() -> tuple[str, ...]:
     """This rank's RDMA devices, from the JACCL environment mlx.launch gave it."""
-    from mlx_medic.placement import rank_devices
+    from mlx_medic.processes.placement import rank_devices
 
     def read(path: str) -> str | None:
         try:
@@ -208,7 +208,7 @@ def _watcher(args: argparse.Namespace, pid: int, started: float, devices: tuple[
     try:
         os.setsid()
         log_path = Path(args.state_dir) / "runs" / f"{args.model}.guard.log"
-        from mlx_medic.state_layout import FILE_MODE, ensure_dir
+        from mlx_medic.state.layout import FILE_MODE, ensure_dir
 
         ensure_dir(log_path.parent)
         out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
@@ -216,7 +216,7 @@ def _watcher(args: argparse.Namespace, pid: int, started: float, devices: tuple[
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
-        from mlx_medic.process_info import WATCHED_ENV
+        from mlx_medic.processes.info import WATCHED_ENV
 
         env = {k: v for k, v in os.environ.items() if k not in WATCHED_ENV}
         argv = [

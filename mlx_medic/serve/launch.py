@@ -11,11 +11,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_model import Backend, Model
-from mlx_medic.runs import run_env
+from mlx_medic.inventory.model import Backend, Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.serve.guard import guard_argv
 from mlx_medic.serve.nodes import StartRefused
+from mlx_medic.state.runs import run_env
 
 
 def rank_python(model: Model) -> str:

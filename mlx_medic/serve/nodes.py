@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_medic.inventory import Model
+from mlx_medic.inventory.model import Model
 from mlx_medic.node.client import HelperCallError, HelperReply, NodeHelpers, R
 from mlx_medic.node.replies import CleanReply, ProcessEntry, RunReply
 from mlx_medic.node.sweep_reply import SweepReply, survivor_verdict
-from mlx_medic.survivors import SurvivorVerdict
+from mlx_medic.processes.survivors import SurvivorVerdict
 
 log = logging.getLogger("mlx_medic.serve")
 

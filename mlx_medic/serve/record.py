@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from mlx_medic.runs import check_model
-from mlx_medic.state_files import StateFileError, read_json_record, write_json_record
+from mlx_medic.state.files import StateFileError, read_json_record, write_json_record
+from mlx_medic.state.runs import check_model
 
 ServeState = Literal["starting", "serving", "failed", "stopped"]
 SERVE_STATES: tuple[ServeState, ...] = get_args(ServeState)

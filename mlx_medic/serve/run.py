@@ -15,10 +15,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.model_lock import LockHandle, ModelLocks
-from mlx_medic.runs import run_env
 from mlx_medic.serve.backend import (
     Candidate,
     boot_ids,
@@ -40,7 +39,8 @@ from mlx_medic.serve.smoke import LAUNCH_RANK_LINE, Verdict, judge
 from mlx_medic.serve.start import AlreadyServed, BlockedBySurvivor, phase, prepare_nodes
 from mlx_medic.serve.supervise import SERVING_LINES_KEPT, Launch, remaining
 from mlx_medic.serve.teardown import end_run, teardown_deadline
-from mlx_medic.state_files import StateFileError
+from mlx_medic.state.files import StateFileError
+from mlx_medic.state.runs import run_env
 
 log = logging.getLogger("mlx_medic.serve")
 
@@ -137,7 +137,7 @@ class ServeRun:
             raise Stopped
 
     async def _start(self) -> Candidate | None:
-        from mlx_medic.backend_choice import read_backend_choice
+        from mlx_medic.state.backend_choice import read_backend_choice
 
         model, lease, inventory = self.model, self.model.serve.lease, self.w.inventory
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mlx_medic.node.ledger import EntryKind
     from mlx_medic.platform.macos_rdma import RdmaPort
+    from mlx_medic.state.ledger import EntryKind
 
 MARK = "mlx-medic smoke:"
 OK_LINE = re.compile(rf"{re.escape(MARK)} rank (\d+) of (\d+) ok sum=(\d+)")
@@ -82,8 +82,8 @@ def judge(output: str, nodes: list[str], timed_out: bool, limit: float) -> Verdi
 
 def _record(state_dir: Path, model: str, kind: EntryKind) -> None:
     from mlx_medic.model_lock import process_start_time
-    from mlx_medic.node.ledger import record_spend
-    from mlx_medic.node_identity import read_node_id
+    from mlx_medic.state.ledger import record_spend
+    from mlx_medic.state.node_identity import read_node_id
 
     node = read_node_id(state_dir)
     started = process_start_time(os.getpid())

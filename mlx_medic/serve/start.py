@@ -3,7 +3,7 @@ model lock, and prepare every node: start sweep, then at once the clean, the new
 recorded as current with its lease, and each node's ledger. Nothing starts on top of
 possible orphans: an unreachable node or a process that survives the sweep and is not in
 uninterruptible sleep stops the start, named. What is unkillable is recorded in its
-node's ledger and the start goes on around it (mlx_medic.survivors), unless it holds the
+node's ledger and the start goes on around it (mlx_medic.processes.survivors), unless it holds the
 model's port; a listener that answers means another instance serves."""
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.model_lock import LockHandle, LockRefused, ModelLocks
+from mlx_medic.processes.survivors import SurvivorVerdict
 from mlx_medic.serve.nodes import ModelNodes, StartRefused
 from mlx_medic.serve.record import ServeRecord, wrapper_alive
 from mlx_medic.service_manager import service_argv
-from mlx_medic.survivors import SurvivorVerdict
 
 log = logging.getLogger("mlx_medic.serve")
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.model import Model
 from mlx_medic.serve.nodes import ModelNodes
 from mlx_medic.serve.supervise import Launch, remaining
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Node  # annotations only: the transport loads no pydantic
+    from mlx_medic.inventory.schema import Node  # annotations only: the transport loads no pydantic
 
 
 @dataclass(frozen=True)

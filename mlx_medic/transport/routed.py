@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from mlx_medic.transport.interface import CommandResult, NodeTransport
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Node  # annotations only: the transport loads no pydantic
+    from mlx_medic.inventory.schema import Node  # annotations only: the transport loads no pydantic
 
 
 class RoutedTransport:

@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncssh
 
-from mlx_medic.inventory import Inventory, Node
+from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.transport.interface import CommandResult, TransportError, output_text
 
 log = logging.getLogger(__name__)

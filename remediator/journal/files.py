@@ -13,7 +13,7 @@ import stat
 from contextlib import suppress
 from pathlib import Path
 
-from mlx_medic.state_layout import STATE_GROUP
+from mlx_medic.state.layout import STATE_GROUP
 
 JOURNAL_MODE = 0o640  # the journal and its -wal, -shm: the service's user, its group reads
 # Its dir stays searchable: the files' own mode keeps them private, and an on-call user

@@ -15,7 +15,8 @@ on top of possible orphans, so it never does.
 
 from __future__ import annotations
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.client import HelperCallError, NodeHelpers
 from mlx_medic.node.replies import ServiceReply
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict
@@ -29,7 +30,7 @@ from mlx_medic.remediator.steps import (
     Sweep,
     Verify,
 )
-from mlx_medic.service_stop import ServiceStop
+from mlx_medic.state.service_stop import ServiceStop
 
 FINISH_STOP = "finish-stop"
 

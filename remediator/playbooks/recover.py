@@ -3,8 +3,8 @@ survives SIGKILL is named, and the start goes on around it), clean, start, verif
 
 from __future__ import annotations
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict, recheck_model_down
 from mlx_medic.remediator.steps import (
     CleanTmp,

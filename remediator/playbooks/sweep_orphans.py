@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.replies import OrphansReply
 from mlx_medic.remediator.model_health import ModelState
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlx_medic.inventory import Model
+from mlx_medic.inventory.model import Model
 from mlx_medic.node.facts_reply import FactsReply
 from mlx_medic.node.replies import BackendReply
 from mlx_medic.remediator.outcomes import StepOutcome

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.client import NodeHelpers
+from mlx_medic.processes.survivors import SurvivorVerdict
 from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.remediator.outcomes import StepOutcome
-from mlx_medic.survivors import SurvivorVerdict
 from mlx_medic.transport import NodeTransport
 
 HealthCheck = Callable[[Model], Awaitable[HealthVerdict]]

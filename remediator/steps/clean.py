@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlx_medic.inventory import Model
+from mlx_medic.inventory.model import Model
 from mlx_medic.node.replies import CleanReply
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult

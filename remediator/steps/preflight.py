@@ -12,7 +12,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_medic.inventory import Model
+from mlx_medic.inventory.model import Model
 from mlx_medic.node.facts_reply import FactsReply
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult

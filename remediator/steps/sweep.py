@@ -9,7 +9,7 @@ ledger (the node's exporter then pages `MLXUnkillableSurvivors`: reboot NODE).
 
 What a survivor means here is the seed's final fix ("those already in Us+ survive but
 stop accumulating"): the sweep did all a sweep can, so an unkillable survivor is never by
-itself a failure and never leaves the service stopped (`mlx_medic.survivors` is the one
+itself a failure and never leaves the service stopped (`mlx_medic.processes.survivors` is the one
 policy, shared with the serve wrapper):
 
 - a survivor that does not hold the model's port: the step ends ok, its detail names
@@ -39,14 +39,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlx_medic.inventory import Inventory, Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.replies import ProcessEntry
 from mlx_medic.node.sweep_reply import SweepReply, survivor_verdict
+from mlx_medic.processes.survivors import SurvivorVerdict
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
 from mlx_medic.remediator.steps.facts import maintainers_report
 from mlx_medic.remediator.steps.on_nodes import ask, not_answered
-from mlx_medic.survivors import SurvivorVerdict
 
 UNREACHABLE_NEXT = (
     "the sweep could not be complete, so nothing was started: check that"

@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mlx_medic.inventory_methods import BackendName
+from mlx_medic.inventory.methods import BackendName
+from mlx_medic.inventory.model import Model
 from mlx_medic.node.facts_reply import FactsReply
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState
 from mlx_medic.remediator.outcomes import StepOutcome

@@ -6,9 +6,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from mlx_medic.inventory_load import parse_inventory
-from mlx_medic.process_info import ProcessInfo, State
-from mlx_medic.process_roles import classify, resolve_exo_runners
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.processes.info import ProcessInfo, State
+from mlx_medic.processes.roles import classify, resolve_exo_runners
 
 PYTHON = "/opt/mlx/venv/bin/python3"
 MODEL_PATH = "mlx-community/GLM-4.6-5bit"

@@ -15,7 +15,7 @@ from pathlib import Path
 from mlx_medic.exporter.collector import sample_value
 from mlx_medic.exporter.collectors.processes import ProcessesCollector
 from mlx_medic.platform.proc_linux import LinuxProcessTable
-from mlx_medic.process_info import Role
+from mlx_medic.processes.info import Role
 
 # A stand-in for exo: its main process starts one runner the way exo does
 # (multiprocessing, spawn start method) and then waits.

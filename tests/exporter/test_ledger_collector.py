@@ -14,8 +14,8 @@ import pytest
 
 from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector, sample_value
 from mlx_medic.exporter.collectors.ledger import LedgerCollector
-from mlx_medic.inventory_load import parse_inventory
-from mlx_medic.node.ledger import record_spend
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.state.ledger import record_spend
 from tests.node.inventories import two_models
 
 INVENTORY = two_models(m1="\n    policy: {pd_reserve: 3}")

@@ -16,7 +16,7 @@ from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector, sampl
 from mlx_medic.exporter.collectors import logs as logs_module
 from mlx_medic.exporter.collectors.logs import LogsCollector
 from mlx_medic.exporter.log_follower import FileHandle
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.signatures import BUILTIN, signature_set
 
 PD = b"RuntimeError: [jaccl] Couldn't allocate protection domain\n"

@@ -16,7 +16,7 @@ from mlx_medic.platform.proc_macos import (
     parse_ps_axo,
     parse_ps_stat,
 )
-from mlx_medic.process_info import Role, State
+from mlx_medic.processes.info import Role, State
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from mlx_medic.orphans import Rule, SuspectRule, find_orphans, scope
-from mlx_medic.placement import placement_of_env
-from mlx_medic.process_command_line import launched_command, ssh_destination
-from mlx_medic.process_info import ProcessInfo, Role, State, by_pid
-from mlx_medic.process_roles import classify_cmdline
-from mlx_medic.process_scope import ModelScoper
+from mlx_medic.processes.command_line import launched_command, ssh_destination
+from mlx_medic.processes.info import ProcessInfo, Role, State, by_pid
+from mlx_medic.processes.orphans import Rule, SuspectRule, find_orphans, scope
+from mlx_medic.processes.placement import placement_of_env
+from mlx_medic.processes.roles import classify_cmdline
+from mlx_medic.processes.scope import ModelScoper
 from tests.exporter.process_tables import (
     INVENTORY,
     MODEL_PATH,

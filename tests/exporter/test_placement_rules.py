@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_medic.orphans import Rule, SuspectRule
-from mlx_medic.placement import (
+from mlx_medic.processes.info import ProcessInfo, State
+from mlx_medic.processes.orphans import Rule, SuspectRule
+from mlx_medic.processes.placement import (
     Placement,
     placement_from,
     placement_of_env,
     placement_of_ssh_client,
 )
-from mlx_medic.process_info import ProcessInfo, State
 from tests.exporter.process_tables import (
     GLM_RING,
     INVENTORY,

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory_load import parse_inventory
-from mlx_medic.inventory_methods import InventoryError
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.methods import InventoryError
 from mlx_medic.platform.proc_linux import LinuxProcessTable
-from mlx_medic.process_command_line import command_text
-from mlx_medic.process_info import Role
-from mlx_medic.process_roles import PatternSet, classifier, classify
-from mlx_medic.process_scope import ModelScoper
+from mlx_medic.processes.command_line import command_text
+from mlx_medic.processes.info import Role
+from mlx_medic.processes.roles import PatternSet, classifier, classify
+from mlx_medic.processes.scope import ModelScoper
 from tests.exporter.process_tables import FakeProc, proc, ssh_client_argv
 
 REPO = Path(__file__).resolve().parents[2]

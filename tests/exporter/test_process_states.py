@@ -17,7 +17,7 @@ import pytest
 from mlx_medic.exporter.collector import sample_value
 from mlx_medic.exporter.collectors.processes import ProcessesCollector
 from mlx_medic.platform.proc_linux import LinuxProcessTable, parse_stat, state_from_letter
-from mlx_medic.process_info import State
+from mlx_medic.processes.info import State
 from tests.tools import require_root
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -15,8 +15,8 @@ import pytest
 from mlx_medic.exporter.collector import ExporterContext, sample_value
 from mlx_medic.exporter.collectors.processes import ProcessesCollector, make
 from mlx_medic.platform.proc_linux import LinuxProcessTable
-from mlx_medic.process_info import ProcessInfo, Role, State
-from mlx_medic.runs import record_current_run
+from mlx_medic.processes.info import ProcessInfo, Role, State
+from mlx_medic.state.runs import record_current_run
 from tests.exporter.process_tables import (
     INVENTORY,
     SSHD_LISTENER,
@@ -535,7 +535,7 @@ def test_an_orphan_the_ledger_records_as_a_survivor_of_sigkill_is_not_counted_as
 ):
     """No sweep can end it: it is mlx_unkillable_processes' (the ledger collector), so the
     orphan alert does not send the remediator's sweep-orphans after it again and again."""
-    from mlx_medic.node.ledger import record_spend
+    from mlx_medic.state.ledger import record_spend
 
     record_spend(
         tmp_path,
@@ -578,7 +578,7 @@ def test_an_orphan_the_ledger_records_as_a_survivor_of_sigkill_is_not_counted_as
 
 
 def test_a_reused_pid_of_a_recorded_survivor_is_an_orphan_like_any_other(tmp_path: Path):
-    from mlx_medic.node.ledger import record_spend
+    from mlx_medic.state.ledger import record_spend
 
     record_spend(
         tmp_path,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.runs import (
+from mlx_medic.state.runs import (
     current_run_path,
     new_run_id,
     read_current_run,

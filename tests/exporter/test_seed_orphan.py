@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlx_medic.runs import record_current_run
+from mlx_medic.state.runs import record_current_run
 from testbed import Cluster, free_port, processes
 from testbed.freezer import frozen
 from testbed.launch import rank_pids, start_launch

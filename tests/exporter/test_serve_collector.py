@@ -10,13 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlx_medic.backend_choice import write_backend_choice
 from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector, sample_value
 from mlx_medic.exporter.collectors.serve import ServeCollector
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.model_lock import process_start_time
 from mlx_medic.serve.record import ServeRecord, write_serve_record
-from mlx_medic.service_stop import record_service_stop
+from mlx_medic.state.backend_choice import write_backend_choice
+from mlx_medic.state.service_stop import record_service_stop
 
 INVENTORY = """\
 nodes:

@@ -13,7 +13,7 @@ import pytest
 from mlx_medic.exporter.collector import ExporterContext, ScrapeCollector, sample_value
 from mlx_medic.exporter.collectors.service import ModelServiceCollector, ProbeTarget, make
 from mlx_medic.health import ProbeResult, probe_model
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from testbed.net import free_port
 from tests.exporter.probe_servers import CountingCompletionServer, silent_listener
 from tests.exporter.real_mlx_server import mlx_lm_server

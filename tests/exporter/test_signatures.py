@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.signatures import (
     BUILTIN,
     BUILTIN_BY_NAME,

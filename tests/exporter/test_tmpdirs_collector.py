@@ -32,7 +32,7 @@ from mlx_medic.exporter.collectors.tmpdirs import (
     WatchedDir,
     scan_watched_dir,
 )
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.platform.commands import CommandError, CompletedCommand, as_user, output_of
 from mlx_medic.platform.du import DuError, gnu_du, parse_du_output, probe_du
 from mlx_medic.platform.open_paths import PathsInUse, paths_in_use, psutil_paths_in_use

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlx_medic.backend_choice import read_backend_choice
+from mlx_medic.state.backend_choice import read_backend_choice
 from tests.node.helper_runner import two_model_helpers
 
 

@@ -11,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.node.clean import Cleaner
-from mlx_medic.node_identity import write_node_id
 from mlx_medic.platform.open_paths import PathsInUse
 from mlx_medic.platform.weighers import PythonWeigher
+from mlx_medic.state.node_identity import write_node_id
 from mlx_medic.tmp_rules import scope_dirs
 
 OLD = time.time() - 7200

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory import Node, load_inventory
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.schema import Node
 from mlx_medic.node.client import (
     HelperCallError,
     NodeHelpers,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.node.forced_command import (
     Allowed,
     Refused,

@@ -18,17 +18,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlx_medic.inventory import Inventory, Node, parse_inventory
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.model_lock import LockHandle, ModelLocks
 from mlx_medic.node.cli import SCHEMA
 from mlx_medic.node.client import NodeHelpers, helper_argv
 from mlx_medic.node.forced_command import EXIT_REFUSED
 from mlx_medic.node.key_table import KeyName
 from mlx_medic.remediator.playbooks.finish_stop import read_stop_record
-from mlx_medic.runs import new_run_id
 from mlx_medic.serve.nodes import ModelNodes
 from mlx_medic.serve.start import prepare_nodes
 from mlx_medic.serve.teardown import end_run, teardown_deadline
+from mlx_medic.state.runs import new_run_id
 from mlx_medic.transport import CommandResult, RoutedTransport, SshTransport
 from testbed import Cluster, SimNode, free_port
 from testbed.cluster import SSH

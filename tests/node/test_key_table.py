@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from mlx_medic.inventory import Inventory, Node, load_inventory
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.model_lock import LockHandle, ModelLocks, lock_path
 from mlx_medic.node.cli import SCHEMA
 from mlx_medic.node.client import NodeHelpers
@@ -30,10 +31,10 @@ from mlx_medic.node.key_table import KEYS, TABLE, Grant, KeyName, table_text
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState, probe_model_health
 from mlx_medic.remediator.playbooks.finish_stop import read_stop_record
-from mlx_medic.runs import new_run_id
 from mlx_medic.serve.nodes import LeaseKeeper, ModelNodes
 from mlx_medic.serve.start import prepare_nodes, take_lock
 from mlx_medic.serve.teardown import end_run, teardown_deadline
+from mlx_medic.state.runs import new_run_id
 from mlx_medic.transport import CommandResult, LocalTransport, RoutedTransport
 from testbed import free_port
 from tests.remediator.engine_fakes import (

@@ -15,9 +15,10 @@ from typing import Any
 import psutil
 import pytest
 
-from mlx_medic.inventory_load import parse_inventory
-from mlx_medic.node import ledger as ledger_module
-from mlx_medic.node.ledger import (
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.processes.placement import hostfile_devices
+from mlx_medic.state import ledger as ledger_module
+from mlx_medic.state.ledger import (
     NODE_UNIT,
     SCHEMA,
     Ledger,
@@ -34,7 +35,6 @@ from mlx_medic.node.ledger import (
     record_spend,
     start_debt,
 )
-from mlx_medic.placement import hostfile_devices
 
 BOOT = "boot-1"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlx_medic.model_lock_file import LockInfo, text_digest
+from mlx_medic.state.model_lock_file import LockInfo, text_digest
 from tests.node.helper_runner import Helpers, two_model_helpers
 
 

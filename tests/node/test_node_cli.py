@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 
 from mlx_medic.node.boot_id import LINUX_BOOT_ID, current_boot_id
-from mlx_medic.node.ledger import record_spend
-from mlx_medic.node_identity import write_node_id
+from mlx_medic.state.ledger import record_spend
+from mlx_medic.state.node_identity import write_node_id
 from tests.node.inventories import two_models
 
 

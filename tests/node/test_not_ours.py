@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.clean import Cleaner
 from mlx_medic.node.sweep import NodeSweep
 from mlx_medic.platform.process_table import system_process_table
 from mlx_medic.platform.weighers import PythonWeigher, Weigher, default_weigher
-from mlx_medic.process_roles import PatternSet, classifier
+from mlx_medic.processes.roles import PatternSet, classifier
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps import CleanTmp, RunContext
 from mlx_medic.remediator.steps import Sweep as SweepStep

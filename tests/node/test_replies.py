@@ -21,7 +21,7 @@ from mlx_medic.node.replies import (
     ServiceReply,
 )
 from mlx_medic.node.sweep_reply import NO_LEDGER, SweepReply
-from mlx_medic.service_stop import ServiceStop
+from mlx_medic.state.service_stop import ServiceStop
 
 
 def read(kind: Any, document: dict[str, Any]) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.runs import read_current_run, read_lease
+from mlx_medic.state.runs import read_current_run, read_lease
 from tests.node.helper_runner import Helpers, two_model_helpers
 
 

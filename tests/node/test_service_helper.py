@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.node.service_cli import already_stopped, run_manager
-from mlx_medic.service_stop import read_service_stop, record_service_stop
+from mlx_medic.state.service_stop import read_service_stop, record_service_stop
 from testbed import Cluster, SimNode
 from testbed.keepalive import CONTROL
 from tests.node.inventories import two_models

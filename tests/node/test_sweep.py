@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory_load import parse_inventory
-from mlx_medic.node.ledger import read_ledger
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.node.sweep import (
     BROKEN_WINDOW,
     PROBE_WINDOW,
@@ -25,14 +24,15 @@ from mlx_medic.node.sweep import (
     Seams,
     in_sweep_scope,
 )
-from mlx_medic.node_identity import write_node_id
-from mlx_medic.not_ours import user_name
-from mlx_medic.orphan_scan import OrphanScan
 from mlx_medic.platform.process_identity import Identity
-from mlx_medic.process_info import ProcessInfo, State
-from mlx_medic.process_roles import PatternSet, classifier
-from mlx_medic.process_scope import ModelScoper
-from mlx_medic.runs import record_current_run
+from mlx_medic.processes.info import ProcessInfo, State
+from mlx_medic.processes.not_ours import user_name
+from mlx_medic.processes.orphan_scan import OrphanScan
+from mlx_medic.processes.roles import PatternSet, classifier
+from mlx_medic.processes.scope import ModelScoper
+from mlx_medic.state.ledger import read_ledger
+from mlx_medic.state.node_identity import write_node_id
+from mlx_medic.state.runs import record_current_run
 from tests.exporter.process_tables import (
     PYTHON,
     SSHD_LISTENER,
@@ -623,17 +623,17 @@ def test_orphans_only_ends_orphans_and_spares_suspects_and_the_current_run(tmp_p
 def test_the_current_run_is_read_once_per_sweep_even_when_none_is_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    import mlx_medic.runs
+    import mlx_medic.state.runs
 
     reads: list[str] = []
-    read = mlx_medic.runs.read_current_run
+    read = mlx_medic.state.runs.read_current_run
 
     def counted(state_dir: Path, model: str) -> str | None:
         reads.append(model)
         return read(state_dir, model)
 
-    monkeypatch.setattr(mlx_medic.runs, "read_current_run", counted)
-    monkeypatch.setattr("mlx_medic.orphan_scan.read_current_run", counted)
+    monkeypatch.setattr(mlx_medic.state.runs, "read_current_run", counted)
+    monkeypatch.setattr("mlx_medic.processes.orphan_scan.read_current_run", counted)
     stale = rank(11, env={"MLX_RANK": "0", "MLX_MEDIC_RUN_ID": "run-1"})
     sweep(World(stale), stale, mode=Mode.ORPHANS_ONLY, state_dir=tmp_path)
     assert reads == ["glm"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mlx_medic.runs import record_current_run
+from mlx_medic.state.runs import record_current_run
 from testbed import Cluster, free_port, processes
 from testbed.freezer import frozen
 from testbed.launch import rank_pids
@@ -463,10 +463,10 @@ def scrape_ledger(cluster: Cluster, config: str) -> dict[str, float]:
 
 REUSE = """\
 import json, os, subprocess, sys, time
-from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory.load import load_inventory
 from mlx_medic.node.sweep import NodeSweep, Seams
 from mlx_medic.platform.process_table import system_process_table
-from mlx_medic.process_roles import PatternSet, classifier
+from mlx_medic.processes.roles import PatternSet, classifier
 
 inventory = load_inventory(sys.argv[1])
 reborn = []

@@ -23,8 +23,8 @@ import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition, InvalidAlert
 from mlx_medic.remediator.auth import Credentials
 from mlx_medic.remediator.config import RemediatorConfig

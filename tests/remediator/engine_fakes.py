@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 import yaml
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_load import load_inventory
-from mlx_medic.inventory_methods import BackendName
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.methods import BackendName
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_medic.inventory import Inventory
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.cli import SCHEMA
 from mlx_medic.node.client import HelperCallError, HelperReply, NodeHelpers, helper_argv
 from mlx_medic.transport import LocalTransport

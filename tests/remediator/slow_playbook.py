@@ -7,8 +7,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.playbooks import Playbook, RecheckVerdict, recheck_model_down
 from mlx_medic.remediator.steps import (

@@ -17,7 +17,7 @@ import yaml
 
 from mlx_medic import backend_cli
 from mlx_medic.cli import COMMANDS, parse_args
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.remediator import cli_log, cli_remediate
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.config import RemediatorConfig

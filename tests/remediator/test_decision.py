@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.model import Model
 from mlx_medic.remediator.active_run import ActiveRun
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition, InvalidAlert
 from mlx_medic.remediator.budget import BudgetDecision

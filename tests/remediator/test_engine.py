@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
 from mlx_medic.remediator.config import ConfigError
 from mlx_medic.remediator.engine import Engine

@@ -15,7 +15,7 @@ import uuid
 import pytest
 import yaml
 
-from mlx_medic.service_stop import read_service_stop
+from mlx_medic.state.service_stop import read_service_stop
 from testbed import free_port
 from tests.node.test_service_helper import SUPERVISORD_CONTROL
 from tests.node.test_sweep_clean_testbed import HEALTHY_SERVER

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlx_medic.inventory import Inventory
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal

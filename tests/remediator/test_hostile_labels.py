@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from mlx_medic.node_identity import NODE_ID_FILE
+from mlx_medic.state.node_identity import NODE_ID_FILE
 from tests.remediator.conftest import (
     Stack,
     basic,

@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlx_medic.inventory import Inventory, Node, load_inventory, parse_inventory
+from mlx_medic.inventory.load import load_inventory, parse_inventory
+from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.model_lock import LockHandle, LockInfo, LockRefused, ModelLocks, lock_path
 from mlx_medic.transport import CommandResult, LocalTransport, SshTransport, TransportError
 from tests.node.inventories import helper_inventory

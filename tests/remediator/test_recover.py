@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.model_lock_file import LockInfo
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import RunView
 from mlx_medic.remediator.model_health import HealthVerdict
+from mlx_medic.state.model_lock_file import LockInfo
 from mlx_medic.transport import LocalTransport
 from tests.remediator.engine_fakes import (
     MODEL,

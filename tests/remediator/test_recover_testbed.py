@@ -33,7 +33,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory.load import load_inventory
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine

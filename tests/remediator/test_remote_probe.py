@@ -22,9 +22,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Inventory, InventoryError, Model, parse_inventory
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.methods import InventoryError
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.cli import SCHEMA
-from mlx_medic.node_identity import write_node_id
 from mlx_medic.remediator.config import ConfigError, RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
@@ -35,6 +37,7 @@ from mlx_medic.remediator.model_health import (
     probes_on_head,
     remediator_node,
 )
+from mlx_medic.state.node_identity import write_node_id
 from mlx_medic.transport import CommandResult, SshTransport, TransportError
 from testbed import free_port, wait_listening
 from tests.remediator.engine_fakes import alert

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_load import parse_inventory
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory
+from mlx_medic.processes.survivors import Survivor, SurvivorVerdict
 from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.playbooks import RecheckVerdict, RecoverPlaybook
@@ -35,7 +36,6 @@ from mlx_medic.remediator.steps import (
     Verify,
 )
 from mlx_medic.remediator.steps.sweep import survivor_escalation
-from mlx_medic.survivors import Survivor, SurvivorVerdict
 from mlx_medic.transport import LocalTransport
 from tests.remediator.engine_fakes import MODEL, Health, inventory_text, make_inventory
 from tests.remediator.fake_helpers import (

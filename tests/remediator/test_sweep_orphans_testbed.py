@@ -12,14 +12,14 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory_load import load_inventory
-from mlx_medic.inventory_model import Model
+from mlx_medic.inventory.load import load_inventory
+from mlx_medic.inventory.model import Model
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.model_health import HealthVerdict
-from mlx_medic.runs import record_current_run
+from mlx_medic.state.runs import record_current_run
 from mlx_medic.transport import SshTransport
 from testbed import Cluster, processes
 from testbed.launch import rank_pids

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.transport import SshTransport, TransportError
 
 pytestmark = pytest.mark.testbed

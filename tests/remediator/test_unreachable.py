@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from mlx_medic.inventory import Inventory
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal, RunView, owner_tag

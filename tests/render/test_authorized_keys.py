@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory.load import load_inventory
 from mlx_medic.node.forced_command import EXIT_REFUSED
 from testbed import Cluster
 from testbed.cluster import SSH

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.cli import parse_args
-from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory.load import load_inventory
 from tests.render.helpers import EXAMPLE, model, render, render_example, run, write_inventory
 
 

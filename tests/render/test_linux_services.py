@@ -219,7 +219,7 @@ def test_no_unit_takes_the_nodes_state_dir_and_the_remediator_has_its_own(
     from the node's login user). The exporter only may write the node's state dir (`-`:
     a dir not made yet does not stop it); the remediator's journal is in a dir of its own."""
     from mlx_medic.remediator.config import load_config
-    from mlx_medic.state_layout import REMEDIATOR_STATE_DIR, REMEDIATOR_STATE_DIRECTORY
+    from mlx_medic.state.layout import REMEDIATOR_STATE_DIR, REMEDIATOR_STATE_DIRECTORY
 
     out, _ = linux
     exporter = unit(out / "systemd" / "n1" / "mlx-medic-exporter.service")
@@ -248,7 +248,7 @@ def test_the_tmpfiles_line_makes_a_non_default_state_dir_for_the_login_user(tmp_
     """A state_dir that does not exist yet: ReadWritePaths=- does not stop the exporter,
     and systemd-tmpfiles (at boot, before it starts) makes the dir and its dirs as the
     layout says, and gives back one another unit re-owned."""
-    from mlx_medic.state_layout import DIR_MODE, DIRS
+    from mlx_medic.state.layout import DIR_MODE, DIRS
 
     tmpfiles = require_tool("systemd-tmpfiles")
     inventory = tmp_path / "inv.yaml"
@@ -307,7 +307,7 @@ def test_a_state_dir_tmpfiles_cannot_say_is_refused_naming_the_field(tmp_path: P
 def test_the_launchd_remediator_logs_in_its_own_dir_not_the_nodes_state_dir(tmp_path: Path):
     import plistlib
 
-    from mlx_medic.state_layout import REMEDIATOR_STATE_DIR
+    from mlx_medic.state.layout import REMEDIATOR_STATE_DIR
 
     out = render_example("launchd", tmp_path / "out")
     with (out / "launchd" / "com.mlx-medic.remediator.plist").open("rb") as handle:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mlx_medic.exporter.collector import sample_value
 from mlx_medic.exporter.collectors.logs import LogsCollector
-from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory.load import load_inventory
 from mlx_medic.signatures import BUILTIN
 from tests.render.helpers import EXAMPLE, model, render, render_example, write_inventory
 

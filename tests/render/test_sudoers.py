@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.inventory_load import load_inventory
+from mlx_medic.inventory.load import load_inventory
 from mlx_medic.service_manager import privileged_argv
 from tests.remediator.private_etc import in_private_etc
 from tests.render.helpers import EXAMPLE, model, render, render_example, run, write_inventory

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.schema import Inventory
 
 BOTH = "{jaccl: {hostfile: /etc/jaccl.json}, ring: {hostfile: /etc/ring.json, pipeline: true}}"
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlx_medic.node.ledger import read_ledger
-from mlx_medic.node_identity import write_node_id
-from mlx_medic.process_info import ENV_RANK, ENV_RUN_ID
-from mlx_medic.runs import record_current_run, record_lease
+from mlx_medic.processes.info import ENV_RANK, ENV_RUN_ID
 from mlx_medic.serve.guard import guard_argv, run_is_over
+from mlx_medic.state.ledger import read_ledger
+from mlx_medic.state.node_identity import write_node_id
+from mlx_medic.state.runs import record_current_run, record_lease
 
 
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:

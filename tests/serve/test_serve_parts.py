@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.backend_choice import AUTO, BackendChoice
 from mlx_medic.model_lock import process_start_time
 from mlx_medic.node.client import HelperCallError, HelperReply, read_as
 from mlx_medic.node.replies import ProcessEntry
@@ -37,6 +36,7 @@ from mlx_medic.serve.record import (
 )
 from mlx_medic.serve.smoke import judge
 from mlx_medic.serve.start import AlreadyServed, busy_message, refuse_if_live
+from mlx_medic.state.backend_choice import AUTO, BackendChoice
 from tests.serve.inventories import BOTH, inventory, jaccl_inventory
 
 NODES = ["ai001", "ai002"]

@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlx_medic.backend_choice import read_backend_choice, write_backend_choice
 from mlx_medic.platform.macos_rdma import parse_ibv_devinfo
 from mlx_medic.serve.backend import fail_back, pin_ring_again
 from mlx_medic.serve.relaunch import Relaunches
 from mlx_medic.serve.smoke import link_fault
+from mlx_medic.state.backend_choice import read_backend_choice, write_backend_choice
 from tests.serve.inventories import inventory
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "macos"

@@ -12,10 +12,10 @@ import time
 import uuid
 from pathlib import Path
 
-from mlx_medic.inventory import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.model_lock import LockHandle, ModelLocks
-from mlx_medic.runs import read_lease
 from mlx_medic.serve.record import read_serve_record
+from mlx_medic.state.runs import read_lease
 from mlx_medic.transport import LocalTransport
 from testbed import free_port
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlx_medic.backend_choice import read_backend_choice, write_backend_choice
-from mlx_medic.node.ledger import device_debt, read_ledger
 from mlx_medic.serve.record import ServeRecord
+from mlx_medic.state.backend_choice import read_backend_choice, write_backend_choice
+from mlx_medic.state.ledger import device_debt, read_ledger
 from testbed import Cluster, processes
 from testbed.faults import frozen_survivor, seed_crash
 from testbed.freezer import frozen

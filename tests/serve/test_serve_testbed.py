@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlx_medic.node.ledger import read_ledger, record_spend
-from mlx_medic.node_identity import read_node_id
-from mlx_medic.runs import read_current_run, read_lease
 from mlx_medic.serve.record import ServeRecord
+from mlx_medic.state.ledger import read_ledger, record_spend
+from mlx_medic.state.node_identity import read_node_id
+from mlx_medic.state.runs import read_current_run, read_lease
 from testbed import Cluster, processes
 from testbed.launch import rank_pids, start_launch
 from tests.serve.scenario import (

@@ -10,9 +10,9 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from mlx_medic.node.ledger import read_ledger
-from mlx_medic.node_identity import write_node_id
 from mlx_medic.serve import smoke
+from mlx_medic.state.ledger import read_ledger
+from mlx_medic.state.node_identity import write_node_id
 
 
 class OneRank:

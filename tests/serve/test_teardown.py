@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from mlx_medic.inventory import Node
-from mlx_medic.inventory_load import parse_inventory
+from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.schema import Node
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.serve.nodes import ModelNodes
 from mlx_medic.serve.teardown import end_run, teardown_deadline

@@ -11,13 +11,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mlx_medic.runs import check_model
-from mlx_medic.state_files import (
+from mlx_medic.state.files import (
     StateFileError,
     read_json_record,
     remove_record,
     write_json_record,
 )
+from mlx_medic.state.runs import check_model
 
 
 @dataclass(frozen=True)

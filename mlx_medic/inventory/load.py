@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from mlx_medic.inventory import Inventory
-from mlx_medic.inventory_methods import InventoryError
+from mlx_medic.inventory.methods import InventoryError
+from mlx_medic.inventory.schema import Inventory
 
 # Top-level lists that the file may also write as mappings keyed by each entry's name.
 KEYED_SECTIONS = ("nodes", "models")

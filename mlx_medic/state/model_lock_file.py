@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mlx_medic.state_layout import locks_dir
+from mlx_medic.state.layout import locks_dir
 
 
 def text_digest(text: str) -> str:
@@ -118,7 +118,7 @@ def _token(text: str) -> str | None:
 
 def _create_exclusive(path: Path, text: str) -> bool:
     """Create `path` whole or not at all; False when it exists (a link too)."""
-    from mlx_medic.state_files import StateFileError, write_text_atomic
+    from mlx_medic.state.files import StateFileError, write_text_atomic
 
     tmp = write_text_atomic(path.with_name(f".{path.name}.{os.getpid()}.new"), text)
     try:
@@ -144,7 +144,7 @@ def act_on_lock(
     """One action on the lock file (`mlx-medic node lock`'s, or the serve wrapper's on its
     own head) under the lock's flock; whether it happened."""
     from mlx_medic.node.record_lock import exclusive
-    from mlx_medic.state_files import read_text_nofollow, remove_record, write_text_atomic
+    from mlx_medic.state.files import read_text_nofollow, remove_record, write_text_atomic
 
     if action == "show":
         return True
@@ -170,7 +170,7 @@ def act_on_lock(
 def act_and_read(path: Path, action: str, **options: str | None) -> LockState:
     """`act_on_lock`, and the lock's text as the action left it (so its caller judges
     what is really there)."""
-    from mlx_medic.state_files import read_text_nofollow
+    from mlx_medic.state.files import read_text_nofollow
 
     done = act_on_lock(path, action, **options)
     return LockState(done, read_text_nofollow(path))

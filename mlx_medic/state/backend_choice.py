@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
-from mlx_medic.runs import check_model
-from mlx_medic.state_files import StateFileError, read_json_record, write_json_record
+from mlx_medic.state.files import StateFileError, read_json_record, write_json_record
+from mlx_medic.state.runs import check_model
 
 Choice = Literal["auto", "ring", "jaccl"]
 CHOICES: tuple[Choice, ...] = get_args(Choice)

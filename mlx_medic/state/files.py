@@ -5,7 +5,7 @@ Every record a node keeps about a model (current run, run lease, backend choice,
 service stopped by a run, the PD ledger) goes through these two functions, so a reader
 never sees half a file and a symlink never leads a write or a read out of the state dir.
 A record is FILE_MODE (0640) and belongs to the owner of its dir, whoever writes it
-(mlx_medic.state_layout: root's writes stay the node's login user's).
+(mlx_medic.state.layout: root's writes stay the node's login user's).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlx_medic.state_layout import FILE_MODE, Owner, StateFileError, ensure_dir, settle_new_file
+from mlx_medic.state.layout import FILE_MODE, Owner, StateFileError, ensure_dir, settle_new_file
 
 __all__ = [
     "MAX_RECORD_BYTES",

@@ -17,17 +17,17 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
-from mlx_medic.process_command_line import (
+from mlx_medic.processes.command_line import (
     Invocation,
     basename,
     command_text,
     invocation,
     launched_command,
 )
-from mlx_medic.process_info import ENV_RANK, ProcessInfo, Role, ancestors
+from mlx_medic.processes.info import ENV_RANK, ProcessInfo, Role, ancestors
 
 if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
 
 _LAUNCHER_MODULES = {"mlx.launch", "mlx._distributed_utils.launch"}
 _LAUNCHER_SCRIPTS = {"mlx.launch"}

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlx_medic.process_command_line import launch_script
-from mlx_medic.process_info import (
+from mlx_medic.processes.command_line import launch_script
+from mlx_medic.processes.info import (
     ENV_HOSTFILE,
     ENV_IBV_DEVICES,
     ENV_JACCL_COORDINATOR,
@@ -33,7 +33,7 @@ from mlx_medic.process_info import (
 )
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory_model import Model
+    from mlx_medic.inventory.model import Model
 
 
 @dataclass(frozen=True)

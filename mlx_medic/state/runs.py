@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_medic.names import NAME_PATTERN
-from mlx_medic.process_info import ENV_MODEL, ENV_RUN_ID
-from mlx_medic.state_files import (
+from mlx_medic.inventory.names import NAME_PATTERN
+from mlx_medic.processes.info import ENV_MODEL, ENV_RUN_ID
+from mlx_medic.state.files import (
     StateFileError,
     read_json_record,
     read_text_nofollow,

@@ -1,10 +1,10 @@
 """The inventory: one YAML file that describes the cluster.
 
 The exporter and the remediator read the same file. Loading it
-(`mlx_medic.inventory_load`) validates it completely; every error names the field, its
+(`mlx_medic.inventory.load`) validates it completely; every error names the field, its
 line, and what is wrong, so a bad file never half-configures a node. This module holds
 the whole file (`Inventory`) and its node, SSH and signature sections; a served model's
-section is `mlx_medic.inventory_model`, the field types `mlx_medic.inventory_fields`.
+section is `mlx_medic.inventory.model`, the field types `mlx_medic.inventory.fields`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from mlx_medic.inventory_fields import (
+from mlx_medic.inventory.fields import (
     DEFAULT_LOGIN_USER,
     USER_NAME_PATTERN,
     AbsolutePath,
@@ -24,9 +24,9 @@ from mlx_medic.inventory_fields import (
     SshSource,
     StrictModel,
 )
-from mlx_medic.inventory_methods import InventoryMethods
-from mlx_medic.inventory_model import Model
-from mlx_medic.state_layout import DEFAULT_STATE_DIR
+from mlx_medic.inventory.methods import InventoryMethods
+from mlx_medic.inventory.model import Model
+from mlx_medic.state.layout import DEFAULT_STATE_DIR
 
 
 class Node(StrictModel):

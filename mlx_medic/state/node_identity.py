@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
 
 NODE_ID_FILE = "node-id"
 
@@ -28,7 +28,7 @@ def node_id_path(state_dir: Path) -> Path:
 
 def read_node_id(state_dir: Path) -> str | None:
     """The name in `<state_dir>/node-id`, or None when there is no such file."""
-    from mlx_medic.state_files import StateFileError, read_text_nofollow
+    from mlx_medic.state.files import StateFileError, read_text_nofollow
 
     try:  # never through a link, a FIFO or a device: the state dir is the node user's
         text = read_text_nofollow(node_id_path(state_dir))
@@ -44,8 +44,8 @@ def read_node_id(state_dir: Path) -> str | None:
 
 def write_node_id(state_dir: Path, name: str) -> Path:
     """Record this node's name (atomically: a half-written id is never read), with the
-    state dir's owner and modes (mlx_medic/state_layout.py)."""
-    from mlx_medic.state_files import write_text_atomic
+    state dir's owner and modes (mlx_medic/state/layout.py)."""
+    from mlx_medic.state.files import write_text_atomic
 
     return write_text_atomic(node_id_path(state_dir), name + "\n")
 

@@ -6,7 +6,7 @@ helper more than its own work. So the first load of an inventory's exact bytes v
 them in full (`parse_inventory`, every rule and message as always) and writes the result
 to a snapshot in this user's cache dir; a later load of the same bytes by the same
 mlx-medic reads the snapshot back as read-only records with the same fields and the same
-methods (`mlx_medic.inventory_methods`). Only validated bytes are ever snapshotted, and a
+methods (`mlx_medic.inventory.methods`). Only validated bytes are ever snapshotted, and a
 changed file is a different key, so a helper never acts on an inventory the validator
 has not passed. A snapshot is trusted only in a dir and a file owned by this user that
 nobody else may write; anything wrong with the cache costs the full load, never a failure.
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import mlx_medic
 from mlx_medic import __version__
-from mlx_medic.inventory_methods import (
+from mlx_medic.inventory.methods import (
     BackendsMethods,
     InventoryMethods,
     ModelMethods,
@@ -33,7 +33,7 @@ from mlx_medic.inventory_methods import (
 )
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
 
 FORMAT = 1  # the snapshot's own layout; a change makes every older snapshot a miss
 KEEP = 16  # snapshots kept per cache dir (one per inventory version in use)
@@ -43,12 +43,12 @@ _PATH = "__path__"
 _SCHEMA_SOURCES = tuple(
     Path(mlx_medic.__file__).parent.parent / name
     for name in (
-        "mlx_medic/inventory.py",
-        "mlx_medic/inventory_fields.py",
-        "mlx_medic/inventory_model.py",
-        "mlx_medic/inventory_model_settings.py",
-        "mlx_medic/inventory_load.py",
-        "mlx_medic/names.py",
+        "mlx_medic/inventory/schema.py",
+        "mlx_medic/inventory/fields.py",
+        "mlx_medic/inventory/model.py",
+        "mlx_medic/inventory/model_settings.py",
+        "mlx_medic/inventory/load.py",
+        "mlx_medic/inventory/names.py",
     )
 )
 
@@ -122,7 +122,7 @@ def load_cached_inventory(path: str | Path, cache_dir: Path | None = None) -> In
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return _load_in_full(path)  # it reports the encoding problem
-    from mlx_medic.inventory_load import parse_inventory
+    from mlx_medic.inventory.load import parse_inventory
 
     inventory = parse_inventory(text, str(path))
     if snapshot is not None:
@@ -131,7 +131,7 @@ def load_cached_inventory(path: str | Path, cache_dir: Path | None = None) -> In
 
 
 def _load_in_full(path: Path) -> Inventory:
-    from mlx_medic.inventory_load import load_inventory
+    from mlx_medic.inventory.load import load_inventory
 
     return load_inventory(path)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from mlx_medic.inventory_fields import AbsolutePath, Duration, StrictModel
+from mlx_medic.inventory.fields import AbsolutePath, Duration, StrictModel
 
 
 class Policy(StrictModel):

@@ -2,7 +2,7 @@
 
 Two kinds of object carry the inventory: the validated pydantic models
 (`mlx_medic.inventory`) and the plain records a node helper reads from a snapshot
-(`mlx_medic.inventory_snapshot`, which loads no pydantic). Both take these methods from
+(`mlx_medic.inventory.snapshot`, which loads no pydantic). Both take these methods from
 here, so a helper and the remediator can never read the same file differently. Nothing
 here imports pydantic or PyYAML.
 """

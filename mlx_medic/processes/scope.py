@@ -12,13 +12,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
-from mlx_medic.process_command_line import flag_value, launch_script_env, launched_command
-from mlx_medic.process_info import ENV_MODEL, ProcessInfo, Role
-from mlx_medic.process_roles import PatternSet
+from mlx_medic.processes.command_line import flag_value, launch_script_env, launched_command
+from mlx_medic.processes.info import ENV_MODEL, ProcessInfo, Role
+from mlx_medic.processes.roles import PatternSet
 
 if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
-    from mlx_medic.inventory import Inventory
-    from mlx_medic.inventory_model import Model
+    from mlx_medic.inventory.model import Model
+    from mlx_medic.inventory.schema import Inventory
 
 UNKNOWN_MODEL = "unknown"
 EXO_MODEL = "exo"

@@ -4,8 +4,8 @@ protocol every platform's process table follows.
 
 The leaf of the process model: the platform tables (`mlx_medic.platform`) build on it,
 and it imports no platform module. What a command line runs is
-`mlx_medic.process_command_line`, the role it proves `mlx_medic.process_roles`, the
-model it serves `mlx_medic.process_scope`.
+`mlx_medic.processes.command_line`, the role it proves `mlx_medic.processes.roles`, the
+model it serves `mlx_medic.processes.scope`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ ENV_RUN_ID = "MLX_MEDIC_RUN_ID"
 ENV_MODEL = "MLX_MEDIC_MODEL"
 # What mlx.launch hands every rank about its launch's placement (launch.py launch_ring,
 # launch_jaccl): the paths of temporary files whose content every rank of one launch
-# shares, and JACCL's coordinator address. See mlx_medic.placement.
+# shares, and JACCL's coordinator address. See mlx_medic.processes.placement.
 ENV_HOSTFILE = "MLX_HOSTFILE"  # ring: a mktemp file holding the ranks' ip:port lists
 ENV_IBV_DEVICES = "MLX_IBV_DEVICES"  # jaccl: a mktemp file holding the RDMA device matrix
 ENV_JACCL_COORDINATOR = "MLX_JACCL_COORDINATOR"  # jaccl: rank 0's ip:port

@@ -9,7 +9,7 @@ role to a model (cached per pid, start time and argv: a scope cannot change whil
 the argv does not), reads each rank's launch placement once while its temporary
 hostfile is surely there, looks up each model's current run once per scan, and asks
 the platform whether a process listens on a port and whether an sshd still has its
-client (`mlx_medic.orphans` holds the rules themselves).
+client (`mlx_medic.processes.orphans` holds the rules themselves).
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlx_medic.orphans import (
+from mlx_medic.platform.listening import Probe, listening_probe
+from mlx_medic.platform.process_files import read_process_file
+from mlx_medic.processes.info import ProcessInfo, Role, State, by_pid
+from mlx_medic.processes.orphans import (
     Established,
     Listening,
     OrphanReport,
@@ -27,15 +30,12 @@ from mlx_medic.orphans import (
     find_orphans,
     psutil_established,
 )
-from mlx_medic.placement import Placement, Reader, placement_of_env
-from mlx_medic.platform.listening import Probe, listening_probe
-from mlx_medic.platform.process_files import read_process_file
-from mlx_medic.process_info import ProcessInfo, Role, State, by_pid
-from mlx_medic.process_scope import ModelScoper
-from mlx_medic.runs import read_current_run
+from mlx_medic.processes.placement import Placement, Reader, placement_of_env
+from mlx_medic.processes.scope import ModelScoper
+from mlx_medic.state.runs import read_current_run
 
 if TYPE_CHECKING:
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
 
 ProcessReader = Callable[[ProcessInfo, str], str | None]  # a file as the process sees it
 

@@ -50,8 +50,8 @@ from typing import Any, Literal
 
 from mlx_medic.node.boot_id import current_boot_id
 from mlx_medic.node.record_lock import exclusive
-from mlx_medic.state_files import StateFileError, read_text_nofollow, write_text_atomic
-from mlx_medic.survivors import Survivor
+from mlx_medic.processes.survivors import Survivor
+from mlx_medic.state.files import StateFileError, read_text_nofollow, write_text_atomic
 
 SCHEMA = 2  # 2: vanished, unkillable, ended; failed_start disputed; per-entry survivor facts
 READABLE_SCHEMAS = (1, 2)  # a schema-1 file (sigkill, failed_start, init_teardown) still reads

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from mlx_medic.placement import Placement, placement_of_ssh_client
-from mlx_medic.process_command_line import flag_value, launch_script_env, ssh_destination
-from mlx_medic.process_info import ENV_RANK, ENV_RUN_ID, ProcessInfo, Role, State, ancestors
-from mlx_medic.process_roles import has_exo_ancestor, is_sshd_session
-from mlx_medic.process_scope import ModelScoper, scope_argv
+from mlx_medic.processes.command_line import flag_value, launch_script_env, ssh_destination
+from mlx_medic.processes.info import ENV_RANK, ENV_RUN_ID, ProcessInfo, Role, State, ancestors
+from mlx_medic.processes.placement import Placement, placement_of_ssh_client
+from mlx_medic.processes.roles import has_exo_ancestor, is_sshd_session
+from mlx_medic.processes.scope import ModelScoper, scope_argv
 
 if TYPE_CHECKING:  # types only: discovery mode never loads the inventory's schema
-    from mlx_medic.inventory import Inventory
+    from mlx_medic.inventory.schema import Inventory
 
 
 class Rule(StrEnum):

@@ -1,6 +1,6 @@
 """One served model's section of the inventory (`models.<name>`): its nodes and port, the
 service that runs it, its backends, its own processes by command line, and its dirs.
-Its run settings (`policy`, `serve`) are in `mlx_medic.inventory_model_settings`."""
+Its run settings (`policy`, `serve`) are in `mlx_medic.inventory.model_settings`."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from mlx_medic.inventory_fields import USER_NAME_PATTERN, AbsolutePath, Name, StrictModel
-from mlx_medic.inventory_methods import (
+from mlx_medic.inventory.fields import USER_NAME_PATTERN, AbsolutePath, Name, StrictModel
+from mlx_medic.inventory.methods import (
     BackendsMethods,
     ModelMethods,
     ProcessPatternsMethods,
     ServiceMethods,
 )
-from mlx_medic.inventory_model_settings import Policy, ServeSettings
+from mlx_medic.inventory.model_settings import Policy, ServeSettings
 
 ServiceManager = Literal["launchd", "systemd", "supervisord"]
 ServiceKind = Literal["wrapper", "script"]
@@ -107,7 +107,7 @@ class Backends(StrictModel, BackendsMethods[Backend]):
         return self
 
 
-# Command texts (as `process_command_line.command_text` gives them) of processes that are never a
+# Command texts (as `processes.command_line.command_text` gives them) of processes that are never a
 # model's: a pattern that matches one of them would put shells, sshd or grep in the model's
 # scope, and the sweep acts on what is in scope.
 _NOT_A_MODEL_PROCESS = (

@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlx_medic.process_info import ENV_MODEL, ENV_RUN_ID
+from mlx_medic.processes.info import ENV_MODEL, ENV_RUN_ID
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?[tw]?$", re.IGNORECASE)  # python3.11, Python
 _SHELLS = {"sh", "bash", "zsh", "dash"}

@@ -2,7 +2,7 @@
 absolute paths, SSH sources, and the strict base every section derives from.
 
 Each parser rides on its type (`Duration`, `AbsolutePath`, `SshSource`), so every field
-of that type accepts the same spellings and the reference (`mlx_medic.inventory_doc`)
+of that type accepts the same spellings and the reference (`mlx_medic.inventory.reference`)
 can name the type.
 """
 
@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from mlx_medic.names import NAME_PATTERN
+from mlx_medic.inventory.names import NAME_PATTERN
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 USER_NAME_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
