@@ -221,3 +221,20 @@ def test_a_changed_schema_source_makes_every_snapshot_a_miss(
     before = snapshot_key(b"nodes: {}")
     source.write_text("# version 2, a new default\n")
     assert snapshot_key(b"nodes: {}") != before
+
+
+def test_every_module_the_schema_is_built_from_is_a_source_of_the_key() -> None:
+    """A source that is not there is skipped by the key, so a moved module would silently
+    stop making its snapshots a miss: each must exist, and every module of the inventory
+    that builds or loads pydantic models must be one."""
+    import mlx_medic.inventory.snapshot as snapshot_module
+
+    sources = snapshot_module._SCHEMA_SOURCES
+    assert all(path.is_file() for path in sources), sources
+    package = Path(snapshot_module.__file__).parent
+    builders = {
+        path
+        for path in package.glob("*.py")
+        if "\nfrom pydantic import" in path.read_text() and path.stem != "reference"
+    }
+    assert builders <= {path.resolve() for path in sources}, builders

@@ -121,3 +121,12 @@ def test_shared_code_importing_a_deployable_or_an_old_top_level_name_is_caught(
     assert layer_violations(root) == {
         "mlx_medic/planted.py": ["mlx_medic.exporter.main", "remediator"]
     }
+
+
+def test_the_packages_of_node_knowledge_import_nothing_at_their_top() -> None:
+    """`mlx_medic.inventory`, `.processes` and `.state` only group modules: a node helper
+    imports `inventory.snapshot` and `state.*` without pydantic, so no `__init__.py` may
+    pull in a sibling (import each thing from the module that defines it)."""
+    for name in ("inventory", "processes", "state"):
+        path = REPO / PACKAGE / name / "__init__.py"
+        assert imported_modules(path, f"{PACKAGE}.{name}") == set(), name

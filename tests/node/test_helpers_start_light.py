@@ -99,3 +99,32 @@ def test_a_helper_reads_a_validated_inventory_without_pydantic(tmp_path: Path) -
             ]
         )
     assert loaded == [["pydantic", "yaml"], []]
+
+
+REPO = Path(__file__).resolve().parents[2]
+# What a node helper reads the node with: every module of state/ and processes/, and the
+# inventory's plain-data side.
+PLAIN = [
+    *(
+        f"mlx_medic.{package}.{path.stem}"
+        for package in ("state", "processes")
+        for path in sorted((REPO / "mlx_medic" / package).glob("*.py"))
+        if path.stem != "__init__"
+    ),
+    "mlx_medic.inventory.snapshot",
+    "mlx_medic.inventory.methods",
+    "mlx_medic.inventory.names",
+]
+
+
+def test_the_state_process_and_snapshot_modules_load_no_validator() -> None:
+    code = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+        "print('LOADED', *sorted(m for m in ('pydantic', 'yaml') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *PLAIN], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(PLAIN) > 10 and result.stdout.split() == ["LOADED"]
