@@ -50,6 +50,7 @@ from typing import Literal
 
 from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.node.client import HelperCallError, NodeHelpers
+from mlx_medic.node.replies import PidAliveReply
 from mlx_medic.processes.pid_liveness import Liveness, local_liveness
 from mlx_medic.state.model_lock_file import (
     LockInfo,
@@ -363,14 +364,11 @@ class ModelLocks:
             if self.in_process and node.name == self.this_node:
                 liveness, why = await asyncio.to_thread(local_liveness, info.pid, info.pid_start)
             else:
-                reply = await self.helpers.call(node.name, "pid-alive", str(info.pid), *start)
-                liveness = Liveness(reply.document["liveness"])
-                why = str(reply.document["why"])
+                reply = await self.helpers.call(node.name, PidAliveReply, str(info.pid), *start)
+                liveness, why = reply.answer.liveness, reply.answer.why
         except HelperCallError as exc:
             silent = node.name if exc.no_answer else None
             return False, held + f"; cannot check its pid on {node.name}: {exc}", silent
-        except (KeyError, ValueError) as exc:
-            return False, held + f"; cannot check its pid on {node.name}: {exc}", None
         if liveness in (Liveness.DEAD, Liveness.REUSED):
             return True, f"holder pid {info.pid} on {node.name} is gone: {why}", None
         if liveness is Liveness.UNKNOWN:

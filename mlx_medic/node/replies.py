@@ -9,9 +9,9 @@ How a document that is not as the helper writes it reads, one rule for every rep
 - a field that is missing, null or of another type reads as unknown: None, empty, or the
   default its type names (an older helper, a part the node could not read);
 - except what a caller acts on: a process's `pid` (a whole number; its `start_time` a
-  number when given) and the backend `choice`. Without it the document is garbage:
-  `ReplyError` names the field, and the client makes it a HelperCallError that names the
-  node and the helper too.
+  number when given), the backend `choice` and a pid's `liveness`. Without it the
+  document is garbage: `ReplyError` names the field, and the client makes it a
+  HelperCallError that names the node and the helper too.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
+from mlx_medic.processes.pid_liveness import Liveness
 from mlx_medic.state.backend_choice import CHOICES, BackendChoice
 from mlx_medic.state.service_stop import ServiceStop
 
@@ -265,3 +266,21 @@ class RunReply(Reply):
     @classmethod
     def parse(cls, node: str, document: Fields) -> Self:
         return cls(document.text("current"), document.text("refused"))
+
+
+@dataclass(frozen=True)
+class PidAliveReply(Reply):
+    """`node pid-alive PID`: whether a lock holder's pid lives there, and why it says so.
+    The liveness decides whether a lock is broken, so it must be one the helper writes."""
+
+    helper: ClassVar[str] = "pid-alive"
+    liveness: Liveness
+    why: str = ""
+
+    @classmethod
+    def parse(cls, node: str, document: Fields) -> Self:
+        said = document.text("liveness")
+        if said not in {member.value for member in Liveness}:
+            named = ", ".join(member.value for member in Liveness)
+            raise ReplyError("liveness", f"is {said!r}, not one of {named}")
+        return cls(Liveness(said), document.text("why") or "")

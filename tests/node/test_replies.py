@@ -1,7 +1,7 @@
 """The caller-side reply types read each helper's document by one rule: missing or
 ill-typed fields read as unknown, and a process without a pid (or a backend reply without
-a choice) is garbage, an error that names the field; documents the helpers write read
-whole (mlx_medic.node.replies)."""
+a choice, a pid-alive reply without a liveness) is garbage, an error that names the
+field; documents the helpers write read whole (mlx_medic.node.replies)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ from mlx_medic.node.replies import (
     Fields,
     OrphansReply,
     PathEntry,
+    PidAliveReply,
     ProcessEntry,
     ReplyError,
     ServiceReply,
 )
 from mlx_medic.node.sweep_reply import NO_LEDGER, SweepReply
+from mlx_medic.processes.pid_liveness import Liveness
 from mlx_medic.state.service_stop import ServiceStop
 
 
@@ -126,9 +128,16 @@ def test_a_clean_reads_its_paths_and_owners() -> None:
         (OrphansReply, {"orphans": [{"pid": True}]}, "orphans[0].pid"),
         (BackendReply, {"choice": "fast"}, "choice"),
         (BackendReply, {}, "choice"),
+        (PidAliveReply, {"liveness": "maybe", "why": "?"}, "liveness"),
+        (PidAliveReply, {"why": "no liveness"}, "liveness"),
     ],
 )
 def test_what_a_caller_acts_on_must_be_there(kind: Any, document: dict, field: str) -> None:
     with pytest.raises(ReplyError) as caught:
         read(kind, document)
     assert caught.value.field == field
+
+
+def test_a_pid_alive_reads_the_liveness_the_helper_wrote() -> None:
+    reply = read(PidAliveReply, {"liveness": "reused", "why": "started at another time"})
+    assert reply == PidAliveReply(Liveness.REUSED, "started at another time")
