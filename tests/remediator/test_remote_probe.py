@@ -414,11 +414,15 @@ def server_in_head(remote: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def _inventory(remote: dict[str, Any], port: int | None = None, **node_changes: Any) -> Inventory:
+    """The inventory with the changes, written where the head's helpers read it too: one
+    inventory on every machine, as deployed (`node probe` takes the port from it)."""
     data = json.loads(json.dumps(remote["data"]))
     if port is not None:
         data["models"][remote["model"]]["port"] = port
     data["nodes"]["ai001"].update(node_changes)
-    return parse_inventory(yaml.safe_dump(data))
+    text = yaml.safe_dump(data, sort_keys=False)
+    Path(data["nodes"]["ai001"]["medic_config"]).write_text(text)
+    return parse_inventory(text)
 
 
 async def _recheck(inventory: Inventory, made: list[SshTransport], model: str) -> HealthVerdict:
