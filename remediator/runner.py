@@ -122,11 +122,16 @@ class Runner:
             nodes=tuple(n for n in model.nodes if n in run.nodes),
             known_unkillable=known_unkillable(self.journal, model.name),
         )
+        alert = run.trigger in ("alert", "startup")  # both re-check before they act
+        if alert:
+            control = self.journal.blocking_control(model.name)
+            if control is not None:  # a person said hands off: nothing is asked of a node
+                return RunEnd(RunOutcome.SKIPPED, f"{control.kind} set before the run started")
         plan = run.playbook.plan_for(model, self.inventory, context.nodes)
         ahead = plan[0].read_ahead(context) if plan and not run.dry_run else None
         asked = asyncio.create_task(ahead) if ahead is not None else None
         try:
-            return await self._lock_and_walk(run, model, context, plan, holding, asked)
+            return await self._lock_and_walk(run, model, context, plan, holding, asked, alert)
         finally:
             if asked is not None:  # unused when the run ended before its first step
                 asked.cancel()
@@ -141,14 +146,11 @@ class Runner:
         plan: list[Step],
         holding: list[LockHandle],
         asked: asyncio.Task[object] | None,
+        alert: bool,
     ) -> RunEnd:
-        """Re-check and take the lock while the first step's read-only question is asked
-        (`asked`); an answer from before a wait for the lock is not used."""
-        alert = run.trigger in ("alert", "startup")  # both re-check before they act
+        """Re-check (`alert`) and take the lock while the first step's read-only question is
+        asked (`asked`); an answer from before a wait for the lock is not used."""
         if alert:
-            control = self.journal.blocking_control(model.name)
-            if control is not None:
-                return RunEnd(RunOutcome.SKIPPED, f"{control.kind} set before the run started")
             skipped = await self._recheck(run, model, context)
             if skipped is not None:
                 return skipped

@@ -156,6 +156,19 @@ async def test_a_run_whose_recheck_finds_the_model_up_has_only_read_the_facts(
     assert {helper for _, helper, _ in helpers.calls} <= {"facts"}
 
 
+async def test_a_run_of_a_model_paused_before_it_started_asks_nothing_of_the_nodes(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """Paused: a person works on it. Not even the read-only facts are asked."""
+    engine, helpers = engine_with(tmp_path, engines, Health(verdicts=[DOWN]))
+    await engine.submit(alert("r1"))  # queued: its task has not run yet
+    engine.journal.set_pause(MODEL, reason="hands off", by_whom="me", now=1.0)
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert (run.outcome, run.detail) == ("skipped", "pause set before the run started")
+    assert helpers.calls == []
+
+
 async def test_after_waiting_for_the_lock_the_preflight_asks_the_facts_again(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
