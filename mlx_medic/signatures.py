@@ -3,8 +3,10 @@
 One list shared by the exporter (which counts them per log file) and the
 remediator (which reads the first error of a burst as the cause). Names are
 Prometheus label values, so they are snake_case and never renamed. Patterns
-follow the exact texts in MLX, mlx-lm and the incident write-ups (see
-`/work/shared/reference/upstream-failure-modes.md` and `macos-facts.md` §6);
+follow the exact texts in MLX (https://github.com/ml-explore/mlx: `mlx/distributed/`,
+`mlx/backend/metal/`, `python/mlx/_distributed_utils/launch.py`), mlx-lm and the incident
+write-ups (seed 000:
+https://valensas.com/blog/how-we-fixed-a-silent-killer-in-our-mac-studio-llm-cluster);
 the tests hold the verbatim lines and near-misses.
 
 Every signature also carries `anchors`: literal byte strings of which at least

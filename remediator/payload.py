@@ -1,11 +1,12 @@
 """Alertmanager's webhook payload (version "4"), validated before anything acts on it.
 
 Two levels, because Alertmanager does not retry 4xx: a body that is not an Alertmanager
-payload at all (not JSON, wrong version, no `alerts` list) is refused whole with a
-reason a person can act on; inside a payload each alert is read on its own, so one bad
-alert (say, a rule that lost its `model` label) never loses the good ones beside it: it
-becomes an InvalidAlert with its reason. A newer Alertmanager's extra fields are
-tolerated, never trusted.
+payload at all (empty, not JSON, wrong version, no `alerts` list: 400; not sent as
+application/json: 415) is refused whole with a reason a person can act on, whether
+Alertmanager or someone with curl sent it; inside a payload each alert is read on its
+own, so one bad alert (say, a rule that lost its `model` label) never loses the good
+ones beside it: it becomes an InvalidAlert with its reason. A newer Alertmanager's extra
+fields are tolerated, never trusted.
 """
 
 from __future__ import annotations
@@ -28,7 +29,18 @@ from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, InvalidAlert
 from mlx_medic.remediator.config import RoutingConfig
 
 SUPPORTED_VERSION = "4"
+EXPECTED_BODY = f'an Alertmanager webhook JSON payload (version "{SUPPORTED_VERSION}")'
 JSON_CONTENT_TYPES = frozenset({"application/json"})
+# JSON's names for what a body decoded to, as the sender wrote it (not Python's).
+JSON_TYPE_NAMES: dict[type, str] = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 
 # Label maps are str -> str: anything else (numbers, nulls, nested objects) is rejected.
 StrMap = dict[StrictStr, StrictStr]
@@ -37,7 +49,17 @@ Short = Annotated[StrictStr, Field(max_length=1024)]
 
 
 class PayloadError(ValueError):
-    """The payload cannot be used; the message is the 400 response's reason."""
+    """The delivery cannot be used; the message is the rejection's reason, sent with
+    `http_status`."""
+
+    http_status = 400
+
+
+class UnsupportedContentType(PayloadError):
+    """The body is not sent as JSON: HTTP's 415 Unsupported Media Type, so a sender (or a
+    person with curl) sees that the header is wrong, not the payload."""
+
+    http_status = 415
 
 
 class _Tolerant(BaseModel):
@@ -92,14 +114,17 @@ def _problems(exc: ValidationError, within: tuple[Any, ...] = ()) -> str:
 
 
 def check_content_type(content_type: str) -> None:
-    """Only JSON bodies; `content_type` is the media type without parameters."""
+    """Only JSON bodies; `content_type` is the media type without parameters, "" when the
+    request has no Content-Type header."""
     if content_type.lower() not in JSON_CONTENT_TYPES:
-        shown = content_type or "none"
-        raise PayloadError(f"content type must be application/json, got {shown}")
+        shown = content_type or "none (no Content-Type header)"
+        raise UnsupportedContentType(f"content type must be application/json, got {shown}")
 
 
 def parse_payload(body: bytes) -> WebhookPayload:
     """The validated payload, or PayloadError naming the first problems found."""
+    if not body.strip():  # JSON's own error ("Expecting value") would not say why
+        raise PayloadError(f"body is empty: expected {EXPECTED_BODY}")
     try:
         raw = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -111,7 +136,7 @@ def parse_payload(body: bytes) -> WebhookPayload:
     except RecursionError as exc:
         raise PayloadError("body is not valid JSON: nested too deeply") from exc
     if not isinstance(raw, dict):
-        raise PayloadError(f"payload must be a JSON object, got {type(raw).__name__}")
+        raise PayloadError(f"payload must be a JSON object, got {JSON_TYPE_NAMES[type(raw)]}")
     if "version" not in raw:
         raise PayloadError("invalid payload: version: required field is missing")
     version = raw["version"]

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -161,11 +161,13 @@ async def post_alerts(request: web.Request) -> web.Response:
     body = await _read_capped(request, config.max_body_bytes)
     if body is None:
         return _reject(request, 413, f"body larger than {config.max_body_bytes} bytes")
+    # aiohttp reports a missing header as application/octet-stream; the sender sent none.
+    sent_type = request.content_type if hdrs.CONTENT_TYPE in request.headers else ""
     try:
-        check_content_type(request.content_type)
+        check_content_type(sent_type)
         alerts = to_events(parse_payload(body), config.routing)
     except PayloadError as exc:
-        return _reject(request, 400, str(exc))
+        return _reject(request, exc.http_status, str(exc))
 
     engine = request.app[ENGINE_KEY]
     problem = engine.journal_problem()

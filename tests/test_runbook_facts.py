@@ -179,11 +179,59 @@ def test_the_decisions_page_puts_the_budget_per_device_and_ioclasscount_per_node
     )
     assert "`ioclasscount` cannot tell devices apart" in section
     # the sources it names: the dryvist measurement, JACCL's code, the man page (as fixtured)
-    assert '`max_pd: 11 max_qp: 11 max_cq: 11` "on every device"' in section
+    assert "`max_pd: 11 max_qp: 11 max_cq: 11` on every RDMA device" in section
     assert "`Connection::allocate_protection_domain`" in section
     assert "`MeshGroup::initialize`" in section
     manpage = (ROOT / "tests" / "fixtures" / "macos" / "ioclasscount_manpage.txt").read_text()
     assert "ioclasscount(8)" in manpage and "ioclasscount(8)" in section
+
+
+# Every page a user reads: a source it cites must be one the reader can open.
+READ_DOCS = sorted(
+    {*ON_CALL_TEXTS, *ROOT.glob("bench/*/RESULTS.md"), ROOT / "testbed" / "README.md"}
+)
+# Paths on the machine that wrote the page (the reference notes and seeds were there).
+LOCAL_PATH = re.compile(r"/work/\S*|(?<![\w./-])shared/\S*")
+# A Markdown link's target: inline `](target)` or a reference definition `[id]: target`.
+LINK_TARGET = re.compile(r"\]\(([^)\s]+)\)|^\[[^\]]+\]:\s+(\S+)", re.M)
+
+
+def local_paths(text: str) -> list[str]:
+    return LOCAL_PATH.findall(text)
+
+
+@pytest.mark.parametrize("path", READ_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_document_cites_its_sources_by_public_address_never_by_a_local_path(path):
+    assert local_paths(path.read_text(encoding="utf-8")) == [], path.relative_to(ROOT)
+
+
+def test_the_local_path_check_catches_the_reference_notes_and_the_seeds():
+    assert local_paths("(macos-facts.md; `/work/shared/reference/macos-facts.md` §5)")
+    assert local_paths("as the seed does it (shared/seeds/000_*)")
+    assert not local_paths("[dryvist]: https://github.com/dryvist/nix-ai/blob/develop/docs/")
+    assert not local_paths("`mlx_medic/state/shared_dirs.py`, /usr/share/man")
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in READ_DOCS if p.suffix == ".md"], ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_a_documents_links_into_the_repository_lead_to_files_that_exist(path):
+    for inline, reference in LINK_TARGET.findall(path.read_text(encoding="utf-8")):
+        target = (inline or reference).split("#", 1)[0]
+        if target and ":" not in target:  # an address (https:, mailto:) or an anchor alone
+            assert (path.parent / target).exists(), f"{path.relative_to(ROOT)}: {target}"
+
+
+def test_the_decisions_page_links_its_sources():
+    text = text_of(DECISIONS)
+    for address in (
+        "https://valensas.com/blog/how-we-fixed-a-silent-killer-in-our-mac-studio-llm-cluster",
+        "https://github.com/dryvist/nix-ai/blob/develop/docs/runbooks/rdma-protection-domains.md",
+        "https://github.com/ml-explore/mlx/pull/4530",
+        "https://github.com/exo-explore/exo/pull/2205",
+        "https://keith.github.io/xcode-man-pages/ioclasscount.8.html",
+    ):
+        assert address in text
 
 
 def test_the_protection_domain_runbooks_and_rules_count_per_rdma_device():

@@ -6,7 +6,8 @@ them), each running `mlx-medic node sweep MODEL --json --config.file INVENTORY`.
 inventory is new in every run, so the first repetition's helpers validate it in full and
 snapshot it (mlx_medic.inventory.snapshot); later ones read the snapshot.
 
-The seed's (the incident write-up's pre-start sweep, /work/shared/seeds/000_*): node
+The seed's (the pre-start sweep of the incident write-up,
+https://valensas.com/blog/how-we-fixed-a-silent-killer-in-our-mac-studio-llm-cluster): node
 after node, a fresh `ssh -o BatchMode=yes -o ConnectTimeout=5 NODE '...'` whose script
 is the seed's own, the port guard (lsof) and then `pgrep -f` + `kill -9`:
 

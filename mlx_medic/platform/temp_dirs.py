@@ -3,7 +3,7 @@
 The launcher's rank script runs a bare `mktemp` for its pid file and hostfiles,
 as the user the model's service runs as (on the peers: the user its ssh logs in
 as). On macOS that uses `_CS_DARWIN_USER_TEMP_DIR` (`/var/folders/<xx>/<hash>/T/`)
-and ignores `$TMPDIR` (macos-facts.md §5). That dir is per user: `confstr` (and
+and ignores `$TMPDIR` (sources in docs/decisions.md). That dir is per user: `confstr` (and
 `getconf DARWIN_USER_TEMP_DIR`) answers for the user who asks, and root gets its
 own (`/var/folders/zz/zyxvpxvq6csfxvn_n0000000000000/T/`), so an exporter running
 as root asks `getconf` as the service's user. On Linux `mktemp` uses `$TMPDIR`,

@@ -331,7 +331,7 @@ def test_a_wrong_content_type_is_refused_whatever_the_body(
     content_type: str,
 ) -> None:
     before = len(harness.engine.events)
-    assert harness.post(body, content_type) == 400
+    assert harness.post(body, content_type) == 415
     assert len(harness.engine.events) == before
 
 

@@ -9,7 +9,13 @@ import pytest
 
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, InvalidAlert
 from mlx_medic.remediator.config import RoutingConfig
-from mlx_medic.remediator.payload import PayloadError, check_content_type, parse_payload, to_events
+from mlx_medic.remediator.payload import (
+    PayloadError,
+    UnsupportedContentType,
+    check_content_type,
+    parse_payload,
+    to_events,
+)
 from tests.remediator.conftest import make_alert, make_payload
 
 
@@ -61,8 +67,10 @@ def test_the_zero_time_alertmanager_sends_as_endsat_is_accepted() -> None:
     [
         (b"{not json", "body is not valid JSON"),
         (b"\xff\xfe", "body is not UTF-8"),
-        (b"[]", "payload must be a JSON object, got list"),
-        (b'"4"', "payload must be a JSON object, got str"),
+        (b"[]", "payload must be a JSON object, got array"),
+        (b'"4"', "payload must be a JSON object, got string"),
+        (b"null", "payload must be a JSON object, got null"),
+        (b"4", "payload must be a JSON object, got number"),
         (encode({"groupKey": "x"}), "version: required field is missing"),
         (encode(make_payload(version="3")), 'unsupported payload version "3"'),
         (encode(make_payload(version=4)), "unsupported payload version 4"),
@@ -71,6 +79,17 @@ def test_the_zero_time_alertmanager_sends_as_endsat_is_accepted() -> None:
 def test_unusable_bodies_are_refused_with_a_reason(body: bytes, reason: str) -> None:
     with pytest.raises(PayloadError, match=reason.replace("(", r"\(")):
         parse_payload(body)
+
+
+@pytest.mark.parametrize("body", [b"", b" ", b"\n", b" \r\n\t "])
+def test_an_empty_or_blank_body_is_refused_as_empty_saying_what_is_expected(body: bytes) -> None:
+    """Not JSON's "Expecting value at line 1 column 1": the sender learns what is missing."""
+    with pytest.raises(PayloadError) as refused:
+        parse_payload(body)
+    assert str(refused.value) == (
+        'body is empty: expected an Alertmanager webhook JSON payload (version "4")'
+    )
+    assert refused.value.http_status == 400
 
 
 @pytest.mark.parametrize("field", ["groupKey", "status", "receiver", "alerts"])
@@ -181,7 +200,21 @@ def test_json_content_types_pass(content_type: str) -> None:
     check_content_type(content_type)
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", ""])
-def test_other_content_types_are_refused(content_type: str) -> None:
-    with pytest.raises(PayloadError, match="content type must be application/json"):
+@pytest.mark.parametrize(
+    "content_type, reason",
+    [
+        ("text/plain", "content type must be application/json, got text/plain"),
+        (  # what `curl -d` sends unless told otherwise
+            "application/x-www-form-urlencoded",
+            "content type must be application/json, got application/x-www-form-urlencoded",
+        ),
+        ("", "content type must be application/json, got none (no Content-Type header)"),
+    ],
+)
+def test_other_content_types_are_unsupported_media_types_naming_both_types(
+    content_type: str, reason: str
+) -> None:
+    with pytest.raises(UnsupportedContentType) as refused:
         check_content_type(content_type)
+    assert str(refused.value) == reason
+    assert refused.value.http_status == 415

@@ -97,6 +97,9 @@ async def test_healthz_needs_no_credentials(client: TestClient) -> None:
     "body, reason",
     [
         (b"{oops", "body is not valid JSON"),
+        (b"", 'body is empty: expected an Alertmanager webhook JSON payload (version "4")'),
+        (b"  \n\t", "body is empty"),  # blank is empty, not JSON's "Expecting value"
+        (b"null", "payload must be a JSON object, got null"),
         (make_payload(version="3"), 'unsupported payload version "3"'),
         ({"version": "4"}, "groupKey: required field is missing"),
         (make_payload(alerts={"0": make_alert()}), "alerts: Input should be a valid list"),
@@ -162,14 +165,69 @@ async def test_when_the_journal_cannot_record_a_delivery_gets_503_and_reaches_no
     assert "The journal is failing" in page and "database or disk is full" in page
 
 
-async def test_a_non_json_content_type_gets_400(client: TestClient) -> None:
+async def post_as(
+    client: TestClient, content_type: str | None, body: bytes
+) -> tuple[int, dict[str, Any]]:
+    """POST /alerts with this Content-Type header, or none at all."""
     response = await client.post(
         "/alerts",
-        data=json.dumps(make_payload()),
-        headers={"Content-Type": "text/plain", **bearer()},
+        data=body,
+        headers={**bearer(), **({} if content_type is None else {"Content-Type": content_type})},
+        skip_auto_headers=["Content-Type"],
     )
-    assert response.status == 400
-    assert "content type must be application/json" in (await response.json())["reason"]
+    return response.status, await response.json()
+
+
+@pytest.mark.parametrize(
+    "content_type, shown",
+    [
+        ("text/plain", "text/plain"),
+        ("application/x-www-form-urlencoded", "application/x-www-form-urlencoded"),  # curl -d
+        (None, "none (no Content-Type header)"),
+    ],
+)
+async def test_a_body_not_sent_as_json_gets_415_naming_the_type_sent_and_the_one_expected(
+    client: TestClient,
+    fake_engine: FakeEngine,
+    content_type: str | None,
+    shown: str,
+) -> None:
+    status, answer = await post_as(client, content_type, json.dumps(make_payload()).encode())
+    assert status == 415  # Unsupported Media Type: the header is wrong, not the payload
+    assert answer == {
+        "status": "rejected",
+        "reason": f"content type must be application/json, got {shown}",
+    }
+    assert fake_engine.events == [] and fake_engine.rejected == []
+
+
+async def test_json_with_a_charset_parameter_is_json(client: TestClient) -> None:
+    status, _ = await post_as(
+        client, "application/json; charset=utf-8", json.dumps(make_payload()).encode()
+    )
+    assert status == 202
+
+
+async def test_every_refused_delivery_counts_as_invalid_and_logs_its_reason_whatever_its_status(
+    client: TestClient,
+    fake_engine: FakeEngine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 415, an empty body and a bad one are refused alike: counted, logged with the
+    reason the sender got, and nothing reaches the engine (so nothing is journaled)."""
+    with caplog.at_level(logging.INFO, logger="mlx_medic.remediator.web"):
+        wrong_type = await post_as(client, "text/plain", json.dumps(make_payload()).encode())
+        empty = await post(client, b"")
+        not_json = await post(client, b"{oops")
+    answers = [wrong_type, empty, not_json]
+    assert [status for status, _ in answers] == [415, 400, 400]
+    records = [r for r in caplog.records if r.name == "mlx_medic.remediator.web"]
+    assert [(r.status, r.reason) for r in records] == [  # type: ignore[attr-defined]
+        (status, answer["reason"]) for status, answer in answers
+    ]
+    text = await (await client.get("/metrics", headers=bearer())).text()
+    assert 'mlx_medic_alerts_received_total{status="invalid"} 3.0' in text
+    assert fake_engine.events == [] and fake_engine.rejected == []
 
 
 async def test_an_oversized_body_gets_413_and_is_not_read(
