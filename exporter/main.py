@@ -15,6 +15,13 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, MetricsHandler, generate_latest
 
+from mlx_medic.command_line import (
+    CommandError,
+    add_inventory_flag,
+    add_log_flags,
+    file_error,
+    listen_error,
+)
 from mlx_medic.exporter import collectors as _collectors  # noqa: F401  (registers every collector)
 from mlx_medic.exporter.collector import REGISTRY, ExporterContext, ScrapeCollector
 from mlx_medic.exporter.settings import add_flags, describe, settings_from_args
@@ -36,13 +43,7 @@ LANDING = """<!doctype html><html><head><title>mlx-medic exporter</title></head>
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config.file",
-        dest="config_file",
-        type=Path,
-        default=None,
-        help="inventory YAML; without it, MLX processes are discovered",
-    )
+    add_inventory_flag(parser, "the inventory YAML; without it, MLX processes are discovered")
     parser.add_argument(
         "--web.listen-address",
         dest="listen",
@@ -62,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print one scrape to stdout and exit (for checks and tests)",
     )
+    add_log_flags(parser)
     for name, registration in sorted(REGISTRY.items()):
         group = parser.add_argument_group(f"collector {name}")
         group.add_argument(  # BooleanOptionalAction also makes --no-collector.NAME
@@ -75,20 +77,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             add_flags(group, name, registration.settings)
 
 
-def load(config_file: Path) -> Inventory:
+def load(inventory: Path) -> Inventory:
     """The inventory; its schema (pydantic) is imported only here, so an exporter without
-    an inventory never loads it. A bad file is a ValueError with the full report."""
+    an inventory never loads it. A bad file is a CommandError naming every problem."""
     from mlx_medic.inventory.load import load_inventory
     from mlx_medic.inventory.methods import InventoryError
 
     try:
-        return load_inventory(config_file)
+        return load_inventory(inventory)
     except InventoryError as exc:
-        raise ValueError(exc.report()) from None
+        raise file_error(exc) from None
 
 
 def build(args: argparse.Namespace) -> tuple[ExporterContext, ScrapeCollector]:
-    inventory = load(args.config_file) if args.config_file else None
+    inventory = load(args.inventory) if args.inventory else None
     state_dir = args.state_dir or (inventory.state_dir if inventory else DEFAULT_STATE_DIR)
     node = resolve_node(inventory, args.node, state_dir)
     enabled = [REGISTRY[name] for name in sorted(REGISTRY) if getattr(args, f"collector_{name}")]
@@ -152,7 +154,7 @@ def untrusted_files(args: argparse.Namespace) -> list[str]:
     mlx_medic.exporter.trusted_files); checked before the inventory is read."""
     from mlx_medic.exporter.trusted_files import refusal
 
-    return refusal(args.config_file)
+    return refusal(args.inventory)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,9 +166,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         host, port = parse_listen(args.listen)
         context, scrape = build(args)
-    except (LookupError, ValueError) as exc:
-        log.error("%s", exc)
-        return 2
+    except (LookupError, ValueError) as exc:  # the address, this node's name
+        raise CommandError(str(exc)) from None
     registry = make_registry(scrape)
     names = ", ".join(c.name for c in scrape.collectors) or "none"
     if context.node is None:
@@ -186,7 +187,11 @@ def run(args: argparse.Namespace) -> int:
         (ExporterHandler,),
         {"registry": registry, "landing": landing_page(context, scrape)},
     )
-    server = ThreadingHTTPServer((host, port), handler)
+    try:
+        server = ThreadingHTTPServer((host, port), handler)
+    except OSError as exc:
+        scrape.close()
+        raise listen_error(exc, args.listen) from None
     log.info("serving on http://%s:%d/metrics", host, server.server_port)
     try:
         server.serve_forever()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlx_medic import person
+from mlx_medic.command_line import CommandError, add_inventory_flag, file_error, unknown_model
 from mlx_medic.state.backend_choice import CHOICES
 
 if TYPE_CHECKING:
@@ -36,13 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CHOICE",
         help="pin ring or jaccl, or auto (JACCL, then ring); none: show",
     )
-    parser.add_argument(
-        "--config.file",
-        dest="config_file",
-        type=Path,
-        default=DEFAULT_INVENTORY,
-        help=f"the inventory ({DEFAULT_INVENTORY})",
-    )
+    add_inventory_flag(parser, f"the inventory (default {DEFAULT_INVENTORY})", DEFAULT_INVENTORY)
     parser.add_argument(
         "--node",
         default=None,
@@ -87,24 +82,19 @@ def run(args: argparse.Namespace) -> int:
     from mlx_medic.state.node_identity import NodeIdentityError, read_node_id, resolve_node
 
     try:
-        inventory = load_inventory(args.config_file)
+        inventory = load_inventory(args.inventory)
         inventory.model(args.model)
     except InventoryError as exc:
-        print(exc.report(), file=sys.stderr)
-        return 2
+        raise file_error(exc) from None
     except KeyError:
-        known = ", ".join(m.name for m in inventory.models)
-        print(
-            f"mlx-medic backend: no model {args.model!r} in {args.config_file} (models: {known})",
-            file=sys.stderr,
-        )
-        return 2
+        raise unknown_model(
+            args.model, (m.name for m in inventory.models), args.inventory
+        ) from None
     try:
         said = args.node or read_node_id(inventory.state_dir)
         this_node = resolve_node(inventory, args.node, inventory.state_dir) if said else None
     except NodeIdentityError as exc:
-        print(f"mlx-medic backend: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     helper_args = ["show"]
     if args.choice is not None:
         helper_args = ["set", args.choice, "--by", who(), "--reason", args.reason]

@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from mlx_medic.command_line import CommandError, CommandParser
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,6 @@ class CommandInfo:
     module: str  # has add_arguments(parser) and run(args) -> int
     help: str
     group: str
-    json_log_lines: bool = False
 
 
 COMMANDS: dict[str, CommandInfo] = {
@@ -48,7 +50,6 @@ COMMANDS: dict[str, CommandInfo] = {
         "mlx_medic.remediator.service",
         "run the Alertmanager webhook service",
         "remediator",
-        json_log_lines=True,
     ),
     # on-call
     "backend": CommandInfo(
@@ -79,7 +80,7 @@ def _overview() -> str:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; with `command`, that command's arguments too (and only its
     module imported)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="mlx-medic",
         description=__doc__.splitlines()[0],
         epilog=_overview(),
@@ -99,16 +100,36 @@ def _chosen_command(argv: list[str]) -> str | None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     command = _chosen_command(argv)
-    return build_parser(command if command in COMMANDS else None).parse_args(argv)
+    parser = build_parser(command if command in COMMANDS else None)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's own parser, so the error names its --help
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    chosen: argparse.ArgumentParser = commands.choices[name]
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a CommandError from its start-up is one line on stderr and its
+    exit code (docs/exit-codes.md), never a traceback."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    info = COMMANDS[args.command]
+    return run_command(args, importlib.import_module(COMMANDS[args.command].module).run)
+
+
+def run_command(args: argparse.Namespace, run: Callable[[argparse.Namespace], int | None]) -> int:
+    """`run(args)` with its logging set up as its flags say; a CommandError is one line."""
     from mlx_medic.logs import setup_logging
 
-    setup_logging(json_lines=info.json_log_lines)
-    return int(importlib.import_module(info.module).run(args) or 0)
+    try:
+        setup_logging(getattr(args, "log_format", "text"), getattr(args, "log_file", None))
+        return int(run(args) or 0)
+    except CommandError as exc:
+        print(f"mlx-medic {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

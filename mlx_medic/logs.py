@@ -6,6 +6,10 @@ import json
 import logging
 import sys
 import time
+from logging.handlers import WatchedFileHandler
+from pathlib import Path
+
+from mlx_medic.command_line import CommandError
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,9 +33,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def setup_logging(json_lines: bool = False, level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if json_lines:
+def setup_logging(
+    log_format: str = "text", log_file: Path | None = None, level: int = logging.INFO
+) -> None:
+    """Every log line to stderr, or appended to `log_file`: a WatchedFileHandler reopens it
+    when newsyslog or logrotate has renamed it, so no signal is needed after a rotation."""
+    handler: logging.Handler
+    if log_file is None:
+        handler = logging.StreamHandler(sys.stderr)
+    else:
+        try:
+            handler = WatchedFileHandler(log_file, encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(
+                f"--log.file {log_file}: cannot open: {exc.strerror or exc}"
+            ) from None
+    if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

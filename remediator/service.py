@@ -13,7 +13,6 @@ import logging
 import signal
 import socket
 import ssl
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from mlx_medic.command_line import CommandError, add_log_flags, listen_error
 from mlx_medic.inventory.load import load_inventory
 from mlx_medic.inventory.methods import InventoryError
 from mlx_medic.listen_address import parse_listen
@@ -69,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="serve without credentials (only behind something that checks them)",
     )
+    add_log_flags(parser)
 
 
 class StartupError(Exception):
@@ -163,7 +164,7 @@ async def serve(
         try:
             await site.start()
         except OSError as exc:
-            raise StartupError(f"cannot listen on {config.listen}: {exc.strerror or exc}") from exc
+            raise listen_error(exc, config.listen) from None
         log.info(
             "listening",
             extra={
@@ -210,6 +211,5 @@ def run(args: argparse.Namespace, playbooks: Mapping[str, Playbook] | None = Non
             )
         asyncio.run(serve(config, credentials, playbooks))
     except (StartupError, AuthError) as exc:
-        print(f"mlx-medic remediator: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     return 0

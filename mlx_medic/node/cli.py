@@ -18,15 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlx_medic.command_line import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CommandParser,
+    add_inventory_flag,
+)
+from mlx_medic.command_line import EXIT_OK as EXIT_OK  # the helpers' status, named here
 from mlx_medic.state.layout import DEFAULT_STATE_DIR
 
 if TYPE_CHECKING:
     from mlx_medic.inventory.schema import Inventory
 
 SCHEMA = 1
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_ARGUMENTS = 2
+EXIT_BAD_ARGUMENTS = EXIT_USAGE
 
 # helper name -> (module with add_arguments(parser) and run(args) -> int, help)
 HELPERS: dict[str, tuple[str, str]] = {
@@ -78,13 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every helper shares: where the inventory is and which node this is."""
-    parser.add_argument(
-        "--config.file",
-        dest="config_file",
-        type=Path,
-        default=None,
-        help="the inventory YAML (its state_dir, models and nodes)",
-    )
+    add_inventory_flag(parser, "the inventory YAML (its state_dir, models and nodes)")
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -111,16 +110,16 @@ def node_context(args: argparse.Namespace) -> NodeContext:
     from mlx_medic.state.node_identity import NodeIdentityError, resolve_node
 
     inventory = None
-    if args.config_file is not None:
-        inventory = helper_inventory(args.config_file)
+    if args.inventory is not None:
+        inventory = helper_inventory(args.inventory)
     state_dir = args.state_dir or (inventory.state_dir if inventory else DEFAULT_STATE_DIR)
     try:
         node = resolve_node(inventory, args.node, state_dir)
     except NodeIdentityError as exc:
         raise HelperError(str(exc)) from None
     if node is None:
-        raise HelperError(
-            "which node is this? pass --node NAME, --config.file with <state_dir>/node-id,"
+        raise BadArguments(
+            "which node is this? pass --node NAME, --inventory with <state_dir>/node-id,"
             " or write the name to <state_dir>/node-id"
         )
     return NodeContext(inventory, state_dir, node)
@@ -153,7 +152,7 @@ def emit(command: str, document: dict[str, Any], as_json: bool, text: str) -> No
 def run(args: argparse.Namespace) -> int:
     module_name, help_text = HELPERS[args.helper]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"mlx-medic node {args.helper}", description=help_text)
+    parser = CommandParser(prog=f"mlx-medic node {args.helper}", description=help_text)
     module.add_arguments(parser)
     helper_args = parser.parse_args(args.helper_args)
     try:

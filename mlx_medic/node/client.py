@@ -1,7 +1,7 @@
 """Calling the node helpers from elsewhere: the remediator over SSH, the serve wrapper
 on its head and peers.
 
-One argv shape for every call, `<medic_command> node HELPER ARGS --config.file
+One argv shape for every call, `<medic_command> node HELPER ARGS --inventory
 <medic_config> --node NAME --json`, which the forced command on the node accepts, and
 one reading of the reply: the helper's JSON document and exit status, or an error that
 says the node could not be asked (never read as the helper's answer). Called with the
@@ -77,7 +77,7 @@ def helper_argv(node: Node, helper: str, args: Sequence[str]) -> list[str]:
         "node",
         helper,
         *args,
-        "--config.file",
+        "--inventory",
         str(node.medic_config),
         "--node",
         node.name,

@@ -1,4 +1,4 @@
-"""`mlx-medic node forced-command --config.file INVENTORY [--key remediator|serve]
+"""`mlx-medic node forced-command --inventory INVENTORY [--key remediator|serve]
 [--node NAME]`: the `command=` of a key in a node's `authorized_keys`, so that key can run
 only what its own user's code sends (mlx_medic.node.key_table, one table per key).
 
@@ -8,7 +8,7 @@ sshd runs it for every login with that key and puts what the client asked for in
 health probe too is a helper (`node probe MODEL`: the inventory says where it probes).
 A helper's words are parsed by that helper's own argparse parser (no abbreviations, no
 --help), checked generically (MODEL must be an inventory model placed on this node,
-`--config.file` this inventory, `--state-dir` its state dir, `--node` this node, and no
+`--inventory` this inventory, `--state-dir` its state dir, `--node` this node, and no
 other path) and then against the key's table: one of its grants, exact
 in options and values (the remediator's key cannot send the serve wrapper's start sweep,
 `run set` or a lock with another holder; the serve key nothing but the wrapper's calls
@@ -17,7 +17,7 @@ Anything else is refused on stderr, exit 2, saying why. `mlx-medic render
 authorized-keys` writes the lines, one per key:
 
     restrict,no-user-rc,from="10.0.0.5",command="/opt/mlx-medic/bin/mlx-medic node
-    forced-command --config.file /etc/mlx-medic/inventory.yaml --key remediator"
+    forced-command --inventory /etc/mlx-medic/inventory.yaml --key remediator"
     ssh-ed25519 AAAA... remediator
 
 `--key` defaults to `remediator`: the lines written before there were two keys (no
@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from mlx_medic.node.cli import HELPERS, helper_inventory
+from mlx_medic.command_line import add_inventory_flag
+from mlx_medic.node.cli import HELPERS, BadArguments, helper_inventory
 from mlx_medic.node.key_table import KEYS, Grant, KeyName, Refused, Request, grants, match
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
 EXIT_REFUSED = 2
 THIS_HELPER = "forced-command"
 # Every caller's tail (mlx_medic.node.client.helper_argv), checked for every grant.
-GENERIC_OPTIONS = ("--config.file", "--state-dir", "--node", "--json")
+# `--config.file` is `--inventory`'s deprecated spelling, which callers before it sent.
+GENERIC_OPTIONS = ("--inventory", "--config.file", "--state-dir", "--node", "--json")
 
 __all__ = [
     "EXIT_REFUSED",
@@ -103,7 +105,7 @@ class Allowed:
     """What the request may mean: this inventory, this node, this key's table."""
 
     inventory: Inventory
-    config_file: Path
+    inventory_file: Path
     this_node: str | None  # None: unknown, and `unknown_node` says why (helpers refused)
     unknown_node: str = ""
     key: KeyName = "remediator"
@@ -131,9 +133,9 @@ class Allowed:
         if self.this_node is None:
             raise Refused(f"this node's name is unknown ({self.unknown_node})")
         values = dict(vars(parsed))
-        config = values.pop("config_file", None)
-        if config is not None:
-            self._same_path("--config.file", self.config_file)(str(config))
+        given = values.pop("inventory", None)
+        if given is not None:
+            self._same_path("--inventory", self.inventory_file)(str(given))
         state_dir = values.pop("state_dir", None)
         if state_dir is not None:
             self._same_path("--state-dir", self.inventory.state_dir)(str(state_dir))
@@ -198,8 +200,8 @@ def _validate_helper(helper: str, words: list[str], allowed: Allowed) -> tuple[l
     except Refused as exc:
         raise Refused(f"{command}: {exc}") from None
     argv = ["node", helper, *words]
-    if getattr(parsed, "config_file", None) is None:
-        argv += ["--config.file", str(allowed.config_file)]  # the inventory this key runs with
+    if getattr(parsed, "inventory", None) is None:
+        argv += ["--inventory", str(allowed.inventory_file)]  # the inventory this key runs with
     return argv, grant
 
 
@@ -229,13 +231,7 @@ def checked(original: str | None, allowed: Allowed) -> tuple[list[str], Grant]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config.file",
-        dest="config_file",
-        type=Path,
-        required=True,
-        help="the inventory the allowed commands are checked against",
-    )
+    add_inventory_flag(parser, "the inventory the allowed commands are checked against (required)")
     parser.add_argument(
         "--key",
         choices=KEYS,
@@ -251,8 +247,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from mlx_medic.state.node_identity import NodeIdentityError, resolve_node
 
-    config_file = Path(os.path.abspath(args.config_file))
-    inventory = helper_inventory(config_file)
+    if args.inventory is None:
+        raise BadArguments("--inventory FILE is required: the inventory this key runs with")
+    inventory_file = Path(os.path.abspath(args.inventory))
+    inventory = helper_inventory(inventory_file)
     this_node, unknown = None, ""
     try:
         this_node = resolve_node(inventory, args.node, inventory.state_dir)
@@ -260,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         unknown = str(exc)
     original = os.environ.get("SSH_ORIGINAL_COMMAND")
     try:
-        argv = validate(original, Allowed(inventory, config_file, this_node, unknown, args.key))
+        argv = validate(original, Allowed(inventory, inventory_file, this_node, unknown, args.key))
     except Refused as exc:
         print(f"mlx-medic forced command: refused {original!r}: {exc}", file=sys.stderr)
         return EXIT_REFUSED

@@ -19,7 +19,7 @@ def placed_model(context: NodeContext, name: str, *, on_head: bool = False) -> M
     """The inventory's model `name` if it runs on this node (on its head with `on_head`),
     else BadArguments naming it."""
     if context.inventory is None:
-        raise BadArguments(f"model {name!r}: pass --config.file INVENTORY (it names the models)")
+        raise BadArguments(f"model {name!r}: pass --inventory FILE (it names the models)")
     try:
         model = context.inventory.model(name)
     except KeyError:

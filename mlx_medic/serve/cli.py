@@ -1,4 +1,4 @@
-"""`mlx-medic serve MODEL [--config.file FILE]`: the model's service on its head node.
+"""`mlx-medic serve MODEL [--inventory FILE]`: the model's service on its head node.
 
 Refuse at once when another wrapper starts or serves the model; else take the model
 lock, sweep and clean every node, record the new run (with a lease) everywhere, choose
@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlx_medic.command_line import add_inventory_flag, add_log_flags, file_error, unknown_model
 from mlx_medic.inventory.load import load_inventory
 from mlx_medic.inventory.methods import InventoryError
 from mlx_medic.inventory.model import Model
@@ -42,25 +43,19 @@ DEFAULT_CONFIG = Path("/etc/mlx-medic/inventory.yaml")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
     parser.add_argument("model", help="the model's name in the inventory")
-    parser.add_argument(
-        "--config.file",
-        dest="config_file",
-        type=Path,
-        default=DEFAULT_CONFIG,
-        help=f"the inventory (default {DEFAULT_CONFIG})",
-    )
+    add_inventory_flag(parser, f"the inventory (default {DEFAULT_CONFIG})", DEFAULT_CONFIG)
+    add_log_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        inventory = load_inventory(args.config_file)
+        inventory = load_inventory(args.inventory)
         model = inventory.model(args.model)
     except InventoryError as exc:
-        print(f"mlx-medic serve: {exc.report()}", file=sys.stderr)
-        return EXIT_BAD_ARGUMENTS
+        raise file_error(exc, EXIT_BAD_ARGUMENTS) from None
     except KeyError:
-        print(f"mlx-medic serve: no model {args.model!r} in {args.config_file}", file=sys.stderr)
-        return EXIT_BAD_ARGUMENTS
+        names = (m.name for m in inventory.models)
+        raise unknown_model(args.model, names, args.inventory) from None
     return asyncio.run(serve(inventory, model))
 
 

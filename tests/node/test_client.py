@@ -46,7 +46,7 @@ def test_a_helper_runs_with_the_nodes_inventory_and_name_and_its_document_comes_
         MEDIC,
         "node",
         "ledger",
-        "--config.file",
+        "--inventory",
         config,
         "--node",
         "n1",

@@ -379,6 +379,8 @@ def start_service(
                 "-m",
                 module,
                 *subcommand,
+                "--log.format",
+                "json",  # log_lines() reads the JSON lines
                 "--config.file",
                 str(config_file),
                 "--web.listen-address",

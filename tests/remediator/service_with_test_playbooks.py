@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from mlx_medic.cli import parse_args
-from mlx_medic.logs import setup_logging
+from mlx_medic.cli import parse_args, run_command
 from mlx_medic.remediator import service
 from mlx_medic.remediator.playbooks import builtin_playbooks
 from tests.remediator.slow_playbook import slow_playbooks
@@ -19,8 +18,8 @@ from tests.remediator.slow_playbook import slow_playbooks
 
 def main(argv: list[str]) -> int:
     args = parse_args(["remediator", *argv])
-    setup_logging(json_lines=True)
-    return service.run(args, playbooks={**builtin_playbooks(), **slow_playbooks()})
+    playbooks = {**builtin_playbooks(), **slow_playbooks()}
+    return run_command(args, lambda args: service.run(args, playbooks=playbooks))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,158 @@
+"""What every `mlx-medic` command shares on its command line: one-line errors, the exit
+codes (docs/exit-codes.md), `--version`, `--inventory` and the `--log.*` flags.
+
+Imports only the standard library's argparse: `mlx-medic node ...` runs on every step of
+every remediation and must start light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+# The exit codes every command keeps (docs/exit-codes.md has the table, with each
+# command's own codes from 3 up).
+EXIT_OK = 0
+EXIT_FAILED = 1  # the command ran and could not do its job (the reason on stderr)
+EXIT_USAGE = 2  # it could not start as asked: a flag, a file, a name; fix and run again
+EXIT_BUSY = 3  # what it needs is held by another: the listen address, the model, its lock
+
+LOG_FORMATS = ("text", "json")
+
+
+class CommandError(Exception):
+    """A failure said in one line: `main` prints `mlx-medic COMMAND: message` on stderr and
+    exits with `exit_code`, no traceback."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse with its error in one line (usage is one `--help` away) and `--version`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.add_help:
+            self.add_argument("--version", action=VersionAction)
+
+    def error(self, message: str) -> Any:  # argparse calls this and expects it not to return
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class VersionAction(argparse.Action):
+    """`--version`: the installed mlx-medic's version, looked up only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, nargs=0, help="print mlx-medic's version"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"mlx-medic {version()}")
+        parser.exit(EXIT_OK)
+
+
+def version() -> str:
+    from mlx_medic import __version__
+
+    return __version__
+
+
+class DeprecatedFlag(argparse.Action):
+    """An old spelling still accepted: stores like the new one and says on stderr what to
+    write instead (once per flag)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, instead: str, **kwargs: Any):
+        super().__init__(option_strings, dest, **kwargs)
+        self.instead = instead
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated here; use {self.instead}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def add_inventory_flag(
+    parser: argparse.ArgumentParser | Any, help: str, default: Path | None = None
+) -> None:
+    """`--inventory FILE` (dest `inventory`). `--config.file` meant the inventory for these
+    commands before; it stays as a deprecated alias, since deployed services and keys still
+    say it. `parser` may be an argument group."""
+    parser.add_argument("--inventory", type=Path, default=default, metavar="FILE", help=help)
+    parser.add_argument(
+        "--config.file",
+        dest="inventory",
+        type=Path,
+        default=default,
+        metavar="FILE",
+        action=DeprecatedFlag,
+        instead="--inventory FILE (--config.file is the remediator's own config)",
+        help=argparse.SUPPRESS,
+    )
+
+
+def add_log_flags(parser: argparse.ArgumentParser) -> None:
+    """`--log.format` and `--log.file` of a long-running command (mlx_medic.logs)."""
+    parser.add_argument(
+        "--log.format",
+        dest="log_format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text for people (default), json: one object per line for log shippers",
+    )
+    parser.add_argument(
+        "--log.file",
+        dest="log_file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append the log to FILE, reopened when it is rotated (renamed or removed);"
+        " default stderr",
+    )
+
+
+def file_error(exc: Exception, exit_code: int = EXIT_USAGE) -> CommandError:
+    """A file that cannot be used (an InventoryError, a ConfigError): one problem in one
+    line, several as the error's report (a line each, with its place)."""
+    problems = getattr(exc, "problems", None)
+    report = getattr(exc, "report", None)
+    if problems and len(problems) > 1 and callable(report):
+        return CommandError(report(), exit_code)
+    return CommandError(str(exc), exit_code)
+
+
+def unknown_model(name: str, known: Iterable[str], source: object) -> CommandError:
+    """A model the inventory does not name, and the ones it does."""
+    return CommandError(f"no model {name!r} in {source} (models: {', '.join(known)})")
+
+
+def listen_error(exc: OSError, address: str, flag: str = "--web.listen-address") -> CommandError:
+    """A refused bind in one line: in use is EXIT_BUSY (another holds it), anything else
+    EXIT_USAGE (choose another address)."""
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return CommandError(
+            f"cannot listen on {address}: {why}: another process listens there; stop it"
+            f" or choose another address with {flag}",
+            EXIT_BUSY,
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return CommandError(
+            f"cannot listen on {address}: {why}: this user may not bind that port (below"
+            f" 1024 needs privileges); choose another with {flag}"
+        )
+    return CommandError(f"cannot listen on {address}: {why}; check {flag}")
