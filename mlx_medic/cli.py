@@ -38,7 +38,9 @@ COMMANDS: dict[str, CommandInfo] = {
     "serve": CommandInfo(
         "mlx_medic.serve.cli", "run a model's ranks on its head (what its service runs)", "node"
     ),
-    "check-config": CommandInfo("mlx_medic.check_config", "validate an inventory file", "node"),
+    "check-config": CommandInfo(
+        "mlx_medic.check_config", "validate an inventory or the remediator's config", "node"
+    ),
     # deployment
     "render": CommandInfo(
         "mlx_medic.render.cli",

@@ -100,7 +100,7 @@ def service_config(flag: Path | None) -> tuple[ConfigSource, RemediatorConfig]:
     try:
         config = read_config(source)
     except ConfigError as exc:
-        raise CliError(f"config: {exc}") from exc
+        raise CliError(f"config: {exc.report()}") from exc
     if "journal" not in config.model_fields_set:
         raise CliError(
             f"{source} does not name the journal; the service's default is under its own"

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from mlx_medic.file_problems import FileProblems
 from mlx_medic.inventory.fields import Duration, StrictModel
+from mlx_medic.listen_address import parse_listen
+from mlx_medic.yaml_config import parse_mapping, read_text, validate
 
 # Where the service's config is when no `--config.file` is given: the environment variable
 # the shipped units set, else the path they use (deploy/systemd, deploy/launchd).
@@ -121,9 +123,23 @@ class RemediatorConfig(StrictModel):
         " 'head' always probes there; 'remediator' always probes from here",
     )
 
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_listen(value, default_host="127.0.0.1")  # as the service will, before it listens
+        return value
+
 
 class ConfigError(ValueError):
-    pass
+    """The remediator's config cannot be used."""
+
+    def report(self) -> str:
+        return str(self)
+
+
+class ConfigFileError(FileProblems, ConfigError):
+    """The config file cannot be used: every problem with its line, as the inventory's
+    (`unreadable`: the file could not be read at all)."""
 
 
 def check_routing(routing: RoutingConfig, playbooks: Iterable[str]) -> None:
@@ -148,21 +164,12 @@ def load_config(path: Path | None) -> RemediatorConfig:
 
 
 def read_config(source: ConfigSource) -> RemediatorConfig:
-    """The file's settings over the embedded defaults; a ConfigError names the file (and,
-    when it came from the environment or the default path, how it was found)."""
+    """The file's settings over the embedded defaults; a ConfigFileError names the file
+    (and, when it came from the environment or the default path, how it was found)."""
     path = source.path
     name = str(path) if source.found_by == FLAG_FOUND_BY else str(source)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{name}: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{name}: the top level must be a mapping")
-    try:
-        return RemediatorConfig.model_validate(raw)
-    except ValidationError as exc:
-        problems = [
-            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
-            for e in exc.errors()
-        ]
-        raise ConfigError(f"{name}: " + "; ".join(problems)) from exc
+    text = read_text(path, name, ConfigFileError)
+    raw = parse_mapping(text, name, ConfigFileError, "remediator")
+    return validate(
+        RemediatorConfig, raw, text, name, ConfigFileError, kind="remediator", path=str(path)
+    )

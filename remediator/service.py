@@ -94,7 +94,7 @@ def effective_config(args: argparse.Namespace) -> RemediatorConfig:
     try:
         config = load_config(args.config_file)
     except ConfigError as exc:
-        raise StartupError(f"config: {exc}") from exc
+        raise StartupError(f"config: {exc.report()}") from exc
     overrides: dict[str, Any] = {}
     if args.listen is not None:
         overrides["listen"] = args.listen

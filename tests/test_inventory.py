@@ -52,7 +52,9 @@ def test_a_service_user_is_a_user_name_and_a_bad_one_is_named_with_its_line() ->
     assert inventory.model("m").service.user == "ai"
     assert parse_inventory(GOOD).model("m").service.user is None  # the exporter's own user
     found = problems(GOOD.replace("label: m}", "label: m, user: 'ai; rm -rf /'}"))
-    assert len(found) == 1 and found[0].startswith("line 9: models.m.service.user:")
+    assert len(found) == 1 and found[0].startswith(
+        "line 9, column 47: models.m.service.user: 'ai; rm -rf /': String should match"
+    )
 
 
 def test_durations_accept_units() -> None:
@@ -65,13 +67,16 @@ def test_durations_accept_units() -> None:
 
 def test_an_unknown_field_is_named_with_its_line() -> None:
     found = problems(GOOD.replace("port: 8080", "port: 8080\n    prefill: 2048"))
-    assert found == ["line 9: models.m.prefill: unknown field (check the spelling)"]
+    assert found == ["line 9, column 5: models.m.prefill: 2048: unknown field (check the spelling)"]
 
 
 def test_a_bad_value_names_the_field_and_the_reason() -> None:
     found = problems(GOOD.replace("port: 8080", "port: 99999"))
     assert len(found) == 1
-    assert found[0].startswith("line 8: models.m.port:") and "65535" in found[0]
+    assert (
+        found[0]
+        == "line 8, column 5: models.m.port: 99999: Input should be less than or equal to 65535"
+    )
 
 
 def test_a_rank_on_an_unknown_node_is_contradictory() -> None:
@@ -87,7 +92,7 @@ def test_two_models_cannot_serve_on_the_same_head_and_port() -> None:
 
 def test_a_node_listed_twice_in_a_model_is_refused() -> None:
     found = problems(GOOD.replace("nodes: [a, b]", "nodes: [a, a]"))
-    assert "line 7: models.m.nodes" in found[0] and "listed twice" in found[0]
+    assert "line 7, column 5: models.m.nodes" in found[0] and "listed twice" in found[0]
 
 
 def test_a_model_without_any_backend_is_refused() -> None:
@@ -109,15 +114,19 @@ def test_relative_or_parent_paths_are_refused_for_dirs_that_get_cleaned() -> Non
         (
             "a: {ssh: 127.0.0.2}",
             "a: {ssh: 127.0.0.2, medic_config: PATH}",
-            "line 2: nodes.a.medic_config",
+            "line 2, column 23: nodes.a.medic_config",
         ),
-        ("label: m}", "label: m, plist: PATH}", "line 9: models.m.service.plist"),
-        ("label: m}", "label: m, config: PATH}", "line 9: models.m.service.config"),
-        ("port: 8080", "port: 8080\n    serve: {python: PATH}", "line 9: models.m.serve.python"),
+        ("label: m}", "label: m, plist: PATH}", "line 9, column 47: models.m.service.plist"),
+        ("label: m}", "label: m, config: PATH}", "line 9, column 47: models.m.service.config"),
+        (
+            "port: 8080",
+            "port: 8080\n    serve: {python: PATH}",
+            "line 9, column 13: models.m.serve.python",
+        ),
         (
             "port: 8080",
             "port: 8080\n    serve: {identity_file: PATH}",
-            "line 9: models.m.serve.identity_file",
+            "line 9, column 13: models.m.serve.identity_file",
         ),
     ],
 )
@@ -173,8 +182,10 @@ def test_check_config_lists_every_problem_and_fails(tmp_path: Path) -> None:
     result = run_cli("check-config", str(bad))
     assert result.returncode == 1
     assert "2 problem(s)" in result.stderr
-    assert "line 8: models.m.port" in result.stderr
-    assert "line 9: models.m.colour: unknown field" in result.stderr
+    assert (
+        "line 8, column 5: models.m.port: eighty: Input should be a valid integer" in result.stderr
+    )
+    assert "line 9, column 5: models.m.colour: blue: unknown field" in result.stderr
 
 
 def test_the_exporter_does_not_start_on_a_bad_inventory(tmp_path: Path) -> None:
@@ -202,7 +213,9 @@ def test_the_login_user_is_a_named_user_never_root_by_default() -> None:
     )
     assert [n.user for n in parse_inventory(site).nodes] == ["ai", "medic"]  # a's own, else ssh's
     found = problems(GOOD.replace("nodes:\n", "ssh: {user: 'root; id'}\nnodes:\n"))
-    assert len(found) == 1 and found[0].startswith("line 1: ssh.user:")  # said once, where written
+    assert len(found) == 1 and found[0].startswith(
+        "line 1, column 7: ssh.user: 'root; id':"
+    )  # said once, where written
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,9 @@ def test_check_config_schema_prints_the_reference_table() -> None:
 def test_check_config_wants_a_file_or_schema() -> None:
     result = run_cli("check-config")
     assert result.returncode == 2
-    assert "one of the arguments file --schema is required" in result.stderr
+    assert (
+        "one of the arguments file --inventory --config.file --schema is required" in result.stderr
+    )
 
 
 def test_the_generator_reports_a_stale_reference(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 
+from mlx_medic.file_problems import FileProblems
+
 BackendName = Literal["jaccl", "ring"]
 
 
@@ -33,18 +35,9 @@ ModelT = TypeVar("ModelT", bound=_Placed)
 BackendT = TypeVar("BackendT")
 
 
-class InventoryError(ValueError):
-    """The inventory cannot be used; `problems` lists each one with its place."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        super().__init__(f"{source}: " + "; ".join(problems))
-
-    def report(self) -> str:
-        lines = [f"{self.source}: {len(self.problems)} problem(s)"]
-        lines += [f"  {p}" for p in self.problems]
-        return "\n".join(lines)
+class InventoryError(FileProblems):
+    """The inventory cannot be used; `problems` lists each one with its place
+    (`unreadable`: the file could not be read at all)."""
 
 
 class ServiceMethods:

@@ -176,7 +176,8 @@ def problems(patterns: str) -> list[str]:
 
 def test_a_pattern_that_is_not_a_regular_expression_is_refused_with_its_line_and_field():
     assert problems("rank: ['serve\\.py (']\n") == [
-        "line 12: models.glm-4_6-5b.process_patterns.rank[0]: not a regular expression:"
+        "line 12, column 14: models.glm-4_6-5b.process_patterns.rank[0]: 'serve\\.py (':"
+        " not a regular expression:"
         " missing ), unterminated subpattern at position 10"
     ]
 
@@ -194,13 +195,15 @@ def test_a_pattern_that_would_take_shells_or_grep_into_the_models_scope_is_refus
 ):
     (problem,) = problems(f"share:\n  - '{pattern}'\n")
     assert problem.startswith(
-        f"line 13: models.glm-4_6-5b.process_patterns.share[0]: too broad: it matches `{matched}`"
+        f"line 13, column 11: models.glm-4_6-5b.process_patterns.share[0]: '{pattern}':"
+        f" too broad: it matches `{matched}`"
     )
 
 
 def test_process_patterns_know_only_the_rank_and_share_roles():
     assert problems("launcher: ['mlx\\.launch .*']\n") == [
-        "line 12: models.glm-4_6-5b.process_patterns.launcher: unknown field (check the spelling)"
+        "line 12, column 7: models.glm-4_6-5b.process_patterns.launcher:"
+        " unknown field (check the spelling)"
     ]
 
 
@@ -280,7 +283,7 @@ def test_check_config_points_the_seeds_extra_params_at_serve_args(tmp_path: Path
     )
     assert result.returncode == 1
     assert (
-        "line 14: models.glm-4_6-5b.extra_params: unknown field: mlx-medic calls it"
+        "line 14, column 5: models.glm-4_6-5b.extra_params: unknown field: mlx-medic calls it"
         " `serve_args` (the seed's `extra_params`: the same flags without dashes, e.g."
         " `serve_args: {prefill-step-size: 2048}`)"
     ) in result.stderr
