@@ -157,6 +157,18 @@ def untrusted_files(args: argparse.Namespace) -> list[str]:
     return refusal(args.inventory)
 
 
+def listen(
+    handler: type[ExporterHandler], host: str, port: int, address: str
+) -> ThreadingHTTPServer:
+    """The bound server, before anything else is built: a taken or refused address is
+    said first and alone (CommandError). `handler`'s registry and landing page are set
+    once the collectors exist; no request is served before serve_forever."""
+    try:
+        return ThreadingHTTPServer((host, port), handler)
+    except OSError as exc:
+        raise listen_error(exc, address) from None
+
+
 def run(args: argparse.Namespace) -> int:
     refused = untrusted_files(args)
     if refused:
@@ -165,9 +177,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         host, port = parse_listen(args.listen)
-        context, scrape = build(args)
-    except (LookupError, ValueError) as exc:  # the address, this node's name
+    except ValueError as exc:
         raise CommandError(str(exc)) from None
+    handler: type[ExporterHandler] = type("Handler", (ExporterHandler,), {})
+    server = None if args.once else listen(handler, host, port, args.listen)
+    try:
+        context, scrape = build(args)
+    except BaseException as exc:
+        if server is not None:
+            server.server_close()
+        if isinstance(exc, LookupError | ValueError):  # this node's name
+            raise CommandError(str(exc)) from None
+        raise
     registry = make_registry(scrape)
     names = ", ".join(c.name for c in scrape.collectors) or "none"
     if context.node is None:
@@ -178,20 +199,12 @@ def run(args: argparse.Namespace) -> int:
         log.info("watching model %s (port %d, from the inventory)", model.name, model.port)
     if context.inventory is None:
         log.info("no inventory: discovering MLX processes by command line on this node")
-    if args.once:
+    if server is None:  # --once
         sys.stdout.buffer.write(generate_latest(registry))
         scrape.close()
         return 0
-    handler = type(
-        "Handler",
-        (ExporterHandler,),
-        {"registry": registry, "landing": landing_page(context, scrape)},
-    )
-    try:
-        server = ThreadingHTTPServer((host, port), handler)
-    except OSError as exc:
-        scrape.close()
-        raise listen_error(exc, args.listen) from None
+    handler.registry = registry
+    handler.landing = landing_page(context, scrape)
     log.info("serving on http://%s:%d/metrics", host, server.server_port)
     try:
         server.serve_forever()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -143,7 +144,8 @@ def unknown_model(name: str, known: Iterable[str], source: object) -> CommandErr
 def listen_error(exc: OSError, address: str, flag: str = "--web.listen-address") -> CommandError:
     """A refused bind in one line: in use is EXIT_BUSY (another holds it), anything else
     EXIT_USAGE (choose another address)."""
-    why = exc.strerror or str(exc)
+    # aiohttp's strerror holds its own sentence around the system's; say the system's
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
     if exc.errno == errno.EADDRINUSE:
         return CommandError(
             f"cannot listen on {address}: {why}: another process listens there; stop it"

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlx_medic.command_line import EXIT_USAGE
 from mlx_medic.inventory.load import load_inventory
 from mlx_medic.inventory.methods import InventoryError
 from mlx_medic.inventory.schema import Inventory
@@ -146,20 +147,22 @@ def open_oncall(args: argparse.Namespace, *, writes: bool) -> OnCall:
 
 def run_oncall(args: argparse.Namespace, body: Callable[[OnCall], int], *, writes: bool) -> int:
     """Open the service's journal, run `body`, close; a problem is a named error, exit 2."""
+    command = getattr(args, "command", "")
     try:
         oncall = open_oncall(args, writes=writes)
     except CliError as exc:
-        return fail(exc)
+        return fail(exc, command)
     try:
         return body(oncall)
     except CliError as exc:
-        return fail(exc)
+        return fail(exc, command)
     except sqlite3.Error as exc:
-        return fail(CliError(f"journal {oncall.config.journal}: {exc}"))
+        return fail(CliError(f"journal {oncall.config.journal}: {exc}"), command)
     finally:
         oncall.journal.close()
 
 
-def fail(error: CliError) -> int:
-    print(f"mlx-medic: {error}", file=sys.stderr)
-    return 2
+def fail(error: CliError, command: str = "") -> int:
+    """`mlx-medic COMMAND: error` on stderr, exit 2 (docs/exit-codes.md)."""
+    print(f"mlx-medic{' ' + command if command else ''}: {error}", file=sys.stderr)
+    return EXIT_USAGE

@@ -202,11 +202,11 @@ def _since(args: argparse.Namespace) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.limit < 1:
-        return fail(CliError("--limit must be at least 1"))
+        return fail(CliError("--limit must be at least 1"), args.command)
     try:
         since = _since(args)
     except CliError as exc:
-        return fail(exc)
+        return fail(exc, args.command)
     return run_oncall(args, lambda oncall: _show(oncall, args, since), writes=False)
 
 

@@ -524,7 +524,7 @@ def _render(loop: Loop) -> None:
 
 def _service_command(loop: Loop, model_dir: Path) -> list[str]:
     if loop.settings.service == "serve":
-        return [MEDIC, "serve", MODEL, "--config.file", str(loop.inventory)]
+        return [MEDIC, "serve", MODEL, "--inventory", str(loop.inventory)]
     head = loop.cluster.head
     script = write_seed_script(
         loop.workdir / "start.sh",

@@ -179,7 +179,7 @@ def remediator_pauses() -> dict[str, Any]:
         MODEL,
         "--reason",
         "order test",
-        "--config.file",
+        "--inventory",
         str(REMEDIATOR_CONFIG),
     )
 
@@ -217,7 +217,7 @@ def helper_takes_the_model_lock(token: str) -> dict[str, Any]:
         expires=4e9,
         token=token,
     ).to_json()
-    node = ("--config.file", str(INVENTORY), "--node", "n1", "--json")
+    node = ("--inventory", str(INVENTORY), "--node", "n1", "--json")
     taken = _as("medic", "node", "lock", MODEL, "take", "--info", info, *node)
     released = _as("medic", "node", "lock", MODEL, "release", "--token", token, *node)
     return {"take": taken, "release": released}
@@ -233,7 +233,7 @@ def tmpfiles_applies_the_rendered_line(scratch: Path) -> dict[str, Any]:
             "mlx_medic.cli",
             "render",
             "systemd",
-            "--config.file",
+            "--inventory",
             str(INVENTORY),
             "--out",
             str(out),

@@ -251,7 +251,7 @@ def loop(
             "-m",
             "mlx_medic.cli",
             "exporter",
-            "--config.file",
+            "--inventory",
             str(stack.inventory),
             "--node",
             "ai001",

@@ -436,10 +436,10 @@ def how_to_run(words: list[str], inventory: Path) -> list[str]:
     if not acts or args.command in NEEDS_A_CLUSTER:
         return [*words, "--help"]
     run = list(words)
-    if "--config.file" in run:
-        run[run.index("--config.file") + 1] = str(inventory)
+    if "--inventory" in run:
+        run[run.index("--inventory") + 1] = str(inventory)
     else:
-        run += ["--config.file", str(inventory)]
+        run += ["--inventory", str(inventory)]
     return run if "--dry-run" in run else [*run, "--dry-run"]
 
 
@@ -497,11 +497,11 @@ def test_every_mlx_medic_command_line_in_the_runbooks_runs(
 
 def test_a_command_that_would_act_is_run_dry_and_the_others_ask_for_help(tmp_path: Path) -> None:
     inventory = tmp_path / "inventory.yaml"
-    assert how_to_run(["node", "sweep", "m", "--config.file", "/x"], inventory) == [
+    assert how_to_run(["node", "sweep", "m", "--inventory", "/x"], inventory) == [
         "node",
         "sweep",
         "m",
-        "--config.file",
+        "--inventory",
         str(inventory),
         "--dry-run",
     ]
@@ -510,7 +510,7 @@ def test_a_command_that_would_act_is_run_dry_and_the_others_ask_for_help(tmp_pat
         "clean",
         "m",
         "--dry-run",
-        "--config.file",
+        "--inventory",
         str(inventory),
     ]
     assert how_to_run(["node", "ledger", "--node", "ai002"], inventory)[-1] == "--help"
@@ -520,8 +520,8 @@ def test_a_command_that_would_act_is_run_dry_and_the_others_ask_for_help(tmp_pat
 
 def test_the_survivor_runbook_shows_how_to_check_the_ledger_and_the_orphans() -> None:
     commands = [" ".join(words) for words in runbook_commands("mlxunkillablesurvivors")]
-    assert "node ledger --config.file /etc/mlx-medic/inv.yaml --node ai002" in commands
-    assert "node orphans glm-4_6-5b --config.file /etc/mlx-medic/inv.yaml" in commands
+    assert "node ledger --inventory /etc/mlx-medic/inv.yaml --node ai002" in commands
+    assert "node orphans glm-4_6-5b --inventory /etc/mlx-medic/inv.yaml" in commands
     text = " ".join((RUNBOOKS / "mlxunkillablesurvivors.md").read_text().split())
     for said in (
         "The sweep records each one in the node's protection-domain ledger",

@@ -37,15 +37,13 @@ def local_inventory(tmp_path: Path) -> Path:
 def test_on_the_head_a_pin_is_recorded_here_with_who_and_why(tmp_path: Path) -> None:
     config = local_inventory(tmp_path)
     write_node_id(tmp_path / "state", "n1")  # this machine is n1, m1's head
-    shown = backend("m1", "--config.file", str(config))
+    shown = backend("m1", "--inventory", str(config))
     assert shown.returncode == 0, shown.stderr
     assert (
         "m1: auto (JACCL first, then ring): no choice recorded; JACCL is tried first at"
         " every start while the ledger allows it (on n1)"
     ) in shown.stdout
-    pinned = backend(
-        "m1", "ring", "--reason", "JACCL broken on ai003", "--config.file", str(config)
-    )
+    pinned = backend("m1", "ring", "--reason", "JACCL broken on ai003", "--inventory", str(config))
     assert pinned.returncode == 0, pinned.stderr
     assert "m1: pinned to ring, by " in pinned.stdout and "JACCL broken on ai003" in pinned.stdout
     assert (
@@ -55,9 +53,9 @@ def test_on_the_head_a_pin_is_recorded_here_with_who_and_why(tmp_path: Path) -> 
     choice = read_backend_choice(tmp_path / "state", "m1")
     assert (choice.choice, choice.reason) == ("ring", "JACCL broken on ai003")
     assert choice.by.endswith("at a terminal")
-    document = json.loads(backend("m1", "--json", "--config.file", str(config)).stdout)
+    document = json.loads(backend("m1", "--json", "--inventory", str(config)).stdout)
     assert (document["choice"], document["pinned"]) == ("ring", True)
-    assert backend("m1", "auto", "--config.file", str(config)).returncode == 0
+    assert backend("m1", "auto", "--inventory", str(config)).returncode == 0
     assert read_backend_choice(tmp_path / "state", "m1").choice == "auto"
 
 
@@ -69,7 +67,7 @@ def test_on_the_head_a_pin_is_recorded_here_with_who_and_why(tmp_path: Path) -> 
     ],
 )
 def test_bad_input_is_refused_naming_it(tmp_path: Path, args: tuple[str, ...], why: str) -> None:
-    result = backend(*args, "--config.file", str(local_inventory(tmp_path)), "--node", "n1")
+    result = backend(*args, "--inventory", str(local_inventory(tmp_path)), "--node", "n1")
     assert result.returncode == 2 and why in result.stderr
 
 
@@ -90,9 +88,9 @@ def test_off_the_cluster_the_choice_is_set_on_the_head_over_ssh(clean_cluster: C
         ],
         "backend",
     )
-    result = backend("tiny", "ring", "--reason", "pin over ssh", "--config.file", str(config))
+    result = backend("tiny", "ring", "--reason", "pin over ssh", "--inventory", str(config))
     assert result.returncode == 0, result.stderr
     assert "(on ai001)" in result.stdout
     assert read_backend_choice(cluster.head.state_dir, "tiny").choice == "ring"  # on the head
-    shown = backend("tiny", "--json", "--config.file", str(config))
+    shown = backend("tiny", "--json", "--inventory", str(config))
     assert json.loads(shown.stdout)["reason"] == "pin over ssh"

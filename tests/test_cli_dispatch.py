@@ -69,6 +69,6 @@ def test_the_forced_command_loads_neither_the_web_stack_nor_ssh_nor_the_engine(
 ) -> None:
     config = tmp_path / "inventory.yaml"
     config.write_text("nodes:\n  n1: {ssh: 127.0.0.1}\n")
-    code, loaded = modules_loaded_by("node", "forced-command", "--config.file", str(config))
+    code, loaded = modules_loaded_by("node", "forced-command", "--inventory", str(config))
     assert code == 2  # no SSH_ORIGINAL_COMMAND in this environment: refused
     assert loaded == set()

@@ -92,7 +92,7 @@ def test_without_an_inventory_the_exporter_loads_no_schema_event_loop_or_regex_e
 def test_with_an_inventory_the_exporter_still_loads_no_event_loop(tmp_path: Path) -> None:
     config = tmp_path / "inventory.yaml"
     config.write_text(inventory_text(tmp_path))
-    loaded = heavy_modules_after_one_scrape("--config.file", str(config), "--node", "n1")
+    loaded = heavy_modules_after_one_scrape("--inventory", str(config), "--node", "n1")
     assert {"pydantic", "yaml"} <= loaded
     assert not {"asyncio", "aiohttp", "asyncssh"} & loaded
 
@@ -155,7 +155,7 @@ def exporter_once(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str
             "-m",
             "mlx_medic.cli",
             "exporter",
-            "--config.file",
+            "--inventory",
             str(inventory),
             "--state-dir",
             str(tmp_path / "state"),
@@ -210,7 +210,7 @@ def discovering() -> Iterator[Exporter]:
 def with_inventory(tmp_path: Path) -> Iterator[Exporter]:
     config = tmp_path / "inventory.yaml"
     config.write_text(inventory_text(tmp_path))
-    yield from serve("--config.file", str(config), "--node", "n1")
+    yield from serve("--inventory", str(config), "--node", "n1")
 
 
 def test_it_serves_a_landing_page_with_the_node_and_the_collector_settings(

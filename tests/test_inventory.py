@@ -191,7 +191,7 @@ def test_check_config_lists_every_problem_and_fails(tmp_path: Path) -> None:
 def test_the_exporter_does_not_start_on_a_bad_inventory(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(GOOD.replace("nodes: [a, b]", "nodes: [a, z]"))
-    result = run_cli("exporter", "--config.file", str(bad), "--node", "a", "--once")
+    result = run_cli("exporter", "--inventory", str(bad), "--node", "a", "--once")
     assert result.returncode == 2
     assert "unknown node 'z'" in result.stderr
     assert "# HELP" not in result.stdout
@@ -200,7 +200,7 @@ def test_the_exporter_does_not_start_on_a_bad_inventory(tmp_path: Path) -> None:
 def test_the_exporter_refuses_a_node_the_inventory_does_not_name(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(GOOD)
-    result = run_cli("exporter", "--config.file", str(good), "--node", "q", "--once")
+    result = run_cli("exporter", "--inventory", str(good), "--node", "q", "--once")
     assert result.returncode == 2
     assert "--node 'q' is not in the inventory (nodes: a, b)" in result.stderr
 

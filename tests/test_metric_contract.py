@@ -61,7 +61,7 @@ def scrape_once(tmp_path: Path) -> str:
             "mlx_medic.cli",
             "exporter",
             "--once",
-            "--config.file",
+            "--inventory",
             str(config),
             "--node",
             "n1",

@@ -75,7 +75,7 @@ def test_the_sweep_the_probe_helper_and_the_exporter_probe_one_target_under_one_
     monkeypatch.setattr(probe_cli, "probe_model", fake_probe)
     answers_health_probe(inventory.model("m1"), tmp_path)
     helper = argparse.Namespace(
-        model="m1", timeout=1.0, config_file=config, state_dir=None, node="n1", json=True
+        model="m1", timeout=1.0, inventory=config, state_dir=None, node="n1", json=True
     )
     assert probe_cli.run(helper) == 0
     [target] = targets_for(ExporterContext(node="n1", inventory=inventory, state_dir=tmp_path))

@@ -116,7 +116,7 @@ def test_the_remediators_key_gets_in_only_through_the_rendered_file(
     facts = as_user(
         users_cluster,
         "ai002",
-        f"{MEDIC} node facts tiny --config.file {inventory}",
+        f"{MEDIC} node facts tiny --inventory {inventory}",
         identity=users_cluster.remediator_identity,
     )
     assert facts.returncode == 0, facts.stderr

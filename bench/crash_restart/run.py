@@ -178,7 +178,7 @@ def run_one(
         config = inventory(
             cluster, sim, work, model, port, starting_port, args.reserve, args.throttle
         )
-        command = [MEDIC, "serve", "tiny", "--config.file", str(config)]
+        command = [MEDIC, "serve", "tiny", "--inventory", str(config)]
     started = time.monotonic()
     service: KeepAlive = keep_alive(
         cluster.head,

@@ -7,7 +7,7 @@ Starts each of these on 127.0.0.1 (a free port), one after another, in every rou
   its defaults;
 - `ours (defaults)`: `mlx-medic exporter` with the embedded defaults (no inventory:
   MLX processes discovered by command line, every default collector);
-- `ours (inventory)`: `mlx-medic exporter --config.file examples/inventory.yaml --node
+- `ours (inventory)`: `mlx-medic exporter --inventory examples/inventory.yaml --node
   ai001` (the head of glm-4_6-5b: the service collector probes 127.0.0.1:8080 every 30 s;
   the example's tmp dirs and logs do not exist on a Linux host, so they read as missing),
   with its state in a temp dir.
@@ -148,7 +148,7 @@ def contenders(node_exporter: str, state_dir: Path) -> dict[str, list[str]]:
         "ours (defaults)": ours,
         "ours (inventory)": [
             *ours,
-            "--config.file",
+            "--inventory",
             str(INVENTORY),
             "--node",
             "ai001",

@@ -2,7 +2,7 @@
 
 Ours: the four nodes in parallel over asyncssh (`mlx_medic.transport.ssh.SshTransport`,
 one connection per node, kept from repetition to repetition as the remediator keeps
-them), each running `mlx-medic node sweep MODEL --json --config.file INVENTORY`. The
+them), each running `mlx-medic node sweep MODEL --json --inventory INVENTORY`. The
 inventory is new in every run, so the first repetition's helpers validate it in full and
 snapshot it (mlx_medic.inventory.snapshot); later ones read the snapshot.
 
@@ -183,7 +183,7 @@ def measure(workdir: Path, token: str, repetitions: int, count: int) -> dict[str
             "sweep",
             "bench",
             "--json",
-            "--config.file",
+            "--inventory",
             str(config),
         ]
         transport = SshTransport(inventory)

@@ -4,7 +4,7 @@ Only the chosen helper's module is imported (like the top-level COMMANDS table):
 remediator runs a helper over SSH on every step of every run. Every helper prints, with
 `--json`, one JSON document on stdout that starts with the schema version and the helper's
 name; its exit status is 0 for success, 1 when it could not do its job (the reason on
-stderr), 2 for a bad command line.
+stderr), 2 when it could not start as asked (docs/exit-codes.md).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from mlx_medic.command_line import (
     EXIT_USAGE,
     CommandParser,
     add_inventory_flag,
+    file_error,
 )
 from mlx_medic.command_line import EXIT_OK as EXIT_OK  # the helpers' status, named here
 from mlx_medic.state.layout import DEFAULT_STATE_DIR
@@ -127,8 +128,8 @@ def node_context(args: argparse.Namespace) -> NodeContext:
 
 def helper_inventory(path: Path) -> Inventory:
     """The inventory as a helper loads it: from its validated snapshot when there is one
-    (no pydantic: mlx_medic.inventory.snapshot), else validated in full; HelperError with
-    every problem when it is not valid."""
+    (no pydantic: mlx_medic.inventory.snapshot), else validated in full; BadArguments
+    (exit 2, as for every command) with every problem when it is missing or not valid."""
     # No pydantic plugins in a helper that validates: looking for them reads every
     # installed package's metadata, which costs more than the validation.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
@@ -138,7 +139,7 @@ def helper_inventory(path: Path) -> Inventory:
     try:
         return load_cached_inventory(path)
     except InventoryError as exc:
-        raise HelperError(exc.report()) from None
+        raise BadArguments(str(file_error(exc))) from None
 
 
 def emit(command: str, document: dict[str, Any], as_json: bool, text: str) -> None:

@@ -246,7 +246,7 @@ def test_a_scrape_counts_the_seeds_serve_py_and_share_rank_by_their_roles(tmp_pa
                 "mlx_medic.cli",
                 "exporter",
                 "--once",
-                "--config.file",
+                "--inventory",
                 str(inventory),
                 "--node",
                 "ai001",

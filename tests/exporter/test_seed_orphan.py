@@ -46,7 +46,7 @@ def scrape(cluster: Cluster, node: str, inventory: Path | None) -> dict[tuple, f
     its node-id). `inventory=None`: discovery mode, where models are named by their
     `--model` argument."""
     where = (
-        ["--config.file", str(inventory), "--node", node]
+        ["--inventory", str(inventory), "--node", node]
         if inventory is not None
         else ["--state-dir", str(cluster.node(node).state_mount)]
     )
@@ -184,7 +184,7 @@ def test_the_peer_finds_the_seeds_orphan_under_sshd_with_or_without_an_inventory
     cluster = clean_cluster
     scenario = prepare(cluster, tiny_model)
     script, inventory, token = scenario.script, scenario.inventory, scenario.token
-    modes = {"tiny": inventory, scenario.model: None}  # model label -> --config.file
+    modes = {"tiny": inventory, scenario.model: None}  # model label -> --inventory
 
     first = scenario.launch(0)
     second = None

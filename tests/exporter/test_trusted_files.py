@@ -165,7 +165,7 @@ def test_the_root_exporter_refuses_an_inventory_in_a_0777_dir_and_says_why(root_
     inventory = loose / "inventory.yaml"
     inventory.write_text("nodes: {n1: {ssh: 127.0.0.2}}\nmodels: {}\n")
     result = exporter(
-        "--config.file", str(inventory), "--node", "n1", "--state-dir", str(root_dir / "state")
+        "--inventory", str(inventory), "--node", "n1", "--state-dir", str(root_dir / "state")
     )
     assert result.returncode == 2 and result.stdout == ""
     assert (
@@ -201,7 +201,7 @@ models:
     log_files: [{logs / "m.err.log"}]
 launch_temp_dirs: [{launch}]
 """)
-    result = exporter("--config.file", str(inventory), "--node", "n1")
+    result = exporter("--inventory", str(inventory), "--node", "n1")
     assert result.returncode == 0, result.stderr
     metrics = result.stdout
     assert f'mlx_log_file_readable{{file="{logs / "m.err.log"}",node="n1"}} 0.0' in metrics

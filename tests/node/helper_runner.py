@@ -26,7 +26,7 @@ class Helpers:
             "node",
             helper,
             *args,
-            "--config.file",
+            "--inventory",
             str(self.config),
             "--node",
             node,

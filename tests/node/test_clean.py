@@ -207,9 +207,9 @@ def test_clean_refuses_a_model_not_on_this_node_and_prints_the_json_contract(tmp
             timeout=120,
         )
 
-    refused = node("clean", "m2", "--json", "--config.file", str(config))
+    refused = node("clean", "m2", "--json", "--inventory", str(config))
     assert refused.returncode == 2 and "'m2'" in refused.stderr
-    result = node("clean", "m1", "--json", "--config.file", str(config))
+    result = node("clean", "m1", "--json", "--inventory", str(config))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert (document["schema"], document["command"], document["model"], document["node"]) == (

@@ -56,7 +56,7 @@ def test_a_node_helper_runs_with_the_keys_own_inventory() -> None:
         "facts",
         "m1",
         "--json",
-        "--config.file",
+        "--inventory",
         str(CONFIG),
     ]
     assert check("/opt/mlx-medic/bin/mlx-medic node facts m1 --node n1 --json")[:6] == [
@@ -67,12 +67,12 @@ def test_a_node_helper_runs_with_the_keys_own_inventory() -> None:
         "n1",
         "--json",
     ]
-    line = f"mlx-medic node clean m1 --config.file={CONFIG} --state-dir /var/lib/mlx-medic/"
+    line = f"mlx-medic node clean m1 --inventory={CONFIG} --state-dir /var/lib/mlx-medic/"
     assert check(line) == [
         "node",
         "clean",
         "m1",
-        f"--config.file={CONFIG}",
+        f"--inventory={CONFIG}",
         "--state-dir",
         "/var/lib/mlx-medic/",
     ]
@@ -85,7 +85,7 @@ def test_the_probe_runs_for_a_model_placed_here_as_the_remediator_asks() -> None
         "m1",
         "--timeout",
         "10",
-        "--config.file",
+        "--inventory",
         str(CONFIG),
     ]
     on_n2 = Allowed(INVENTORY, CONFIG, "n2")  # m2 listens on 0.0.0.0: its head says where
@@ -126,7 +126,7 @@ SERVE_SENDS = [
     f"node run m1 clear {RUN}",
     "node pid-alive 4242 --start-time 1796084792.5",
 ]
-TAIL = f" --config.file {CONFIG} --node {{node}} --json"
+TAIL = f" --inventory {CONFIG} --node {{node}} --json"
 
 
 @pytest.mark.parametrize("line", REMEDIATOR_SENDS)
@@ -160,7 +160,7 @@ def test_what_the_serve_wrapper_sends_to_a_peer_passes_its_key(line: str) -> Non
         ("mlx-medic node", "no node helper"),
         ("mlx-medic remediate m1", "'remediate' is not allowed"),
         ("mlx-medic", "no mlx-medic subcommand"),
-        ("mlx-medic node facts m1 --config.file /tmp/evil.yaml", "not the inventory's"),
+        ("mlx-medic node facts m1 --inventory /tmp/evil.yaml", "not the inventory's"),
         ("mlx-medic node facts m1 --state-dir /etc", "not the inventory's"),
         ("mlx-medic node facts m1 --state-dir /var/lib/mlx-medic/../../etc", "not the inventory's"),
         ("mlx-medic node facts m1 --node n9", "--node 'n9' is not this node (n1)"),
@@ -174,7 +174,7 @@ def test_what_the_serve_wrapper_sends_to_a_peer_passes_its_key(line: str) -> Non
         ("mlx-medic node service m9 status", "'m9' is not an inventory model placed on n1"),
         ("mlx-medic node service m1 reboot", "invalid choice: 'reboot'"),
         ("mlx-medic node service m1 stop", "required: --by"),
-        ("mlx-medic node lock m1 show --config.file /tmp/evil.yaml", "not the inventory's"),
+        ("mlx-medic node lock m1 show --inventory /tmp/evil.yaml", "not the inventory's"),
         (  # the probe is a node helper now: the old line, and any address, are refused
             "mlx-medic probe --host 127.0.0.1 --port 8080 --timeout 10"
             " --lock-dir /var/lib/mlx-medic/locks",
@@ -301,10 +301,10 @@ def test_each_key_runs_its_own_helpers_and_never_the_forced_command_itself() -> 
 def test_a_line_without_key_is_the_remediators_as_every_line_before_two_keys_was() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert parser.parse_args(["--config.file", str(CONFIG)]).key == "remediator"
-    assert parser.parse_args(["--config.file", str(CONFIG), "--key", "serve"]).key == "serve"
+    assert parser.parse_args(["--inventory", str(CONFIG)]).key == "remediator"
+    assert parser.parse_args(["--inventory", str(CONFIG), "--key", "serve"]).key == "serve"
     with pytest.raises(SystemExit):
-        parser.parse_args(["--config.file", str(CONFIG), "--key", "root"])
+        parser.parse_args(["--inventory", str(CONFIG), "--key", "root"])
 
 
 def test_without_this_nodes_name_no_helper_runs() -> None:

@@ -92,8 +92,7 @@ def installed(cluster: Cluster, key: KeyName) -> Iterator[ForcedKey]:
     )
     node = cluster.node(NODE)
     command = (
-        f"{sys.executable} -m mlx_medic.cli node forced-command --config.file {inventory}"
-        f" --key {key}"
+        f"{sys.executable} -m mlx_medic.cli node forced-command --inventory {inventory} --key {key}"
     )
     path = node.install_forced_key(command)
     try:
@@ -132,7 +131,7 @@ def test_an_allowed_helper_runs_on_the_node_it_logged_into(forced_key: ForcedKey
         ("sh -c id", "'sh' is not mlx-medic"),
         ("mlx-medic node facts tiny --json; id", "unrecognized arguments: --json; id"),
         ("mlx-medic node facts tiny --json ; id", "unrecognized arguments: ; id"),
-        ("mlx-medic node facts tiny --config.file /etc/passwd", "not the inventory's"),
+        ("mlx-medic node facts tiny --inventory /etc/passwd", "not the inventory's"),
         ("mlx-medic node reboot", "'node reboot' is not allowed"),
         ("id", "'id' is not mlx-medic"),
         ("mlx-medic node sweep tiny --start-sweep", "never sends --start-sweep"),

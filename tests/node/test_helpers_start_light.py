@@ -58,7 +58,7 @@ def test_a_helper_loads_no_service_stack_ssh_exporter_or_validator(
     tmp_path: Path, args: tuple[str, ...]
 ) -> None:
     helpers = two_model_helpers(tmp_path)
-    argv = ["node", *args, "--config.file", str(helpers.config), "--node", "n1", "--json"]
+    argv = ["node", *args, "--inventory", str(helpers.config), "--node", "n1", "--json"]
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     first = loaded_by(argv, env)  # validates the inventory and snapshots it
     assert set(first) <= {"pydantic", "yaml"}, first
@@ -73,7 +73,7 @@ def test_a_helper_reads_a_validated_inventory_without_pydantic(tmp_path: Path) -
         "sweep",
         "m1",
         "--dry-run",
-        "--config.file",
+        "--inventory",
         str(helpers.config),
         "--node",
         "n1",

@@ -88,7 +88,7 @@ def test_of_many_concurrent_takers_exactly_one_wins_and_nothing_is_left_beside_i
     helpers: Helpers,
 ) -> None:
     argv = [sys.executable, "-m", "mlx_medic.cli", "node", "lock", "m1", "take", "--info"]
-    tail = ["--config.file", str(helpers.config), "--node", "n1", "--json"]
+    tail = ["--inventory", str(helpers.config), "--node", "n1", "--json"]
     takers = [
         subprocess.Popen(
             [*argv, info(f"t{i}"), *tail], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

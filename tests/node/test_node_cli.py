@@ -44,7 +44,7 @@ def test_the_ledger_prints_one_json_document_with_its_schema_and_the_models_rese
     record_spend(state, "n1", "vanished", pid=13, start_time=4.0, boot_id=boot)
     record_spend(state, "n1", "failed_start", pid=11, start_time=2.0, boot_id=boot)
     record_spend(state, "n1", "init_teardown", pid=12, start_time=3.0, boot_id=boot)
-    result = node("ledger", "--json", "--config.file", str(config))
+    result = node("ledger", "--json", "--inventory", str(config))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert (document["schema"], document["command"], document["node"]) == (1, "ledger", "n1")
@@ -66,7 +66,7 @@ def test_the_ledger_prints_one_json_document_with_its_schema_and_the_models_rese
 
 
 def test_the_default_reserve_is_five_of_eleven(tmp_path: Path) -> None:
-    result = node("ledger", "--json", "--config.file", str(inventory(tmp_path)), "--node", "n2")
+    result = node("ledger", "--json", "--inventory", str(inventory(tmp_path)), "--node", "n2")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["reserves"] == {
@@ -77,20 +77,20 @@ def test_the_default_reserve_is_five_of_eleven(tmp_path: Path) -> None:
 
 
 def test_without_json_the_ledger_is_a_readable_summary(tmp_path: Path) -> None:
-    result = node("ledger", "--config.file", str(inventory(tmp_path)), "--node", "n1")
+    result = node("ledger", "--inventory", str(inventory(tmp_path)), "--node", "n1")
     assert result.returncode == 0
     assert "0 process(es) counted as spending protection domains" in result.stdout
     assert "model m1: reserve 5 per device, JACCL allowed" in result.stdout
 
 
 def test_a_node_not_in_the_inventory_is_refused_with_exit_1(tmp_path: Path) -> None:
-    result = node("ledger", "--json", "--config.file", str(inventory(tmp_path)), "--node", "n9")
+    result = node("ledger", "--json", "--inventory", str(inventory(tmp_path)), "--node", "n9")
     assert result.returncode == 1 and result.stdout == ""
     assert "'n9' is not in the inventory" in result.stderr
 
 
 def test_an_unnamed_node_is_refused_saying_how_to_name_it(tmp_path: Path) -> None:
-    result = node("ledger", "--json", "--config.file", str(inventory(tmp_path)))
+    result = node("ledger", "--json", "--inventory", str(inventory(tmp_path)))
     assert result.returncode == 1
     assert "pass --node NAME" in result.stderr
 
@@ -98,7 +98,7 @@ def test_an_unnamed_node_is_refused_saying_how_to_name_it(tmp_path: Path) -> Non
 def test_a_corrupt_ledger_is_refused_with_exit_1_naming_it(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "pd-ledger.json").write_text("[]")
-    result = node("ledger", "--config.file", str(inventory(tmp_path)), "--node", "n1")
+    result = node("ledger", "--inventory", str(inventory(tmp_path)), "--node", "n1")
     assert result.returncode == 1
     assert "pd-ledger.json is not a readable ledger" in result.stderr
 
@@ -117,7 +117,7 @@ def test_the_boot_id_is_the_kernels_on_linux_and_the_boot_time_elsewhere() -> No
 
 
 def test_a_reserve_beyond_a_devices_eleven_domains_is_an_inventory_error(tmp_path: Path) -> None:
-    result = node("ledger", "--config.file", str(inventory(tmp_path, reserve=12)), "--node", "n1")
+    result = node("ledger", "--inventory", str(inventory(tmp_path, reserve=12)), "--node", "n1")
     assert result.returncode == 1
     assert "models.m1.policy.pd_reserve" in result.stderr
 
@@ -208,7 +208,7 @@ def test_the_ledger_judges_each_model_on_its_own_devices_and_lists_live_survivor
         backend="ring",
         boot_id=boot,
     )
-    result = node("ledger", "--json", "--config.file", str(config), "--node", "n1")
+    result = node("ledger", "--json", "--inventory", str(config), "--node", "n1")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["debt"] == 2
@@ -234,7 +234,7 @@ def test_the_ledger_judges_each_model_on_its_own_devices_and_lists_live_survivor
         "holds_port": False,
         "at": 0,
     }
-    text = node("ledger", "--config.file", str(config), "--node", "n1").stdout
+    text = node("ledger", "--inventory", str(config), "--node", "n1").stdout
     assert f"survivor of SIGKILL: pid {sleeper.pid} (model m1, jaccl backend, holding 2" in text
     assert "reboot n1 to end it" in text
     assert (
@@ -243,6 +243,6 @@ def test_the_ledger_judges_each_model_on_its_own_devices_and_lists_live_survivor
     sleeper.kill()
     sleeper.wait()
     document = json.loads(
-        node("ledger", "--json", "--config.file", str(config), "--node", "n1").stdout
+        node("ledger", "--json", "--inventory", str(config), "--node", "n1").stdout
     )
     assert document["survivors"] == [] and document["debt"] == 2  # per boot: still spent

@@ -185,7 +185,7 @@ def helper_as(scope: Scope, *argv: str) -> tuple[int, dict[str, Any], str]:
             "mlx_medic.cli",
             "node",
             *argv,
-            "--config.file",
+            "--inventory",
             str(scope.config),
             "--node",
             "n1",

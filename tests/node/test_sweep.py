@@ -675,18 +675,18 @@ def config(tmp_path: Path) -> Path:
 
 
 def test_sweep_refuses_a_model_not_in_the_inventory_or_not_placed_here(config: Path):
-    unknown = node("sweep", "nope", "--json", "--config.file", str(config))
+    unknown = node("sweep", "nope", "--json", "--inventory", str(config))
     assert unknown.returncode == 2 and "'nope'" in unknown.stderr
-    elsewhere = node("sweep", "m2", "--json", "--config.file", str(config))
+    elsewhere = node("sweep", "m2", "--json", "--inventory", str(config))
     assert elsewhere.returncode == 2 and "'m2'" in elsewhere.stderr and "n1" in elsewhere.stderr
-    bad_run = node("sweep", "m1", "--run", "a;b", "--config.file", str(config))
+    bad_run = node("sweep", "m1", "--run", "a;b", "--inventory", str(config))
     assert bad_run.returncode == 2 and "run id" in bad_run.stderr
-    both = node("sweep", "m1", "--orphans-only", "--start-sweep", "--config.file", str(config))
+    both = node("sweep", "m1", "--orphans-only", "--start-sweep", "--inventory", str(config))
     assert both.returncode == 2
 
 
 def test_sweep_prints_the_json_contract(config: Path):
-    result = node("sweep", "m1", "--json", "--dry-run", "--config.file", str(config))
+    result = node("sweep", "m1", "--json", "--dry-run", "--inventory", str(config))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert {

@@ -255,7 +255,7 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
         # The peer first: its orphan is the sshd-parented rank of run 1.
         for node in (peer, head):
             status, document, err = helper(
-                cluster, node.name, "sweep", "tiny", "--orphans-only", "--config.file", config
+                cluster, node.name, "sweep", "tiny", "--orphans-only", "--inventory", config
             )
             assert status == 0 and document["complete"], err
             assert (document["mode"], document["node"]) == ("orphans-only", node.name)
@@ -276,9 +276,7 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
             for pid in old_ranks[node.name]:
                 wait_until(lambda: not processes.is_alive(pid), "the old rank to go")  # noqa: B023
             assert all(processes.is_alive(p) for p in current[node.name] | set(keep[node.name]))
-            status, report, _ = helper(
-                cluster, node.name, "orphans", "tiny", "--config.file", config
-            )
+            status, report, _ = helper(cluster, node.name, "orphans", "tiny", "--inventory", config)
             # The only orphan left is the one on the other model's port, which no sweep
             # touches (its launcher is gone: the exporter still shows it).
             squatter = inside[keep[node.name][3]]
@@ -294,7 +292,7 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
             for leftover in node.tmp.glob("tmp.*"):
                 os.utime(leftover, (OLD, OLD))
             status, document, err = helper(
-                cluster, node.name, "clean", "tiny", "--config.file", config
+                cluster, node.name, "clean", "tiny", "--inventory", config
             )
             assert status == 0, err
             removed = {(Path(r["path"]).name, r["kind"]) for r in document["removed"]}
@@ -310,7 +308,7 @@ def test_sweep_and_clean_leave_no_orphan_and_no_stale_entry_and_nothing_else_goe
             ]
             # Nothing stale is left: a dry run finds nothing more, and run 2 still runs.
             status, again, _ = helper(
-                cluster, node.name, "clean", "tiny", "--dry-run", "--config.file", config
+                cluster, node.name, "clean", "tiny", "--dry-run", "--inventory", config
             )
             assert status == 0 and again["removed"] == []
             on_node = scrape(cluster, node.name, scenario.inventory)
@@ -384,9 +382,7 @@ def test_guards_unkillable_ranks_and_the_ledger_on_a_node(solo: dict[str, Any]):
 
     with frozen([stuck], token):
         for sweep_number in (1, 2):
-            status, document, err = helper(
-                cluster, "ai003", "sweep", "solo", "--config.file", config
-            )
+            status, document, err = helper(cluster, "ai003", "sweep", "solo", "--inventory", config)
             assert status == 0 and document["settled"] and not document["complete"], err
             (unkillable,) = document["unkillable"]
             assert (
@@ -408,7 +404,7 @@ def test_guards_unkillable_ranks_and_the_ledger_on_a_node(solo: dict[str, Any]):
             else:
                 assert document["pd_spent"] == 0  # the same frozen rank: one spend
         assert processes.is_alive(server) and processes.is_alive(stuck)
-        status, ledger, _ = helper(cluster, "ai003", "ledger", "--config.file", config)
+        status, ledger, _ = helper(cluster, "ai003", "ledger", "--inventory", config)
         assert ledger["debt"] == 2 and ledger["debt_by_unit"] == {"rdma_en5": 2}
         assert [e["pid"] for e in ledger["survivors"]] == [inside[stuck]]
         samples = scrape_ledger(cluster, config)
@@ -416,7 +412,7 @@ def test_guards_unkillable_ranks_and_the_ledger_on_a_node(solo: dict[str, Any]):
     wait_until(lambda: not processes.is_alive(stuck), "the thawed rank to take its SIGKILL")
 
     status, document, err = helper(
-        cluster, "ai003", "sweep", "solo", "--start-sweep", "--config.file", config
+        cluster, "ai003", "sweep", "solo", "--start-sweep", "--inventory", config
     )
     assert status == 0 and document["complete"], err
     assert document["mode"] == "start-sweep"
@@ -438,7 +434,7 @@ def scrape_ledger(cluster: Cluster, config: str) -> dict[str, float]:
             "mlx_medic.cli",
             "exporter",
             "--once",
-            "--config.file",
+            "--inventory",
             config,
             "--node",
             "ai003",

@@ -318,7 +318,7 @@ async def test_a_frozen_survivor_on_the_peer_is_named_and_the_service_is_started
     env = cluster.env(
         MLX_RANK="1", MLX_MEDIC_MODEL="tiny", MLX_MEDIC_RUN_ID="20261130T000000Z-0ldrun00"
     )
-    where = f"--config.file {served.inventory} --node ai001"
+    where = f"--inventory {served.inventory} --node ai001"
     holder = None
     try:
         with supervised(served):
@@ -436,7 +436,7 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
     env = cluster.env(HF_HUB_OFFLINE="1")
     served.conf.write_text(
         SUPERVISORD_CONF.replace(
-            "command={medic} serve tiny --config.file {inventory}",
+            "command={medic} serve tiny --inventory {inventory}",
             f"command=/bin/sh {script}",
         ).format(
             token=token, path=env["PATH"], workdir=cluster.workdir, stopwaitsecs=20, log=served.log
@@ -568,7 +568,7 @@ async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pip
         log_files=[str(served.log)],
         policy={"restart_budget": 3, "backoff": 0, "start_timeout": "120s"},
     )
-    where = f"--config.file {served.inventory} --node ai001"
+    where = f"--inventory {served.inventory} --node ai001"
     served.head.run(
         f"{MEDIC} node backend tiny set jaccl --by test-{served.token} --reason jaccl-only {where}"
     )

@@ -216,7 +216,7 @@ async def test_the_head_probe_is_the_probe_helper_with_the_nodes_medic_command()
                 "m1",
                 "--timeout",
                 "10",
-                "--config.file",
+                "--inventory",
                 "/etc/mlx-medic/inventory.yaml",
                 "--node",
                 "ai001",

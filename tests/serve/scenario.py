@@ -31,7 +31,7 @@ SUPERVISORD_CONF = (
     SUPERVISORD_CONTROL
     + """\
 [program:tiny-{token}]
-command={medic} serve tiny --config.file {inventory}
+command={medic} serve tiny --inventory {inventory}
 environment=PATH="{path}",HF_HUB_OFFLINE="1"
 directory={workdir}
 autorestart=true
@@ -70,7 +70,7 @@ class Served:
             MEDIC,
             "serve",
             "tiny",
-            "--config.file",
+            "--inventory",
             str(self.inventory),
         ]
 

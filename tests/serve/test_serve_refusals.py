@@ -47,7 +47,7 @@ models:
 
 def serve(inventory: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [MEDIC, "serve", "m1", "--config.file", str(inventory)],
+        [MEDIC, "serve", "m1", "--inventory", str(inventory)],
         capture_output=True,
         text=True,
         timeout=180,

@@ -279,7 +279,7 @@ def listening_pid(head, port: int) -> bool:
 
 def head_scrape(served: Served) -> str:
     popen = served.head.spawn(
-        [MEDIC, "exporter", "--once", "--config.file", str(served.inventory), "--node", "ai001"],
+        [MEDIC, "exporter", "--once", "--inventory", str(served.inventory), "--node", "ai001"],
         env=served.cluster.env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

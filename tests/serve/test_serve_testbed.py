@@ -49,7 +49,7 @@ def served(clean_cluster: Cluster, tiny_model: Path):
 
 def head_metrics(served: Served) -> dict[tuple, float]:
     popen = served.head.spawn(
-        [MEDIC, "exporter", "--once", "--config.file", str(served.inventory), "--node", "ai001"],
+        [MEDIC, "exporter", "--once", "--inventory", str(served.inventory), "--node", "ai001"],
         env=served.cluster.env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
