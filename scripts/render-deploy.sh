@@ -11,7 +11,7 @@ rendered=(launchd systemd supervisord sudoers authorized-keys newsyslog promethe
           alertmanager.yml rules)
 staging=$(mktemp -d)
 trap 'rm -rf "$staging"' EXIT
-"$python" -m mlx_medic.cli render all --config.file examples/inventory.yaml --out "$staging" \
+"$python" -m mlx_medic.cli render all --inventory examples/inventory.yaml --out "$staging" \
   --remediator.url https://remediator.example:10901 \
   --alertmanager.address alertmanager.example:9093 \
   --ssh.public-key examples/remediator_ed25519.pub >/dev/null

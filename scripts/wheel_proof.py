@@ -212,7 +212,7 @@ def check_render_rules(installed: Installed) -> None:
     shutil.copy2(REPO / "examples" / "inventory.yaml", inventory)
     out = installed.outside / "rendered"
     installed_output(
-        installed, ["mlx-medic", "render", "rules", "--config.file", inventory, "--out", out]
+        installed, ["mlx-medic", "render", "rules", "--inventory", inventory, "--out", out]
     )
     rendered = out / "rules" / "mlx-medic.rules.yaml"
     shipped = REPO / "alerting-rules" / "mlx-medic.rules.yaml"

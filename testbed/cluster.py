@@ -458,7 +458,7 @@ class Cluster(ClosedOnExit):
                 str(Path(sys.executable).parent / "mlx-medic"),
                 "render",
                 target,
-                "--config.file",
+                "--inventory",
                 str(inventory),
                 "--out",
                 str(out),

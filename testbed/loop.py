@@ -485,7 +485,7 @@ def _render(loop: Loop) -> None:
         MEDIC,
         "render",
         "all",
-        "--config.file",
+        "--inventory",
         str(loop.inventory),
         "--out",
         str(loop.rendered),

@@ -174,7 +174,8 @@ def test_the_launchd_plist_runs_a_command_the_cli_accepts() -> None:
     assert plist["KeepAlive"] is True and plist["RunAtLoad"] is True
     args = parse_args(plist["ProgramArguments"][1:])
     assert args.command == "exporter" and args.listen == "192.168.101.1:10900"
-    assert args.node == "ai001"
+    assert args.node == "ai001" and args.inventory == Path("/etc/mlx-medic/inventory.yaml")
+    assert args.log_file == Path("/var/log/mlx-medic-exporter.log")
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ REMEDIATOR_ALERTS = {
 
 
 def render(site: Site) -> list[Rendered]:
-    url = site.need(site.remediator_url, "--remediator.url", TARGET).rstrip("/")
+    url = site.need(site.remediator_url, "--remediator.url").rstrip("/")
     wait, interval = site.alertmanager_group_wait, site.alertmanager_group_interval
     if wait is not None:
         check_duration(wait, "--alertmanager.group-wait")

@@ -3,7 +3,7 @@ there, pinned to the forced command with that key's table (mlx_medic.node.key_ta
 to the addresses it comes from, with no pty, forwarding or ~/.ssh/rc:
 
     restrict,no-user-rc,from="ADDRS",command="<medic_command> node forced-command
-    --config.file <medic_config> --key remediator" ssh-ed25519 AAAA...
+    --inventory <medic_config> --key remediator" ssh-ed25519 AAAA...
 
 - the remediator's key on every node, `from=` the inventory's `ssh.remediator_addresses`
   (render refuses without them: a line without `from=` is a key usable from anywhere).
@@ -24,6 +24,7 @@ import shlex
 import struct
 from pathlib import PurePosixPath
 
+from mlx_medic.inventory.schema import Inventory
 from mlx_medic.render import services
 from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site
 
@@ -50,7 +51,7 @@ def check_public_key(line: str, source: str) -> str:
 
 def forced_command(medic_command: str, medic_config: str, key: str) -> str:
     return shlex.join(
-        [medic_command, "node", "forced-command", "--config.file", medic_config, "--key", key]
+        [medic_command, "node", "forced-command", "--inventory", medic_config, "--key", key]
     )
 
 
@@ -80,24 +81,31 @@ def serve_keys(site: Site) -> dict[str, dict[str, list[str]]]:
     return lines
 
 
+def missing_in_inventory(inventory: Inventory) -> list[tuple[str, str]]:
+    """(setting, why) for what this target needs from the inventory and it lacks."""
+    if inventory.ssh.remediator_addresses:
+        return []
+    why = (
+        "where the remediator's replicas log in from: a key line without from= could be"
+        " used from anywhere"
+    )
+    return [(f"{ADDRESSES_FIELD} in the inventory", why)]
+
+
 def render(site: Site) -> list[Rendered]:
     key = site.need(
         site.public_key,
         "--ssh.public-key (or the inventory's ssh.identity_file with its .pub beside it)",
-        TARGET,
     )
+    if missing := missing_in_inventory(site.inventory):
+        setting, why = missing[0]
+        raise RenderError(f"needs {setting} ({why})")
     addresses = list(site.inventory.ssh.remediator_addresses)
-    if not addresses:
-        raise RenderError(
-            f"render {TARGET} needs {ADDRESSES_FIELD} in the inventory (where the"
-            " remediator's replicas log in from): a key line without from= could"
-            " be used from anywhere"
-        )
     serve = serve_keys(site)
     if any(line.split()[1] == key.split()[1] for keys in serve.values() for line in keys):
         raise RenderError(
-            f"render {TARGET}: the serve wrapper's key is the remediator's; give"
-            " each its own key (serve.identity_file, ssh.identity_file)"
+            "the serve wrapper's key is the remediator's; give each its own key"
+            " (serve.identity_file, ssh.identity_file)"
         )
     files = []
     for node in site.inventory.nodes:

@@ -68,9 +68,11 @@ class Site:
     alertmanager_group_interval: str | None = None
     oncall_url: str = ONCALL_PLACEHOLDER
 
-    def need(self, value: str | None, flag: str, target: str) -> str:
+    def need(self, value: str | None, flag: str) -> str:
+        """`value`, which a target cannot render without (the CLI checks every such flag
+        before rendering: cli.REQUIRED)."""
         if not value:
-            raise RenderError(f"render {target} needs {flag}")
+            raise RenderError(f"needs {flag}")
         return value
 
 

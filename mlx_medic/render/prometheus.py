@@ -41,8 +41,8 @@ def global_settings(site: Site) -> dict[str, str]:
 
 
 def render(site: Site) -> list[Rendered]:
-    url = site.need(site.remediator_url, "--remediator.url", TARGET)
-    alertmanager = site.need(site.alertmanager, "--alertmanager.address", TARGET)
+    url = site.need(site.remediator_url, "--remediator.url")
+    alertmanager = site.need(site.alertmanager, "--alertmanager.address")
     scheme, remediator = remediator_target(url)
     exporters = [services.exporter_listen(n) for n in site.inventory.nodes]
     data = {

@@ -21,6 +21,10 @@ REMEDIATOR_LABEL = "com.mlx-medic.remediator"
 # (policy.stop_timeout), so the wrapper always gets to end its ranks itself first.
 STOP_MARGIN_SECONDS = 30
 THROTTLE_SECONDS = 10  # launchd's default respawn throttle, said explicitly
+# Every log file a rendered service writes is rotated past this size, this many kept
+# (newsyslog for launchd jobs, supervisord itself for its programs).
+ROTATE_AT_MIB = 100
+ARCHIVES_KEPT = 7
 
 
 def medic_command(node: Node) -> str:
@@ -43,29 +47,36 @@ def exporter_listen(node: Node) -> str:
     return host_port(node.ssh, EXPORTER_PORT)
 
 
-def exporter_argv(node: Node) -> list[str]:
+def log_file_flag(log_file: str | None) -> list[str]:
+    """`--log.file FILE` for a job whose log no journal keeps: the process appends to it
+    and reopens it once rotated (mlx_medic.logs), so a rotation needs no signal."""
+    return ["--log.file", log_file] if log_file else []
+
+
+def exporter_argv(node: Node, log_file: str | None = None) -> list[str]:
     return [
         medic_command(node),
         "exporter",
-        "--config.file",
+        "--inventory",
         str(node.medic_config),
         "--node",
         node.name,
         "--web.listen-address",
         exporter_listen(node),
+        *log_file_flag(log_file),
     ]
 
 
 def serve_argv(inventory: Inventory, model: Model) -> list[str]:
     """The serve wrapper on the model's head, reading the inventory at the head's path."""
     head = inventory.node(model.head)
-    return [medic_command(head), "serve", model.name, "--config.file", str(head.medic_config)]
+    return [medic_command(head), "serve", model.name, "--inventory", str(head.medic_config)]
 
 
-def remediator_argv(command: str) -> list[str]:
+def remediator_argv(command: str, log_file: str | None = None) -> list[str]:
     """No --config.file: the job sets MLX_MEDIC_CONFIG (remediator_environment), so the
     remediator and the on-call commands on its host find one config the same way."""
-    return [command, "remediator"]
+    return [command, "remediator", *log_file_flag(log_file)]
 
 
 def remediator_environment(config: str) -> dict[str, str]:
@@ -101,7 +112,7 @@ def log_paths(model: Model) -> tuple[str, str]:
 def tmpdir(model: Model) -> str:
     """The service's TMPDIR: the model's first `tmp_dirs` entry, where the staleness rule
     counts and the playbook cleans what Python's tempfile leaves; a launchd daemon may
-    otherwise get none (macos-facts.md §5) and leave it in /tmp, where nothing looks."""
+    otherwise get none and leave it in /tmp, where nothing looks."""
     if not model.tmp_dirs:
         raise RenderError(
             f"models.{model.name}.tmp_dirs: empty; the service's TMPDIR is the first of them"

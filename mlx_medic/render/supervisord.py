@@ -1,5 +1,11 @@
 """supervisord programs (Linux) for each wrapper model whose manager is supervisord, one
-file per program for the `[include]` of the supervisord.conf the inventory names."""
+file per program for the `[include]` of the supervisord.conf the inventory names.
+
+supervisord writes a program's output to its log files and rotates them itself
+(`*_logfile_maxbytes`, `*_logfile_backups`; by default 50MB and 10): each rendered
+program sets them to the size and count newsyslog rotates a launchd job's logs at, so
+nothing else need rotate them.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,14 @@ def _value(text: str) -> str:
 def _environment(values: dict[str, str]) -> str:
     # KEY="value" pairs, comma-separated; a quoted value may hold commas.
     return ",".join(f'{key}="{_value(v)}"' for key, v in values.items())
+
+
+def _rotation(stream: str) -> list[str]:
+    """supervisord's own rotation of one log file (its MB is MiB)."""
+    return [
+        f"{stream}_logfile_maxbytes={services.ROTATE_AT_MIB}MB",
+        f"{stream}_logfile_backups={services.ARCHIVES_KEPT}",
+    ]
 
 
 def render(site: Site) -> list[Rendered]:
@@ -42,9 +56,11 @@ def render(site: Site) -> list[Rendered]:
             f"stopwaitsecs={services.stop_bound(model)}",
             f"stdout_logfile={_value(stdout)}",
         ]
-        lines += (
-            ["redirect_stderr=true"] if stderr == stdout else [f"stderr_logfile={_value(stderr)}"]
-        )
+        lines += _rotation("stdout")
+        if stderr == stdout:
+            lines.append("redirect_stderr=true")
+        else:
+            lines += [f"stderr_logfile={_value(stderr)}", *_rotation("stderr")]
         where = (
             f"the [include] of {model.service.config}"
             if model.service.config

@@ -1,5 +1,10 @@
 """systemd units (Linux): every node's exporter, each wrapper model whose manager is
-systemd, and the remediator."""
+systemd, and the remediator.
+
+The exporter's and the remediator's units log to the journal, which journald rotates
+itself; a model's unit appends to its `log_files` (where the logs collector reads), which
+no rendered file rotates.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ from mlx_medic.state.layout import REMEDIATOR_STATE_DIRECTORY
 
 TARGET = "systemd"
 _PLAIN = re.compile(r"[A-Za-z0-9_./:=,+@-]+")
+# The exporter's and the remediator's units set no StandardOutput=: their log is in the
+# journal, which journald bounds itself (journald.conf(5): SystemMaxUse=, ...).
+JOURNAL_NOTE = "Its log is in the journal, rotated by journald (journalctl -u "
 
 
 def quote(word: str) -> str:
@@ -59,7 +67,8 @@ def _exporters(site: Site) -> list[Rendered]:
             f"tmpfiles.d/{tmpfiles.CONF_NAME} beside it (the state dir, its login user's), then\n"
             "  systemctl enable --now mlx-medic-exporter\n"
             "No StateDirectory=: systemd would give the state dir to root at every start.\n"
-            "ReadWritePaths= with '-': a state dir not made yet does not stop the unit."
+            "ReadWritePaths= with '-': a state dir not made yet does not stop the unit.\n"
+            f"{JOURNAL_NOTE}mlx-medic-exporter)."
         )
         service = [
             _exec(services.exporter_argv(node)),
@@ -120,7 +129,8 @@ def _remediator(site: Site) -> Rendered:
         "refuse (no config at the default path). Under sudo they write the journal as its\n"
         "owner (User= below), never as root.\n"
         f"Its state dir is its own, /var/lib/{REMEDIATOR_STATE_DIRECTORY} (the config's\n"
-        "journal), never a node's: two units with one StateDirectory= re-own it in turn."
+        "journal), never a node's: two units with one StateDirectory= re-own it in turn.\n"
+        f"{JOURNAL_NOTE}mlx-medic-remediator)."
     )
     service = [
         _environment(services.remediator_environment(site.remediator_config)),

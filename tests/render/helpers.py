@@ -28,7 +28,7 @@ def render(target: str, inventory: Path, out: Path, *flags: str) -> tuple[int, s
     """`mlx-medic render TARGET`: (exit code, stdout, stderr)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(["render", target, "--config.file", str(inventory), "--out", str(out), *flags])
+        code = main(["render", target, "--inventory", str(inventory), "--out", str(out), *flags])
     return code, stdout.getvalue(), stderr.getvalue()
 
 
@@ -44,9 +44,16 @@ def render_example(target: str, out: Path, *flags: str) -> Path:
     )
 
 
-def write_inventory(path: Path, nodes: dict[str, Any], models: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump({"nodes": nodes, "models": models}))
+def write_inventory(
+    path: Path, nodes: dict[str, Any], models: dict[str, Any], **sections: Any
+) -> Path:
+    path.write_text(yaml.safe_dump({"nodes": nodes, "models": models, **sections}))
     return path
+
+
+# What `render all` needs beyond the inventory's nodes and models.
+ALL_SSH = {"remediator_addresses": ["10.9.0.1"]}  # the inventory's ssh section
+ALL_FLAGS = [*SITE_FLAGS, "--ssh.public-key", str(EXAMPLE_KEY)]
 
 
 def model(

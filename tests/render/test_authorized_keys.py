@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mlx_medic.command_line import EXIT_USAGE
 from mlx_medic.inventory.load import load_inventory
 from mlx_medic.node.forced_command import EXIT_REFUSED
 from testbed import Cluster
@@ -46,7 +47,7 @@ def line(
 ) -> str:
     return (
         f'restrict,no-user-rc,from="{addresses}",command="{command} node forced-command'
-        f' --config.file {config} --key {which}" {key}'
+        f' --inventory {config} --key {which}" {key}'
     )
 
 
@@ -160,7 +161,8 @@ def test_one_serve_public_key_flag_is_every_wrappers_key(tmp_path: Path):
         (
             {"a": served(["n1", "n2"], 8080, Path("/nonexistent"))},
             [],
-            "models.a.serve.identity_file's .pub /nonexistent.pub: cannot read",
+            "missing settings: --serve.public-key FILE (for authorized-keys:"
+            " models.a.serve.identity_file's .pub /nonexistent.pub cannot be read",
         ),
         (
             {"a": served(["n1", "n2"], 8080, Path("/nonexistent"))},
@@ -175,14 +177,16 @@ def test_a_serve_key_that_cannot_be_read_or_is_the_remediators_is_refused(
     inventory = keyed_inventory(tmp_path, models)
     flags = [str(tmp_path / "remediator.pub") if f == "REMEDIATOR" else f for f in flags]
     code, _, err = render("authorized-keys", inventory, tmp_path / "out", *flags)
-    assert code == 1 and message in err
+    assert code == EXIT_USAGE and message in err
     assert not (tmp_path / "out").exists()
 
 
 def test_without_the_remediators_addresses_no_line_is_written(tmp_path: Path):
     inventory = keyed_inventory(tmp_path, {}, remediator_addresses=[])
     code, _, err = render("authorized-keys", inventory, tmp_path / "out")
-    assert code == 1 and "needs ssh.remediator_addresses" in err and "from=" in err
+    assert code == EXIT_USAGE
+    assert "missing settings: ssh.remediator_addresses in the inventory" in err
+    assert "without from= could be used from anywhere" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -226,7 +230,7 @@ def test_anything_but_one_public_key_is_refused_before_writing(tmp_path: Path, t
     code, _, err = render(
         "authorized-keys", EXAMPLE, tmp_path / "out", "--ssh.public-key", str(key)
     )
-    assert code == 1 and message in err
+    assert code == EXIT_USAGE and message in err
     assert not (tmp_path / "out").exists()
 
 
@@ -237,7 +241,7 @@ def test_without_a_key_the_target_says_which_flag_gives_it(tmp_path: Path):
         {},
     )
     code, _, err = render("authorized-keys", inventory, tmp_path / "out")
-    assert code == 1 and "--ssh.public-key" in err
+    assert code == EXIT_USAGE and "--ssh.public-key" in err
 
 
 def test_sshd_runs_an_allowed_helper_with_the_rendered_line_from_its_addresses_only(

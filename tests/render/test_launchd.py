@@ -11,8 +11,18 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.cli import parse_args
+from mlx_medic.command_line import EXIT_USAGE
 from mlx_medic.inventory.load import load_inventory
-from tests.render.helpers import EXAMPLE, model, render, render_example, run, write_inventory
+from tests.render.helpers import (
+    ALL_FLAGS,
+    ALL_SSH,
+    EXAMPLE,
+    model,
+    render,
+    render_example,
+    run,
+    write_inventory,
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +55,16 @@ def test_every_node_gets_an_exporter_that_names_its_node_and_reads_the_inventory
         argv = job["ProgramArguments"]
         assert argv[0] == node.medic_command
         args = parse_args(argv[1:])
-        assert (args.command, args.node, args.config_file) == (
+        assert (args.command, args.node, args.inventory) == (
             "exporter",
             node.name,
             node.medic_config,
         )
         assert args.listen == f"{node.ssh}:10900"  # the address Prometheus scrapes
         assert job["KeepAlive"] is True and job["RunAtLoad"] is True
+        # its log written by itself, reopened after a rotation; launchd's file apart
+        assert args.log_file == Path("/var/log/mlx-medic-exporter.log")
+        assert job["StandardErrorPath"] == "/var/log/mlx-medic-exporter.stderr.log"
 
 
 def test_a_wrapper_model_runs_mlx_medic_serve_on_its_head_as_its_service_says(out: Path):
@@ -64,7 +77,7 @@ def test_a_wrapper_model_runs_mlx_medic_serve_on_its_head_as_its_service_says(ou
             head.medic_command,
             "serve",
             m.name,
-            "--config.file",
+            "--inventory",
             str(head.medic_config),
         ]
         assert job["UserName"] == m.service.user
@@ -85,6 +98,9 @@ def test_the_remediator_job_runs_a_command_the_cli_accepts_as_its_own_user(out: 
     assert args.command == "remediator" and args.config_file is None  # MLX_MEDIC_CONFIG says
     assert job["EnvironmentVariables"]["MLX_MEDIC_CONFIG"] == "/etc/mlx-medic/remediator.yml"
     assert job["UserName"] == "mlx-medic" and job["ExitTimeOut"] == 60
+    state_dir = Path("/var/lib/mlx-medic-remediator")
+    assert args.log_file == state_dir / "remediator.log"
+    assert job["StandardErrorPath"] == str(state_dir / "remediator.stderr.log")
 
 
 def test_a_script_service_gets_no_job_since_it_is_the_sites_own(tmp_path: Path):
@@ -132,9 +148,10 @@ def test_a_missing_field_a_job_needs_is_an_error_naming_it_and_nothing_is_writte
         tmp_path / "inv.yaml",
         {"n1": {"ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}},
         {"m1": model("launchd", "com.x.m1", **change)},
+        ssh=ALL_SSH,
     )
-    code, _, err = render("all", inventory, tmp_path / "out")
-    assert code == 1 and message in err
+    code, _, err = render("all", inventory, tmp_path / "out", *ALL_FLAGS)
+    assert code == EXIT_USAGE and message in err
     assert not (tmp_path / "out").exists()
 
 
@@ -148,7 +165,7 @@ def test_a_label_with_a_double_hyphen_is_refused_naming_it_and_nothing_is_writte
         {"m1": model("launchd", "com.x.m1--b")},
     )
     code, _, err = render("launchd", inventory, tmp_path / "out")
-    assert code == 1
+    assert code == EXIT_USAGE
     assert "models.m1.service.label: 'com.x.m1--b' holds '--'" in err
     assert not (tmp_path / "out").exists()
 
@@ -156,5 +173,5 @@ def test_a_label_with_a_double_hyphen_is_refused_naming_it_and_nothing_is_writte
 def test_a_medic_command_that_is_no_absolute_path_is_refused(tmp_path: Path):
     inventory = write_inventory(tmp_path / "inv.yaml", {"n1": {"ssh": "127.0.0.2"}}, {})
     code, _, err = render("launchd", inventory, tmp_path / "out")
-    assert code == 1
+    assert code == EXIT_USAGE
     assert "nodes.n1.medic_command: 'mlx-medic' is not an absolute path" in err

@@ -12,10 +12,12 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from mlx_medic.command_line import EXIT_USAGE
 from tests.render.helpers import model, render, render_example, render_ok, run, write_inventory
 from tests.tools import require_tool
 
@@ -97,7 +99,7 @@ def test_the_systemd_wrapper_unit_stops_after_the_wrappers_own_teardown(linux):
         str(medic),
         "serve",
         "sysd",
-        "--config.file",
+        "--inventory",
         str(out.parent / "inv.yaml"),
     ]
     assert service["User"] == "mlxsvc"
@@ -106,12 +108,12 @@ def test_the_systemd_wrapper_unit_stops_after_the_wrappers_own_teardown(linux):
     assert "TMPDIR=/var/tmp/mlx-share/m" in service["Environment"]
 
 
-def test_supervisord_parses_the_program_with_its_stop_bound(linux, tmp_path: Path):
-    out, medic = linux
+def supervisor_programs(tmp_path: Path, programs: Path) -> list[dict[str, Any]]:
+    """What supervisord's own config parser makes of the rendered programs in `programs`."""
     conf = tmp_path / "supervisord.conf"
     conf.write_text(
         f"[supervisord]\nlogfile={tmp_path}/supervisord.log\npidfile={tmp_path}/sd.pid\n"
-        f"[include]\nfiles = {out}/supervisord/n1/*.conf\n"
+        f"[include]\nfiles = {programs}/*.conf\n"
     )
     require_tool("supervisord")
     code = (
@@ -119,26 +121,54 @@ def test_supervisord_parses_the_program_with_its_stop_bound(linux, tmp_path: Pat
         "from supervisor.options import ServerOptions\n"
         "o = ServerOptions(); o.realize(args=['-c', sys.argv[1]])\n"
         "print(json.dumps([dict(name=p.name, command=p.command, stopwaitsecs=p.stopwaitsecs,"
-        " environment=p.environment, stdout=p.stdout_logfile, redirect=p.redirect_stderr,"
-        " killasgroup=p.killasgroup, stopasgroup=p.stopasgroup)"
+        " environment=p.environment, redirect=p.redirect_stderr,"
+        " killasgroup=p.killasgroup, stopasgroup=p.stopasgroup,"
+        " **{f'{s}{k}': getattr(p, f'{s}_logfile{k}') for s in ('stdout', 'stderr')"
+        " for k in ('', '_maxbytes', '_backups')})"
         " for g in o.process_group_configs for p in g.process_configs]))\n"
     )
     python = SUPERVISOR_PYTHON if Path(SUPERVISOR_PYTHON).exists() else sys.executable
     result = run(python, "-c", code, str(conf))
     assert result.returncode == 0, result.stdout + result.stderr
-    (program,) = json.loads(result.stdout)
+    parsed: list[dict[str, Any]] = json.loads(result.stdout)
+    return parsed
+
+
+def test_supervisord_parses_the_program_with_its_stop_bound(linux, tmp_path: Path):
+    out, medic = linux
+    (program,) = supervisor_programs(tmp_path, out / "supervisord" / "n1")
     assert program["name"] == "mlx-sup"
     assert shlex.split(program["command"]) == [
         str(medic),
         "serve",
         "sup",
-        "--config.file",
+        "--inventory",
         str(out.parent / "inv.yaml"),
     ]
     assert program["stopwaitsecs"] > 60  # the default policy.stop_timeout
     assert program["environment"] == {"PYTHONUNBUFFERED": "1", "TMPDIR": "/var/tmp/mlx-share/m"}
     assert program["stdout"] == str(out.parent / "sup.log") and program["redirect"]
     assert program["killasgroup"] and not program["stopasgroup"]
+
+
+def test_supervisord_rotates_each_log_of_a_program_past_100_mib_keeping_7(tmp_path: Path):
+    """supervisord rotates its programs' logs itself; each program says at what size and
+    how many it keeps, as newsyslog does for a launchd job's logs."""
+    me = pwd.getpwuid(os.getuid()).pw_name
+    service = {"manager": "supervisord", "label": "mlx-two", "user": me}
+    logs = [str(tmp_path / "two.err.log"), str(tmp_path / "two.out.log")]  # stderr, stdout
+    inventory = write_inventory(
+        tmp_path / "inv.yaml",
+        {"n1": {"ssh": "127.0.0.2", "medic_command": "/opt/mlx-medic/bin/mlx-medic"}},
+        {"two": model("supervisord", "mlx-two", service=service, log_files=logs)},
+    )
+    out = render_ok("supervisord", inventory, tmp_path / "out")
+    (program,) = supervisor_programs(tmp_path, out / "supervisord" / "n1")
+    assert not program["redirect"]
+    assert [program["stderr"], program["stdout"]] == logs
+    for stream in ("stdout", "stderr"):
+        assert program[f"{stream}_maxbytes"] == 100 * 1024 * 1024
+        assert program[f"{stream}_backups"] == 7
 
 
 def test_a_log_path_with_a_space_is_refused_for_systemd(tmp_path: Path):
@@ -148,7 +178,7 @@ def test_a_log_path_with_a_space_is_refused_for_systemd(tmp_path: Path):
         {"m1": model("systemd", "m1", log_files=["/var/log/my logs/m1.log"])},
     )
     code, _, err = render("systemd", inventory, tmp_path / "out")
-    assert code == 1 and "models.m1.log_files" in err and "no spaces" in err
+    assert code == EXIT_USAGE and "models.m1.log_files" in err and "no spaces" in err
 
 
 def test_the_example_inventorys_units_verify_in_a_root_that_has_their_binaries(tmp_path: Path):
@@ -189,18 +219,22 @@ def test_the_remediator_runs_the_same_command_and_config_under_systemd_and_launc
     tmp_path: Path,
 ):
     """Both jobs run `mlx-medic remediator` with MLX_MEDIC_CONFIG naming the config, where
-    the on-call commands find it too; the unit's words say how to move it."""
+    the on-call commands find it too; the unit's words say how to move it. The launchd job
+    alone adds its log file: the unit's log is in the journal."""
     import plistlib
 
     out = render_example("all", tmp_path, "--remediator.config", "/srv/medic/r.yml")
     service = unit(out / "systemd" / "mlx-medic-remediator.service")
     with (out / "launchd" / "com.mlx-medic.remediator.plist").open("rb") as handle:
         job = plistlib.load(handle)
-    assert (
-        shlex.split(service["ExecStart"])
-        == job["ProgramArguments"]
-        == ["/opt/mlx-medic/.venv/bin/mlx-medic", "remediator"]
-    )
+    command = ["/opt/mlx-medic/.venv/bin/mlx-medic", "remediator"]
+    assert shlex.split(service["ExecStart"]) == command
+    assert job["ProgramArguments"] == [
+        *command,
+        "--log.file",
+        "/var/lib/mlx-medic-remediator/remediator.log",
+    ]
+    assert "StandardOutput" not in service and "StandardError" not in service
     environment = dict(word.split("=", 1) for word in shlex.split(service["Environment"]))
     assert environment == job["EnvironmentVariables"]
     assert environment["MLX_MEDIC_CONFIG"] == "/srv/medic/r.yml"
@@ -301,7 +335,7 @@ def test_a_state_dir_tmpfiles_cannot_say_is_refused_naming_the_field(tmp_path: P
         )
     )
     code, _, err = render("systemd", inventory, tmp_path / "out")
-    assert code == 1 and "state_dir" in err and "without spaces" in err
+    assert code == EXIT_USAGE and "state_dir" in err and "without spaces" in err
 
 
 def test_the_launchd_remediator_logs_in_its_own_dir_not_the_nodes_state_dir(tmp_path: Path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlx_medic.command_line import EXIT_USAGE
 from tests.render.helpers import EXAMPLE, SITE_FLAGS, render, render_example
 
 
@@ -105,6 +106,6 @@ def test_a_bad_duration_is_refused_naming_its_flag_and_nothing_is_written(
         str(EXAMPLE.parent / "remediator_ed25519.pub"),
         *flags,
     )
-    assert code == 1
+    assert code == EXIT_USAGE
     assert named in err and "not a Prometheus duration" in err
     assert not out.exists() or not any(out.iterdir())

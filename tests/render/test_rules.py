@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlx_medic.command_line import EXIT_USAGE
 from tests.render.helpers import EXAMPLE, REPO, render, render_example, run
 from tests.tools import require_tool
 
@@ -98,7 +99,7 @@ def test_a_shortened_for_and_interval_fire_in_promtool_where_the_shipped_rule_wo
 )
 def test_a_bad_override_is_an_error_naming_it(tmp_path: Path, flags: list[str], message: str):
     code, _, err = render("rules", EXAMPLE, tmp_path / "out", *flags)
-    assert code == 1 and message in err
+    assert code == EXIT_USAGE and message in err
     assert not (tmp_path / "out").exists()
 
 

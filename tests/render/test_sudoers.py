@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mlx_medic.command_line import EXIT_USAGE
 from mlx_medic.inventory.load import load_inventory
 from mlx_medic.service_manager import privileged_argv
 from tests.remediator.private_etc import in_private_etc
@@ -86,7 +87,7 @@ def test_a_plist_path_sudo_would_read_as_a_pattern_is_refused(tmp_path: Path):
         },
     )
     code, _, err = render("sudoers", inventory, tmp_path / "out")
-    assert code == 1 and "models.m1.service" in err and "m*.plist" in err
+    assert code == EXIT_USAGE and "models.m1.service" in err and "m*.plist" in err
 
 
 def test_a_real_sudo_allows_the_remediators_commands_and_refuses_a_neighbour_and_extras(
