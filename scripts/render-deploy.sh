@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-deploy}
 python=${PYTHON:-.venv/bin/python}
-rendered=(launchd systemd supervisord sudoers authorized-keys newsyslog prometheus.yml
+rendered=(launchd systemd supervisord sudoers authorized-keys newsyslog logrotate prometheus.yml
           alertmanager.yml rules)
 staging=$(mktemp -d)
 trap 'rm -rf "$staging"' EXIT

@@ -6,8 +6,9 @@
 #                                   MLX, pytest, ruff, mypy); no apt-get, no root needed
 #   scripts/setup.sh --test         the same, and on Debian 12 as root Debian's sshd,
 #                                   Prometheus, Alertmanager, process-exporter, supervisord,
-#                                   Chromium, sudo and systemd (visudo, `sudo -l`,
-#                                   systemd-analyze check the rendered files)
+#                                   Chromium, sudo, systemd and logrotate (visudo,
+#                                   `sudo -l`, systemd-analyze, logrotate check the
+#                                   rendered files)
 #   scripts/setup.sh --help         this text
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,7 @@ if $apt; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       openssh-server openssh-client prometheus prometheus-alertmanager \
       prometheus-process-exporter supervisor chromium procps lsof iproute2 util-linux wrk sudo systemd \
+      logrotate \
       python3-venv >/dev/null
   else
     echo "setup: not root, skipping apt-get (the testbed needs root anyway)" >&2

@@ -179,7 +179,7 @@ def remediator_pauses() -> dict[str, Any]:
         MODEL,
         "--reason",
         "order test",
-        "--inventory",
+        "--config.file",
         str(REMEDIATOR_CONFIG),
     )
 

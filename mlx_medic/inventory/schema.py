@@ -60,7 +60,7 @@ class Node(StrictModel):
     medic_config: AbsolutePath = Field(
         default=Path("/etc/mlx-medic/inventory.yaml"),
         description="this inventory's path on the node: the node helpers the remediator and"
-        " the serve wrapper run there read it (`mlx-medic node HELPER --config.file`)",
+        " the serve wrapper run there read it (`mlx-medic node HELPER --inventory`)",
     )
 
     @field_validator("ssh")

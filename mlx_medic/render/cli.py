@@ -23,6 +23,7 @@ TARGETS = {  # name -> module under mlx_medic.render; `all` renders each in this
     "sudoers": "sudoers",
     "authorized-keys": "authorized_keys",
     "newsyslog": "newsyslog",
+    "logrotate": "logrotate",
     "prometheus": "prometheus",
     "alertmanager": "alertmanager",
     "rules": "rules",
