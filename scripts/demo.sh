@@ -2,7 +2,7 @@
 # The whole loop on this machine, narrated live: the seed's fault against mlx-medic, then
 # against the seed's first fix, side by side (testbed/demo.py). Root on Linux, after
 # `scripts/setup.sh --test`.
-#   scripts/demo.sh [--faults N] [--short]
+#   scripts/demo.sh [--faults N] [--short] [--screenshot-dir DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then

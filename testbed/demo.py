@@ -8,7 +8,10 @@ protection domains in use per node, alerts firing, each remediation step as it s
 ends, the model answering again and how long it took. Then the same faults against the
 seed's first fix (its ppid == 1 sweep, no remediator), and the two side by side.
 
-    scripts/demo.sh [--faults N] [--short]
+    scripts/demo.sh [--faults N] [--short] [--screenshot-dir DIR]
+
+`--screenshot-dir DIR` takes the pictures of docs/pictures/ from the run into DIR (see
+`take_pictures`).
 
 Everything it starts is stopped on exit, on Ctrl-C, and on a second Ctrl-C (cleanup is
 not interrupted); nothing of the testbed is left.
@@ -17,15 +20,19 @@ not interrupted); nothing of the testbed is left.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import signal
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from testbed.browser import chromium
 from testbed.loop import Loop
 from testbed.loop_scenarios import Outcome, run_faults
 
@@ -41,12 +48,13 @@ class Narrator:
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.seen: dict[str, Any] = {}
+        self.stood = started  # when the loop stood
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:6.1f}s] {self.title}: {text}", flush=True)
 
     def attach(self, loop: Loop) -> None:
-        self.loop = loop
+        self.loop, self.stood = loop, time.monotonic()
         self.say(
             f"the loop stands: Prometheus http://127.0.0.1:{loop.prometheus_port}/graph"
             f"?g0.expr=mlx_orphan_processes, Alertmanager"
@@ -142,7 +150,10 @@ def contest(
     faults: int,
     limit: float,
     started: float,
+    after: Callable[[Loop, Narrator], None] | None = None,
 ) -> Outcome:
+    """One loop and its faults, narrated; `after` sees the loop once the faults settled,
+    and its narrator."""
     narrator = Narrator(title, started)
     try:
         return run_faults(
@@ -157,9 +168,41 @@ def contest(
             settle=10.0,
             on_loop=narrator.attach,
             on_fault=narrator.fault,
+            after=None if after is None else lambda loop: after(loop, narrator),
         )
     finally:
         narrator.close()
+
+
+def take_pictures(loop: Loop, directory: Path, narrator: Narrator) -> None:
+    """`--screenshot-dir`: docs/pictures/ from a real run, once mlx-medic is back from the
+    seed's fault. Under `mlx-medic serve` that fault needs no remediator run, so on-call's
+    `mlx-medic remediate` first runs the recover playbook by hand (stop, sweep every node,
+    clean, start, verify: the helpers over SSH, as the service runs them), and the on-call
+    page has a recover run to show. Then headless Chromium takes that page, signed in as
+    on-call's browser is (`oncall-page.png`), and Prometheus's graph of the orphans over
+    the run (`prometheus-orphans.png`)."""
+    say = narrator.say
+    say("pictures: mlx-medic remediate tiny (the recover playbook, by hand as on-call runs it)")
+    done = loop.remediate()
+    say(f"pictures: mlx-medic remediate exited {done.returncode}")
+    if done.returncode != 0:
+        say(f"pictures: {(done.stdout + done.stderr).strip()[-600:]}")
+    profiles = loop.workdir / "chromium"
+    profiles.mkdir(exist_ok=True)
+    page = directory / "oncall-page.png"
+    chromium(loop.oncall_page, profiles, f"--screenshot={page}")
+    say(f"pictures: {page} ({page.stat().st_size // 1024} KiB)")
+    graph = directory / "prometheus-orphans.png"
+    query = 'sum by (node) (mlx_orphan_processes{model="tiny"})'
+    minutes = math.ceil((time.monotonic() - narrator.stood) / 60)  # the loop's whole run
+    url = (
+        f"http://127.0.0.1:{loop.prometheus_port}/graph?g0.tab=0&g0.range_input={minutes}m"
+        f"&g0.expr={urllib.parse.quote(query)}"
+    )
+    # the graph page draws with JavaScript after it loads: give its query time to answer
+    chromium(url, profiles, "--virtual-time-budget=10000", f"--screenshot={graph}")
+    say(f"pictures: {graph} ({graph.stat().st_size // 1024} KiB)")
 
 
 def summary(outcomes: list[Outcome]) -> str:
@@ -184,7 +227,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="one fault each and shorter limits (what the test runs)",
     )
+    parser.add_argument(
+        "--screenshot-dir",
+        type=Path,
+        metavar="DIR",
+        help="once mlx-medic is back from the fault, run its recover playbook by hand"
+        " (mlx-medic remediate) and take the on-call page and Prometheus's orphan graph"
+        " into DIR as PNG (docs/pictures/README.md)",
+    )
     args = parser.parse_args(argv)
+    pictures = _picture_dir(parser, args.screenshot_dir)
     faults, limit = (1, 45.0) if args.short else (args.faults, 90.0)
     from testbed import start_cluster
     from testbed.jaccl_sim import start_jaccl_sim
@@ -217,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                         faults,
                         limit,
                         started,
+                        after=None
+                        if pictures is None
+                        else lambda loop, narrator: take_pictures(loop, pictures, narrator),
                     )
                 )
                 # the first fix goes down once the pool is spent: two more faults show it
@@ -243,6 +298,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         print(f"cleaned up: {workdir} removed, every process the demo started ended", flush=True)
+
+
+def _picture_dir(parser: argparse.ArgumentParser, directory: Path | None) -> Path | None:
+    """`--screenshot-dir` made absolute and created (Chromium writes into it), or a usage
+    error naming why it cannot be."""
+    if directory is None:
+        return None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"--screenshot-dir {directory}: {exc.strerror or exc}")
+    return directory.resolve()
 
 
 _interrupted = threading.Event()

@@ -51,6 +51,7 @@ from testbed.seed_fixes import SeedFix, SeedModel, write_seed_script
 MEDIC = str(Path(sys.executable).parent / "mlx-medic")
 LAUNCH = str(Path(sys.executable).parent / "mlx.launch")
 TOKEN = "loop-" + uuid.uuid4().hex
+ONCALL_USER = "oncall"  # on-call's browser: basic auth, the token as its password
 ServiceKind = SeedFix | Literal["serve"]  # a seed start script, or `mlx-medic serve`
 MODEL = "tiny"
 DASHBOARD = Path(__file__).resolve().parents[1] / "grafana/dashboards/mlx-medic-cluster.json"
@@ -171,6 +172,26 @@ class Loop(ClosedOnExit):
     remediator_port: int = 0
     prometheus_port: int = 0
     alertmanager_port: int = 0
+
+    @property
+    def remediator_config(self) -> Path:
+        return self.workdir / "remediator.yml"
+
+    @property
+    def oncall_page(self) -> str:
+        """The remediator's on-call page, signed in as on-call's browser is (basic auth)."""
+        return f"http://{ONCALL_USER}:{TOKEN}@127.0.0.1:{self.remediator_port}/"
+
+    def remediate(self, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+        """On-call's `mlx-medic remediate` of the model: its playbook run by hand with the
+        remediator's config, journal and key, as a person on the remediator's host runs it."""
+        return subprocess.run(
+            [MEDIC, "remediate", MODEL, "--config.file", str(self.remediator_config)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     # --- what a test reads -------------------------------------------------------------
     def answers(self) -> bool:
@@ -563,13 +584,18 @@ def _start_exporter(loop: Loop, name: str) -> Daemon:
 
 
 def _start_remediator(loop: Loop) -> Daemon:
-    config = loop.workdir / "remediator.yml"
+    config = loop.remediator_config
+    token = str(loop.workdir / "token")
     config.write_text(
         yaml.safe_dump(
             {
                 "inventory": str(loop.inventory),
                 "journal": str(loop.journal),
-                "auth": {"bearer_token_file": str(loop.workdir / "token")},
+                "auth": {
+                    "bearer_token_file": token,  # Alertmanager's
+                    "basic_username": ONCALL_USER,  # on-call's browser
+                    "basic_password_file": token,
+                },
             }
         )
     )

@@ -4,11 +4,10 @@ and outcomes, the escalation's next action; a screenshot is kept under artifacts
 from __future__ import annotations
 
 import re
-import subprocess
-import uuid
 from html import unescape
 from pathlib import Path
 
+from testbed.browser import chromium
 from tests.remediator.conftest import (
     BASIC_PASSWORD,
     BASIC_USER,
@@ -25,38 +24,11 @@ from tests.tools import require_tool
 ARTIFACTS = REPO / "artifacts"
 
 
-def chromium(
-    url: str, tmp_path: Path, *mode: str, size: str = "1280,900"
-) -> subprocess.CompletedProcess[str]:
-    binary = require_tool("chromium")
-    profile = tmp_path / f"chromium-{uuid.uuid4().hex[:8]}"
-    return subprocess.run(
-        [
-            binary,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            f"--window-size={size}",
-            *mode,
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-
-
 def test_the_page_in_headless_chromium_shows_runs_steps_outcomes_and_the_next_action(
     stack: Stack,
     tmp_path: Path,
 ) -> None:
+    require_tool("chromium")
     service = stack.start()
     # m1: recover escalates (the head has no supervisord program for m1 to start).
     post_alerts(service, make_payload(make_alert("m1", fingerprint="a1b2c3d4e5f60718")))
