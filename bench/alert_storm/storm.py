@@ -182,6 +182,8 @@ def remediator_round(
                 sys.executable,
                 *profile,
                 *SERVICE,
+                "--log.format",
+                "json",  # one JSON line per request, read below
                 "--config.file",
                 str(config),
                 "--web.listen-address",
