@@ -8,7 +8,8 @@ The map (docs/architecture.md tells more):
     node/        the node helpers (`mlx-medic node ...`) and how a caller runs them
     serve/       the serve wrapper (`mlx-medic serve MODEL`)
     platform/    operating-system seams;  transport/  how a caller acts on a node
-    render/      `mlx-medic render`;  exporter/, remediator/  the two deployables
+    render/      `mlx-medic render`;  doctor/  `mlx-medic doctor`, a node's setup checked
+    exporter/, remediator/  the two deployables
     *.py         the rest they share: health probe, model lock, signatures, tmp rules, CLI
 """
 

@@ -41,6 +41,11 @@ COMMANDS: dict[str, CommandInfo] = {
     "check-config": CommandInfo(
         "mlx_medic.check_config", "validate an inventory or the remediator's config", "node"
     ),
+    "doctor": CommandInfo(
+        "mlx_medic.doctor.cli",
+        "check this node against what mlx-medic assumes; a report for an issue",
+        "node",
+    ),
     # deployment
     "render": CommandInfo(
         "mlx_medic.render.cli",

@@ -34,6 +34,7 @@ MISSING_FILE: dict[str, list[str]] = {
     "exporter": ["--once", "--inventory", MISSING],
     "serve": ["m1", "--inventory", MISSING],
     "check-config": [MISSING],
+    "doctor": ["--inventory", MISSING],
     "render": [
         "all",
         "--inventory",
@@ -242,7 +243,7 @@ def test_config_file_for_the_inventory_still_works_and_says_to_use_inventory() -
     assert error.startswith(f"mlx-medic exporter: {MISSING}")
 
 
-@pytest.mark.parametrize("command", ["exporter", "serve", "backend", "render", "node"])
+@pytest.mark.parametrize("command", ["exporter", "serve", "backend", "render", "node", "doctor"])
 def test_the_inventory_is_named_by_inventory_in_every_commands_help(command: str) -> None:
     argv = [command, "ledger"] if command == "node" else [command]
     text = mlx_medic(*argv, "--help").stdout

@@ -23,6 +23,7 @@ RDMA_OBJECT_CLASSES = {
     "queue_pair": QUEUE_PAIR_CLASS,
 }
 IOCLASSCOUNT_ARGV = ("ioclasscount", PROTECTION_DOMAIN_CLASS, QUEUE_PAIR_CLASS)
+IOCLASSCOUNT_ALL_ARGV = ("ioclasscount",)  # every class, one a line
 
 # rdma-core prints this (and exits non-zero) when there is no device at all.
 _NO_DEVICES = re.compile(r"^\s*No IB devices found\s*$", re.MULTILINE)

@@ -56,6 +56,7 @@ class Stat:
     state: State
     ppid: int
     starttime: int  # clock ticks after boot
+    letter: str = ""  # the state letter as the kernel wrote it
 
 
 def parse_stat(raw: bytes) -> Stat:
@@ -67,11 +68,13 @@ def parse_stat(raw: bytes) -> Stat:
     fields = rest.split()
     if len(fields) < 20:
         raise ValueError(f"{len(fields)} fields after comm, expected at least 20")
+    letter = fields[0].decode("ascii", "replace")
     return Stat(
         comm=comm,
-        state=state_from_letter(fields[0].decode("ascii", "replace")),
+        state=state_from_letter(letter),
         ppid=int(fields[1]),
         starttime=int(fields[19]),
+        letter=letter,
     )
 
 

@@ -22,6 +22,7 @@ import base64
 import binascii
 import shlex
 import struct
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 
 from mlx_medic.inventory.schema import Inventory
@@ -60,18 +61,30 @@ def _quoted(text: str) -> str:
     return '"' + text.replace('"', '\\"') + '"'
 
 
-def key_line(command: str, addresses: list[str], key: str) -> str:
+def key_options(command: str, addresses: list[str]) -> str:
+    """A key line's options: the restrictions, `from=` and the forced command."""
     options = [*RESTRICTIONS, f"from={_quoted(','.join(addresses))}", f"command={_quoted(command)}"]
-    return ",".join(options) + f" {key}"
+    return ",".join(options)
+
+
+def key_line(command: str, addresses: list[str], key: str) -> str:
+    return f"{key_options(command, addresses)} {key}"
 
 
 def serve_keys(site: Site) -> dict[str, dict[str, list[str]]]:
     """node -> the serve wrapper's key line text -> the heads it comes from, for each node
     that is not the head of a model whose wrapper logs in with serve.identity_file."""
+    return serve_key_heads(site.inventory, site.serve_public_keys)
+
+
+def serve_key_heads(
+    inventory: Inventory, keys: Mapping[str, str]
+) -> dict[str, dict[str, list[str]]]:
+    """node -> key -> the addresses of the heads that log in to it with that key, for
+    `keys` (model -> its wrapper's key; models without one are left out)."""
     lines: dict[str, dict[str, list[str]]] = {}
-    inventory = site.inventory
     for model in inventory.models:
-        key = site.serve_public_keys.get(model.name)
+        key = keys.get(model.name)
         if key is None:
             continue
         head = inventory.node(model.head)

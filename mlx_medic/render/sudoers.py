@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from mlx_medic.render.files import GENERATED, Rendered, RenderError, Site
 from mlx_medic.service_manager import privileged_argv
+
+if TYPE_CHECKING:
+    from mlx_medic.inventory.model import Model
 
 TARGET = "sudoers"
 FILE_NAME = "mlx-medic"  # sudo skips sudoers.d names with a '.' or ending in '~'
@@ -28,6 +32,13 @@ def escape(word: str, where: str) -> str:
     return _ESCAPED.sub(r"\\\1", word)
 
 
+def rule_commands(model: Model) -> list[str]:
+    """The model's privileged commands as a rule writes them (and `sudo -l` lists them):
+    sudoers words, escaped, one command per rule."""
+    where = f"models.{model.name}.service"
+    return [" ".join(escape(w, where) for w in argv) for argv in privileged_argv(model)]
+
+
 def render(site: Site) -> list[Rendered]:
     files = []
     inventory = site.inventory
@@ -36,10 +47,7 @@ def render(site: Site) -> list[Rendered]:
         for model in inventory.models:
             if model.head != node.name:
                 continue
-            for argv in privileged_argv(model):
-                where = f"models.{model.name}.service"
-                words = " ".join(escape(w, where) for w in argv)
-                rules.append(f"{node.user} ALL=(root) NOPASSWD: {words}")
+            rules += [f"{node.user} ALL=(root) NOPASSWD: {words}" for words in rule_commands(model)]
         if not rules:
             continue
         comment = (
