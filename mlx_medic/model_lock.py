@@ -25,9 +25,12 @@ acquirer's nonce: release and renew touch only the lock this acquire wrote.
 Anything we cannot judge (node unreachable, unreadable file, a helper that answered with
 an error) counts as held: fail closed. `acquire` returns the lock or a `LockRefused` that
 says why and of which kind: `locked` (someone holds it, or we cannot tell who),
-`unreachable` (naming the node that did not answer: cannot connect, no answer in time) or
-`helper_failed` (the head's lock helper answered with an error, its message in `why`),
-so a caller can tell "someone holds it" from "we cannot reach it". A caller may wait a
+`unreachable` (naming the node that did not answer: cannot connect, no answer in time),
+`misconfigured` (a node's mlx-medic cannot serve the call as deployed: its inventory
+unreadable, mlx-medic missing, its forced command refusing, another version; what and the
+fix in `misconfiguration`, no waiting) or `helper_failed` (the head's lock helper answered
+with an error, its message in `why`), so a caller can tell "someone holds it" from "we
+cannot reach it" from "it is deployed wrong". A caller may wait a
 bounded time for a held lock (`acquire(wait=...)`): the serve wrapper holds it while its
 ranks start.
 This module knows nothing of the remediator, so the serve wrapper on the head can use
@@ -49,7 +52,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from mlx_medic.inventory.schema import Inventory, Node
-from mlx_medic.node.client import HelperCallError, NodeHelpers
+from mlx_medic.node.client import ANY_CALLER, HelperCallError, HelperMisconfigured, NodeHelpers
+from mlx_medic.node.misconfiguration import Misconfiguration
 from mlx_medic.node.replies import PidAliveReply
 from mlx_medic.processes.pid_liveness import Liveness, local_liveness
 from mlx_medic.state.model_lock_file import (
@@ -76,19 +80,31 @@ class LockHelperFailed(TransportError):
     (the head is not unreachable)."""
 
 
-RefusalKind = Literal["locked", "unreachable", "helper_failed"]
+class LockMisconfigured(LockHelperFailed):
+    """A node the lock needed (the head, or the holder's node) answered, but its mlx-medic
+    cannot serve the call as deployed: `misconfiguration` says what and the fix."""
+
+    def __init__(self, misconfiguration: Misconfiguration):
+        super().__init__(str(misconfiguration))
+        self.misconfiguration = misconfiguration
+
+
+RefusalKind = Literal["locked", "unreachable", "misconfigured", "helper_failed"]
 
 
 @dataclass(frozen=True)
 class LockRefused:
     """Why `acquire` did not take the lock. `kind`: `locked` (held, or its holder cannot be
     judged: fail closed), `unreachable` (`node` gave no answer: the head, or the holder's
-    node asked whether its pid lives) or `helper_failed` (the `lock` helper on `node`, the
-    head, answered with an error). `why` is the sentence the journal and the person see."""
+    node asked whether its pid lives), `misconfigured` (`node`'s mlx-medic is deployed
+    wrong for the call: `misconfiguration`) or `helper_failed` (the `lock` helper on
+    `node`, the head, answered with an error). `why` is the sentence the journal and the
+    person see."""
 
     why: str
     kind: RefusalKind
     node: str
+    misconfiguration: Misconfiguration | None = None
 
 
 @dataclass
@@ -125,12 +141,14 @@ class ModelLocks:
         lease: float = 90.0,
         clock: Callable[[], float] = time.time,
         in_process: bool = False,
+        caller: str = ANY_CALLER,
     ):
         """`this_node`: the inventory node this process runs on (from node identity:
         `--node` or `<state_dir>/node-id`), or None off the cluster. `pid` and
         `pid_start` default to this process's. `in_process`: this process acts on the
         locks of its own node itself, as the `lock` and `pid-alive` helpers would (the
-        serve wrapper on its head: no helper process to start on a crash's path)."""
+        serve wrapper on its head: no helper process to start on a crash's path).
+        `caller`: who calls the helpers, as a version mismatch names it."""
         if this_node is not None and this_node not in {n.name for n in inventory.nodes}:
             known = ", ".join(n.name for n in inventory.nodes)
             raise ValueError(f"this node {this_node!r} is not in the inventory (nodes: {known})")
@@ -143,7 +161,7 @@ class ModelLocks:
         self.lease = lease
         self.clock = clock
         self.in_process = in_process
-        self.helpers = NodeHelpers(transport, inventory, timeout=HELPER_TIMEOUT)
+        self.helpers = NodeHelpers(transport, inventory, timeout=HELPER_TIMEOUT, caller=caller)
 
     def _head(self, model: str) -> Node:
         return self.inventory.node(self.inventory.model(model).head)
@@ -166,7 +184,7 @@ class ModelLocks:
         self, model: str, holder: str, run_id: str, *, renew: bool = True, wait: float = 0.0
     ) -> LockHandle | LockRefused:
         """The lock, or why not: someone live held it for all of `wait` seconds, its helper
-        failed, or a node did not answer (no waiting then)."""
+        failed, or a node did not answer or is misconfigured (no waiting then)."""
         if holder not in HOLDERS:
             raise ValueError(f"lock holder must be one of {HOLDERS}, not {holder!r}")
         started = time.monotonic()
@@ -177,20 +195,23 @@ class ModelLocks:
                 taken.waited = waited
                 return taken
             waited = time.monotonic() - started
-            if taken.kind == "unreachable" or waited >= wait:
+            if taken.kind in ("unreachable", "misconfigured") or waited >= wait:
                 return taken
             await asyncio.sleep(min(WAIT_POLL, wait - waited))
             waited = time.monotonic() - started
 
     async def _lock(self, head: Node, model: str, action: str, *args: str) -> LockState:
         """The head's `lock` helper's answer (its action done or not); TransportError when
-        the head gave no answer (unreachable, timed out), LockHelperFailed when it answered
+        the head gave no answer (unreachable, timed out), LockMisconfigured when its
+        mlx-medic cannot serve the call as deployed, LockHelperFailed when it answered
         without a lock helper's document (the helper failed: exit 1 or 2, its stderr the
         message)."""
         if self.in_process and head.name == self.this_node:
             return await asyncio.to_thread(self._lock_here, model, action, args)
         try:
             reply = await self.helpers.call(head.name, "lock", model, action, *args)
+        except HelperMisconfigured as exc:
+            raise LockMisconfigured(exc.misconfiguration) from exc
         except HelperCallError as exc:
             if not exc.no_answer:
                 raise LockHelperFailed(str(exc)) from exc
@@ -247,6 +268,9 @@ class ModelLocks:
                     return refused(why)
                 log.warning("breaking stale lock: %s", why, extra={"model": model})
                 broken = await self._break(head, model, taken.text)
+            except LockMisconfigured as exc:
+                found = exc.misconfiguration
+                return LockRefused(str(found), "misconfigured", found.node, found)
             except LockHelperFailed as exc:
                 return refused(f"the lock helper failed on {head.name}: {exc}", "helper_failed")
             except TransportError as exc:
@@ -332,7 +356,8 @@ class ModelLocks:
 
     async def _judge(self, head: Node, text: str) -> tuple[bool, str, str | None]:
         """(stale?, a sentence saying who holds it or why it is stale, the holder's node
-        when it did not answer the question)."""
+        when it did not answer the question); LockMisconfigured when the holder's node
+        cannot be asked as deployed."""
         try:
             info = LockInfo.parse(text)
         except (ValueError, KeyError, TypeError) as exc:
@@ -366,6 +391,8 @@ class ModelLocks:
             else:
                 reply = await self.helpers.call(node.name, PidAliveReply, str(info.pid), *start)
                 liveness, why = reply.answer.liveness, reply.answer.why
+        except HelperMisconfigured as exc:  # no verdict: fail closed, naming the fix
+            raise LockMisconfigured(exc.misconfiguration) from exc
         except HelperCallError as exc:
             silent = node.name if exc.no_answer else None
             return False, held + f"; cannot check its pid on {node.name}: {exc}", silent

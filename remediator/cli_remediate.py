@@ -5,8 +5,9 @@ wrapper), same journal. Not held back by budget or an open circuit (the robot ga
 up; a person decided). A pause is different: a person said hands off, so a paused
 model (or all models paused) is refused unless `--force`, and the journal records the
 override with who gave it. Exit status: 0 succeeded or planned (dry run), 1 any other
-end (escalated, inconclusive, failed, interrupted), 2 usage or config error, 3 the
-model lock is held, 4 the model is paused and `--force` was not given.
+end (escalated, inconclusive, failed, interrupted, unreachable), 2 usage or config error,
+3 the model lock is held, 4 the model is paused and `--force` was not given, 5 a node's
+mlx-medic is misconfigured for the run (nothing was done; the fix is its next action).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ EXIT_BY_OUTCOME: dict[str, int] = {
     RunOutcome.SUCCEEDED: 0,
     RunOutcome.PLANNED: 0,
     RunOutcome.LOCKED: 3,
+    RunOutcome.MISCONFIGURED: 5,
 }
 EXIT_PAUSED = 4
 

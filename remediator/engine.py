@@ -9,7 +9,8 @@ each readable alone:
   runner.py            a run from queue to end: re-check, lock, steps, escalation
   run_survivors.py     what a run's sweeps could not end (survivors, unkillable processes)
   startup.py           what a dead process left in flight
-  engine_metrics.py    the metrics of runs, escalations and unreachable nodes
+  engine_metrics.py    the metrics of runs, escalations, unreachable and misconfigured
+                       nodes
   decision_records.py  decisions' events (the storm's deferred), run ends a failing
                        journal refused
   active_run.py        the record of a run in flight that they share
@@ -40,7 +41,7 @@ from prometheus_client import CollectorRegistry
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.model_lock import ModelLocks
-from mlx_medic.node.client import NodeHelpers
+from mlx_medic.node.client import REMEDIATOR, NodeHelpers
 from mlx_medic.remediator.active_run import ActiveRun, RunEnd
 from mlx_medic.remediator.alerts import AlertEvent, Disposition, InvalidAlert
 from mlx_medic.remediator.budget import Budget, Escalator
@@ -68,7 +69,13 @@ log = logging.getLogger("mlx_medic.remediator.engine")
 
 SEEN_CACHE = 100_000
 # Run endings worth a warning: nothing was fixed and the reason is not another holder.
-_WARN = {RunOutcome.UNREACHABLE, RunOutcome.INCONCLUSIVE, RunOutcome.FAILED, RunOutcome.INTERRUPTED}
+_WARN = {
+    RunOutcome.UNREACHABLE,
+    RunOutcome.MISCONFIGURED,
+    RunOutcome.INCONCLUSIVE,
+    RunOutcome.FAILED,
+    RunOutcome.INTERRUPTED,
+}
 
 
 class Engine:
@@ -99,7 +106,9 @@ class Engine:
         self.hostname = hostname or socket.gethostname()
         self.owner = owner_tag(self.hostname)
         self._health_check = health_check
-        helpers = NodeHelpers(transport, inventory, timeout=inventory.ssh.command_timeout)
+        helpers = NodeHelpers(
+            transport, inventory, timeout=inventory.ssh.command_timeout, caller=REMEDIATOR
+        )
         self.locks = ModelLocks(
             inventory,
             transport,
@@ -107,6 +116,7 @@ class Engine:
             hostname=self.hostname,
             clock=clock,
             lease=lock_lease,
+            caller=REMEDIATOR,
         )
         self.budget = Budget(journal, clock)
         self._runs: dict[str, ActiveRun] = {}

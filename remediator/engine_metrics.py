@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
+from mlx_medic.node.misconfiguration import Misconfiguration
 
 
 class EngineMetrics:
@@ -56,6 +57,17 @@ class EngineMetrics:
             ["model", "node"],
             registry=registry,
         )
+        self.misconfigured = Counter(
+            "mlx_medic_node_misconfigured_total",
+            "Times a node the remediator needed for a model answered, but its mlx-medic could"
+            " not serve the call as deployed, by kind: config-unreadable (its inventory),"
+            " helper-missing (no mlx-medic at medic_command), refused (its forced command),"
+            " version-mismatch (another mlx-medic than the remediator's). Before any step"
+            " acted the run ended misconfigured (nothing was done); a step after one that"
+            " acted escalated.",
+            ["model", "node", "kind"],
+            registry=registry,
+        )
         self.unkillable = Gauge(
             "mlx_medic_unkillable_processes",
             "Processes of the model that the remediator's last sweep of the node found"
@@ -75,6 +87,10 @@ class EngineMetrics:
     def node_unreachable(self, model: str, node: str) -> None:
         """A node the model needed did not answer over SSH."""
         self.unreachable.labels(model=model, node=node).inc()
+
+    def node_misconfigured(self, model: str, found: Misconfiguration) -> None:
+        """A node the model needed is deployed wrong for a call (its kind)."""
+        self.misconfigured.labels(model=model, node=found.node, kind=found.kind).inc()
 
     def verified(self, model: Model, backend: str | None) -> None:
         """A run verified the model serving on `backend` (None: a verify that names none

@@ -23,7 +23,8 @@ from mlx_medic import health
 from mlx_medic.inventory.fields import is_loopback
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
-from mlx_medic.node.client import HelperCallError, NodeHelpers
+from mlx_medic.node.client import REMEDIATOR, HelperCallError, HelperMisconfigured, NodeHelpers
+from mlx_medic.node.misconfiguration import Misconfiguration
 from mlx_medic.remediator.config import ConfigError
 from mlx_medic.state.node_identity import NodeIdentityError, node_id_path, read_node_id
 from mlx_medic.transport import NodeTransport
@@ -48,6 +49,8 @@ class HealthVerdict:
     state: ModelState
     reason: str
     unreachable_node: str | None = None  # unknown because this node did not answer over SSH
+    # unknown because a node's mlx-medic cannot serve the probe as deployed
+    misconfiguration: Misconfiguration | None = None
 
     @classmethod
     def up(cls, reason: str) -> HealthVerdict:
@@ -64,6 +67,10 @@ class HealthVerdict:
     @classmethod
     def unreachable(cls, node: str, reason: str) -> HealthVerdict:
         return cls(ModelState.UNKNOWN, reason, unreachable_node=node)
+
+    @classmethod
+    def misconfigured(cls, found: Misconfiguration, reason: str) -> HealthVerdict:
+        return cls(ModelState.UNKNOWN, reason, misconfiguration=found)
 
     @classmethod
     def of(cls, up: bool, conclusive: bool, reason: str) -> HealthVerdict:
@@ -133,11 +140,13 @@ async def _probe_on_head(
     """`mlx-medic node probe MODEL` on the head; anything but a clean up/down answer is
     unknown (nothing acts on it)."""
     where = f"on {model.head}"
-    helpers = NodeHelpers(transport, inventory, timeout=REMOTE_PROBE_TIMEOUT)
+    helpers = NodeHelpers(transport, inventory, timeout=REMOTE_PROBE_TIMEOUT, caller=REMEDIATOR)
     timeout = f"{PROBE_TIMEOUT:g}"
     try:
         reply = await helpers.call(model.head, "probe", model.name, "--timeout", timeout)
         answer = health.ProbeAnswer.from_document(reply.document)
+    except HelperMisconfigured as exc:
+        return HealthVerdict.misconfigured(exc.misconfiguration, f"could not probe {where}: {exc}")
     except HelperCallError as exc:  # not knowing is never "down"
         if exc.unreachable:  # in the transport's own words
             return HealthVerdict.unreachable(

@@ -32,6 +32,7 @@ _OUTCOME_CLASS: dict[str, str] = {
     RunOutcome.INTERRUPTED: "bad",
     RunOutcome.INCONCLUSIVE: "bad",
     RunOutcome.UNREACHABLE: "bad",
+    RunOutcome.MISCONFIGURED: "bad",
     StepOutcome.UNKILLABLE: "bad",
     RunOutcome.CANCELLED: "muted",
     RunOutcome.LOCKED: "muted",

@@ -42,14 +42,18 @@ class RunOutcome(StrEnum):
     INTERRUPTED = "interrupted"  # the process stopped (crash, kill, shutdown) mid-run
     INCONCLUSIVE = "inconclusive"  # acted, then could not tell whether the model is up
     UNREACHABLE = "unreachable"  # a node the run needed did not answer (nothing was done)
+    # a node's mlx-medic cannot serve the run as deployed: its inventory unreadable,
+    # mlx-medic missing, its forced command refusing, another version (nothing was done)
+    MISCONFIGURED = "misconfigured"
 
 
 RUN_IN_FLIGHT = (RunOutcome.QUEUED, RunOutcome.RUNNING)
 RUN_ENDED = tuple(outcome for outcome in RunOutcome if outcome not in RUN_IN_FLIGHT)
 # A firing (fingerprint, startsAt) stays handled while its run is in flight and after its
 # run succeeded (a dry run: planned): a repeat notification of it is a duplicate. Every
-# other ending (locked, unreachable, inconclusive, skipped, escalated, failed, ...) did
-# not fix the model, so a later notification of the same firing may start a new run.
+# other ending (locked, unreachable, misconfigured, inconclusive, skipped, escalated,
+# failed, ...) did not fix the model, so a later notification of the same firing may start
+# a new run.
 RUN_HOLDS_FIRING = (*RUN_IN_FLIGHT, RunOutcome.SUCCEEDED, RunOutcome.PLANNED)
 
 

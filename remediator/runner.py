@@ -8,6 +8,13 @@ steps, journaling each step before it starts. The first step's read-only questio
 preflight's facts) is asked while it re-checks and takes the lock. A node that does not
 answer over SSH while the run re-checks or takes the lock ends it `unreachable` (never
 `locked`): a warning, `mlx_medic_node_unreachable_total`, and the next action in words.
+A node that answers but whose mlx-medic cannot serve the run as deployed (its inventory
+unreadable, mlx-medic missing, its forced command refusing, another version:
+mlx_medic.node.misconfiguration), found while the run re-checks, takes the lock or asks
+its read-only preflight, ends it `misconfigured` the same way: nothing done, no budget
+spent, no circuit opened (a run after the fix acts), a warning,
+`mlx_medic_node_misconfigured_total`, and the fix as the next action. Found by a step
+after one that acted, it escalates like any step that could not ask its nodes.
 
 The runner owns the control flow: fallback steps only after a failed verify, a verify
 that could not tell ends the run inconclusive, and a step that failed or found a state
@@ -25,13 +32,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.model_lock import LockHandle, LockRefused, ModelLocks
 from mlx_medic.node.client import NodeHelpers
+from mlx_medic.node.misconfiguration import Misconfiguration
 from mlx_medic.remediator.active_run import ActiveRun, RunEnd
 from mlx_medic.remediator.budget import Escalator, resume_hint
 from mlx_medic.remediator.engine_metrics import EngineMetrics
@@ -163,6 +171,8 @@ class Runner:
         match handle:
             case LockRefused(kind="unreachable", why=why, node=silent):
                 return self._unreachable(model, silent, f"taking the model lock: {why}")
+            case LockRefused(kind="misconfigured", misconfiguration=found) if found is not None:
+                return self._misconfigured(model, [found], "taking the model lock")
             case LockRefused(why=why):  # held, or its helper failed: the run ends locked
                 return RunEnd(
                     RunOutcome.LOCKED, why if why.startswith("locked") else f"locked: {why}"
@@ -195,6 +205,8 @@ class Runner:
             return None
         if verdict.unreachable_node is not None:
             return self._unreachable(model, verdict.unreachable_node, f"re-check: {verdict.reason}")
+        if verdict.misconfiguration is not None:
+            return self._misconfigured(model, [verdict.misconfiguration], "re-check")
         if not verdict.undecided:
             self.stale(model.name, run.run_id, verdict.reason)
         return RunEnd(RunOutcome.SKIPPED, verdict.reason)
@@ -210,6 +222,23 @@ class Runner:
             f" (`ssh -p {node.port} {node.user}@{node.ssh} true`) and that"
             f" {self.inventory.state_dir / 'locks'} there is writable; the next notification"
             f" of the alert starts a new run, or run `mlx-medic remediate {model.name}`",
+        )
+
+    def _misconfigured(
+        self, model: Model, found: Sequence[Misconfiguration], during: str, count: bool = True
+    ) -> RunEnd:
+        """Nodes the run needed are deployed wrong for it, found before anything acted:
+        nothing was done, so, as for an unreachable node, no budget is spent and no circuit
+        opens: MLXMedicMisconfigured pages on-call with the fix, and the first run after
+        the fix acts (an open circuit would hold it back for a `resume` nobody needs)."""
+        for each in found if count else ():
+            self.metrics.node_misconfigured(model.name, each)
+        return RunEnd(
+            RunOutcome.MISCONFIGURED,
+            f"{during}: " + "; ".join(str(each) for each in found),
+            f"nothing was done to {model.name}: {'; '.join(each.fix for each in found)}; then"
+            " the next notification of the alert starts a new run, or run"
+            f" `mlx-medic remediate {model.name}`",
         )
 
     def _interrupt_steps(self, run: ActiveRun) -> None:
@@ -239,13 +268,16 @@ class Runner:
                 RunOutcome.PLANNED, f"dry run: {len(plan)} steps planned, nothing executed"
             )
 
-        self.journal.mark_counted(run.run_id)
+        acted = False  # a step that may change a node has started: the run spends budget
         step_timeout = max(model.policy.start_timeout, self.inventory.ssh.command_timeout) + 60
         verify_failed = False
         done: list[str] = []  # steps that did their part: an escalation names them
         for seq, (step, about) in enumerate(zip(plan, described, strict=True), 1):
             if step.fallback and not verify_failed:
                 continue
+            if not step.read_only and not acted:
+                self.journal.mark_counted(run.run_id)
+                acted = True
             step_id = self._begin_step(run, seq, about)
             result = await self._run_step(run.run_id, step, about, context, step_timeout)
             self.journal.end_step(
@@ -259,6 +291,12 @@ class Runner:
             where = f"{about.name} on {about.node}"
             for node_name in result.unreachable:
                 self.metrics.node_unreachable(model.name, node_name)
+            for found in result.misconfigured:
+                self.metrics.node_misconfigured(model.name, found)
+            if result.misconfigured and not result.unreachable and not acted:
+                return self._misconfigured(
+                    model, result.misconfigured, f"step {where}", count=False
+                )
             if result.survivors is not None:
                 context.survivors = merged_survivors(context.survivors, result.survivors)
             if result.unkillable is not None:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
-from mlx_medic.model_lock import ModelLocks
-from mlx_medic.node.client import HelperCallError, NodeHelpers
+from mlx_medic.model_lock import LockMisconfigured, ModelLocks
+from mlx_medic.node.client import HelperCallError, HelperMisconfigured, NodeHelpers
 from mlx_medic.remediator.active_run import ActiveRun
 from mlx_medic.remediator.engine_metrics import EngineMetrics
 from mlx_medic.remediator.journal import Journal, RunView
@@ -85,7 +85,10 @@ class StartupRecovery:
                 detail,
                 extra={"model": model.name, "node": model.head},
             )
-            self.metrics.node_unreachable(model.name, model.head)
+            if isinstance(exc, LockMisconfigured):
+                self.metrics.node_misconfigured(model.name, exc.misconfiguration)
+            else:
+                self.metrics.node_unreachable(model.name, model.head)
             self._event("lock_check_failed", model, detail)
             return
         if info is not None:
@@ -113,7 +116,9 @@ class StartupRecovery:
         try:
             record = await read_stop_record(self.helpers, model)
         except HelperCallError as exc:
-            if exc.unreachable:
+            if isinstance(exc, HelperMisconfigured):
+                self.metrics.node_misconfigured(model.name, exc.misconfiguration)
+            elif exc.unreachable:
                 self.metrics.node_unreachable(model.name, model.head)
             self._event(
                 "service_check_failed",

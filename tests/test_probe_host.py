@@ -19,7 +19,7 @@ from mlx_medic.exporter.collectors.service import targets_for
 from mlx_medic.health import ProbeResult, _lock_file_name, probe_host
 from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.node import probe_cli
-from mlx_medic.node.cli import SCHEMA
+from mlx_medic.node.cli import helper_document
 from mlx_medic.node.forced_command import Allowed, validate
 from mlx_medic.node.sweep import answers_health_probe
 from mlx_medic.remediator.model_health import probe_model_health
@@ -90,7 +90,7 @@ class _Recording:
     async def run(self, node: Any, argv: list[str], *, timeout: float) -> CommandResult:
         self.argv = list(argv)
         verdict = {"up": True, "conclusive": True, "reason": "completed", "latency_seconds": 0.1}
-        return CommandResult(0, json.dumps({"schema": SCHEMA, "command": "probe", **verdict}), "")
+        return CommandResult(0, json.dumps(helper_document("probe", verdict)), "")
 
 
 @pytest.mark.parametrize("listen", WILDCARDS)

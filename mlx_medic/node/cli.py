@@ -2,9 +2,11 @@
 
 Only the chosen helper's module is imported (like the top-level COMMANDS table): the
 remediator runs a helper over SSH on every step of every run. Every helper prints, with
-`--json`, one JSON document on stdout that starts with the schema version and the helper's
-name; its exit status is 0 for success, 1 when it could not do its job (the reason on
-stderr), 2 when it could not start as asked (docs/exit-codes.md).
+`--json`, one JSON document on stdout that starts with the schema version, the mlx-medic
+version that wrote it and the helper's name (`helper_document`: a caller refuses another
+schema or version, mlx_medic.node.misconfiguration); its exit status is 0 for success, 1
+when it could not do its job (the reason on stderr), 2 when it could not start as asked
+(docs/exit-codes.md).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from mlx_medic.command_line import (
     CommandParser,
     add_inventory_flag,
     file_error,
+    version,
 )
 from mlx_medic.command_line import EXIT_OK as EXIT_OK  # the helpers' status, named here
 from mlx_medic.state.layout import DEFAULT_STATE_DIR
@@ -142,9 +145,15 @@ def helper_inventory(path: Path) -> Inventory:
         raise BadArguments(str(file_error(exc))) from None
 
 
+def helper_document(command: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A helper's JSON document: its schema, the mlx-medic version that wrote it (a
+    constant of the package: no start-up cost), the helper's name, then its fields."""
+    return {"schema": SCHEMA, "version": version(), "command": command, **fields}
+
+
 def emit(command: str, document: dict[str, Any], as_json: bool, text: str) -> None:
     if as_json:
-        json.dump({"schema": SCHEMA, "command": command, **document}, sys.stdout)
+        json.dump(helper_document(command, document), sys.stdout)
         sys.stdout.write("\n")
     else:
         print(text)

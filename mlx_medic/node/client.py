@@ -7,7 +7,10 @@ one reading of the reply: the helper's JSON document and exit status, or an erro
 says the node could not be asked (never read as the helper's answer). Called with the
 helper's reply type (`call(node, SweepReply, ...)`, mlx_medic.node.replies), the document
 is read into it here, once: a document that cannot be is a HelperCallError naming the
-node, the helper and the field, never a KeyError in the caller.
+node, the helper and the field, never a KeyError in the caller. A node whose mlx-medic is
+deployed wrong for the call (its inventory unreadable, mlx-medic missing, its forced
+command refusing, another version) is a HelperMisconfigured: the same error, carrying what
+is wrong and the fix as data (mlx_medic.node.misconfiguration).
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ from typing import Any, Generic, TypeVar, overload
 
 from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.node.cli import EXIT_OK, SCHEMA
+from mlx_medic.node.misconfiguration import (
+    Misconfiguration,
+    classify_document,
+    classify_failure,
+)
 from mlx_medic.node.replies import Fields, Reply, ReplyError
 from mlx_medic.transport import NodeTransport, TransportError
 
@@ -47,6 +55,20 @@ class HelperCallError(RuntimeError):
     @property
     def no_answer(self) -> bool:
         return self.unreachable or self.timed_out
+
+
+class HelperMisconfigured(HelperCallError):
+    """The node answered, but its mlx-medic cannot serve this call as deployed: what is
+    wrong, where and the one fix are `misconfiguration`; no retry changes it."""
+
+    def __init__(self, helper: str, misconfiguration: Misconfiguration):
+        super().__init__(misconfiguration.node, helper, str(misconfiguration))
+        self.misconfiguration = misconfiguration
+
+
+# Who calls, as a version mismatch names it ("n3 runs mlx-medic 0.3, this remediator 0.4")
+ANY_CALLER = "this mlx-medic"
+REMEDIATOR = "this remediator"
 
 
 A = TypeVar("A")  # a reply's answer: a Reply, or None for a helper called by name
@@ -86,9 +108,16 @@ def helper_argv(node: Node, helper: str, args: Sequence[str]) -> list[str]:
 
 
 def parse_reply(
-    node: str, helper: str, argv: list[str], exit_status: int | None, stdout: str, stderr: str
+    node: str,
+    helper: str,
+    argv: list[str],
+    exit_status: int | None,
+    stdout: str,
+    stderr: str,
+    caller: str = ANY_CALLER,
 ) -> HelperReply:
-    """The helper's document, or HelperCallError saying why there is none."""
+    """The helper's document, or HelperCallError saying why there is none
+    (HelperMisconfigured when the deployment is why: its kind, path and fix)."""
     if exit_status is None:
         raise HelperCallError(node, helper, f"ended by a signal ({stderr.strip()[-300:]})")
     lines = [line for line in stdout.splitlines() if line.strip()]
@@ -96,7 +125,14 @@ def parse_reply(
         document = json.loads(lines[-1]) if lines else None
     except ValueError:
         document = None
+    if isinstance(document, dict) and {"schema", "command"} <= document.keys():
+        found = classify_document(node, document, caller)
+        if found is not None:
+            raise HelperMisconfigured(helper, found)
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        found = classify_failure(node, argv, exit_status, stderr, caller)
+        if found is not None:
+            raise HelperMisconfigured(helper, found)
         why = stderr.strip()[-500:] or stdout.strip()[-200:] or "no output"
         raise HelperCallError(node, helper, f"exit {exit_status}, no helper document: {why}")
     if document.get("command") != helper:
@@ -127,10 +163,17 @@ def read_as(reply: HelperReply[Any], kind: type[R]) -> HelperReply[R]:
 class NodeHelpers:
     """Run helpers on the inventory's nodes through a transport (local, SSH or routed)."""
 
-    def __init__(self, transport: NodeTransport, inventory: Inventory, timeout: float):
+    def __init__(
+        self,
+        transport: NodeTransport,
+        inventory: Inventory,
+        timeout: float,
+        caller: str = ANY_CALLER,
+    ):
         self.transport = transport
         self.inventory = inventory
         self.timeout = timeout
+        self.caller = caller  # as a version mismatch names it: "this remediator"
 
     @overload
     async def call(
@@ -164,7 +207,7 @@ class NodeHelpers:
         if result.timed_out:
             raise HelperCallError(node_name, helper, f"no answer within {limit:g}s", timed_out=True)
         return parse_reply(
-            node_name, helper, argv, result.exit_status, result.stdout, result.stderr
+            node_name, helper, argv, result.exit_status, result.stdout, result.stderr, self.caller
         )
 
     @overload

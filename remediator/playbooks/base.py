@@ -16,6 +16,8 @@ from typing import ClassVar
 
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
+from mlx_medic.node.client import HelperCallError, HelperMisconfigured
+from mlx_medic.node.misconfiguration import Misconfiguration
 from mlx_medic.remediator.model_health import ModelState
 from mlx_medic.remediator.steps.base import RunContext, Step
 
@@ -24,12 +26,15 @@ from mlx_medic.remediator.steps.base import RunContext, Step
 class RecheckVerdict:
     """Act, or skip with the reason (journaled as the run's detail). A skip that could not
     tell is `undecided` (not journaled as stale news); when it could not tell because a
-    node did not answer, `unreachable_node` names it and the run ends unreachable."""
+    node did not answer, `unreachable_node` names it and the run ends unreachable; because
+    a node's mlx-medic is deployed wrong, `misconfiguration` says what and the run ends
+    misconfigured."""
 
     should_act: bool
     reason: str
     undecided: bool = False
     unreachable_node: str | None = None
+    misconfiguration: Misconfiguration | None = None
 
     @classmethod
     def act(cls, reason: str) -> RecheckVerdict:
@@ -37,9 +42,28 @@ class RecheckVerdict:
 
     @classmethod
     def skip(
-        cls, reason: str, *, undecided: bool = False, unreachable_node: str | None = None
+        cls,
+        reason: str,
+        *,
+        undecided: bool = False,
+        unreachable_node: str | None = None,
+        misconfiguration: Misconfiguration | None = None,
     ) -> RecheckVerdict:
-        return cls(False, reason, undecided or unreachable_node is not None, unreachable_node)
+        undecided = undecided or unreachable_node is not None or misconfiguration is not None
+        return cls(False, reason, undecided, unreachable_node, misconfiguration)
+
+    @classmethod
+    def not_asked(cls, reason: str, node: str, error: HelperCallError) -> RecheckVerdict:
+        """Could not tell: `node`'s helper gave no answer (`error`), which names the node
+        when it did not answer and the misconfiguration when it is deployed wrong."""
+        return cls.skip(
+            reason,
+            undecided=True,
+            unreachable_node=node if error.unreachable else None,
+            misconfiguration=(
+                error.misconfiguration if isinstance(error, HelperMisconfigured) else None
+            ),
+        )
 
 
 class Playbook(ABC):
@@ -82,4 +106,5 @@ async def recheck_model_down(context: RunContext) -> RecheckVerdict:
         f"could not confirm {model.name} is down: {verdict.reason}",
         undecided=True,
         unreachable_node=verdict.unreachable_node,
+        misconfiguration=verdict.misconfiguration,
     )

@@ -69,10 +69,8 @@ class FinishStopPlaybook(Playbook):
         try:
             record = await read_stop_record(context.node_helpers, model)
         except HelperCallError as exc:
-            return RecheckVerdict.skip(
-                f"could not read {model.head}'s service record: {exc}",
-                undecided=True,
-                unreachable_node=model.head if exc.unreachable else None,
+            return RecheckVerdict.not_asked(
+                f"could not read {model.head}'s service record: {exc}", model.head, exc
             )
         if record is None or not record.run.startswith(REMEDIATOR_RUN):
             return RecheckVerdict.skip(f"{model.service.label} is no longer left stopped by a run")

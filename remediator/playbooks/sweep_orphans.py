@@ -70,10 +70,8 @@ class SweepOrphansPlaybook(Playbook):
         )
         if replies.errors:
             node, error = next(iter(replies.errors.items()))
-            return RecheckVerdict.skip(
-                f"could not ask {node} for its orphans: {error}",
-                undecided=True,
-                unreachable_node=node if error.unreachable else None,
+            return RecheckVerdict.not_asked(
+                f"could not ask {node} for its orphans: {error}", node, error
             )
         fresh, known = [], 0
         for node, reply in replies.replies.items():

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
-from mlx_medic.node.client import NodeHelpers
+from mlx_medic.node.client import REMEDIATOR, NodeHelpers
+from mlx_medic.node.misconfiguration import Misconfiguration
 from mlx_medic.processes.survivors import SurvivorVerdict
 from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.remediator.outcomes import StepOutcome
@@ -59,6 +60,9 @@ class StepResult:
     next_action: str | None = None  # in words, for on-call
     backend: str | None = None  # a verify that passed: the backend found serving
     unreachable: tuple[str, ...] = ()  # nodes that did not answer (counted by the engine)
+    # nodes whose mlx-medic could not serve the step as deployed (counted by the engine;
+    # before any step acted, the run ends misconfigured)
+    misconfigured: tuple[Misconfiguration, ...] = ()
     # A sweep: node -> (pid, start time) of what it found unkillable, for every node swept
     # (the gauge, and one journal event per process no earlier run found)
     unkillable: dict[str, list[tuple[int, float]]] | None = None
@@ -109,7 +113,10 @@ class RunContext:
     def __post_init__(self) -> None:
         if self.helpers is None:
             self.helpers = NodeHelpers(
-                self.transport, self.inventory, timeout=self.inventory.ssh.command_timeout
+                self.transport,
+                self.inventory,
+                timeout=self.inventory.ssh.command_timeout,
+                caller=REMEDIATOR,
             )
 
     @property
@@ -131,6 +138,9 @@ class RunContext:
 @dataclass(frozen=True, kw_only=True)
 class Step(ABC):
     kind: ClassVar[StepKind] = StepKind.ACTION
+    # Changes nothing on any node (the preflight): a run whose steps so far were all read
+    # only has done nothing yet, spent no budget, and ends misconfigured, not escalated
+    read_only: ClassVar[bool] = False
     fallback: bool = False  # reached only after an earlier verify failed
 
     @abstractmethod

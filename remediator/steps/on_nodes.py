@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic
 
-from mlx_medic.node.client import HelperCallError, HelperReply, R
+from mlx_medic.node.client import HelperCallError, HelperMisconfigured, HelperReply, R
+from mlx_medic.node.misconfiguration import Misconfiguration
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, StepResult
 
@@ -30,6 +31,15 @@ class NodeReplies(Generic[R]):
     @property
     def unreachable(self) -> list[str]:
         return [node for node, error in self.errors.items() if error.unreachable]
+
+    @property
+    def misconfigured(self) -> list[Misconfiguration]:
+        """What is wrong with the nodes whose mlx-medic could not serve the call."""
+        return [
+            error.misconfiguration
+            for error in self.errors.values()
+            if isinstance(error, HelperMisconfigured)
+        ]
 
     @property
     def failed(self) -> list[str]:
@@ -86,17 +96,22 @@ async def ask(
 
 
 def not_answered(replies: NodeReplies[R], what: str, next_action: str) -> StepResult | None:
-    """The step's result when a node could not be asked (unreachable or no document):
-    a run cannot act on what it cannot see, so it escalates (`unrecoverable`) and names the
-    nodes; None when every node answered."""
+    """The step's result when a node could not be asked (unreachable, misconfigured or no
+    document): a run cannot act on what it cannot see, so it escalates (`unrecoverable`,
+    or ends misconfigured before any step acted: the runner's) and names the nodes; None
+    when every node answered."""
     if not replies.errors:
         return None
     nodes = list(replies.errors)
     unreachable = replies.unreachable
+    misconfigured = replies.misconfigured
     reasons = "; ".join(replies.why_not(node) for node in nodes)
     if unreachable:
         outcome, said = StepOutcome.UNREACHABLE, "did not answer"
         action = next_action.format(nodes=", ".join(nodes))
+    elif misconfigured:  # the node answered: its mlx-medic is deployed wrong, one fix each
+        outcome, said = StepOutcome.FAILED, "cannot serve, as deployed,"
+        action = "; ".join(found.fix for found in misconfigured)
     else:  # it answered, but not as the helper: a missing helper, a bad inventory path,
         # a document its reply type cannot read
         outcome, said = StepOutcome.FAILED, "gave no helper document for"
@@ -111,6 +126,7 @@ def not_answered(replies: NodeReplies[R], what: str, next_action: str) -> StepRe
         unrecoverable=True,
         unreachable=tuple(unreachable),
         next_action=action,
+        misconfigured=tuple(misconfigured),
     )
 
 

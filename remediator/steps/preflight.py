@@ -26,6 +26,7 @@ def _gib(value: int | None) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Preflight(Step):
+    read_only = True
     model: Model
 
     def describe(self) -> StepDescription:

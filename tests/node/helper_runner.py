@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlx_medic.command_line import version
 from tests.node.inventories import two_models
 
 
@@ -38,7 +39,11 @@ class Helpers:
         result = self.run(helper, *args, node=node)
         assert result.returncode == status, result.stderr
         document = json.loads(result.stdout)
-        assert (document["schema"], document["command"]) == (1, helper)
+        assert (document["schema"], document["version"], document["command"]) == (
+            1,
+            version(),
+            helper,
+        )
         return document
 
 

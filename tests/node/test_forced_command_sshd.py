@@ -21,7 +21,7 @@ import yaml
 from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.model_lock import LockHandle, ModelLocks
-from mlx_medic.node.cli import SCHEMA
+from mlx_medic.node.cli import helper_document
 from mlx_medic.node.client import NodeHelpers, helper_argv
 from mlx_medic.node.forced_command import EXIT_REFUSED
 from mlx_medic.node.key_table import KeyName
@@ -197,7 +197,7 @@ class HeadHere:
 
     async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
         self.sent.append(argv)
-        document = {"schema": SCHEMA, "command": argv[2], "settled": True, "complete": True}
+        document = helper_document(argv[2], {"settled": True, "complete": True})
         return CommandResult(0, json.dumps(document) + "\n", "")
 
     async def close(self) -> None:

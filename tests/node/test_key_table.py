@@ -24,7 +24,7 @@ import yaml
 from mlx_medic.inventory.load import load_inventory
 from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.model_lock import LockHandle, ModelLocks, lock_path
-from mlx_medic.node.cli import SCHEMA
+from mlx_medic.node.cli import helper_document
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.node.forced_command import Allowed, checked, helper_parser
 from mlx_medic.node.key_table import KEYS, TABLE, Grant, KeyName, table_text
@@ -79,9 +79,7 @@ class Scripted:
         if helper in self.real:
             return await self.local.run(node, argv, timeout=timeout)
         document = self.answers.get((node.name, helper), DEFAULTS.get(helper, {}))
-        return CommandResult(
-            0, json.dumps({"schema": SCHEMA, "command": helper, **document}) + "\n", ""
-        )
+        return CommandResult(0, json.dumps(helper_document(helper, document)) + "\n", "")
 
     async def close(self) -> None:
         await self.local.close()

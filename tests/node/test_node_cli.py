@@ -1,6 +1,7 @@
-"""`mlx-medic node ledger`: one JSON document with a schema version, the node from the
-inventory's state dir, the debt per RDMA device, the survivors still alive here, each
-model's reserve and devices; a clear error and a non-zero exit otherwise."""
+"""`mlx-medic node ledger`: one JSON document with a schema version and the mlx-medic
+version that wrote it, the node from the inventory's state dir, the debt per RDMA device,
+the survivors still alive here, each model's reserve and devices; a clear error and a
+non-zero exit otherwise."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from mlx_medic.command_line import version
 from mlx_medic.node.boot_id import LINUX_BOOT_ID, current_boot_id
 from mlx_medic.state.ledger import record_spend
 from mlx_medic.state.node_identity import write_node_id
@@ -48,6 +50,7 @@ def test_the_ledger_prints_one_json_document_with_its_schema_and_the_models_rese
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert (document["schema"], document["command"], document["node"]) == (1, "ledger", "n1")
+    assert document["version"] == version()  # the mlx-medic that wrote it
     assert document["boot_id"] == boot
     assert (document["debt"], document["disputed_cycles"]) == (2, 2)  # failed starts: disputed
     assert document["debt_by_unit"] == {"rdma_en2": 1, "node": 1}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_medic.inventory.schema import Inventory
-from mlx_medic.node.cli import SCHEMA
+from mlx_medic.node.cli import helper_document
 from mlx_medic.node.client import HelperCallError, HelperReply, NodeHelpers, helper_argv
 from mlx_medic.transport import LocalTransport
 
@@ -90,7 +90,7 @@ class FakeHelpers(NodeHelpers):
             answer = answer.pop(0) if len(answer) > 1 else answer[0]
         if isinstance(answer, HelperCallError):
             raise answer
-        document = {"schema": SCHEMA, "command": helper, **answer.document}
+        document = helper_document(helper, answer.document)
         argv = helper_argv(self.inventory.node(node_name), helper, args)
         return HelperReply(
             node_name, helper, argv, answer.exit_status, document, None, answer.stderr

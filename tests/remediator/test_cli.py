@@ -473,3 +473,21 @@ def test_remediate_force_of_a_paused_model_runs_and_journals_the_override(
     )
     assert "bob is on ai002" in override.detail
     assert journal.controls()[0].kind == "pause"  # --force overrides once; the pause stays
+
+
+def test_remediate_exits_5_when_a_node_is_misconfigured_and_prints_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's case: the nodes' inventory is not at their medic_config, so the head's
+    lock helper cannot read it; nothing was done (docs/exit-codes.md: 5)."""
+    monkeypatch.setattr(cli_remediate, "SshTransport", lambda inventory: LocalTransport())
+    absent = tmp_path / "etc" / "inventory.yaml"
+    config_file = write_config(
+        tmp_path, inventory_text(tmp_path / "node-state", medic_config=absent)
+    )
+    assert cli(["remediate", "--config.file", str(config_file), MODEL, "--dry-run"]) == 5
+    out = capsys.readouterr().out
+    assert "misconfigured" in out and "mlx-medic on ai001 cannot read its inventory" in out
+    assert f"NEXT: nothing was done to {MODEL}: put the inventory at" in out
+    (run,) = Journal(config_of(config_file).journal).list_runs()
+    assert (run.outcome, run.steps) == (RunOutcome.MISCONFIGURED, [])

@@ -233,6 +233,29 @@ async def test_a_head_whose_lock_helper_fails_is_a_refusal_in_its_words_not_unre
     assert "cannot read the inventory" in refused.why
 
 
+async def test_a_head_whose_helper_cannot_read_its_inventory_is_misconfigured_at_once(
+    inventory: Inventory,
+) -> None:
+    """Not `locked` and no wait: no holder will let go of a missing inventory."""
+    config = inventory.node("ai001").medic_config
+    unreadable = CommandResult(
+        2, "", f"mlx-medic node lock: {config}: cannot read: No such file or directory\n"
+    )
+    a = locks(inventory, HeadAnswers(unreadable), "replica-a")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    refused = await a.acquire(MODEL, "remediator", "5", renew=False, wait=30.0)
+    assert loop.time() - started < 5
+    assert isinstance(refused, LockRefused), refused
+    assert (refused.kind, refused.node) == ("misconfigured", "ai001")
+    assert refused.misconfiguration is not None
+    assert (refused.misconfiguration.kind, refused.misconfiguration.path) == (
+        "config-unreadable",
+        str(config),
+    )
+    assert refused.why == str(refused.misconfiguration)
+
+
 async def test_a_head_that_does_not_answer_in_time_is_unreachable(inventory: Inventory) -> None:
     a = locks(inventory, HeadAnswers(CommandResult(None, "", "", timed_out=True)), "replica-a")
     refused = await a.acquire(MODEL, "remediator", "5", renew=False)

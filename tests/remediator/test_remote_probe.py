@@ -26,7 +26,7 @@ from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.inventory.methods import InventoryError
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
-from mlx_medic.node.cli import SCHEMA
+from mlx_medic.node.cli import helper_document
 from mlx_medic.remediator.config import ConfigError, RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
@@ -193,7 +193,7 @@ def _answer(up: bool, reason: str, conclusive: bool = True) -> str:
 
 
 def _document(fields: dict[str, Any]) -> str:
-    return json.dumps({"schema": SCHEMA, "command": "probe", "model": "m1", **fields}) + "\n"
+    return json.dumps(helper_document("probe", {"model": "m1", **fields})) + "\n"
 
 
 async def test_the_head_probe_is_the_probe_helper_with_the_nodes_medic_command() -> None:
@@ -264,7 +264,8 @@ async def test_the_helpers_verdict_is_up_down_or_inconclusive(
         (CommandResult(None, "", "", timed_out=True), "no answer within 35s"),
         (
             CommandResult(127, "", "sh: 1: mlx-medic: not found\n"),
-            "exit 127, no helper document: sh: 1: mlx-medic: not found",
+            "mlx-medic on ai001 is not found at mlx-medic (sh: 1: mlx-medic: not found);"
+            " fix: install mlx-medic on ai001 at mlx-medic (nodes.ai001.medic_command)",
         ),
         (CommandResult(0, "Traceback (most recent call last):\n", ""), "no helper document"),
         (CommandResult(0, _document({"up": "yes"}), ""), "gave no verdict"),
