@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from tests.remediator.conftest import (
     Alertmanager,
@@ -143,13 +144,24 @@ def test_after_an_escalation_and_resume_alertmanagers_next_notification_of_the_s
         first["starts_at"],
     )
     assert second["trigger_kind"] == "alert"
-    deliveries = [
-        line
-        for line in service.log_lines()
-        if line.get("msg") == "request" and line.get("path") == "/alerts"
-    ]
-    assert [d["dispositions"] for d in deliveries if "started" in d["dispositions"]] == [
+
+    def deliveries() -> list[dict[str, Any]]:
+        return [
+            line
+            for line in service.log_lines()
+            if line.get("msg") == "request" and line.get("path") == "/alerts"
+        ]
+
+    # The request's line is written once its answer is sent, after the run it started is
+    # journaled: wait for it rather than race it.
+    started = wait_until(
+        lambda: [d["dispositions"] for d in deliveries() if "started" in d["dispositions"]][1:],
+        timeout=10,
+        what="the second delivery's request line",
+    )
+    assert started == [["started"]]
+    assert [d["dispositions"] for d in deliveries() if "started" in d["dispositions"]] == [
         ["started"],
         ["started"],
     ]
-    assert not [d for d in deliveries if "duplicate" in d["dispositions"]]
+    assert not [d for d in deliveries() if "duplicate" in d["dispositions"]]
