@@ -243,7 +243,8 @@ def test_config_file_for_the_inventory_still_works_and_says_to_use_inventory() -
     assert error.startswith(f"mlx-medic exporter: {MISSING}")
 
 
-@pytest.mark.parametrize("command", ["exporter", "serve", "backend", "render", "node", "doctor"])
+# doctor takes both: --config.file is its every-node view (tests/doctor/test_cluster.py)
+@pytest.mark.parametrize("command", ["exporter", "serve", "backend", "render", "node"])
 def test_the_inventory_is_named_by_inventory_in_every_commands_help(command: str) -> None:
     argv = [command, "ledger"] if command == "node" else [command]
     text = mlx_medic(*argv, "--help").stdout

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 Status = Literal["passed", "failed", "not-applicable", "skipped"]
 PASSED, FAILED, NOT_APPLICABLE, SKIPPED = get_args(Status)
 PLATFORM_NAMES = {"darwin": "macOS", "linux": "Linux"}
+BUG_FIX = "report this line in an issue: it is a bug in mlx-medic doctor"
 NO_NODE = "no --inventory (and this node's name): nothing to compare with"
 
 
@@ -37,6 +38,7 @@ class CheckResult:
     status: Status
     detail: str
     fix: str = ""  # what to do, for a failure
+    section: str = ""  # the node it is about, in a report of several ("" in one node's)
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ def run_check(check: Check, context: DoctorContext) -> list[CheckResult]:
     except Exception as exc:  # a bug in a check; NotReadOnly among them
         crash = failed(
             f"the check itself failed: {type(exc).__name__}: {exc}",
-            "report this line in an issue: it is a bug in mlx-medic doctor",
+            BUG_FIX,
         )
         return list(_results(check, [crash]))
 

@@ -28,6 +28,7 @@ CHECK_MODULES = (macos_facts, linux_facts, node_setup)  # each registers its che
 SCHEMA = 1
 LABELS = {PASSED: "PASS", FAILED: "FAIL", NOT_APPLICABLE: "N/A", SKIPPED: "SKIP"}
 UNVERIFIED_TITLE = "still unverified on real hardware"
+CONFIRM = "(confirm them in the issue when they pass on a Mac)"
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,17 @@ class Report:
     def text(self) -> str:
         lines = ["mlx-medic doctor", *(f"  {k}: {v}" for k, v in self.header.items()), ""]
         width = max(map(len, LABELS.values())) + 2
+        section = ""
         for result in self.results:
+            if result.section != section:
+                section = result.section
+                lines += [f"node {section}:"] if lines[-1] == "" else ["", f"node {section}:"]
             lines.append(f"{LABELS[result.status]:<{width}}{result.name}: {result.detail}")
             if result.fix:
                 lines.append(f"{'':<{width}}fix: {result.fix}")
-        lines += ["", f"{UNVERIFIED_TITLE} (confirm them in the issue when they pass on a Mac):"]
-        lines += [f"  {name}: {fact}" for name, fact in self.unverified.items()]
+        if self.unverified:
+            lines += ["", f"{UNVERIFIED_TITLE} {CONFIRM}:"]
+            lines += [f"  {name}: {fact}" for name, fact in self.unverified.items()]
         return "\n".join([*lines, "", f"summary: {self.summary()}"])
 
     def document(self) -> dict[str, Any]:
@@ -66,7 +72,13 @@ class Report:
             "command": "doctor",
             "header": self.header,
             "checks": [
-                {"name": r.name, "status": r.status, "detail": r.detail, "fix": r.fix}
+                {
+                    **({"node": r.section} if r.section else {}),
+                    "name": r.name,
+                    "status": r.status,
+                    "detail": r.detail,
+                    "fix": r.fix,
+                }
                 for r in self.results
             ],
             "unverified_on_hardware": self.unverified,

@@ -4,7 +4,9 @@ only source (`mlx-medic node forced-command --key KEY`).
 Two keys log in to a node as its login user, and each may send exactly what its own
 user's code sends, nothing more:
 - `remediator` (`ssh.identity_file`): the remediator's engine, its playbook steps, the
-  model lock and the health probe of a model on its head (`probe`).
+  model lock and the health probe of a model on its head (`probe`); and `mlx-medic
+  doctor --config.file` on the remediator's host, which sends the read-only form of each
+  (the dry runs of the sweep and the clean, `backend MODEL show`).
 - `serve` (`models.<name>.serve.identity_file`): the serve wrapper on a model's head,
   to the model's other nodes: the start sweep, the run's record and lease, the teardown,
   and `pid-alive` for a lock holder on a peer (its own head it reaches without SSH).
@@ -235,6 +237,7 @@ class Grant:
 
 
 REMEDIATOR_RUN = "the remediator's run"
+DOCTOR = "`mlx-medic doctor --config.file`, read-only"
 LOCK_USER = "the model lock (the remediator's)"
 TABLE: dict[KeyName, tuple[Grant, ...]] = {
     "remediator": (
@@ -244,7 +247,14 @@ TABLE: dict[KeyName, tuple[Grant, ...]] = {
         Grant(
             "sweep", options={"--orphans-only": None}, sent_by=f"{REMEDIATOR_RUN}: sweep-orphans"
         ),
+        Grant("sweep", options={"--dry-run": None}, sent_by=f"{DOCTOR}: the sweep"),
+        Grant(
+            "sweep",
+            options={"--orphans-only": None, "--dry-run": None},
+            sent_by=f"{DOCTOR}: sweep-orphans",
+        ),
         Grant("clean", sent_by=f"{REMEDIATOR_RUN}: clean-tmp"),
+        Grant("clean", options={"--dry-run": None}, sent_by=f"{DOCTOR}: clean-tmp"),
         Grant(
             "service",
             "stop",
@@ -261,6 +271,7 @@ TABLE: dict[KeyName, tuple[Grant, ...]] = {
             options={"--by": BY_RUN, "--reason": REASON},
             sent_by=f"{REMEDIATOR_RUN}: pin-ring",
         ),
+        Grant("backend", "show", sent_by=f"{DOCTOR}: pin-ring's helper"),
         Grant("lock", "take", options={"--info": LOCK}, sent_by=LOCK_USER),
         Grant("lock", "show", sent_by=f"{LOCK_USER}: a crashed run's lock at start-up"),
         Grant(

@@ -3,9 +3,10 @@ transports: the remediator's engine (recover down to its ring fallback, a manual
 sweep-orphans, finish-stop's re-check), its model lock (take, a stale holder judged on
 its node, break, renew, release, a crashed run's lock at start-up) and its remote probe;
 the serve wrapper's model lock, start (start sweep, run record, clean), lease renewal,
-relaunch after a crash and teardown, to its peers. Every command they send passes its
+relaunch after a crash and teardown, to its peers; and `mlx-medic doctor --config.file`,
+which sends the read-only form of the arm's calls. Every command they send passes its
 key's forced command, and every grant of the table (each optional option too) is sent by
-one of them: the table is exactly what the arm does, no more."""
+one of them: the table is exactly what the arm (and its doctor) does, no more."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from mlx_medic.node.cli import helper_document
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.node.forced_command import Allowed, checked, helper_parser
 from mlx_medic.node.key_table import KEYS, TABLE, Grant, KeyName, table_text
+from mlx_medic.remediator.cluster_doctor import check_cluster
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState, probe_model_health
 from mlx_medic.remediator.playbooks.finish_stop import read_stop_record
@@ -160,6 +162,15 @@ async def remediator_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
     return inventory, transport.sent
 
 
+async def doctor_sends() -> tuple[Inventory, Sent]:
+    """Everything `mlx-medic doctor --config.file` sends to the nodes of an inventory."""
+    inventory = make_inventory()
+    transport = Scripted()
+    results = await check_cluster(inventory, transport)
+    assert [r for r in results if r.status == "failed"] == []
+    return inventory, transport.sent
+
+
 class LiveLaunch:
     """mlx.launch still running at the teardown: the ranks get the full grace."""
 
@@ -254,7 +265,10 @@ async def test_everything_the_remediator_sends_passes_its_key_and_uses_every_gra
 ) -> None:
     inventory, sent = await remediator_sends(tmp_path)
     assert sent and all(argv[0] == inventory.node(node).medic_command for node, argv in sent)
-    assert grants_sent("remediator", inventory, sent) == every_entry("remediator")
+    doctor_inventory, doctor_sent = await doctor_sends()
+    assert grants_sent("remediator", inventory, sent) | grants_sent(
+        "remediator", doctor_inventory, doctor_sent
+    ) == every_entry("remediator")
 
 
 async def test_everything_the_serve_wrapper_sends_its_peers_passes_its_key_and_uses_every_grant(
