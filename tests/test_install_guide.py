@@ -1,7 +1,8 @@
 """docs/install.md stays true of the code: every `mlx-medic` command line in its code
 blocks parses with the real CLI parser, every repository path it names exists, and every
 `rendered/` path it names is one `mlx-medic render all` writes for the example inventory
-(with the flags deploy/ was made with: scripts/render-deploy.sh)."""
+(with the flags deploy/ was made with: scripts/render-deploy.sh), installed where its header
+comment says; the guide's own render commands render the example inventory."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.cli import COMMANDS, parse_args
+from mlx_medic.cli import COMMANDS, main, parse_args
 from mlx_medic.inventory.load import load_inventory
-from tests.render.helpers import EXAMPLE, REPO, render_example
+from tests.render.helpers import EXAMPLE, EXAMPLE_KEY, REPO, render_example
 
 GUIDE = REPO / "docs" / "install.md"
 # The guide's placeholders, as a reader fills them in.
@@ -169,3 +170,46 @@ def test_every_rendered_path_the_guide_names_is_one_render_writes(rendered: set[
         if path.replace("$node", node) not in rendered
     )
     assert not missing, f"render all does not write {missing}"
+
+
+def test_the_guides_render_commands_render_the_example_inventory(tmp_path: Path):
+    """Run as written, with this checkout's example inventory and key for the host's."""
+    here = {
+        "/etc/mlx-medic/inventory.yaml": str(EXAMPLE),
+        "/etc/mlx-medic/ssh/id_ed25519.pub": str(EXAMPLE_KEY),
+    }
+    commands = [argv for argv in medic_argvs(guide_text()) if argv[0] == "render"]
+    assert len(commands) == 2  # the install's and the upgrade's
+    for index, argv in enumerate(commands):
+        out = tmp_path / str(index)
+        argv = [here.get(arg, arg) for arg in argv]
+        argv[argv.index("--out") + 1] = str(out)
+        stderr = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+            assert main(argv) == 0, stderr.getvalue()
+        assert (out / "launchd" / "ai001" / "com.mlx-medic.exporter.plist").is_file()
+
+
+def installs(text: str) -> list[tuple[str, str]]:
+    """(rendered file, destination) of each `install ... rendered/FILE DEST` line."""
+    found = []
+    for line in code_lines(text):
+        words = shlex.split(fill(line), comments=True)
+        if "install" in words and words[-2].startswith("rendered/"):
+            found.append((words[-2], words[-1]))
+    return found
+
+
+def test_each_rendered_file_is_installed_where_its_header_says(tmp_path: Path):
+    out = render_example("all", tmp_path / "rendered")
+    said = [
+        (source, destination, header)
+        for source, destination in installs(guide_text())
+        # prometheus.yml, alertmanager.yml and the rules go where those tools read them
+        if "Install" in (header := (out.parent / source).read_text())
+    ]
+    assert len(said) >= 7  # two newsyslog files, three launchd jobs, sudoers, a systemd unit
+    for source, destination, header in said:
+        assert destination in header or str(Path(destination).parent) in header, (
+            f"{source}: the guide installs it as {destination}, its header says otherwise"
+        )
