@@ -148,6 +148,18 @@ def test_every_node_helper_says_a_missing_inventory_in_one_line_exit_2(helper: s
     assert MISSING in one_line_error(result, f"mlx-medic node {helper}: ")
 
 
+def test_a_node_helper_that_cannot_tell_which_node_it_is_on_says_so_exit_2(
+    tmp_path: Path,
+) -> None:
+    """The same mistake, the same code: the exporter without a node name exits 2 too."""
+    inventory = tmp_path / "inventory.yaml"
+    listener_argv("remediator", tmp_path)  # writes inventory.yaml (node n1) beside it
+    for argv in (["node", "ledger"], ["exporter", "--once"]):
+        result = mlx_medic(*argv, "--inventory", str(inventory))
+        assert result.returncode == EXIT_USAGE, (argv, result.stderr)
+        assert "--node NAME" in result.stderr.splitlines()[-1], result.stderr
+
+
 def test_a_log_file_that_cannot_be_opened_is_one_line_exit_2() -> None:
     result = mlx_medic("exporter", "--once", "--log.file", "/nonexistent-mlx-medic-test/x.log")
     assert result.returncode == EXIT_USAGE

@@ -119,8 +119,8 @@ def node_context(args: argparse.Namespace) -> NodeContext:
     state_dir = args.state_dir or (inventory.state_dir if inventory else DEFAULT_STATE_DIR)
     try:
         node = resolve_node(inventory, args.node, state_dir)
-    except NodeIdentityError as exc:
-        raise HelperError(str(exc)) from None
+    except NodeIdentityError as exc:  # no name, or a name the inventory lacks: as asked
+        raise BadArguments(str(exc)) from None
     if node is None:
         raise BadArguments(
             "which node is this? pass --node NAME, --inventory with <state_dir>/node-id,"

@@ -86,15 +86,15 @@ def test_without_json_the_ledger_is_a_readable_summary(tmp_path: Path) -> None:
     assert "model m1: reserve 5 per device, JACCL allowed" in result.stdout
 
 
-def test_a_node_not_in_the_inventory_is_refused_with_exit_1(tmp_path: Path) -> None:
+def test_a_node_not_in_the_inventory_is_refused_with_exit_2(tmp_path: Path) -> None:
     result = node("ledger", "--json", "--inventory", str(inventory(tmp_path)), "--node", "n9")
-    assert result.returncode == 1 and result.stdout == ""
+    assert result.returncode == 2 and result.stdout == ""
     assert "'n9' is not in the inventory" in result.stderr
 
 
 def test_an_unnamed_node_is_refused_saying_how_to_name_it(tmp_path: Path) -> None:
     result = node("ledger", "--json", "--inventory", str(inventory(tmp_path)))
-    assert result.returncode == 1
+    assert result.returncode == 2  # as the exporter: it cannot start as asked
     assert "pass --node NAME" in result.stderr
 
 
