@@ -469,7 +469,7 @@ async def test_the_model_is_down_once_its_server_on_the_head_is_gone(
 
 
 @pytest.mark.testbed
-async def test_a_missing_medic_command_on_the_head_is_inconclusive_and_says_why(
+async def test_a_missing_medic_command_on_the_head_is_inconclusive_and_names_the_fix(
     remote: dict[str, Any],
     ssh_transports: list[SshTransport],
 ) -> None:
@@ -478,9 +478,10 @@ async def test_a_missing_medic_command_on_the_head_is_inconclusive_and_says_why(
     verdict = await _recheck(inventory, ssh_transports, remote["model"])
     assert verdict.state is ModelState.UNKNOWN
     assert (
-        "could not probe on ai001: ai001: mlx-medic node probe: exit 127, no helper document"
+        f"could not probe on ai001: ai001: mlx-medic node probe: mlx-medic on ai001 is not"
+        f" found at {missing}"
     ) in verdict.reason
-    assert "No such file or directory" in verdict.reason or "not found" in verdict.reason
+    assert f"fix: install mlx-medic on ai001 at {missing}" in verdict.reason
 
 
 def _engine(inventory: Inventory, tmp_path: Path, transport: SshTransport) -> Engine:
@@ -545,6 +546,5 @@ async def test_the_engine_acts_when_the_head_confirms_down_and_not_when_it_canno
     outcome, detail = await _one_alert_run(
         _engine(broken, tmp_path / "b", transport), broken.model(remote["model"])
     )
-    assert outcome == "skipped"
-    assert detail.startswith(f"could not confirm {remote['model']} is down:")
-    assert "exit 127, no helper document" in detail
+    assert outcome == "misconfigured"  # mlx-medic missing on the head: named, nothing done
+    assert f"/nonexistent-{remote['token']}/mlx-medic" in detail and "fix: install" in detail
