@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mlx_medic.command_line import CommandError, CommandParser
+from mlx_medic.command_line import EXIT_FAILED, CommandError, CommandParser
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,9 @@ def run_command(args: argparse.Namespace, run: Callable[[argparse.Namespace], in
     except CommandError as exc:
         print(f"mlx-medic {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so exit's flush is quiet
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

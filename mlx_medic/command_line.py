@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlx_medic.file_problems import FileProblems
+
 # The exit codes every command keeps (docs/exit-codes.md has the table, with each
 # command's own codes from 3 up).
 EXIT_OK = 0
@@ -127,13 +129,9 @@ def add_log_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def file_error(exc: Exception, exit_code: int = EXIT_USAGE) -> CommandError:
-    """A file that cannot be used (an InventoryError, a ConfigError): one problem in one
-    line, several as the error's report (a line each, with its place)."""
-    problems = getattr(exc, "problems", None)
-    report = getattr(exc, "report", None)
-    if problems and len(problems) > 1 and callable(report):
-        return CommandError(report(), exit_code)
-    return CommandError(str(exc), exit_code)
+    """A file that cannot be used (an InventoryError, a ConfigError) as FileProblems says
+    it: one line, or every problem a line each with its place."""
+    return CommandError(exc.said() if isinstance(exc, FileProblems) else str(exc), exit_code)
 
 
 def unknown_model(name: str, known: Iterable[str], source: object) -> CommandError:

@@ -33,6 +33,13 @@ class FileProblems(ValueError):
             f"{source} {headline}" if headline else f"{source}: " + "; ".join(problems)
         )
 
+    def said(self) -> str:
+        """What a command prints: one line when one line says it all (an unreadable file,
+        or one problem and no headline), else the report."""
+        if self.unreadable or (len(self.problems) == 1 and not self.headline):
+            return str(self)
+        return self.report()
+
     def report(self) -> str:
         """The headline, then the file's name and count, then a problem a line; one line
         for a file that could not be read."""

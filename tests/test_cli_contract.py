@@ -28,6 +28,7 @@ from tests.tools import require_tool
 REPO = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 MISSING = "/nonexistent-mlx-medic-test/file.yaml"
+EXAMPLE = REPO / "examples" / "inventory.yaml"
 
 # What each command needs besides the file to get as far as reading it.
 MISSING_FILE: dict[str, list[str]] = {
@@ -293,3 +294,21 @@ def test_the_exporter_logs_json_lines_when_asked(tmp_path: Path) -> None:
     assert " INFO mlx_medic.exporter: " in text_run.stderr
     lines = [yaml.safe_load(line) for line in json_run.stderr.splitlines()]
     assert lines and all(line["level"] in ("info", "warning") for line in lines), lines
+
+
+def test_output_to_a_reader_that_went_away_ends_quietly() -> None:
+    """`mlx-medic check-config FILE | head -1`: no traceback when the pipe closes."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "mlx_medic.cli", "check-config", str(EXAMPLE)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 1 and result.stderr == ""

@@ -25,7 +25,6 @@ from mlx_medic.command_line import (
     EXIT_USAGE,
     CommandParser,
     add_inventory_flag,
-    file_error,
     version,
 )
 from mlx_medic.command_line import EXIT_OK as EXIT_OK  # the helpers' status, named here
@@ -142,7 +141,7 @@ def helper_inventory(path: Path) -> Inventory:
     try:
         return load_cached_inventory(path)
     except InventoryError as exc:
-        raise BadArguments(str(file_error(exc))) from None
+        raise BadArguments(exc.said()) from None
 
 
 def helper_document(command: str, fields: dict[str, Any]) -> dict[str, Any]:
