@@ -12,6 +12,9 @@ from pathlib import Path
 from mlx_medic.command_line import CommandError
 
 
+CHATTY_LIBRARY = "asyncssh"
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line; `extra={...}` fields are kept."""
 
@@ -55,3 +58,6 @@ def setup_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # asyncssh logs every connection and channel at INFO: one line per helper call would
+    # bury ours (the doctor's report, the remediator's log); its warnings still show.
+    logging.getLogger(CHATTY_LIBRARY).setLevel(max(level, logging.WARNING))

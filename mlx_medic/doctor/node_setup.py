@@ -31,6 +31,10 @@ INSTALL_SUDOERS = (
     "install this node's file from `mlx-medic render sudoers` as /etc/sudoers.d/mlx-medic"
     " (root, 0440; check it with `visudo -cf FILE`)"
 )
+INSTALL_SUDO = (
+    "install sudo (macOS ships it as /usr/bin/sudo; Debian: `apt-get install sudo`), then "
+    + INSTALL_SUDOERS
+)
 INSTALL_KEYS = "install this node's `mlx-medic render authorized-keys` file as {path}"
 AS_EXPORTER = (
     "run the exporter as root, as the rendered launchd job and systemd unit do; run the"
@@ -176,6 +180,13 @@ def sudo_rule(context: DoctorContext) -> Iterator[Outcome]:
         if result.returncode != 0:
             raise CommandError(f"`{' '.join(argv)}` exited {result.returncode}: {excerpt(said)}")
         rules = parse_sudo_listing(result.stdout)
+    except CommandNotFound:
+        yield failed(
+            f"sudo is not installed (not found on PATH): {login} cannot run the rendered"
+            " rule's service-manager commands as root",
+            INSTALL_SUDO,
+        )
+        return
     except (CommandError, ParseError) as exc:
         yield failed(f"{login} has no sudo rule here: {exc}", INSTALL_SUDOERS)
         return

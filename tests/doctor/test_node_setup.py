@@ -167,6 +167,13 @@ def test_no_rule_at_all_fails_quoting_sudo():
     )
 
 
+def test_sudo_not_installed_fails_saying_so_and_how_to_install_it():
+    result = only("sudo-rule", Machine({}), inventory_path=EXAMPLE)
+    assert result.status == FAILED
+    assert result.detail.startswith("sudo is not installed (not found on PATH)")
+    assert result.fix.startswith("install sudo") and "sudoers.d/mlx-medic" in result.fix
+
+
 def test_sudo_rule_is_skipped_for_another_user_and_not_applicable_on_a_peer(cluster: Path):
     assert only("sudo-rule", inventory_path=EXAMPLE, user="ops").status == SKIPPED
     peer = only("sudo-rule", inventory_path=cluster, node="ai002")
