@@ -133,7 +133,11 @@ def run_command(args: argparse.Namespace, run: Callable[[argparse.Namespace], in
     from mlx_medic.logs import setup_logging
 
     try:
-        setup_logging(getattr(args, "log_format", "text"), getattr(args, "log_file", None))
+        setup_logging(
+            getattr(args, "log_format", "text"),
+            getattr(args, "log_file", None),
+            getattr(args, "log_level", "info"),
+        )
         return int(run(args) or 0)
     except CommandError as exc:
         print(f"mlx-medic {args.command}: {exc}", file=sys.stderr)

@@ -24,6 +24,7 @@ EXIT_FAILED = 1  # the command ran and could not do its job (the reason on stder
 EXIT_USAGE = 2  # it could not start as asked: a flag, a file, a name; fix and run again
 EXIT_BUSY = 3  # what it needs is held by another: the listen address, the model, its lock
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
 
@@ -109,7 +110,16 @@ def add_inventory_flag(
 
 
 def add_log_flags(parser: argparse.ArgumentParser) -> None:
-    """`--log.format` and `--log.file` of a long-running command (mlx_medic.logs)."""
+    """`--log.level`, `--log.format` and `--log.file` of a long-running command
+    (mlx_medic.logs)."""
+    parser.add_argument(
+        "--log.level",
+        dest="log_level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="the least severe lines logged (default info); debug adds the SSH library's"
+        " line per connection and command",
+    )
     parser.add_argument(
         "--log.format",
         dest="log_format",

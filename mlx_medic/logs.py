@@ -37,7 +37,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(
-    log_format: str = "text", log_file: Path | None = None, level: int = logging.INFO
+    log_format: str = "text", log_file: Path | None = None, level: str = "info"
 ) -> None:
     """Every log line to stderr, or appended to `log_file`: a WatchedFileHandler reopens it
     when newsyslog or logrotate has renamed it, so no signal is needed after a rotation."""
@@ -55,9 +55,12 @@ def setup_logging(
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    least = logging.getLevelName(level.upper())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(least)
     # asyncssh logs every connection and channel at INFO: one line per helper call would
-    # bury ours (the doctor's report, the remediator's log); its warnings still show.
-    logging.getLogger(CHATTY_LIBRARY).setLevel(max(level, logging.WARNING))
+    # bury ours (the doctor's report, the remediator's log); its warnings still show, and
+    # --log.level debug shows it all.
+    chatty = least if least <= logging.DEBUG else max(least, logging.WARNING)
+    logging.getLogger(CHATTY_LIBRARY).setLevel(chatty)

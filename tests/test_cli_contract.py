@@ -9,6 +9,7 @@ bounding set), never by expecting root to be refused a low port.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import yaml
 
 from mlx_medic.cli import COMMANDS
 from mlx_medic.command_line import EXIT_BUSY, EXIT_OK, EXIT_USAGE
+from mlx_medic.logs import setup_logging
 from mlx_medic.node.cli import HELPERS
 from tests.tools import require_tool
 
@@ -284,6 +286,37 @@ def test_every_long_running_command_takes_log_format_text_or_json_default_text(
     result = mlx_medic(command, "--log.format", "xml")
     assert result.returncode == EXIT_USAGE
     assert "invalid choice: 'xml'" in one_line_error(result, f"mlx-medic {command}: error:")
+
+
+@pytest.mark.parametrize("command", ["exporter", "remediator", "serve"])
+def test_every_long_running_command_takes_a_log_level_default_info(command: str) -> None:
+    assert "--log.level {debug,info,warning,error}" in mlx_medic(command, "--help").stdout
+
+
+def test_the_exporter_logs_only_warnings_and_worse_at_log_level_warning(tmp_path: Path) -> None:
+    argv = ["exporter", "--once", "--state-dir", str(tmp_path / "state")]
+    quiet = mlx_medic(*argv, "--log.level", "warning")
+    assert quiet.returncode == 0
+    assert " INFO " not in quiet.stderr
+
+
+@pytest.mark.parametrize(
+    ("level", "ssh_library"),
+    [("info", "WARNING"), ("warning", "WARNING"), ("error", "ERROR"), ("debug", "DEBUG")],
+)
+def test_the_ssh_librarys_line_per_connection_shows_only_at_log_level_debug(
+    level: str, ssh_library: str
+) -> None:
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level
+    try:
+        setup_logging("text", None, level)
+        assert logging.getLevelName(root.level) == level.upper()
+        assert logging.getLevelName(logging.getLogger("asyncssh").level) == ssh_library
+    finally:
+        root.handlers[:], _ = kept
+        root.setLevel(kept[1])
+        logging.getLogger("asyncssh").setLevel(logging.NOTSET)
 
 
 def test_the_exporter_logs_json_lines_when_asked(tmp_path: Path) -> None:
