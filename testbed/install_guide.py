@@ -179,6 +179,9 @@ class Rule:
     action: Action
     block: int | None = None  # which code block of the step, where the line repeats
     prepare: str = ""  # a Walk method run once first: a stand-in for the guide's prose
+    # The nodes share this machine's files outside their private dirs: a line that writes
+    # one such file runs node after node, not on all at once.
+    in_turn: bool = False
 
 
 @dataclass
@@ -222,6 +225,10 @@ NO_MODEL = (
     "no model is served on the walk (no MLX model here, launchd is macOS's);"
     " tests/loop/test_whole_loop.py serves the tiny model with mlx-medic serve under"
     " supervisord on the testbed and remediates it for real"
+)
+SAME_AS_BEFORE = (
+    "real action stays off, so this is the command steps 8 and 9 ran with the same config"
+    " (exit 0 there); run once, not twice, to spare CI the time"
 )
 MAC_HOST = "the Mac variant of the remediator's host; the walk followed the Linux lines above"
 NO_USER = (
@@ -284,7 +291,13 @@ RULES: tuple[Rule, ...] = (
     Rule(3, r"install -m 0644 examples/inventory.yaml", Run("host")),
     Rule(3, r"mlx-medic check-config /etc/mlx-medic/inventory.yaml$", Run("host")),
     Rule(3, r"^sudo mkdir -p /etc/mlx-medic$", Run("nodes"), block=1),
-    Rule(3, r"install .* inventory.yaml /etc/", Run("nodes"), prepare="copy_inventory"),
+    Rule(
+        3,
+        r"install .* inventory.yaml /etc/",
+        Run("nodes"),
+        prepare="copy_inventory",
+        in_turn=True,
+    ),
     Rule(
         3,
         r"dseditgroup -o create mlx-medic",
@@ -440,9 +453,9 @@ RULES: tuple[Rule, ...] = (
             " start (tests/loop/test_whole_loop.py runs real remediations on the testbed)"
         ),
     ),
-    Rule(10, r"mlx-medic check-config /etc/mlx-medic/remediator.yml$", Run("host")),
+    Rule(10, r"mlx-medic check-config /etc/mlx-medic/remediator.yml$", NotRun(SAME_AS_BEFORE)),
     Rule(10, r"systemctl restart", NotRun("the config did not change: real action stays off")),
-    Rule(10, r"mlx-medic remediate glm-4_6-5b --dry-run$", Run("host")),
+    Rule(10, r"mlx-medic remediate glm-4_6-5b --dry-run$", NotRun(SAME_AS_BEFORE)),
     Rule(
         10,
         r"mlx-medic remediate glm-4_6-5b$",
@@ -594,9 +607,7 @@ class Walk(ClosedOnExit):
 
     def shell(self, command: str, place: str) -> tuple[int, str, str]:
         node = None if place == "host" else self.cluster.node(place)
-        refused = FORBIDDEN.search(command.replace(NODE_PRIVATE, "") if node else command)
-        if refused:
-            raise TestbedError(f"refused to run {command!r}: it names this machine's {refused[1]}")
+        refuse_this_machines_paths(command, inside_node=node is not None)
         if node is None:
             argv, cwd = ["sh", "-c", command], self.checkout
         else:
@@ -615,16 +626,16 @@ class Walk(ClosedOnExit):
             if rule.prepare and rule.prepare not in self._prepared:
                 self._prepared.add(rule.prepare)
                 getattr(self, rule.prepare)()
-            self.outcomes += self.follow(line, rule.action)
+            self.outcomes += self.follow(line, rule.action, rule.in_turn)
         return self.outcomes
 
-    def follow(self, line: GuideLine, action: Action) -> list[Outcome]:
+    def follow(self, line: GuideLine, action: Action, in_turn: bool = False) -> list[Outcome]:
         """`line`'s outcomes, one per place; the nodes' at once, as a person with a
-        terminal on each would (the walk's time is CI's)."""
+        terminal on each would (the walk's time is CI's), unless `in_turn`."""
         if isinstance(action, NotRun):
             return [Outcome(line, NOT_RUN, why=action.why)]
         places = self.places(action.where)
-        with ThreadPoolExecutor(max_workers=len(places)) as pool:
+        with ThreadPoolExecutor(max_workers=1 if in_turn else len(places)) as pool:
             return list(pool.map(lambda place: self.follow_at(line, action, place), places))
 
     def follow_at(self, line: GuideLine, action: Run | Instead | Do, place: str) -> Outcome:
@@ -750,6 +761,7 @@ class Walk(ClosedOnExit):
         return f"{shown} {shlex.join(argv)}", 0, f"listening on 127.0.0.1:{self.remediator_port}"
 
     def start_follower(self, command: str) -> tuple[str, int | None, str]:
+        refuse_this_machines_paths(command, inside_node=False)
         popen = subprocess.Popen(
             ["sh", "-c", f"exec {command}"],
             cwd=self.checkout,
@@ -812,6 +824,14 @@ class Walk(ClosedOnExit):
             daemon.stop()
         self.daemons.clear()
         self.oncall.close()
+
+
+def refuse_this_machines_paths(command: str, *, inside_node: bool) -> None:
+    """TestbedError before a command that names this machine's /etc, /opt, ... runs (a
+    gap in the table); inside a node its private /etc/sudoers.d/mlx-medic is allowed."""
+    refused = FORBIDDEN.search(command.replace(NODE_PRIVATE, "") if inside_node else command)
+    if refused:
+        raise TestbedError(f"refused to run {command!r}: it names this machine's {refused[1]}")
 
 
 @dataclass(frozen=True)

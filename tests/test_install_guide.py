@@ -17,7 +17,13 @@ import pytest
 from mlx_medic.cli import COMMANDS, main, parse_args
 from mlx_medic.inventory.load import load_inventory
 from testbed import cluster as testbed_cluster
-from testbed.install_guide import GuideLine, check_table, code_lines, guide_lines
+from testbed.install_guide import (
+    GuideLine,
+    check_table,
+    code_lines,
+    guide_lines,
+    refuse_this_machines_paths,
+)
 from tests.render.helpers import EXAMPLE, EXAMPLE_KEY, REPO, render_example
 
 GUIDE = REPO / "docs" / "install.md"  # its code lines: testbed.install_guide.code_lines
@@ -212,3 +218,18 @@ def test_every_line_of_the_guide_has_one_rule_of_the_walks_table():
         check_table([*lines, new])
     with pytest.raises(testbed_cluster.TestbedError, match="match no line"):
         check_table(lines[:-1])
+
+
+def test_the_walk_refuses_a_command_that_names_this_machines_etc_or_opt():
+    for command in (
+        "install -m 0644 x /etc/prometheus/p.yml",
+        "ls /opt/mlx-medic",
+        "cat /Users/ai/x",
+    ):
+        with pytest.raises(testbed_cluster.TestbedError, match="refused to run"):
+            refuse_this_machines_paths(command, inside_node=False)
+    refuse_this_machines_paths("mkdir -p /var/tmp/w/guide/etc/mlx-medic", inside_node=False)
+    sudoers = "install -m 0440 rendered/sudoers/ai001/mlx-medic /etc/sudoers.d/mlx-medic"
+    refuse_this_machines_paths(sudoers, inside_node=True)  # the node's own, a bind mount
+    with pytest.raises(testbed_cluster.TestbedError):
+        refuse_this_machines_paths(sudoers, inside_node=False)
