@@ -1,4 +1,5 @@
-"""Run the testbed by hand: `up` (nodes until Ctrl-C) and `tiny-model DIR`."""
+"""Run the testbed by hand: `up` (nodes until Ctrl-C), `tiny-model DIR` and
+`install-guide` (docs/install.md walked on a fresh three-user cluster)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ def _tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _install_guide(args: argparse.Namespace) -> int:
+    from testbed.install_guide import run
+
+    return run(args.workdir)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -67,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("dir", type=Path)
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(run=_tiny_model)
+    guide = commands.add_parser(
+        "install-guide",
+        help="walk docs/install.md on a fresh three-user cluster, each command's outcome printed",
+    )
+    guide.add_argument("--workdir", type=Path, help="kept; default: a /var/tmp dir, removed")
+    guide.set_defaults(run=_install_guide)
     args = parser.parse_args(argv)
     return int(args.run(args))
 

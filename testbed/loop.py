@@ -42,7 +42,7 @@ import yaml
 
 from testbed import processes
 from testbed.closing import ClosedOnExit
-from testbed.cluster import Cluster, TestbedError
+from testbed.cluster import Cluster, SimNode, TestbedError
 from testbed.jaccl_sim import JacclSim
 from testbed.keepalive import KeepAlive, keep_alive
 from testbed.net import free_port, wait_listening
@@ -566,17 +566,36 @@ def _service_command(loop: Loop, model_dir: Path) -> list[str]:
 
 
 def _start_exporter(loop: Loop, name: str) -> Daemon:
-    """The node's exporter with the rendered unit's argv, as root inside the node."""
-    unit = (loop.rendered / "systemd" / name / "mlx-medic-exporter.service").read_text()
-    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    argv = shlex.split(exec_start.removeprefix("ExecStart="))
-    node = loop.cluster.node(name)
+    unit = loop.rendered / "systemd" / name / "mlx-medic-exporter.service"
     log = loop.workdir / f"exporter-{name}.log"
     env = loop.cluster.env(MLX_MEDIC_SERVICE_INTERVAL="0.5")
+    return start_exporter(loop.cluster.node(name), unit, log, env)
+
+
+def unit_command(unit: Path) -> tuple[list[str], dict[str, str]]:
+    """A rendered systemd unit's ExecStart argv and its Environment= variables."""
+    argv: list[str] = []
+    env: dict[str, str] = {}
+    for line in unit.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key == "ExecStart":
+            argv = shlex.split(value)
+        elif key == "Environment":
+            for word in shlex.split(value):
+                name, _, setting = word.partition("=")
+                env[name] = setting
+    if not argv:
+        raise TestbedError(f"{unit}: no ExecStart= line")
+    return argv, env
+
+
+def start_exporter(node: SimNode, unit: Path, log: Path, env: dict[str, str]) -> Daemon:
+    """The node's exporter with the rendered unit's argv, as root inside the node."""
+    argv, unit_env = unit_command(unit)
     with log.open("wb") as out:
-        popen = node.spawn(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        popen = node.spawn(argv, env={**env, **unit_env}, stdout=out, stderr=subprocess.STDOUT)
     pid = node.spawned_pid(popen)
-    daemon = Daemon(f"exporter {name}", popen, log, pid)
+    daemon = Daemon(f"exporter {node.name}", popen, log, pid)
     listen = argv[argv.index("--web.listen-address") + 1]
     host, _, port = listen.rpartition(":")
     _listening(daemon, host, int(port))
@@ -599,8 +618,8 @@ def _start_remediator(loop: Loop) -> Daemon:
             }
         )
     )
-    return _host_daemon(
-        loop,
+    return host_daemon(
+        loop.workdir,
         "remediator",
         [
             sys.executable,
@@ -617,23 +636,29 @@ def _start_remediator(loop: Loop) -> Daemon:
 
 
 def _start_alertmanager(loop: Loop) -> Daemon:
+    return start_alertmanager(
+        loop.workdir, loop.rendered / "alertmanager.yml", loop.alertmanager_port
+    )
+
+
+def start_alertmanager(workdir: Path, config: Path, port: int) -> Daemon:
+    """Debian's Alertmanager with `config`, on 127.0.0.1:`port`, its cluster port off."""
     from shutil import which
 
     binary = which("prometheus-alertmanager") or which("alertmanager")
     if binary is None:
         raise TestbedError("prometheus-alertmanager is not installed (scripts/setup.sh --test)")
-    data = loop.workdir / "alertmanager-data"
-    return _host_daemon(
-        loop,
+    return host_daemon(
+        workdir,
         "alertmanager",
         [
             binary,
-            f"--config.file={loop.rendered / 'alertmanager.yml'}",
-            f"--storage.path={data}",
-            f"--web.listen-address=127.0.0.1:{loop.alertmanager_port}",
+            f"--config.file={config}",
+            f"--storage.path={workdir / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
             "--cluster.listen-address=",
         ],
-        loop.alertmanager_port,
+        port,
     )
 
 
@@ -643,8 +668,8 @@ def _start_prometheus(loop: Loop) -> Daemon:
     binary = which("prometheus")
     if binary is None:
         raise TestbedError("prometheus is not installed (scripts/setup.sh --test)")
-    daemon = _host_daemon(
-        loop,
+    daemon = host_daemon(
+        loop.workdir,
         "prometheus",
         [
             binary,
@@ -658,11 +683,20 @@ def _start_prometheus(loop: Loop) -> Daemon:
     return daemon
 
 
-def _host_daemon(loop: Loop, name: str, argv: list[str], port: int) -> Daemon:
-    log = loop.workdir / f"{name}.log"
+def host_daemon(
+    workdir: Path, name: str, argv: list[str], port: int, env: dict[str, str] | None = None
+) -> Daemon:
+    """`argv` started on this machine, its output in `workdir`/NAME.log; returned once it
+    listens on 127.0.0.1:`port`."""
+    log = workdir / f"{name}.log"
     with log.open("wb") as out:
         popen = subprocess.Popen(
-            argv, cwd=loop.workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            argv,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     daemon = Daemon(name, popen, log, popen.pid)
     try:
@@ -714,4 +748,15 @@ def _wait(
         time.sleep(0.2)
 
 
-__all__ = ["Loop", "LoopSettings", "OncallSink", "ServiceKind", "start_loop"]
+__all__ = [
+    "Daemon",
+    "Loop",
+    "LoopSettings",
+    "OncallSink",
+    "ServiceKind",
+    "host_daemon",
+    "start_alertmanager",
+    "start_exporter",
+    "start_loop",
+    "unit_command",
+]

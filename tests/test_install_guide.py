@@ -16,9 +16,17 @@ import pytest
 
 from mlx_medic.cli import COMMANDS, main, parse_args
 from mlx_medic.inventory.load import load_inventory
+from testbed import cluster as testbed_cluster
+from testbed.install_guide import (
+    GuideLine,
+    check_table,
+    code_lines,
+    guide_lines,
+    refuse_this_machines_paths,
+)
 from tests.render.helpers import EXAMPLE, EXAMPLE_KEY, REPO, render_example
 
-GUIDE = REPO / "docs" / "install.md"
+GUIDE = REPO / "docs" / "install.md"  # its code lines: testbed.install_guide.code_lines
 # The guide's placeholders, as a reader fills them in.
 PLACEHOLDERS = {
     "$node": "ai001",
@@ -40,21 +48,6 @@ LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)]*))?\)")
 
 def guide_text() -> str:
     return GUIDE.read_text()
-
-
-def code_lines(text: str) -> list[str]:
-    """The lines of the guide's indented code blocks (4 or more spaces after a blank
-    line, in a list item too)."""
-    lines, in_code, previous_blank = [], False, True
-    for line in text.splitlines():
-        indented = len(line) - len(line.lstrip(" ")) >= 4 and line.strip()
-        if indented and (in_code or previous_blank):
-            in_code = True
-            lines.append(line.strip())
-        elif line.strip():
-            in_code = False
-        previous_blank = not line.strip()
-    return lines
 
 
 def fill(line: str) -> str:
@@ -213,3 +206,30 @@ def test_each_rendered_file_is_installed_where_its_header_says(tmp_path: Path):
         assert destination in header or str(Path(destination).parent) in header, (
             f"{source}: the guide installs it as {destination}, its header says otherwise"
         )
+
+
+def test_every_line_of_the_guide_has_one_rule_of_the_walks_table():
+    """testbed/install_guide.py walks every line; a new line without a rule stops it."""
+    lines = guide_lines(guide_text())
+    assert [line.text for line in lines] == code_lines(guide_text())
+    assert len(check_table(lines)) == len(lines)
+    new = GuideLine(step=7, block=9, lineno=999, text="sudo rm -rf /etc/prometheus")
+    with pytest.raises(testbed_cluster.TestbedError, match="no rule"):
+        check_table([*lines, new])
+    with pytest.raises(testbed_cluster.TestbedError, match="match no line"):
+        check_table(lines[:-1])
+
+
+def test_the_walk_refuses_a_command_that_names_this_machines_etc_or_opt():
+    for command in (
+        "install -m 0644 x /etc/prometheus/p.yml",
+        "ls /opt/mlx-medic",
+        "cat /Users/ai/x",
+    ):
+        with pytest.raises(testbed_cluster.TestbedError, match="refused to run"):
+            refuse_this_machines_paths(command, inside_node=False)
+    refuse_this_machines_paths("mkdir -p /var/tmp/w/guide/etc/mlx-medic", inside_node=False)
+    sudoers = "install -m 0440 rendered/sudoers/ai001/mlx-medic /etc/sudoers.d/mlx-medic"
+    refuse_this_machines_paths(sudoers, inside_node=True)  # the node's own, a bind mount
+    with pytest.raises(testbed_cluster.TestbedError):
+        refuse_this_machines_paths(sudoers, inside_node=False)
