@@ -178,6 +178,21 @@ def flag_mappings(on: str, color: str, off: str = "no") -> list[dict[str, Any]]:
     ]
 
 
+def hold_mappings() -> list[dict[str, Any]]:
+    """mlx_medic_paused + 2 * mlx_medic_circuit_open, in words."""
+    return [
+        {
+            "type": "value",
+            "options": {
+                "0": {"text": "acting", "color": "transparent", "index": 0},
+                "1": {"text": "paused", "color": "orange", "index": 1},
+                "2": {"text": "circuit open", "color": "red", "index": 2},
+                "3": {"text": "paused, circuit open", "color": "red", "index": 3},
+            },
+        }
+    ]
+
+
 def up_down_mappings(up: str, down: str) -> list[dict[str, Any]]:
     return [
         {
@@ -543,6 +558,25 @@ def remediator() -> dict[str, Any]:
             width=24,
             height=4,
         ),
+        stat(
+            "Paused or circuit open by model",
+            [
+                target(
+                    f"max by (model) (mlx_medic_paused{{{model}}})"
+                    f" + 2 * max by (model) (mlx_medic_circuit_open{{{model}}})",
+                    "{{model}}",
+                )
+            ],
+            description="What holds automatic remediation of each model back, read from the"
+            " remediator's journal at every scrape: paused (by `mlx-medic pause` of all models"
+            " or of the model), circuit open (the remediator escalated), or both; either"
+            " lasts until `mlx-medic resume MODEL`, and MLXMedicPausedTooLong or"
+            " MLXMedicCircuitOpenTooLong warns after 4h.",
+            mappings=hold_mappings(),
+            steps=(("transparent", None),),
+            width=24,
+            height=4,
+        ),
         row("Activity"),
         timeseries(
             "Alerts received per minute by status",
@@ -601,7 +635,8 @@ def remediator() -> dict[str, Any]:
     return dashboard(
         "mlx-medic-remediator",
         "mlx-medic / Remediator",
-        "Alerts received, remediation runs and outcomes, escalations, last verified backends.",
+        "Alerts received, remediation runs and outcomes, escalations, last verified backends,"
+        " pauses and open circuits.",
         variables,
         panels,
     )

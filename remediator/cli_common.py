@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sqlite3
 import sys
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from mlx_medic.remediator.config import (
     ConfigError,
     ConfigSource,
     RemediatorConfig,
+    command_line,
     find_config_file,
     read_config,
 )
@@ -74,10 +74,7 @@ class OnCall:
     def command(self, *words: str) -> str:
         """A command line that reaches this same journal, for hints to copy: the bare
         command when the config is at the default path, else with its `--config.file`."""
-        line = ["mlx-medic", *words]
-        if not self.source.is_default:
-            line += ["--config.file", str(self.source.path)]
-        return shlex.join(line)
+        return command_line(self.source, *words)
 
     def load_inventory(self) -> Inventory:
         try:

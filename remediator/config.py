@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,21 @@ class ConfigSource:
 
     def __str__(self) -> str:
         return f"{self.path} ({self.found_by})"
+
+
+def command_line(source: ConfigSource | None, *words: str) -> str:
+    """`mlx-medic WORDS` as on-call types it to reach the journal `source` names, for hints
+    to copy: bare when the config is at the default path (or there is none), else with its
+    `--config.file`."""
+    line = ["mlx-medic", *words]
+    if source is not None and not source.is_default:
+        line += ["--config.file", str(source.path)]
+    return shlex.join(line)
+
+
+def resume_command(source: ConfigSource | None, model: str | None) -> str:
+    """The command that lifts a pause or open circuit of `model` (None: of all models)."""
+    return command_line(source, "resume", *([model] if model else []))
 
 
 def find_config_file(flag: Path | None) -> ConfigSource | None:

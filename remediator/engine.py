@@ -126,7 +126,7 @@ class Engine:
         self._closing = False
         self._writes = DecisionRecords(journal, clock)
 
-        self.metrics = EngineMetrics(registry, inventory)
+        self.metrics = EngineMetrics(registry, inventory, journal)
         # the names other code and the tests read
         self.m_remediations = self.metrics.remediations
         self.m_duration = self.metrics.duration

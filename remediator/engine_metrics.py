@@ -1,21 +1,33 @@
-"""The metrics the remediator exports about its own runs (its side of
-alerting-rules/metrics.txt). Their names, labels and help texts are a contract the
+"""The metrics the remediator exports about its own runs and what holds them back (its
+side of alerting-rules/metrics.txt). Their names, labels and help texts are a contract the
 alerting rules and dashboards read: change them there first."""
 
 from __future__ import annotations
 
+import logging
+import sqlite3
+from collections.abc import Sequence
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.misconfiguration import Misconfiguration
+from mlx_medic.remediator.control_state import model_holds
+from mlx_medic.remediator.journal import ControlView, JournalError
+
+log = logging.getLogger("mlx_medic.remediator.metrics")
 
 
 class EngineMetrics:
     """The engine's counters, gauges and histogram on one registry, each series of a
     known model present (at 0) from the start, so a rule sees 0 rather than nothing."""
 
-    def __init__(self, registry: CollectorRegistry, inventory: Inventory) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, inventory: Inventory, journal: ControlsReader
+    ) -> None:
         self.remediations = Counter(
             "mlx_medic_remediations_total",
             "Remediation runs by final outcome.",
@@ -77,6 +89,8 @@ class EngineMetrics:
             ["model", "node"],
             registry=registry,
         )
+        controls = ControlMetrics(journal, [m.name for m in inventory.models])
+        registry.register(controls)  # type: ignore[arg-type]
         for model in inventory.models:
             self.in_progress.labels(model=model.name).set(0)
             for node_name in model.nodes:
@@ -101,3 +115,63 @@ class EngineMetrics:
             self.last_verified_backend.labels(model=model.name, backend=name).set(
                 1 if name == backend else 0
             )
+
+
+class ControlsReader(Protocol):
+    def controls(self) -> Sequence[ControlView]: ...
+
+
+class ControlMetrics:
+    """Pause and circuit per model, read from the journal at every scrape: `mlx-medic
+    pause` and `resume` write it from another process, and the service only reads it
+    before each decision, so no value kept in memory would follow them. A journal that
+    cannot be read keeps the last values read (the problem is logged once), so an alert on
+    them neither resolves nor fires on a read error."""
+
+    def __init__(self, journal: ControlsReader, models: Sequence[str]) -> None:
+        self.journal = journal
+        self.models = list(models)
+        self._last: list[ControlView] = []
+        self._failing = False
+
+    def _controls(self) -> list[ControlView]:
+        try:
+            self._last = list(self.journal.controls())
+        except (sqlite3.Error, OSError, JournalError) as exc:
+            if not self._failing:
+                log.warning("/metrics shows the pauses and circuits last read: %s", exc)
+            self._failing = True
+        else:
+            self._failing = False
+        return self._last
+
+    def collect(self) -> list[Metric]:
+        paused = GaugeMetricFamily(
+            "mlx_medic_paused",
+            "1 while automatic remediation of the model is paused, by the pause of all"
+            " models (`mlx-medic pause`) or by its own (`mlx-medic pause MODEL`).",
+            labels=["model"],
+        )
+        paused_since = GaugeMetricFamily(
+            "mlx_medic_paused_since_timestamp_seconds",
+            "Unix time the model's pause began (the older of the pause of all models and"
+            " its own), 0 while it is not paused.",
+            labels=["model"],
+        )
+        circuit = GaugeMetricFamily(
+            "mlx_medic_circuit_open",
+            "1 while the model's circuit is open: the remediator escalated and acts on the"
+            " model again only after `mlx-medic resume MODEL`.",
+            labels=["model"],
+        )
+        circuit_since = GaugeMetricFamily(
+            "mlx_medic_circuit_open_since_timestamp_seconds",
+            "Unix time the model's circuit opened, 0 while it is closed.",
+            labels=["model"],
+        )
+        for model, held in model_holds(self._controls(), self.models).items():
+            paused.add_metric([model], 0 if held.paused_since is None else 1)
+            paused_since.add_metric([model], held.paused_since or 0)
+            circuit.add_metric([model], 0 if held.circuit_since is None else 1)
+            circuit_since.add_metric([model], held.circuit_since or 0)
+        return [paused, paused_since, circuit, circuit_since]

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
+from mlx_medic.remediator.control_state import Hold
 from mlx_medic.remediator.outcomes import RunOutcome, StepOutcome
 
 REFRESH_SECONDS = 30
@@ -263,6 +264,49 @@ def _render_journal_problem(problem: str | None) -> str:
     )
 
 
+_HOLD_CSS = """
+.hold{background:#fff4c2;border:2px solid #e0a800;border-left-width:6px;border-radius:6px;
+ color:#4a3200;padding:.7rem 1rem;margin:0 0 1rem;overflow-wrap:anywhere}
+.hold>strong{display:block;color:#7a4d00;text-transform:uppercase;font-size:.85rem}
+.hold ul{margin:.3rem 0 0;padding-left:1.2rem}.hold li{margin:.3rem 0}
+.hold code{font:13px/1.4 ui-monospace,Menlo,Consolas,monospace;background:#1d2330;
+ color:#e8ebf0;padding:.1rem .35rem;border-radius:3px;overflow-wrap:anywhere}
+"""
+
+
+def iso_utc(stamp: float) -> str:
+    """ISO 8601 in UTC to the second, e.g. 2025-01-31T03:04:05Z."""
+    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _render_hold(hold: Hold, now: datetime) -> str:
+    control = hold.control
+    scope = control.model or "all models"
+    state = "Paused" if hold.is_pause else "Circuit open"
+    age = format_duration(max(0.0, now.timestamp() - control.since))
+    parts = [
+        f'<b>{state}: <span class="model">{_text(scope)}</span></b>',
+        f" since {iso_utc(control.since)} (for {_text(age)})",
+        f" by {_text(control.by_whom)}" if control.by_whom else "",
+        f", opened by run #{hold.run_id}" if hold.run_id is not None else "",
+        f". Why: {_text(control.reason)}" if control.reason else "",
+        f". Next: {_text(control.next_action)}" if control.next_action else "",
+        f". Lift it with <code>{_text(hold.resume)}</code>",
+    ]
+    return "<li>" + "".join(parts) + "</li>"
+
+
+def _render_holds(holds: Iterable[Hold], now: datetime) -> str:
+    """The banner while a pause or an open circuit stops automatic action."""
+    items = "".join(_render_hold(hold, now) for hold in holds)
+    if not items:
+        return ""
+    return (
+        '<section class="hold" role="status"><strong>Automatic remediation is held back'
+        f"</strong><ul>{items}</ul></section>"
+    )
+
+
 def render_page(
     runs: Iterable[Mapping[str, Any]],
     *,
@@ -270,20 +314,26 @@ def render_page(
     model: str | None = None,
     events: Iterable[Mapping[str, Any]] = (),
     journal_problem: str | None = None,
+    holds: Iterable[Hold] = (),
 ) -> str:
     """The whole page; `runs` are journal run dicts, newest first; `journal_problem`
-    (why the journal cannot record) heads it in red."""
+    (why the journal cannot record) heads it in red, then the pauses and open circuits
+    (`holds`) that stop automatic action."""
     runs = list(runs)
     scope = f" for {_text(model)}" if model else ""
-    body = _render_journal_problem(journal_problem) + (
-        "".join(_render_run(r) for r in runs)
-        or f'<p class="empty">No remediations recorded{scope}.</p>'
+    body = (
+        _render_journal_problem(journal_problem)
+        + _render_holds(holds, now)
+        + (
+            "".join(_render_run(r) for r in runs)
+            or f'<p class="empty">No remediations recorded{scope}.</p>'
+        )
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">'
-        f"<title>mlx-medic remediations{scope}</title><style>{_CSS}</style></head><body>"
+        f"<title>mlx-medic remediations{scope}</title><style>{_CSS}{_HOLD_CSS}</style></head><body>"
         f"<header><h1>mlx-medic: remediations{scope}</h1>"
         f"<p>Newest first · {len(runs)} shown · rendered {_when(now)}"
         f" · refreshes every {REFRESH_SECONDS} s</p></header>"

@@ -27,9 +27,11 @@ from mlx_medic.listen_address import parse_listen
 from mlx_medic.remediator.auth import AuthError, Credentials, load_credentials
 from mlx_medic.remediator.config import (
     ConfigError,
+    ConfigSource,
     RemediatorConfig,
     TlsConfig,
     check_routing,
+    find_config_file,
     load_config,
 )
 from mlx_medic.remediator.engine import Engine
@@ -109,9 +111,11 @@ async def serve(
     config: RemediatorConfig,
     credentials: Credentials | None,
     playbooks: Mapping[str, Playbook] | None = None,
+    config_source: ConfigSource | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT; `playbooks` (name -> instance) are the ones the
-    config may route to, the built-in ones unless given."""
+    config may route to, the built-in ones unless given; `config_source` is the config
+    file read (the resume commands the page shows name it)."""
     playbooks = builtin_playbooks() if playbooks is None else playbooks
     try:
         host, port = parse_listen(config.listen, default_host="127.0.0.1")
@@ -149,7 +153,7 @@ async def serve(
         await transport.close()
         journal.close()
         raise StartupError(f"config: {exc}") from exc
-    app = make_app(engine, journal, config, registry, credentials)
+    app = make_app(engine, journal, config, registry, credentials, config_source)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
     stop = asyncio.Event()
@@ -190,6 +194,13 @@ async def serve(
         journal.close()
 
 
+def config_source(args: argparse.Namespace) -> ConfigSource | None:
+    """The config file the service reads, by an absolute path: a hint that names it works
+    from any directory."""
+    source = find_config_file(args.config_file)
+    return None if source is None else ConfigSource(source.path.absolute(), source.found_by)
+
+
 def _lean_logging() -> None:
     """Skip what log lines here never show (caller's file and line, thread and process
     names): the logging HOWTO's optimisations, worth ~20 % of a webhook request's CPU."""
@@ -209,7 +220,7 @@ def run(args: argparse.Namespace, playbooks: Mapping[str, Playbook] | None = Non
                 "serving WITHOUT authentication (insecure_no_auth): anyone who can"
                 " reach the port can trigger remediations"
             )
-        asyncio.run(serve(config, credentials, playbooks))
+        asyncio.run(serve(config, credentials, playbooks, config_source(args)))
     except (StartupError, AuthError) as exc:
         raise CommandError(str(exc)) from None
     return 0

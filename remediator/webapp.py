@@ -28,7 +28,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from mlx_medic.inventory.fields import parse_duration
 from mlx_medic.remediator.alerts import AlertEvent, Disposition, InvalidAlert
 from mlx_medic.remediator.auth import DECISION_KEY, Credentials, auth_middleware
-from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.config import ConfigSource, RemediatorConfig
+from mlx_medic.remediator.control_state import (
+    ControlsJournal,
+    Hold,
+    RecordLike,
+    holds_as_dicts,
+    read_holds,
+)
 from mlx_medic.remediator.journal import JournalError
 from mlx_medic.remediator.oncall_page import render_page
 from mlx_medic.remediator.payload import PayloadError, check_content_type, parse_payload, to_events
@@ -46,25 +53,11 @@ class EngineLike(Protocol):
     def journal_problem(self) -> str | None: ...
 
 
-class RecordLike(Protocol):
-    """A journal run or event view."""
-
-    def to_dict(self) -> dict[str, Any]: ...
-
-
-class JournalLike(Protocol):
+class JournalLike(ControlsJournal, Protocol):
     """Read side of remediator.journal.Journal; `since` is a Unix time."""
 
     def list_runs(
         self, model: str | None = None, since: float | None = None, limit: int = 50
-    ) -> Sequence[RecordLike]: ...
-
-    def list_events(
-        self,
-        model: str | None = None,
-        since: float | None = None,
-        kind: str | None = None,
-        limit: int = 100,
     ) -> Sequence[RecordLike]: ...
 
 
@@ -72,6 +65,8 @@ ENGINE_KEY = web.AppKey("engine", EngineLike)
 JOURNAL_KEY = web.AppKey("journal", JournalLike)
 CONFIG_KEY = web.AppKey("config", RemediatorConfig)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+# The config file the service was started with: the resume commands it shows name it.
+CONFIG_SOURCE_KEY: web.AppKey[ConfigSource | None] = web.AppKey("config_source")
 
 
 class AlertsReceived:
@@ -228,7 +223,8 @@ async def get_healthz(request: web.Request) -> web.Response:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
-    data = generate_latest(request.app[REGISTRY_KEY])
+    # Off the event loop: the pause and circuit series read the journal (ControlMetrics).
+    data = await asyncio.to_thread(generate_latest, request.app[REGISTRY_KEY])
     response = web.Response(body=data)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response
@@ -289,15 +285,27 @@ async def _events(request: web.Request, limit: int | None = None) -> list[dict[s
     return [event.to_dict() for event in events]
 
 
+async def _holds(request: web.Request) -> list[Hold]:
+    """The pauses and open circuits holding the query's model (or any) back now."""
+    return await asyncio.to_thread(
+        read_holds,
+        request.app[JOURNAL_KEY],
+        request.query.get("model") or None,
+        request.app[CONFIG_SOURCE_KEY],
+    )
+
+
 async def get_remediations(request: web.Request) -> web.Response:
-    """Runs with their steps, and the decisions (an invalid alert's reason among them)."""
+    """Runs with their steps, the decisions (an invalid alert's reason among them), and
+    the pauses and open circuits holding automatic action back now."""
     try:
         runs = await _runs(request)
         decisions = await _events(request)
     except QueryError as exc:
         _decide(request, reason=str(exc))
         return web.json_response({"status": "rejected", "reason": str(exc)}, status=400)
-    return web.json_response({"runs": runs, "decisions": decisions}, dumps=_dumps)
+    holds = holds_as_dicts(await _holds(request))
+    return web.json_response({"runs": runs, "decisions": decisions, **holds}, dumps=_dumps)
 
 
 async def get_page(request: web.Request) -> web.Response:
@@ -305,6 +313,7 @@ async def get_page(request: web.Request) -> web.Response:
     try:
         runs = await _runs(request)
         events = await _events(request, limit=25)
+        holds = await _holds(request)
     except QueryError as exc:
         _decide(request, reason=str(exc))
         return web.Response(text=str(exc), status=400)
@@ -312,13 +321,14 @@ async def get_page(request: web.Request) -> web.Response:
         if problem is None:
             raise
         log.warning("the page could not read the journal: %s", exc)
-        runs, events = [], []  # the banner still says what is wrong
+        runs, events, holds = [], [], []  # the banner still says what is wrong
     html = render_page(
         runs,
         now=datetime.now(UTC),
         model=request.query.get("model") or None,
         events=events,
         journal_problem=problem,
+        holds=holds,
     )
     return web.Response(
         text=html,
@@ -344,8 +354,10 @@ def make_app(
     config: RemediatorConfig,
     registry: CollectorRegistry,
     credentials: Credentials | None = None,
+    config_source: ConfigSource | None = None,
 ) -> web.Application:
-    """The application; `credentials` None serves without auth (the caller decided that)."""
+    """The application; `credentials` None serves without auth (the caller decided that);
+    `config_source` is the config file the service runs with (None: none, or not said)."""
     app = web.Application(
         middlewares=[decision_log, auth_middleware(credentials)],
         # The webhook enforces its own cap (413); this bounds everything else.
@@ -355,6 +367,7 @@ def make_app(
     app[JOURNAL_KEY] = journal
     app[CONFIG_KEY] = config
     app[REGISTRY_KEY] = registry
+    app[CONFIG_SOURCE_KEY] = config_source
     received = AlertsReceived()
     registry.register(received)  # type: ignore[arg-type]
     app[RECEIVED_KEY] = received

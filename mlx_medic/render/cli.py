@@ -188,6 +188,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="every rule group's evaluation interval",
     )
     parser.add_argument(
+        "--rules.held-for",
+        dest="rules_held_for",
+        default=None,
+        metavar="DURATION",
+        help="how long a pause or an open circuit may stay on before MLXMedicPausedTooLong"
+        " and MLXMedicCircuitOpenTooLong warn (default 4h)",
+    )
+    parser.add_argument(
         "--prometheus.interval",
         dest="prometheus_interval",
         default=None,
@@ -342,7 +350,10 @@ def _render(args: argparse.Namespace) -> int:
     site = Site(
         inventory=inventory,
         rules=RulesOptions(
-            args.rules_file or rules.SOURCE, _rules_overrides(args.rules_for), args.rules_interval
+            args.rules_file or rules.SOURCE,
+            _rules_overrides(args.rules_for),
+            args.rules_interval,
+            args.rules_held_for,
         ),
         remediator_url=args.remediator_url,
         remediator_command=args.remediator_command,

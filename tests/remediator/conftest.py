@@ -29,6 +29,7 @@ from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition, In
 from mlx_medic.remediator.auth import Credentials
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import ControlView
 from mlx_medic.remediator.webapp import make_app
 from mlx_medic.transport import SshTransport
 from tests.node.inventories import helper_inventory
@@ -157,6 +158,7 @@ class FakeJournal:
     runs: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     queries: list[dict[str, Any]] = field(default_factory=list)
+    held: list[ControlView] = field(default_factory=list)  # pauses and open circuits
 
     def list_runs(
         self, model: str | None = None, since: float | None = None, limit: int = 50
@@ -172,7 +174,10 @@ class FakeJournal:
         kind: str | None = None,
         limit: int = 100,
     ) -> list[FakeRun]:
-        return [FakeRun(e) for e in self.events[:limit]]
+        return [FakeRun(e) for e in self.events if kind in (None, e.get("kind"))][:limit]
+
+    def controls(self) -> list[ControlView]:
+        return list(self.held)
 
 
 @pytest.fixture

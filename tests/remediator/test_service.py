@@ -54,6 +54,8 @@ def test_a_firing_alert_starts_one_dry_run_that_plans_and_journals_every_step(
     assert http("GET", service.url + "/api/remediations?model=m2", headers=bearer())[1] == {
         "runs": [],
         "decisions": [],
+        "pauses": [],
+        "circuits": [],
     }
 
 

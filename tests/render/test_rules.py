@@ -87,6 +87,31 @@ def test_a_shortened_for_and_interval_fire_in_promtool_where_the_shipped_rule_wo
     assert run(promtool, "test", "rules", str(test_file)).returncode != 0
 
 
+def test_the_shipped_held_alerts_warn_after_four_hours_as_the_render_setting_writes_them():
+    from mlx_medic.render.rules import HELD_ALERTS, held_expr
+
+    shipped = alerts(SHIPPED)
+    for name, series in HELD_ALERTS.items():
+        assert shipped[name]["expr"] == held_expr(series, 4 * 3600)
+
+
+def test_held_for_sets_how_long_a_pause_or_an_open_circuit_stays_on_before_it_warns(
+    tmp_path: Path,
+):
+    from mlx_medic.render.rules import HELD_ALERTS, held_expr
+
+    out = render_example("rules", tmp_path / "out", "--rules.held-for", "1h30m")
+    rendered = out / "rules" / SHIPPED.name
+    changed, shipped = alerts(rendered), alerts(SHIPPED)
+    for name, series in HELD_ALERTS.items():
+        assert changed[name]["expr"] == held_expr(series, 5400) == f"time() - ({series} > 0) > 5400"
+    others = set(shipped) - set(HELD_ALERTS)
+    assert {k: changed[k] for k in others} == {k: shipped[k] for k in others}
+    assert "held-for 1h30m" in rendered.read_text().splitlines()[1]
+    promtool = require_tool("promtool")
+    assert run(promtool, "check", "rules", str(rendered)).returncode == 0
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -94,6 +119,7 @@ def test_a_shortened_for_and_interval_fire_in_promtool_where_the_shipped_rule_wo
         (["--rules.for", "LLMModelDown=soon"], "not a Prometheus duration"),
         (["--rules.for", "LLMModelDown"], "write ALERT=DURATION"),
         (["--rules.interval", "5"], "not a Prometheus duration"),
+        (["--rules.held-for", "4 hours"], "--rules.held-for: '4 hours' is not a Prometheus"),
         (["--rules.file", "/nonexistent/rules.yaml"], "cannot read"),
     ],
 )
