@@ -9,6 +9,8 @@ import sqlite3
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
+from mlx_medic.remediator.label_limits import bounded_labels
+
 
 @dataclass
 class StepView:
@@ -105,11 +107,13 @@ class ControlView:
 
 
 def run_view(r: sqlite3.Row) -> RunView:
-    """A row of `runs`, without its steps (the reader adds them)."""
+    """A row of `runs`, without its steps (the reader adds them); its labels bounded, as
+    an older version may have stored them whole."""
+    labels = _loads(r["labels"], {})
     return _from_row(
         RunView,
         r,
-        labels=_loads(r["labels"], {}),
+        labels=bounded_labels(labels) if isinstance(labels, dict) else {},
         dry_run=bool(r["dry_run"]),
         counted=bool(r["counted"]),
     )
