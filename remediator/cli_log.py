@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import TextIO
 
 from mlx_medic.inventory.fields import parse_duration
-from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.cli_common import (
     CliError,
     OnCall,
@@ -27,7 +26,7 @@ from mlx_medic.remediator.cli_common import (
     fail,
     run_oncall,
 )
-from mlx_medic.remediator.journal import ControlView, EventView, Journal, RunView, StepView
+from mlx_medic.remediator.journal import ControlView, DecisionView, Journal, RunView, StepView
 from mlx_medic.remediator.outcomes import StepOutcome
 
 WIDTH = 100
@@ -47,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help="JSON: {controls, runs, events}; with --follow one run per line",
+        help="JSON: {controls, runs, events} (events: recent decisions, repeats folded, each"
+        " with count, first and last); with --follow one run per line",
     )
     parser.add_argument(
         "--follow",
@@ -147,29 +147,24 @@ def format_control(control: ControlView, command: Callable[..., str] = bare_comm
     return lines
 
 
-# Decisions that are not runs; repeats of a firing (duplicate, absorbed) are noise here.
-QUIET_EVENTS = (Disposition.DUPLICATE, Disposition.ABSORBED)
-EVENTS_SHOWN = 10
+EVENTS_SHOWN = 10  # folded decisions, and as many that need a person (Journal.recent_decisions)
 
 
-def recent_decisions(journal: Journal, model: str | None, since: float | None) -> list[EventView]:
-    events = journal.list_events(model=model, since=since, limit=EVENTS_SHOWN * 20)
-    return [e for e in events if e.kind not in QUIET_EVENTS][:EVENTS_SHOWN]
-
-
-def format_event(event: EventView) -> list[str]:
+def format_event(event: DecisionView) -> list[str]:
+    """A decision: its newest time; a fold of repeats says how many, from when."""
     run = f" run #{event.run_id}" if event.run_id else ""
     head = (
         f"{_clock(event.time):<21}{_cut(event.kind, 15):<16}{_cut(event.model or '-', 17):<18}"
         f"{_cut(event.fingerprint or '-', 18)}{run}"
     )
-    return [head, *(_wrapped("", event.detail) if event.detail else [])]
+    folded = [f"{'':<21}×{event.count} from {_clock(event.first)}"] if event.count > 1 else []
+    return [head, *folded, *(_wrapped("", event.detail) if event.detail else [])]
 
 
 def render(
     runs: list[RunView],
     controls: list[ControlView],
-    events: list[EventView] | None = None,
+    events: list[DecisionView] | None = None,
     command: Callable[..., str] = bare_command,
 ) -> str:
     lines: list[str] = []
@@ -185,7 +180,7 @@ def render(
             lines += format_run(run)
             lines.append("")
     if events:
-        lines.append("RECENT DECISIONS (newest first; repeats of a firing left out)")
+        lines.append("RECENT DECISIONS (newest first; repeats folded into one, ×N from the first)")
         for event in events:
             lines += format_event(event)
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -221,7 +216,7 @@ def _show(oncall: OnCall, args: argparse.Namespace, since: float | None) -> int:
         controls = [
             c for c in journal.controls() if c.model in (None, args.model) or not args.model
         ]
-        events = recent_decisions(journal, args.model, since)
+        events = journal.recent_decisions(args.model, since, EVENTS_SHOWN)
         if args.json:
             json.dump(
                 {

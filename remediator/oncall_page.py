@@ -232,12 +232,19 @@ def _render_run(run: Mapping[str, Any]) -> str:
     )
 
 
+def _folded(event: Mapping[str, Any]) -> str:
+    """How many decisions a folded row stands for, and since when; "" for one."""
+    count = event.get("count") or 1
+    return f"×{count} from {_when(event.get('first'))}" if count > 1 else ""
+
+
 def _render_events(events: Iterable[Mapping[str, Any]]) -> str:
     rows = []
     for event in events:
         rows.append(
             "<tr>"
             f"<td>{_text(_when(event.get('time')))}</td>"
+            f"<td>{_text(_folded(event))}</td>"
             f"<td>{_text(event.get('kind'))}</td>"
             f"<td>{_text(event.get('model'))}</td>"
             f"<td>{_text(event.get('fingerprint'))}</td>"
@@ -248,8 +255,9 @@ def _render_events(events: Iterable[Mapping[str, Any]]) -> str:
     if not rows:
         return ""
     return (
-        '<h2 class="events">Recent decisions</h2><table><thead><tr><th>Time</th>'
-        "<th>Decision</th><th>Model</th><th>Fingerprint</th><th>Run</th><th>Detail</th>"
+        '<h2 class="events">Recent decisions (repeats folded)</h2><table><thead><tr>'
+        "<th>Time (last)</th><th>Times</th><th>Decision</th><th>Model</th><th>Fingerprint</th>"
+        "<th>Run</th><th>Detail</th>"
         "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
     )
 

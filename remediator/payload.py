@@ -27,6 +27,7 @@ from pydantic import (
 
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, InvalidAlert
 from mlx_medic.remediator.config import RoutingConfig
+from mlx_medic.remediator.label_limits import bounded_labels
 
 SUPPORTED_VERSION = "4"
 EXPECTED_BODY = f'an Alertmanager webhook JSON payload (version "{SUPPORTED_VERSION}")'
@@ -169,10 +170,12 @@ def _read_alert(
         alert = WebhookAlert.model_validate(raw)
     except ValidationError as exc:
         return _invalid(index, raw, routing, _problems(exc, ("alerts", index)))
-    alertname = alert.labels.get("alertname")
+    # Bounded before anything reads them (label_limits); routing reads the kept ones first.
+    labels = bounded_labels(alert.labels, keep=("alertname", routing.model_label, "node"))
+    alertname = labels.get("alertname")
     if not alertname:
         return _invalid(index, raw, routing, f"{place}.labels.alertname: required label is missing")
-    if alertname in routing.playbooks and not alert.labels.get(routing.model_label):
+    if alertname in routing.playbooks and not labels.get(routing.model_label):
         return _invalid(
             index,
             raw,
@@ -185,8 +188,8 @@ def _read_alert(
         status=AlertStatus(alert.status),
         fingerprint=alert.fingerprint,
         starts_at=alert.startsAt,
-        labels=dict(alert.labels),
-        annotations=dict(alert.annotations),
+        labels=labels,
+        annotations=bounded_labels(alert.annotations, keep=()),
         receiver=payload.receiver,
         group_key=payload.groupKey,
     )

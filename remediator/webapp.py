@@ -60,6 +60,10 @@ class JournalLike(ControlsJournal, Protocol):
         self, model: str | None = None, since: float | None = None, limit: int = 50
     ) -> Sequence[RecordLike]: ...
 
+    def recent_decisions(
+        self, model: str | None = None, since: float | None = None, limit: int = 25
+    ) -> Sequence[RecordLike]: ...
+
 
 ENGINE_KEY = web.AppKey("engine", EngineLike)
 JOURNAL_KEY = web.AppKey("journal", JournalLike)
@@ -273,11 +277,13 @@ async def _runs(request: web.Request) -> list[dict[str, Any]]:
 
 
 async def _events(request: web.Request, limit: int | None = None) -> list[dict[str, Any]]:
-    """Decisions (journal events), newest first; `limit` defaults to the query's."""
+    """Decisions (journal events), newest first, repeats folded (each with `count`,
+    `first`, `last`) and those that need a person among them; `limit` defaults to the
+    query's."""
     journal = request.app[JOURNAL_KEY]
     query = run_query(request)
     events = await asyncio.to_thread(
-        journal.list_events,
+        journal.recent_decisions,
         model=query["model"],
         since=query["since"],
         limit=query["limit"] if limit is None else limit,

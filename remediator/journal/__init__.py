@@ -11,6 +11,7 @@ The parts, one job each:
 - `store`: the connection, write transactions, deferred writes, JournalError, `problem()`;
 - `writes`: runs, steps, events, firings, pauses and circuits as they happen;
 - `reads`: the listings and answers read back, as the dataclasses of `views`;
+- `decisions`: the recent decisions on-call reads, repeats folded (one read for all);
 - `owner`: who runs a run (`host:pid`) and whether that process still lives.
 """
 
@@ -20,7 +21,13 @@ from mlx_medic.remediator.journal.files import JOURNAL_DIR_MODE, JOURNAL_MODE
 from mlx_medic.remediator.journal.owner import owner_tag
 from mlx_medic.remediator.journal.reads import JournalReads
 from mlx_medic.remediator.journal.store import JournalError
-from mlx_medic.remediator.journal.views import ControlView, EventView, RunView, StepView
+from mlx_medic.remediator.journal.views import (
+    ControlView,
+    DecisionView,
+    EventView,
+    RunView,
+    StepView,
+)
 from mlx_medic.remediator.journal.writes import OUTPUT_CAP, JournalWrites
 
 
@@ -34,6 +41,7 @@ __all__ = [
     "JOURNAL_MODE",
     "OUTPUT_CAP",
     "ControlView",
+    "DecisionView",
     "EventView",
     "Journal",
     "JournalError",

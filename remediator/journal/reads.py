@@ -8,9 +8,11 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from mlx_medic.remediator.journal.decisions import recent_decisions
 from mlx_medic.remediator.journal.store import JournalStore, placeholders
 from mlx_medic.remediator.journal.views import (
     ControlView,
+    DecisionView,
     EventView,
     RunView,
     control_view,
@@ -86,6 +88,13 @@ class JournalReads(JournalStore):
         """Newest first."""
         rows = self._newest("events", {"model": model, "kind": kind}, "time", since, limit)
         return [event_view(r) for r in rows]
+
+    def recent_decisions(
+        self, model: str | None = None, since: float | None = None, limit: int = 25
+    ) -> list[DecisionView]:
+        """Newest first, repeats folded, those that need a person always among them
+        (decisions.py): what `mlx-medic log`, `/` and `/api/remediations` show."""
+        return recent_decisions(self._query, model, since, limit)
 
     def firing_seen(self, fingerprint: str, starts_at: str) -> bool:
         """True if this firing started or joined a run that is in flight or succeeded

@@ -1,13 +1,16 @@
 """The journal's SQLite layout: its tables and indexes (DDL) and the pragmas every
 connection sets. Every statement is `IF NOT EXISTS`, so opening a journal an older
-process wrote changes nothing in it: it reads as it did."""
+process wrote changes none of its rows: it reads as it did. An index a newer version
+adds is built when it first opens the journal (once; an older version ignores it)."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-SCHEMA = """
+from mlx_medic.remediator.journal.decisions import LANDMARK_SQL, NEEDS_SQL
+
+SCHEMA_TEMPLATE = """
 CREATE TABLE IF NOT EXISTS runs (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
     model         TEXT NOT NULL,
@@ -55,6 +58,11 @@ CREATE TABLE IF NOT EXISTS events (
     detail       TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS events_time ON events(time);
+-- recent decisions (decisions.py): partial, so a storm's repeats are in neither
+CREATE INDEX IF NOT EXISTS events_needs_a_person ON events(kind, model, detail, time)
+    WHERE {needs};
+CREATE INDEX IF NOT EXISTS events_landmarks ON events(model, id) WHERE {landmarks};
+CREATE INDEX IF NOT EXISTS events_model_kind ON events(model, kind, id, time);
 CREATE TABLE IF NOT EXISTS firings (
     fingerprint  TEXT NOT NULL,
     starts_at    TEXT NOT NULL,
@@ -77,6 +85,9 @@ CREATE TABLE IF NOT EXISTS budget_resets (
     since        REAL NOT NULL
 );
 """
+
+
+SCHEMA = SCHEMA_TEMPLATE.format(needs=NEEDS_SQL, landmarks=LANDMARK_SQL)
 
 
 def connect(path: Path) -> sqlite3.Connection:

@@ -9,6 +9,8 @@ import sqlite3
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
+from mlx_medic.remediator.label_limits import bounded_labels
+
 
 @dataclass
 class StepView:
@@ -92,6 +94,22 @@ class EventView:
 
 
 @dataclass
+class DecisionView(EventView):
+    """A decision as on-call reads it: the newest event of a fold of `count` (journal's
+    decisions.py), from `first` to `last` (= `time`)."""
+
+    count: int = 1
+    first: float = 0.0
+
+    @property
+    def last(self) -> float:
+        return self.time
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "last": self.last}
+
+
+@dataclass
 class ControlView:
     kind: str  # 'pause' | 'circuit'
     model: str | None  # None: every model
@@ -105,11 +123,13 @@ class ControlView:
 
 
 def run_view(r: sqlite3.Row) -> RunView:
-    """A row of `runs`, without its steps (the reader adds them)."""
+    """A row of `runs`, without its steps (the reader adds them); its labels bounded, as
+    an older version may have stored them whole."""
+    labels = _loads(r["labels"], {})
     return _from_row(
         RunView,
         r,
-        labels=_loads(r["labels"], {}),
+        labels=bounded_labels(labels) if isinstance(labels, dict) else {},
         dry_run=bool(r["dry_run"]),
         counted=bool(r["counted"]),
     )
@@ -125,11 +145,15 @@ def event_view(r: sqlite3.Row) -> EventView:
     return _from_row(EventView, r)
 
 
+def decision_view(r: sqlite3.Row, count: int, first: float) -> DecisionView:
+    return _from_row(DecisionView, r, count=int(count), first=float(first))
+
+
 def control_view(r: sqlite3.Row) -> ControlView:
     return _from_row(ControlView, r)
 
 
-_View = TypeVar("_View", RunView, StepView, EventView, ControlView)
+_View = TypeVar("_View", RunView, StepView, EventView, DecisionView, ControlView)
 
 
 def _from_row(view: type[_View], row: sqlite3.Row, **decoded: Any) -> _View:

@@ -19,6 +19,7 @@ from mlx_medic.remediator.journal.store import (
     JournalStore,
     placeholders,
 )
+from mlx_medic.remediator.label_limits import bounded_labels
 from mlx_medic.remediator.outcomes import (
     RUN_ENDED,
     RUN_HOLDS_FIRING,
@@ -332,7 +333,7 @@ def _insert_run(
     owner: str,
     now: float,
 ) -> int:
-    """A queued run; its id."""
+    """A queued run; its id. Its labels are stored bounded (label_limits)."""
     cursor = db.execute(
         "INSERT INTO runs (model, playbook, trigger_kind, alertname, fingerprint,"
         " starts_at, labels, dry_run, owner, outcome, queued_at)"
@@ -344,7 +345,7 @@ def _insert_run(
             alertname,
             fingerprint,
             starts_at,
-            json.dumps(labels, sort_keys=True),
+            json.dumps(bounded_labels(labels), sort_keys=True),
             int(dry_run),
             owner,
             RunOutcome.QUEUED.value,

@@ -136,14 +136,15 @@ def test_log_since_leaves_out_older_runs_and_a_bad_duration_is_named(
     assert "--since: 'yesterday' is not a duration" in capsys.readouterr().err
 
 
-def test_log_shows_recent_decisions_such_as_resolved_but_not_repeats_of_a_firing(
+def test_log_shows_recent_decisions_such_as_resolved_and_repeats_of_a_firing_folded(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config_file = write_config(tmp_path)
     journal = Journal(config_of(config_file).journal)
     now = time.time()
-    journal.add_event("started", now=now - 3, model=MODEL, fingerprint="fp1", run_id=1)
-    journal.add_event("duplicate", now=now - 2, model=MODEL, fingerprint="fp1", run_id=1)
+    journal.add_event("started", now=now - 5, model=MODEL, fingerprint="fp1", run_id=1)
+    for ago in (4, 3, 2):
+        journal.add_event("duplicate", now=now - ago, model=MODEL, fingerprint="fp1")
     journal.add_event(
         "resolved",
         now=now - 1,
@@ -154,7 +155,8 @@ def test_log_shows_recent_decisions_such_as_resolved_but_not_repeats_of_a_firing
     assert cli(["log", "--config.file", str(config_file)]) == 0
     decisions = capsys.readouterr().out.split("RECENT DECISIONS", 1)[1].splitlines()[1:]
     kinds = [line.split()[2] for line in decisions if line[:1].isdigit()]
-    assert kinds == ["resolved", "started"]
+    assert kinds == ["resolved", "duplicate", "started"]
+    assert any(line.strip().startswith("×3 from ") for line in decisions)
     assert any("the run had already started" in line for line in decisions)
     assert all(len(line) <= 100 for line in decisions)
 
