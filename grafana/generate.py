@@ -27,7 +27,9 @@ Panel = dict[str, Any]
 # Every exporter series carries `node`, the node's name in the inventory (the exporter adds it).
 NODE = 'node=~"$node"'
 NODE_MODEL = 'node=~"$node", model=~"$model"'
+# Present at 0 for every model and state; the breakdown by rule and role only while non-zero.
 ORPHANS = f"mlx_orphan_processes{{{NODE_MODEL}}}"
+ORPHANS_BY_RULE = f"mlx_orphan_processes_by_rule{{{NODE_MODEL}}}"
 STUCK_ORPHANS = f'mlx_orphan_processes{{{NODE_MODEL}, state="uninterruptible"}}'
 
 
@@ -247,7 +249,7 @@ def dashboard(
 def cluster_overview() -> dict[str, Any]:
     variables = [
         query_variable("node", "Node", "label_values(mlx_medic_collector_success, node)"),
-        query_variable("model", "Model", f"label_values(mlx_processes{{{NODE}}}, model)"),
+        query_variable("model", "Model", f"label_values(mlx_orphan_processes{{{NODE}}}, model)"),
     ]
     panels = [
         row("Models"),
@@ -364,7 +366,12 @@ def cluster_overview() -> dict[str, Any]:
         ),
         timeseries(
             "Orphans by model and rule",
-            [target(f"sum by (node, model, rule) ({ORPHANS})", "{{node}} {{model}} {{rule}}")],
+            [
+                target(
+                    f"sum by (node, model, rule) ({ORPHANS_BY_RULE})",
+                    "{{node}} {{model}} {{rule}}",
+                )
+            ],
             description="Which rule found them: stale_run_id, launcher_gone, "
             "ssh_client_lost, duplicate_rank, excess_ranks. Suspects "
             "(mlx_suspected_orphan_processes) are not counted here.",
@@ -372,7 +379,7 @@ def cluster_overview() -> dict[str, Any]:
         ),
         timeseries(
             "Orphans by role",
-            [target(f"sum by (node, role) ({ORPHANS})", "{{node}} {{role}}")],
+            [target(f"sum by (node, role) ({ORPHANS_BY_RULE})", "{{node}} {{role}}")],
             width=8,
         ),
         row("Disk and launcher leftovers"),
