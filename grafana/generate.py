@@ -283,7 +283,7 @@ def cluster_overview() -> dict[str, Any]:
             "Backend serving",
             [
                 target(
-                    f"max by (model, backend) (mlx_medic_backend{{{NODE_MODEL}}})",
+                    f"max by (model, backend) (mlx_serve_backend{{{NODE_MODEL}}})",
                     "{{model}}: {{backend}}",
                 )
             ],
@@ -297,7 +297,7 @@ def cluster_overview() -> dict[str, Any]:
             "Backend pinned",
             [
                 target(
-                    f"max by (model, backend) (mlx_medic_backend_pinned{{{NODE_MODEL}}})",
+                    f"max by (model, backend) (mlx_serve_backend_pinned{{{NODE_MODEL}}})",
                     "{{model}}: {{backend}}",
                 )
             ],
@@ -338,7 +338,7 @@ def cluster_overview() -> dict[str, Any]:
             "Service left stopped for",
             [
                 target(
-                    f"max by (model) (mlx_medic_service_stopped_since_seconds{{{NODE_MODEL}}})",
+                    f"max by (model) (mlx_service_stopped_since_seconds{{{NODE_MODEL}}})",
                     "{{model}}",
                 )
             ],
