@@ -27,7 +27,9 @@ Panel = dict[str, Any]
 # Every exporter series carries `node`, the node's name in the inventory (the exporter adds it).
 NODE = 'node=~"$node"'
 NODE_MODEL = 'node=~"$node", model=~"$model"'
+# Present at 0 for every model and state; the breakdown by rule and role only while non-zero.
 ORPHANS = f"mlx_orphan_processes{{{NODE_MODEL}}}"
+ORPHANS_BY_RULE = f"mlx_orphan_processes_by_rule{{{NODE_MODEL}}}"
 STUCK_ORPHANS = f'mlx_orphan_processes{{{NODE_MODEL}, state="uninterruptible"}}'
 
 
@@ -262,7 +264,7 @@ def dashboard(
 def cluster_overview() -> dict[str, Any]:
     variables = [
         query_variable("node", "Node", "label_values(mlx_medic_collector_success, node)"),
-        query_variable("model", "Model", f"label_values(mlx_processes{{{NODE}}}, model)"),
+        query_variable("model", "Model", f"label_values(mlx_orphan_processes{{{NODE}}}, model)"),
     ]
     panels = [
         row("Models"),
@@ -296,7 +298,7 @@ def cluster_overview() -> dict[str, Any]:
             "Backend serving",
             [
                 target(
-                    f"max by (model, backend) (mlx_medic_backend{{{NODE_MODEL}}})",
+                    f"max by (model, backend) (mlx_serve_backend{{{NODE_MODEL}}})",
                     "{{model}}: {{backend}}",
                 )
             ],
@@ -310,7 +312,7 @@ def cluster_overview() -> dict[str, Any]:
             "Backend pinned",
             [
                 target(
-                    f"max by (model, backend) (mlx_medic_backend_pinned{{{NODE_MODEL}}})",
+                    f"max by (model, backend) (mlx_serve_backend_pinned{{{NODE_MODEL}}})",
                     "{{model}}: {{backend}}",
                 )
             ],
@@ -351,7 +353,7 @@ def cluster_overview() -> dict[str, Any]:
             "Service left stopped for",
             [
                 target(
-                    f"max by (model) (mlx_medic_service_stopped_since_seconds{{{NODE_MODEL}}})",
+                    f"max by (model) (mlx_service_stopped_since_seconds{{{NODE_MODEL}}})",
                     "{{model}}",
                 )
             ],
@@ -379,7 +381,12 @@ def cluster_overview() -> dict[str, Any]:
         ),
         timeseries(
             "Orphans by model and rule",
-            [target(f"sum by (node, model, rule) ({ORPHANS})", "{{node}} {{model}} {{rule}}")],
+            [
+                target(
+                    f"sum by (node, model, rule) ({ORPHANS_BY_RULE})",
+                    "{{node}} {{model}} {{rule}}",
+                )
+            ],
             description="Which rule found them: stale_run_id, launcher_gone, "
             "ssh_client_lost, duplicate_rank, excess_ranks. Suspects "
             "(mlx_suspected_orphan_processes) are not counted here.",
@@ -387,7 +394,7 @@ def cluster_overview() -> dict[str, Any]:
         ),
         timeseries(
             "Orphans by role",
-            [target(f"sum by (node, role) ({ORPHANS})", "{{node}} {{role}}")],
+            [target(f"sum by (node, role) ({ORPHANS_BY_RULE})", "{{node}} {{role}}")],
             width=8,
         ),
         row("Disk and launcher leftovers"),

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from mlx_medic.command_line import CommandError
 
-
 CHATTY_LIBRARY = "asyncssh"
 
 

@@ -5,6 +5,7 @@ what it decides."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.webapp import AlertsReceived
 from mlx_medic.transport import LocalTransport
 from tests.promql_names import contract_sections
 
@@ -116,3 +118,126 @@ def test_the_remediator_serves_only_what_it_decides(tmp_path: Path) -> None:
     """No node-recorded series (protection-domain debt is the exporter's, from the node's
     ledger), and the backend gauge says it is the last verified one."""
     assert remediator_names(tmp_path) - set(REMEDIATOR_NAMES) == set()
+
+
+# The naming convention (docs/metrics.md): `mlx_<subject>` for what the exporter observes
+# about the cluster, `mlx_medic_` for mlx-medic's own work (the remediator's series, the
+# exporter's collectors).
+EXPORTER_OWN = re.compile(r"mlx_medic_collector_\w+")
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+NOT_YET_RENAMED: frozenset[str] = frozenset()  # none: every series follows the convention
+RENAMED = {
+    "mlx_medic_backend": "mlx_serve_backend",
+    "mlx_medic_backend_pinned": "mlx_serve_backend_pinned",
+    "mlx_medic_service_stopped_since_seconds": "mlx_service_stopped_since_seconds",
+}
+_FAMILY = re.compile(r"\b(Gauge|Counter|Histogram|Summary|Info)MetricFamily\(\s*\"(\w+)\"")
+_NAMED = re.compile(r"\(\s*\"(mlx_\w+)\"")  # a name passed on to a family maker too
+SUFFIX = {"Counter": "_total", "Info": "_info"}
+
+
+def exporter_families() -> dict[str, str]:
+    """Every family the exporter's code makes, as exposed (counters with `_total`): its
+    kind. Read from the source, so the macOS-only series are here on Linux too."""
+    found = {}
+    for path in sorted((REPO / "exporter").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        found.update(dict.fromkeys(_NAMED.findall(text), "Gauge"))
+        for kind, name in _FAMILY.findall(text):
+            found.pop(name, None)
+            found[name + SUFFIX.get(kind, "")] = kind
+    return found
+
+
+def follows_the_convention(name: str, kind: str, owner: str) -> list[str]:
+    """What is wrong with the name, for its kind and owner; [] when nothing."""
+    wrong = []
+    if not NAME.fullmatch(name) or not name.startswith("mlx_"):
+        wrong.append("is not mlx_ and snake case")
+    ours = name.startswith("mlx_medic_")
+    if owner == "remediator" and not ours:
+        wrong.append("is the remediator's but does not start with mlx_medic_")
+    if owner == "exporter" and ours and not EXPORTER_OWN.fullmatch(name):
+        wrong.append("is about the cluster but starts with mlx_medic_")
+    if (kind == "Counter") != name.endswith("_total"):
+        wrong.append("ends in _total but is no counter, or is a counter without it")
+    for unit in ("_seconds", "_bytes"):
+        if unit in name and not name.endswith(unit):
+            wrong.append(f"has {unit} but not last")
+    return wrong
+
+
+def test_the_source_names_every_family_a_real_scrape_serves(tmp_path: Path) -> None:
+    served = {n.removesuffix("_total") for n in exported_names(scrape_once(tmp_path))}
+    assert served - {n.removesuffix("_total") for n in exporter_families()} == set()
+
+
+def test_every_exporter_series_follows_the_naming_convention() -> None:
+    wrong = {
+        name: problems
+        for name, kind in exporter_families().items()
+        if name not in NOT_YET_RENAMED
+        and (problems := follows_the_convention(name, kind, "exporter"))
+    }
+    assert wrong == {}
+
+
+def test_every_remediator_series_follows_the_naming_convention(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    Engine(
+        RemediatorConfig(journal=tmp_path / "journal.sqlite", dry_run=True),
+        parse_inventory(inventory_text(tmp_path)),
+        Journal(tmp_path / "journal.sqlite"),
+        LocalTransport(),
+        registry=registry,
+    )
+    registry.register(AlertsReceived())
+    kinds = {family.name: family.type for family in registry.collect()}
+    wrong = {
+        name + ("_total" if kind == "counter" else ""): problems
+        for name, kind in kinds.items()
+        if name not in NOT_YET_RENAMED
+        and (
+            problems := follows_the_convention(
+                name + ("_total" if kind == "counter" else ""), kind.capitalize(), "remediator"
+            )
+        )
+    }
+    assert wrong == {}
+
+
+def test_every_contract_name_follows_the_naming_convention_for_its_owner() -> None:
+    kinds = exporter_families()
+    for owner, names in contract_sections().items():
+        for name in names:
+            kind = "Counter" if name.endswith("_total") else kinds.get(name, "Gauge")
+            assert follows_the_convention(name, kind, owner) == [], name
+
+
+def test_docs_metrics_md_names_every_series_and_maps_every_old_name_to_its_new_one(
+    tmp_path: Path,
+) -> None:
+    doc = (REPO / "docs" / "metrics.md").read_text(encoding="utf-8")
+    everything = set(exporter_families()) | remediator_names(tmp_path) | set(CONTRACT)
+    served = {n + "_total" if f"{n}_total" in CONTRACT else n for n in everything}
+    assert [n for n in sorted(served) if f"`{n}`" not in doc] == []
+    for old, new in RENAMED.items():
+        assert f"| `{old}` | `{new}` |" in doc
+
+
+def test_no_old_name_is_left_anywhere_but_in_the_list_of_renames() -> None:
+    """A rename is done everywhere at once: code, rules, dashboards, tests, testbed,
+    bench, runbooks, README."""
+    listed = {REPO / "docs" / "metrics.md", Path(__file__).resolve()}
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    old = re.compile(r"\b(?:" + "|".join(map(re.escape, RENAMED)) + r")\b")
+    left = [
+        path
+        for path in tracked
+        if (REPO / path) not in listed
+        and (REPO / path).is_file()
+        and old.search((REPO / path).read_text(encoding="utf-8", errors="replace"))
+    ]
+    assert left == []

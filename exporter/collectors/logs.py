@@ -10,6 +10,11 @@ over a few scrapes instead of overrunning the scrape timeout. Logs are the head 
 (the launchd service and mlx.launch run there), so a peer exports no log series for the
 model.
 
+Small scrapes (docs/metrics.md): a file's count of a signature an alert reads is always
+present, 0 until a line matches (`ALERTED_SIGNATURES`, the ones the shipped rules read, and
+every signature the inventory lists, so a site's own alerts get their zeros by listing
+theirs); any other built-in signature's count appears with its first matching line.
+
     mlx_log_errors_total{signature="jaccl_protection_domain",file="/var/log/glm.err.log"} 3.0
     mlx_log_file_readable{file="/var/log/glm.err.log"} 1.0
     mlx_log_unread_bytes{file="/var/log/glm.err.log"} 0.0
@@ -20,9 +25,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -32,10 +38,16 @@ from mlx_medic.exporter.log_scanner import ENGINES, MAX_LINE_BYTES, LineScanner
 from mlx_medic.exporter.settings import byte_count, one_of, setting
 from mlx_medic.signatures import LogSignature, signatures_for
 
+if TYPE_CHECKING:
+    from mlx_medic.inventory.schema import Inventory
+
 log = logging.getLogger("mlx_medic.exporter.logs")
 
 MAX_READ_PER_SCRAPE = 512 << 20  # a huge first read is spread over scrapes, within their timeout
 STATE_FILE = "logs-positions.json"
+# The signatures alerting-rules/mlx-medic.rules.yaml reads with increase(): a counter that
+# appeared at its first count would hide that count from increase(), so these start at 0.
+ALERTED_SIGNATURES = frozenset({"jaccl_protection_domain", "metal_gpu_timeout"})
 
 
 @dataclass(frozen=True)
@@ -69,8 +81,10 @@ class LogsCollector(Collector):
         engine: str = "auto",
         max_line: int = MAX_LINE_BYTES,
         max_read_per_scrape: int | None = MAX_READ_PER_SCRAPE,
+        always_present: Collection[str] = ALERTED_SIGNATURES,
     ):
         self.signatures = tuple(signatures)
+        self.always_present = frozenset(always_present)
         self.max_read_per_scrape = max_read_per_scrape or None  # 0: no limit
         self.scanner = LineScanner(self.signatures, engine=engine, max_line=max_line)
         self.follower = LogFollower(
@@ -83,8 +97,10 @@ class LogsCollector(Collector):
             self.follower.poll(self.max_read_per_scrape)
             errors = CounterMetricFamily(
                 "mlx_log_errors",
-                "Log lines matching each error signature, per service log (a line matching "
-                "two signatures counts for both).",
+                "Log lines matching each error signature, per service log (a line matching"
+                " two signatures counts for both). Present from 0 for the signatures the"
+                " shipped alerts read and those the inventory lists; any other signature's"
+                " series appears with its first matching line.",
                 labels=["signature", "file"],
             )
             readable = GaugeMetricFamily(
@@ -100,7 +116,9 @@ class LogsCollector(Collector):
             )
             for path, state in self.follower.logs.items():
                 for signature in self.signatures:
-                    errors.add_metric([signature.name, path], state.counts[signature.name])
+                    count = state.counts[signature.name]
+                    if count or signature.name in self.always_present:
+                        errors.add_metric([signature.name, path], count)
                 readable.add_metric([path], 1.0 if state.readable else 0.0)
                 unread.add_metric([path], state.unread if state.readable else 0.0)
             yield errors
@@ -110,6 +128,12 @@ class LogsCollector(Collector):
     def close(self) -> None:
         with self._lock:
             self.follower.close()
+
+
+def alert_ready(inventory: Inventory | None) -> frozenset[str]:
+    """The signatures whose counts start at 0: the shipped alerts' and the inventory's."""
+    listed = {signature.name for signature in inventory.signatures} if inventory else set()
+    return ALERTED_SIGNATURES | listed
 
 
 def service_logs(context: ExporterContext) -> list[Path]:
@@ -128,6 +152,7 @@ def make(context: ExporterContext) -> Collector:
         context.state_dir / STATE_FILE,
         engine=settings.prefilter,
         max_read_per_scrape=settings.max_read_per_scrape,
+        always_present=alert_ready(context.inventory),
     )
     if (
         collector.follower.logs

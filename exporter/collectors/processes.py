@@ -7,16 +7,21 @@ Suspects (ranks of which at most some can be current, with nothing to tell
 which) are a series of their own, so nothing that counts or sweeps orphans
 counts them. The judging is the shared scan's (`mlx_medic.processes.orphan_scan`, which the
 node helpers `orphans` and `sweep --orphans-only` use too); this collector keeps one
-scan between scrapes, for its caches, and turns its report into series. Every state
-is always present (0 when empty) for every inventory model and role, so alert
-expressions never see a missing series. An orphan that the node's protection-domain
-ledger records as a survivor of SIGKILL (same pid and start time) is not counted in
-`mlx_orphan_processes`: no sweep can end it, so it is served as `mlx_unkillable_processes`
-by the `ledger` collector instead, and the orphan alert does not send the remediator to
-sweep it again and again.
+scan between scrapes, for its caches, and turns its report into series.
+
+Small scrapes (docs/metrics.md): only what the alerts read is always present, 0 when
+empty: `mlx_orphan_processes` by model and state (every state of the closed set, for every
+inventory model) and `mlx_orphan_oldest_age_seconds` by model. The breakdowns (processes by
+role and state, orphans and suspects by role, state and rule, remote suspects by peer) have
+a series only while it is non-zero: for dashboards and for finding out which rule, never
+for an alert that needs 0. An orphan that the node's protection-domain ledger records as a
+survivor of SIGKILL (same pid and start time) is not counted as an orphan: no sweep can end
+it, so it is served as `mlx_unkillable_processes` by the `ledger` collector instead, and the
+orphan alert does not send the remediator to sweep it again and again.
 
     mlx_processes{model="glm-4_6-5b",role="rank",state="uninterruptible"} 3.0
-    mlx_orphan_processes{model="glm-4_6-5b",role="rank",rule="excess_ranks",state="sleeping"} 2.0
+    mlx_orphan_processes{model="glm-4_6-5b",state="sleeping"} 2.0
+    mlx_orphan_processes_by_rule{model="glm",role="rank",rule="excess_ranks",state="sleeping"} 2.0
     mlx_suspected_orphan_processes{model="qwq",role="rank",rule="duplicate_rank_undecided",...} 2.0
     mlx_orphan_oldest_age_seconds{model="glm-4_6-5b"} 61200.0
     mlx_suspected_remote_orphans{model="glm-4_6-5b",peer="ai002"} 1.0
@@ -36,16 +41,14 @@ from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.node.boot_id import current_boot_id
 from mlx_medic.platform.listening import Probe, listening_probe
 from mlx_medic.platform.process_table import system_process_table
-from mlx_medic.processes.info import ProcessTable, Role, State
+from mlx_medic.processes.info import ProcessTable, State
 from mlx_medic.processes.orphan_scan import OrphanScan, ProcessReader, read_as_process
 from mlx_medic.processes.orphans import (
     Established,
     Orphan,
     OrphanReport,
-    Rule,
     Scoped,
     Suspect,
-    SuspectRule,
     psutil_established,
 )
 from mlx_medic.processes.roles import PatternSet, classifier
@@ -56,10 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlx_medic.exporter.processes")
 
-ROLES = tuple(Role)
 STATES = tuple(State)
-RULES = tuple(Rule)
-SUSPECT_RULES = tuple(SuspectRule)
 
 
 class ProcessesCollector(Collector):
@@ -99,18 +99,6 @@ class ProcessesCollector(Collector):
     def _known_models(self) -> list[str]:
         return [m.name for m in self.inventory.models] if self.inventory else []
 
-    def _known_peers(self) -> list[tuple[str, str]]:
-        """(model, peer) pairs where this node could launch ranks: zeros are known."""
-        if self.inventory is None:
-            return []
-        return [
-            (m.name, peer)
-            for m in self.inventory.models
-            if m.head == self.node
-            for peer in m.nodes
-            if peer != self.node
-        ]
-
     def collect(self) -> Iterable[GaugeMetricFamily]:
         snapshot = self.table.snapshot()
         now = self.clock()
@@ -118,7 +106,7 @@ class ProcessesCollector(Collector):
         scoped, report = result.scoped, result.report
         models = list(dict.fromkeys([*self._known_models(), *(s.model for s in scoped)]))
         self._announce(scoped)
-        yield self._processes(models, Counter((s.model, s.role, s.proc.state) for s in scoped))
+        yield self._processes(Counter((s.model, s.role, s.proc.state) for s in scoped))
         yield from self._orphans(models, report, now, self._survivors())
 
     def _survivors(self) -> list[tuple[int, float]]:
@@ -150,38 +138,15 @@ class ProcessesCollector(Collector):
                 )
 
     @staticmethod
-    def _processes(models: list[str], counts: Counter) -> GaugeMetricFamily:
+    def _processes(counts: Counter) -> GaugeMetricFamily:
         family = GaugeMetricFamily(
             "mlx_processes",
             "MLX processes on this node by model, role (launcher, ssh_client, rank, share,"
-            " exo_runner) and state. uninterruptible is Linux D or macOS U: such a process"
-            " ignores SIGKILL.",
+            " exo_runner) and state; a series only while non-zero. uninterruptible is Linux"
+            " D or macOS U: such a process ignores SIGKILL.",
             labels=["model", "role", "state"],
         )
-        for model in models:
-            for role in ROLES:
-                for state in STATES:
-                    family.add_metric([model, role, state], counts[(model, role, state)])
-        return family
-
-    @staticmethod
-    def _by_rule(
-        name: str,
-        help_text: str,
-        models: list[str],
-        rules: tuple[str, ...],
-        found: Iterable[Orphan | Suspect],
-    ) -> GaugeMetricFamily:
-        """Every model, role, state and rule, with the count found (0 when none)."""
-        counts = Counter((f.model, f.role, f.proc.state, str(f.rule)) for f in found)
-        family = GaugeMetricFamily(name, help_text, labels=["model", "role", "state", "rule"])
-        for model in models:
-            for role in ROLES:
-                for state in STATES:
-                    for rule in rules:
-                        value = counts[(model, role, state, rule)]
-                        family.add_metric([model, role, state, rule], value)
-        return family
+        return _nonzero(family, counts)
 
     def _orphans(
         self,
@@ -193,34 +158,43 @@ class ProcessesCollector(Collector):
         sweepable = [
             o for o in report.orphans if not any(_same(o, pid, start) for pid, start in survivors)
         ]
-        yield self._by_rule(
+        by_state = GaugeMetricFamily(
             "mlx_orphan_processes",
-            "MLX processes on this node left over from a dead or replaced run, by the rule"
-            " that found them: stale_run_id (run tag is not the model's current run here),"
-            " launcher_gone (its mlx.launch, or an exo runner's exo, is gone),"
-            " ssh_client_lost (its sshd session has no client), duplicate_rank (another live"
-            " rank with the same launch placement and rank number is the current one: it"
-            " serves the model's port, or is still held by a launcher or a connected ssh"
-            " session), excess_ranks (more ranks than the model runs here; the current ones"
-            " told the same way). Never judged by ppid == 1, never a rank that serves the"
-            " model's port; where the evidence cannot tell, see"
-            " mlx_suspected_orphan_processes. Not counted: an orphan the node's"
+            "MLX processes on this node left over from a dead or replaced run, by model and"
+            " state, every state present (0 when none): what the orphan alerts read. Which"
+            " rule found them and their roles: mlx_orphan_processes_by_rule. Never judged by"
+            " ppid == 1, never a rank that serves the model's port; where the evidence cannot"
+            " tell, see mlx_suspected_orphan_processes. Not counted: an orphan the node's"
             " protection-domain ledger records as a survivor of SIGKILL (same pid and start"
             " time), which no sweep can end: see mlx_unkillable_processes.",
-            models,
-            RULES,
+            labels=["model", "state"],
+        )
+        states = Counter((o.model, o.proc.state) for o in sweepable)
+        for model in models:
+            for state in STATES:
+                by_state.add_metric([model, state], states[(model, state)])
+        yield by_state
+        yield self._by_rule(
+            "mlx_orphan_processes_by_rule",
+            "The orphans of mlx_orphan_processes by role, state and the rule that found them"
+            " (a series only while non-zero): stale_run_id (run tag is not the model's"
+            " current run here), launcher_gone (its mlx.launch, or an exo runner's exo, is"
+            " gone), ssh_client_lost (its sshd session has no client), duplicate_rank"
+            " (another live rank with the same launch placement and rank number is the"
+            " current one: it serves the model's port, or is still held by a launcher or a"
+            " connected ssh session), excess_ranks (more ranks than the model runs here; the"
+            " current ones told the same way).",
             sweepable,
         )
         yield self._by_rule(
             "mlx_suspected_orphan_processes",
             "MLX processes on this node of which at most some can be current, with nothing"
             " to tell which (shown, never swept; not counted in mlx_orphan_processes), by"
-            " rule: duplicate_rank_undecided (live ranks with the same launch placement and"
-            " rank number, each still held by a launcher or a connected ssh session, none"
-            " serving the model's port), excess_ranks_undecided (more ranks than the model"
-            " runs here, told apart by none of that).",
-            models,
-            SUSPECT_RULES,
+            " role, state and rule, a series only while non-zero: duplicate_rank_undecided"
+            " (live ranks with the same launch placement and rank number, each still held by"
+            " a launcher or a connected ssh session, none serving the model's port),"
+            " excess_ranks_undecided (more ranks than the model runs here, told apart by"
+            " none of that).",
             report.suspects,
         )
 
@@ -237,14 +211,26 @@ class ProcessesCollector(Collector):
         suspected = GaugeMetricFamily(
             "mlx_suspected_remote_orphans",
             "ssh clients of a dead mlx.launch on this node, by the peer they point at: that"
-            " peer probably holds orphaned ranks of the model.",
+            " peer probably holds orphaned ranks of the model. A series only while non-zero.",
             labels=["model", "peer"],
         )
-        pairs = Counter(dict.fromkeys(self._known_peers(), 0))
-        pairs.update(report.suspected_remote)
-        for (model, peer), value in sorted(pairs.items()):
-            suspected.add_metric([model, peer], value)
-        yield suspected
+        yield _nonzero(suspected, Counter(report.suspected_remote))
+
+    @staticmethod
+    def _by_rule(name: str, help_text: str, found: Iterable[Orphan | Suspect]) -> GaugeMetricFamily:
+        """The found processes by model, role, state and rule; no series for a zero."""
+        family = GaugeMetricFamily(name, help_text, labels=["model", "role", "state", "rule"])
+        counts = Counter((f.model, f.role, f.proc.state, str(f.rule)) for f in found)
+        return _nonzero(family, counts)
+
+
+def _nonzero(family: GaugeMetricFamily, counts: Counter) -> GaugeMetricFamily:
+    """One series per counted label combination, in a stable order: a breakdown for
+    dashboards costs a scrape nothing while it is all zero."""
+    for labels, value in sorted(counts.items()):
+        if value:
+            family.add_metric(list(labels), value)
+    return family
 
 
 def _same(orphan: Orphan, pid: int, start_time: float) -> bool:

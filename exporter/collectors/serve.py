@@ -6,11 +6,11 @@ Served by the head's exporter because the head keeps these records (the serve re
 backend_choice, service_stop): one owner for each name. Only for models whose head is
 this node.
 
-    mlx_medic_backend{model="m1",backend="ring"} 1.0
-    mlx_medic_backend_pinned{model="m1",backend="ring"} 0.0
+    mlx_serve_backend{model="m1",backend="ring"} 1.0
+    mlx_serve_backend_pinned{model="m1",backend="ring"} 0.0
     mlx_serve_state{model="m1",state="serving"} 1.0
     mlx_serve_failed_starts_total{model="m1"} 2.0
-    mlx_medic_service_stopped_since_seconds{model="m1"} 0.0
+    mlx_service_stopped_since_seconds{model="m1"} 0.0
     mlx_serve_reboot_needed{model="m1",reboot_node="n2"} 1.0
 """
 
@@ -79,16 +79,16 @@ class ServeCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         context = self._context
         models = [m for m in context.models_here() if m.head == context.node]
-        backend = GaugeMetricFamily("mlx_medic_backend", BACKEND_HELP, labels=["model", "backend"])
+        backend = GaugeMetricFamily("mlx_serve_backend", BACKEND_HELP, labels=["model", "backend"])
         pinned = GaugeMetricFamily(
-            "mlx_medic_backend_pinned", PINNED_HELP, labels=["model", "backend"]
+            "mlx_serve_backend_pinned", PINNED_HELP, labels=["model", "backend"]
         )
         state = GaugeMetricFamily("mlx_serve_state", STATE_HELP, labels=["model", "state"])
         failed = CounterMetricFamily(
             "mlx_serve_failed_starts", FAILED_STARTS_HELP, labels=["model"]
         )
         stopped = GaugeMetricFamily(
-            "mlx_medic_service_stopped_since_seconds", STOPPED_HELP, labels=["model"]
+            "mlx_service_stopped_since_seconds", STOPPED_HELP, labels=["model"]
         )
         reboot = GaugeMetricFamily(
             "mlx_serve_reboot_needed", REBOOT_HELP, labels=["model", "reboot_node"]

@@ -90,7 +90,8 @@ class Signature(StrictModel):
     """An error text to count in service logs; a regular expression."""
 
     name: Name = Field(
-        description="the `signature` label of mlx_log_errors_total; a built-in's name replaces it"
+        description="the `signature` label of mlx_log_errors_total, present from 0 in every"
+        " log file (for alerts); a built-in's name replaces it"
     )
     pattern: str = Field(description="a Python regular expression searched in each log line")
 

@@ -65,7 +65,7 @@ def test_a_runner_whose_exo_was_killed_is_reported_as_an_orphaned_exo_runner(tmp
         def orphans() -> float | None:
             return sample_value(
                 list(collector.collect()),
-                "mlx_orphan_processes",
+                "mlx_orphan_processes_by_rule",
                 {
                     "model": "exo",
                     "role": "exo_runner",

@@ -62,15 +62,15 @@ def me(state: str = "serving", **changes: object) -> ServeRecord:
 def test_the_backend_the_live_run_serves_on_is_1_and_the_others_0(tmp_path: Path) -> None:
     write_serve_record(tmp_path, "m1", me(backend="ring", failed_starts=2))
     families = scrape(tmp_path)
-    assert value(families, "mlx_medic_backend", model="m1", backend="ring") == 1
-    assert value(families, "mlx_medic_backend", model="m1", backend="jaccl") == 0
+    assert value(families, "mlx_serve_backend", model="m1", backend="ring") == 1
+    assert value(families, "mlx_serve_backend", model="m1", backend="jaccl") == 0
     assert value(families, "mlx_serve_state", model="m1", state="serving") == 1
     assert value(families, "mlx_serve_state", model="m1", state="failed") == 0
     assert value(families, "mlx_serve_failed_starts_total", model="m1") == 2
 
 
 def test_models_headed_elsewhere_are_not_served_here(tmp_path: Path) -> None:
-    assert value(scrape(tmp_path), "mlx_medic_backend", model="m2", backend="ring") is None
+    assert value(scrape(tmp_path), "mlx_serve_backend", model="m2", backend="ring") is None
 
 
 def test_a_sigkilled_wrapper_recorded_as_serving_is_failed_and_serves_no_backend(
@@ -82,25 +82,25 @@ def test_a_sigkilled_wrapper_recorded_as_serving_is_failed_and_serves_no_backend
     families = scrape(tmp_path)
     assert value(families, "mlx_serve_state", model="m1", state="failed") == 1
     assert value(families, "mlx_serve_state", model="m1", state="serving") == 0
-    assert value(families, "mlx_medic_backend", model="m1", backend="ring") == 0
+    assert value(families, "mlx_serve_backend", model="m1", backend="ring") == 0
 
 
 def test_before_any_serve_every_state_is_0_and_auto_pins_nothing(tmp_path: Path) -> None:
     families = scrape(tmp_path)
     for state in ("starting", "serving", "failed", "stopped"):
         assert value(families, "mlx_serve_state", model="m1", state=state) == 0
-    assert value(families, "mlx_medic_backend_pinned", model="m1", backend="ring") == 0
+    assert value(families, "mlx_serve_backend_pinned", model="m1", backend="ring") == 0
     assert value(families, "mlx_serve_failed_starts_total", model="m1") == 0
-    assert value(families, "mlx_medic_service_stopped_since_seconds", model="m1") == 0
+    assert value(families, "mlx_service_stopped_since_seconds", model="m1") == 0
 
 
 def test_a_pin_and_a_service_left_stopped_are_served(tmp_path: Path) -> None:
     write_backend_choice(tmp_path, "m1", "ring", by="remediator run 4", reason="JACCL failed")
     record_service_stop(tmp_path, "m1", "remediator run 4", "recover", now=400.0)
     families = scrape(tmp_path, now=1000.0)
-    assert value(families, "mlx_medic_backend_pinned", model="m1", backend="ring") == 1
-    assert value(families, "mlx_medic_backend_pinned", model="m1", backend="jaccl") == 0
-    assert value(families, "mlx_medic_service_stopped_since_seconds", model="m1") == 600
+    assert value(families, "mlx_serve_backend_pinned", model="m1", backend="ring") == 1
+    assert value(families, "mlx_serve_backend_pinned", model="m1", backend="jaccl") == 0
+    assert value(families, "mlx_service_stopped_since_seconds", model="m1") == 600
 
 
 def test_a_node_whose_reboot_the_last_start_needs_is_served_once_each(tmp_path: Path) -> None:

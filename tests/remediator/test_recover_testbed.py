@@ -615,8 +615,8 @@ async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pip
                 assert "--pipeline" in processes.cmdline(rank)
             assert answers(served.port)
             samples = head_metrics(served)
-            assert metric(samples, "mlx_medic_backend", model="tiny", backend="ring") == 1
-            assert metric(samples, "mlx_medic_backend_pinned", model="tiny", backend="ring") == 1
+            assert metric(samples, "mlx_serve_backend", model="tiny", backend="ring") == 1
+            assert metric(samples, "mlx_serve_backend_pinned", model="tiny", backend="ring") == 1
     finally:
         served.close()
 

@@ -91,8 +91,8 @@ def test_supervisord_serves_on_ring_after_jaccl_fails_and_a_restart_leaves_no_ol
             assert "--pipeline" in processes.cmdline(pids[0])
 
         samples = head_metrics(served)
-        assert metric(samples, "mlx_medic_backend", model="tiny", backend="ring") == 1
-        assert metric(samples, "mlx_medic_backend", model="tiny", backend="jaccl") == 0
+        assert metric(samples, "mlx_serve_backend", model="tiny", backend="ring") == 1
+        assert metric(samples, "mlx_serve_backend", model="tiny", backend="jaccl") == 0
         assert metric(samples, "mlx_serve_state", model="tiny", state="serving") == 1
 
         # A second wrapper while the first serves: refused at once, the ranks untouched.
