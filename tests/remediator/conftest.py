@@ -167,10 +167,19 @@ class FakeJournal:
         selected = [r for r in self.runs if model is None or r.get("model") == model]
         return [FakeRun(r) for r in selected[:limit]]
 
+    def list_events(
+        self,
+        model: str | None = None,
+        since: float | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+    ) -> list[FakeRun]:
+        return [FakeRun(e) for e in self.events if kind in (None, e.get("kind"))][:limit]
+
     def recent_decisions(
         self, model: str | None = None, since: float | None = None, limit: int = 25
     ) -> list[FakeRun]:
-        return [FakeRun(e) for e in self.events if kind in (None, e.get("kind"))][:limit]
+        return [FakeRun(e) for e in self.events[:limit]]
 
     def controls(self) -> list[ControlView]:
         return list(self.held)
