@@ -22,6 +22,7 @@ from mlx_medic.inventory.load import load_inventory
 from mlx_medic.inventory.methods import BackendName
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
+from mlx_medic.model_lock import LockHandle
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
@@ -130,6 +131,28 @@ class Health:
         if self.verdicts:
             return self.verdicts.pop(0)
         return HealthVerdict.up("up") if self.up else HealthVerdict.down("down")
+
+
+def let_go_once_the_run_waits(engine: Engine, lock: Path) -> asyncio.Task[None]:
+    """A lock holder (a serve wrapper starting) that removes its lock once a run of
+    `engine` has found it held, so the run is waiting for it however slowly this machine
+    got there (the lock's helper is a process of its own). Call before submitting."""
+    refused = asyncio.Event()
+    try_acquire = engine.locks._try_acquire
+
+    async def trying(*args: Any, **kwargs: Any) -> Any:
+        taken = await try_acquire(*args, **kwargs)
+        if not isinstance(taken, LockHandle):
+            refused.set()
+        return taken
+
+    engine.locks._try_acquire = trying  # type: ignore[method-assign]
+
+    async def let_go() -> None:
+        await refused.wait()
+        lock.unlink()
+
+    return asyncio.create_task(let_go())
 
 
 # --- steps ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from tests.remediator.engine_fakes import (
     MODEL,
     Health,
     alert,
+    let_go_once_the_run_waits,
     make_config,
     make_engine,
     make_inventory,
@@ -251,12 +252,7 @@ async def test_a_run_waits_for_a_lock_the_serve_wrapper_releases_then_checks_aga
     )
     engines.append(engine)
     lock = hold_lock(tmp_path, inventory)
-
-    async def ranks_started() -> None:
-        await asyncio.sleep(1.0)
-        lock.unlink()
-
-    releasing = asyncio.create_task(ranks_started())
+    releasing = let_go_once_the_run_waits(engine, lock)
     await first_run_ends(engine, "succeeded")
     await releasing
     assert health.calls == 2  # the re-check, and again after the wait
@@ -274,8 +270,9 @@ async def test_a_run_that_waited_for_the_lock_leaves_a_model_the_holder_fixed_al
     )
     engines.append(engine)
     lock = hold_lock(tmp_path, inventory)
-    asyncio.get_running_loop().call_later(1.0, lock.unlink)
+    releasing = let_go_once_the_run_waits(engine, lock)
     await first_run_ends(engine, "skipped")
+    await releasing
     (run,) = engine.journal.list_runs()
     assert run.detail.startswith("model is up again") and run.steps == []
     assert not lock_path(tmp_path, inventory).exists()  # taken, then released

@@ -25,6 +25,7 @@ from tests.remediator.engine_fakes import (
     MODEL,
     Health,
     alert,
+    let_go_once_the_run_waits,
     make_config,
     make_engine,
     make_inventory,
@@ -177,16 +178,16 @@ async def test_after_waiting_for_the_lock_the_preflight_asks_the_facts_again(
     then, now = (
         Answer({**DEFAULTS["facts"], "memory": {"available_bytes": g * 2**30}}) for g in (1, 2)
     )
-    engine, helpers = engine_with(
-        tmp_path, engines, Health(verdicts=[DOWN, DOWN, UP]), {("ai001", "facts"): [then, now]}
-    )
+    health = Health(verdicts=[DOWN, DOWN, UP])
+    engine, helpers = engine_with(tmp_path, engines, health, {("ai001", "facts"): [then, now]})
     lock = engine.inventory.state_dir / "locks" / f"{MODEL}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     held = LockInfo(None, 1, None, "wrapper-host", time.time(), "serve", "7", time.time() + 60, "t")
     lock.write_text(held.to_json())
-    asyncio.get_running_loop().call_later(0.5, lock.unlink)
+    letting_go = let_go_once_the_run_waits(engine, lock)
     await engine.submit(alert("r1"))
     await engine.wait_idle()
+    await letting_go
     (run,) = engine.journal.list_runs()
     assert run.outcome == "succeeded"
     assert [node for node, _ in helpers.of("facts")][:8] == [*NODES, *NODES]
