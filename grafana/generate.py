@@ -3,18 +3,23 @@
 Plain dicts, no dependency: `python grafana/generate.py` rewrites grafana/dashboards/*.json;
 `--check` exits 1 when the committed JSON differs from what this script produces.
 Every query selects the data source through the `${datasource}` variable and uses only the
-metric contract's names (tests/test_grafana_dashboards.py checks both).
+metric contract's names (tests/test_grafana_dashboards.py checks both). Every panel takes
+a description (what it shows, what to do when it looks wrong), and every dashboard links to
+the runbooks (the alerting rules' runbook base URL) and to the on-call page (the
+`oncall_url` variable, default the remediator's address in deploy/remediator.yml).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
+RULES = Path(__file__).resolve().parent.parent / "alerting-rules" / "mlx-medic.rules.yaml"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GIB = 1024**3
 # Mirrors the alert thresholds in alerting-rules/mlx-medic.rules.yaml (T5, T6, T8, T11).
@@ -23,6 +28,21 @@ STALE_TMP_BYTES = 50 * GIB
 MEMORY_LOW_BYTES = 4 * GIB
 
 Panel = dict[str, Any]
+
+# Run outcomes that need a person (remediator/outcomes.py's RunOutcome), drawn red.
+FAILED_OUTCOMES = ("failed", "escalated", "misconfigured", "unreachable")
+# Where a person opens the on-call page: the remediator's listen address in
+# deploy/remediator.yml, reached through `ssh -L 10901:127.0.0.1:10901` (docs/install.md).
+ONCALL_URL = "http://127.0.0.1:10901/"
+
+
+def runbooks_url() -> str:
+    """The runbooks' index, under the base URL the alerting rules' runbook_url uses."""
+    found = re.search(r"^# RUNBOOK_PATTERN: (\S+/)%s\.md$", RULES.read_text(), re.MULTILINE)
+    if not found:
+        raise SystemExit(f"{RULES}: no '# RUNBOOK_PATTERN: .../%s.md' line")
+    return found.group(1) + "README.md"
+
 
 # Every exporter series carries `node`, the node's name in the inventory (the exporter adds it).
 NODE = 'node=~"$node"'
@@ -71,6 +91,20 @@ def query_variable(name: str, label: str, query: str) -> dict[str, Any]:
     }
 
 
+def oncall_variable() -> dict[str, Any]:
+    """The on-call page's URL, for the dashboard link: a text box, so a deployment whose
+    remediator is elsewhere sets it (or passes ?var-oncall_url=...)."""
+    return {
+        "name": "oncall_url",
+        "label": "On-call page",
+        "type": "textbox",
+        "query": ONCALL_URL,
+        "current": {"text": ONCALL_URL, "value": ONCALL_URL},
+        "options": [{"selected": True, "text": ONCALL_URL, "value": ONCALL_URL}],
+        "hide": 0,
+    }
+
+
 # Panels ---------------------------------------------------------------------------------------
 
 
@@ -86,9 +120,10 @@ def timeseries(
     title: str,
     targets: list[dict[str, Any]],
     *,
+    description: str,
     unit: str = "short",
-    description: str = "",
     steps: tuple[tuple[str, float | None], ...] = (("green", None),),
+    overrides: list[dict[str, Any]] | None = None,
     min_value: float | None = 0,
     max_value: float | None = None,
     stepped: bool = False,
@@ -115,7 +150,7 @@ def timeseries(
         "description": description,
         "datasource": DATASOURCE,
         "targets": targets,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
         "options": {
             "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
             "tooltip": {"mode": "multi", "sort": "desc"},
@@ -128,9 +163,10 @@ def stat(
     title: str,
     targets: list[dict[str, Any]],
     *,
+    description: str,
     unit: str = "short",
-    description: str = "",
     steps: tuple[tuple[str, float | None], ...] = (("green", None),),
+    overrides: list[dict[str, Any]] | None = None,
     mappings: list[dict[str, Any]] | None = None,
     text_mode: str = "value_and_name",
     width: int = 6,
@@ -149,7 +185,7 @@ def stat(
                 "mappings": mappings or [],
                 "color": {"mode": "thresholds"},
             },
-            "overrides": [],
+            "overrides": overrides or [],
         },
         "options": {
             "colorMode": "background",
@@ -207,6 +243,29 @@ def up_down_mappings(up: str, down: str) -> list[dict[str, Any]]:
     ]
 
 
+def failed_outcomes_red(*, when_any: bool) -> list[dict[str, Any]]:
+    """An override drawing the series of a failed outcome (legend ending in it) red: in a
+    time series always (`when_any` False), in a stat once its count reaches 1."""
+    color = (
+        {"id": "thresholds", "value": thresholds(("green", None), ("red", 1))}
+        if when_any
+        else {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}
+    )
+    return [
+        {
+            "matcher": {"id": "byRegexp", "options": f"(^| )({'|'.join(FAILED_OUTCOMES)})$"},
+            "properties": [color],
+        }
+    ]
+
+
+def no_runs_mapping() -> list[dict[str, Any]]:
+    """A quantile or mean over no runs is NaN: say so."""
+    return [
+        {"type": "special", "options": {"match": "nan", "result": {"text": "no runs", "index": 0}}}
+    ]
+
+
 def layout(panels: list[Panel]) -> list[Panel]:
     """Flow panels left to right in a 24-column grid; a row always starts a new line."""
     x = y = line_height = 0
@@ -250,10 +309,26 @@ def dashboard(
                 "asDropdown": True,
                 "includeVars": True,
                 "keepTime": True,
-            }
+            },
+            {
+                "title": "Runbooks",
+                "type": "link",
+                "url": runbooks_url(),
+                "tooltip": "One runbook per alert: what it means and what to do",
+                "icon": "doc",
+                "targetBlank": True,
+            },
+            {
+                "title": "On-call page",
+                "type": "link",
+                "url": "${oncall_url}",
+                "tooltip": "The remediator's runs and steps (set the On-call page variable)",
+                "icon": "external link",
+                "targetBlank": True,
+            },
         ],
         "annotations": {"list": []},
-        "templating": {"list": [datasource_variable(), *variables]},
+        "templating": {"list": [datasource_variable(), *variables, oncall_variable()]},
         "panels": layout(panels),
     }
 
@@ -271,7 +346,9 @@ def cluster_overview() -> dict[str, Any]:
         stat(
             "Model up",
             [target(f"mlx_model_up{{{NODE_MODEL}}}", "{{model}}")],
-            description="1 when the port listens and a real request succeeds (head node).",
+            description="1 when the port listens and a real request succeeds (head node)."
+            " Down for 2m fires LLMModelDown and the remediator acts: follow it on the"
+            " on-call page.",
             mappings=up_down_mappings("Up", "Down"),
             steps=(("red", None), ("green", 1)),
             width=8,
@@ -279,7 +356,8 @@ def cluster_overview() -> dict[str, Any]:
         stat(
             "Uninterruptible orphans",
             [target(f"sum by (model) ({STUCK_ORPHANS})", "{{model}}")],
-            description="Orphans in U/D survive kill -9; only a reboot frees them.",
+            description="Orphans in U/D survive kill -9; only a reboot frees them. Above 0"
+            " for 15m fires MLXOrphanProcessesUninterruptible: plan the node's reboot.",
             steps=(("green", None), ("red", 1)),
             width=8,
         ),
@@ -290,6 +368,9 @@ def cluster_overview() -> dict[str, Any]:
                     f"max by (model) (mlx_orphan_oldest_age_seconds{{{NODE_MODEL}}})", "{{model}}"
                 )
             ],
+            description="Age of the model's oldest orphaned rank; orange after 5m, when"
+            " MLXOrphanProcesses fires and the remediator sweeps them. Growing past that:"
+            " check the sweep's run on the on-call page.",
             unit="s",
             steps=(("green", None), ("orange", 300)),
             width=8,
@@ -303,7 +384,8 @@ def cluster_overview() -> dict[str, Any]:
                 )
             ],
             description="The backend the current run serves on, from the serve wrapper's"
-            " record on the head (ring after a JACCL fallback).",
+            " record on the head (ring after a JACCL fallback). None serving while the"
+            " model should: see Serve wrapper state and the service's log.",
             mappings=flag_mappings("serving", "green", off="no"),
             steps=(("transparent", None),),
             width=6,
@@ -332,7 +414,8 @@ def cluster_overview() -> dict[str, Any]:
                 )
             ],
             description="What `mlx-medic serve` last recorded (starting, serving, failed,"
-            " stopped); every state no when the wrapper has recorded nothing.",
+            " stopped); every state no when the wrapper has recorded nothing. Failed: read"
+            " the service's log and the MLXServeStartFailing runbook.",
             mappings=flag_mappings("yes", "blue", off="no"),
             steps=(("transparent", None),),
             width=4,
@@ -346,6 +429,8 @@ def cluster_overview() -> dict[str, Any]:
                     "{{model}}",
                 )
             ],
+            description="Starts of `mlx-medic serve` that failed in the dashboard's time"
+            " range. Any: read the service's log and the MLXServeStartFailing runbook.",
             steps=(("green", None), ("red", 1)),
             width=4,
         ),
@@ -359,7 +444,8 @@ def cluster_overview() -> dict[str, Any]:
             ],
             description="How long the service has been stopped by a recorded stop (a"
             " remediation run's or a person's `mlx-medic node service MODEL"
-            " stop`); 0: no stop recorded.",
+            " stop`); 0: no stop recorded. Red after 15m: MLXServiceLeftStopped's runbook"
+            " says whom to ask before starting it.",
             unit="s",
             steps=(("green", None), ("orange", 300), ("red", 900)),
             width=4,
@@ -371,12 +457,18 @@ def cluster_overview() -> dict[str, Any]:
                     f"sum by (model, state) (mlx_processes{{{NODE_MODEL}}})", "{{model}} {{state}}"
                 )
             ],
+            description="The model's MLX processes on the selected nodes by state. None"
+            " while the model should serve, or many in uninterruptible: check Model up and"
+            " the orphan panels below.",
             width=24,
         ),
         row("Orphans"),
         timeseries(
             "Orphans by model and state",
             [target(f"sum by (node, model, state) ({ORPHANS})", "{{node}} {{model}} {{state}}")],
+            description="Ranks whose launch is gone, by node and state. Above 0 for 5m fires"
+            " MLXOrphanProcesses and the remediator sweeps them; still there after the"
+            " sweep: its runbook.",
             width=8,
         ),
         timeseries(
@@ -389,29 +481,40 @@ def cluster_overview() -> dict[str, Any]:
             ],
             description="Which rule found them: stale_run_id, launcher_gone, "
             "ssh_client_lost, duplicate_rank, excess_ranks. Suspects "
-            "(mlx_suspected_orphan_processes) are not counted here.",
+            "(mlx_suspected_orphan_processes) are not counted here. The rule names why a"
+            " rank counts as an orphan: see the MLXOrphanProcesses runbook.",
             width=8,
         ),
         timeseries(
             "Orphans by role",
             [target(f"sum by (node, role) ({ORPHANS_BY_RULE})", "{{node}} {{role}}")],
+            description="Orphans by the role the process had (rank, launcher, ...). Growing"
+            " over hours: MLXOrphanProcessesAccumulating's runbook.",
             width=8,
         ),
         row("Disk and launcher leftovers"),
         timeseries(
             "Stale tmp bytes",
             [target(f"mlx_stale_tmp_bytes{{{NODE}}}", "{{node}} {{dir}}")],
+            description="Bytes in tmp dirs no process writes any more (interrupted downloads"
+            " or shares). Orange at 50 GiB: for 30m fires MLXStaleTmpBytesHigh, whose runbook"
+            " says what is safe to delete.",
             unit="bytes",
             steps=(("green", None), ("orange", STALE_TMP_BYTES)),
             width=8,
         ),
         timeseries(
-            "Stale tmp dirs", [target(f"mlx_stale_tmp_dirs{{{NODE}}}", "{{node}} {{dir}}")], width=8
+            "Stale tmp dirs",
+            [target(f"mlx_stale_tmp_dirs{{{NODE}}}", "{{node}} {{dir}}")],
+            description="How many stale entries each tmp dir holds; read with Stale tmp bytes"
+            " and MLXStaleTmpBytesHigh's runbook.",
+            width=8,
         ),
         timeseries(
             "mlx.launch leftover files",
             [target(f"mlx_launch_leftover_files{{{NODE}}}", "{{node}}")],
-            description="Pid files and hostfiles mlx.launch never deletes.",
+            description="Pid files and hostfiles mlx.launch never deletes. Growing steadily:"
+            " MLXLaunchLeftoversAccumulating's runbook.",
             width=8,
         ),
         row("Service logs"),
@@ -424,12 +527,18 @@ def cluster_overview() -> dict[str, Any]:
                     "{{node}} {{signature}}",
                 )
             ],
+            description="Error lines in the services' logs per minute, by known signature."
+            " jaccl_protection_domain and metal_gpu_timeout each have an alert and a"
+            " runbook.",
+            unit="cpm",
             width=24,
         ),
         row("Memory and RDMA"),
         timeseries(
             "Memory available",
             [target(f"mlx_memory_available_bytes{{{NODE}}}", "{{node}}")],
+            description="Memory the node can still give; red below 4 GiB, where"
+            " MLXMemoryAvailableLow fires: see its runbook before starting a model there.",
             unit="bytes",
             steps=(("green", None), ("red", MEMORY_LOW_BYTES)),
             width=8,
@@ -437,7 +546,8 @@ def cluster_overview() -> dict[str, Any]:
         timeseries(
             "RDMA ports active",
             [target(f"mlx_rdma_port_active{{{NODE}}}", "{{node}} {{device}}/{{port}}")],
-            description="1 = PORT_ACTIVE. Absent on hosts without RDMA.",
+            description="1 = PORT_ACTIVE. Absent on hosts without RDMA. A port at 0 for 5m"
+            " fires MLXRDMAPortDown: JACCL cannot start over it.",
             max_value=1,
             stepped=True,
             width=8,
@@ -448,7 +558,8 @@ def cluster_overview() -> dict[str, Any]:
             description="ioclasscount of protection domains and queue pairs: the node's"
             " total over all its RDMA devices, which it cannot tell apart;"
             " the budget is 11 per device (docs/decisions.md), so orange"
-            " and red mark where one device may be near or at it.",
+            " and red mark where one device may be near or at it (the MLXRDMAProtectionDomains"
+            " runbooks).",
             steps=(("green", None), ("orange", PD_HIGH), ("red", PD_BUDGET)),
             stepped=True,
             width=8,
@@ -464,7 +575,8 @@ def cluster_overview() -> dict[str, Any]:
             ],
             description="The node's ledger: each SIGKILLed JACCL rank and each failed"
             " JACCL start spends a domain until reboot. At a model's reserve"
-            " no JACCL start is tried on the node.",
+            " no JACCL start is tried on the node (the MLXPDDebt runbooks: a reboot pays it"
+            " back).",
             stepped=True,
             width=24,
         ),
@@ -473,7 +585,7 @@ def cluster_overview() -> dict[str, Any]:
             "Exporters up",
             [target('up{job="mlx-medic-exporter"}', "{{instance}}")],
             description="By scrape target: Prometheus's own `up` has no node label, so the "
-            "Node filter does not apply.",
+            "Node filter does not apply. Down: MLXMedicExporterDown's runbook.",
             mappings=up_down_mappings("Up", "Down"),
             steps=(("red", None), ("green", 1)),
             width=8,
@@ -482,6 +594,8 @@ def cluster_overview() -> dict[str, Any]:
         timeseries(
             "Collector success",
             [target(f"mlx_medic_collector_success{{{NODE}}}", "{{node}} {{collector}}")],
+            description="1 when the collector's last run succeeded; at 0 its series are stale."
+            " The exporter's log names the error (MLXMedicCollectorFailing's runbook).",
             max_value=1,
             stepped=True,
             width=8,
@@ -489,6 +603,8 @@ def cluster_overview() -> dict[str, Any]:
         timeseries(
             "Collector duration",
             [target(f"mlx_medic_collector_duration_seconds{{{NODE}}}", "{{node}} {{collector}}")],
+            description="How long each collector's last run took. One near the scrape timeout"
+            " makes scrapes fail: look at what it walks (tmp dirs, logs).",
             unit="s",
             width=8,
         ),
@@ -510,6 +626,8 @@ def remediator() -> dict[str, Any]:
         stat(
             "Remediations in progress",
             [target(f"sum by (model) (mlx_medic_remediation_in_progress{{{model}}})", "{{model}}")],
+            description="1 while a run acts on the model. One that stays 30m fires"
+            " MLXMedicRemediationStuck: follow the run on the on-call page.",
             steps=(("green", None), ("orange", 1)),
             width=6,
         ),
@@ -522,7 +640,8 @@ def remediator() -> dict[str, Any]:
                 )
             ],
             description="Per model and backend: verified (the backend the remediator last"
-            " saw the model answer on) or not; none verified yet shows every backend not.",
+            " saw the model answer on) or not; none verified yet shows every backend not."
+            " Ring on a model with JACCL: a fallback (MLXServingOnRingFallback's runbook).",
             mappings=flag_mappings("verified", "blue", off="not"),
             steps=(("transparent", None),),
             width=6,
@@ -536,7 +655,8 @@ def remediator() -> dict[str, Any]:
                     "{{model}} {{reason}}",
                 )
             ],
-            description="An escalation stops automatic action until `mlx-medic resume MODEL`.",
+            description="An escalation stops automatic action until `mlx-medic resume MODEL`."
+            " Read the run on the on-call page and MLXMedicRemediationEscalated's runbook.",
             steps=(("green", None), ("red", 1)),
             width=6,
         ),
@@ -549,6 +669,10 @@ def remediator() -> dict[str, Any]:
                     "{{outcome}}",
                 )
             ],
+            description="Runs ended in the time range, by outcome; failed, escalated,"
+            " misconfigured and unreachable turn red: each has a runbook, and the run's steps"
+            " are on the on-call page.",
+            overrides=failed_outcomes_red(when_any=True),
             width=6,
         ),
         stat(
@@ -560,7 +684,8 @@ def remediator() -> dict[str, Any]:
                 )
             ],
             description="What the remediator's last sweep of each node found unkillable"
-            " (uninterruptible sleep): only a reboot of that node clears them.",
+            " (uninterruptible sleep): only a reboot of that node clears them"
+            " (MLXMedicUnkillableProcesses' runbook).",
             steps=(("green", None), ("red", 1)),
             width=24,
             height=4,
@@ -594,17 +719,25 @@ def remediator() -> dict[str, Any]:
                     "{{status}}",
                 )
             ],
+            description="Alertmanager's deliveries per minute by alert status. None while"
+            " alerts fire: check Alertmanager's route to the remediator; invalid: alerts"
+            " not read or deliveries refused, the remediator's log says why.",
+            unit="cpm",
             width=12,
         ),
         timeseries(
-            "Remediations by model and outcome",
+            "Remediations per minute by model and outcome",
             [
                 target(
-                    f"sum by (model, outcome) "
-                    f"(increase(mlx_medic_remediations_total{{{model}}}[$__rate_interval]))",
+                    f"60 * sum by (model, outcome) "
+                    f"(rate(mlx_medic_remediations_total{{{model}}}[$__rate_interval]))",
                     "{{model}} {{outcome}}",
                 )
             ],
+            description="How often runs end, by model and outcome; failed, escalated,"
+            " misconfigured and unreachable are red: open the run on the on-call page.",
+            unit="cpm",
+            overrides=failed_outcomes_red(when_any=False),
             width=12,
         ),
         timeseries(
@@ -624,19 +757,51 @@ def remediator() -> dict[str, Any]:
                     ref="B",
                 ),
             ],
+            description="Wall time of runs over all models, mean and 90th percentile. Long"
+            " runs: find the model below, then its runs on the on-call page.",
             unit="s",
             width=12,
         ),
         timeseries(
-            "Escalations by model and reason",
+            "Escalations per minute by model and reason",
             [
                 target(
-                    f"sum by (model, reason) "
-                    f"(increase(mlx_medic_escalations_total{{{model}}}[$__rate_interval]))",
+                    f"60 * sum by (model, reason) "
+                    f"(rate(mlx_medic_escalations_total{{{model}}}[$__rate_interval]))",
                     "{{model}} {{reason}}",
                 )
             ],
+            description="When escalations happened and why; each opened the model's circuit"
+            " until `mlx-medic resume MODEL` (MLXMedicRemediationEscalated's runbook).",
+            unit="cpm",
             width=12,
+        ),
+        stat(
+            "Remediation duration per model in range",
+            [
+                target(
+                    "histogram_quantile(0.9, sum by (model, le) "
+                    f"(increase(mlx_medic_remediation_duration_seconds_bucket{{{model}}}"
+                    "[$__range])))",
+                    "{{model}} p90",
+                ),
+                target(
+                    f"sum by (model) (increase(mlx_medic_remediation_duration_seconds_sum"
+                    f"{{{model}}}[$__range])) / sum by (model) "
+                    f"(increase(mlx_medic_remediation_duration_seconds_count{{{model}}}"
+                    "[$__range]))",
+                    "{{model}} mean",
+                    ref="B",
+                ),
+            ],
+            description="Each model's runs in the time range: 90th percentile and mean wall"
+            " time (no runs: none ended; orange from 10m). A model much slower than the"
+            " others: read its runs' steps on the on-call page.",
+            unit="s",
+            mappings=no_runs_mapping(),
+            steps=(("green", None), ("orange", 600)),
+            width=24,
+            height=4,
         ),
     ]
     return dashboard(

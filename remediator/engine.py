@@ -350,7 +350,7 @@ class Engine:
         with contextlib.suppress(Exception):
             view = self.journal.get_run(run.run_id)
             if view is not None and view.started_at is not None:
-                self.m_duration.observe(max(0.0, now - view.started_at))
+                self.m_duration.labels(model=run.model).observe(max(0.0, now - view.started_at))
         if self._runs.get(run.model) is run:
             del self._runs[run.model]
         log.log(

@@ -36,7 +36,8 @@ class EngineMetrics:
         )
         self.duration = Histogram(
             "mlx_medic_remediation_duration_seconds",
-            "Wall time of remediation runs.",
+            "Wall time of remediation runs, by model.",
+            ["model"],
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
             registry=registry,
         )
@@ -93,6 +94,7 @@ class EngineMetrics:
         registry.register(controls)  # type: ignore[arg-type]
         for model in inventory.models:
             self.in_progress.labels(model=model.name).set(0)
+            self.duration.labels(model=model.name)
             for node_name in model.nodes:
                 self.unkillable.labels(model=model.name, node=node_name).set(0)
             for backend, _spec in model.backends.in_order():

@@ -176,3 +176,98 @@ def test_the_example_datasource_is_a_prometheus_with_a_stable_uid() -> None:
     (source,) = config["datasources"]
     assert source["type"] == "prometheus" and source["uid"] and source["url"]
     assert not re.search(r"\d+\.\d+\.\d+\.\d+", source["url"]), "examples use hostnames"
+
+
+def _board(name: str) -> dict[str, Any]:
+    return _load(GRAFANA / "dashboards" / name)
+
+
+# Grafana's unit ids for a count per time: per second and per minute.
+PER_TIME_UNITS = {"ops", "opm", "cps", "cpm", "reqps", "reqpm"}
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+def test_every_panel_has_a_description(path: Path) -> None:
+    for panel in _panels(_load(path)):
+        if panel["type"] != "row":
+            assert len(panel["description"].strip()) > 20, panel["title"]
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+def test_every_rate_or_increase_panel_has_a_unit_that_says_per_what(path: Path) -> None:
+    """A rate is shown per second or minute; a duration from histogram rates in seconds;
+    an increase over the time range as a plain count, its title saying `in range`."""
+    for panel in _panels(_load(path)):
+        exprs = [t["expr"] for t in panel.get("targets", [])]
+        if not any(re.search(r"\b(rate|increase)\(", e) for e in exprs):
+            continue
+        unit, title = panel["fieldConfig"]["defaults"]["unit"], panel["title"]
+        if "duration" in title.lower():
+            assert unit == "s", title
+        elif all("[$__range]" in e for e in exprs):
+            assert unit == "short" and "in range" in title, title
+        else:
+            assert unit in PER_TIME_UNITS and "per minute" in title, (title, unit)
+
+
+def _is_red(override: dict[str, Any]) -> bool:
+    for prop in override["properties"]:
+        if prop["id"] == "color" and prop["value"] == {"mode": "fixed", "fixedColor": "red"}:
+            return True
+        if prop["id"] == "thresholds" and prop["value"]["steps"][-1]["color"] == "red":
+            return True
+    return False
+
+
+def test_failed_outcomes_are_red_on_every_outcome_panel() -> None:
+    """The runs that need a person stand out; the others keep the panel's colours."""
+    from mlx_medic.remediator.outcomes import RunOutcome
+
+    failed = {"failed", "escalated", "misconfigured", "unreachable"}
+    assert failed <= {o.value for o in RunOutcome}
+    outcome_panels = [
+        p
+        for p in _panels(_board("mlx-medic-remediator.json"))
+        if any("{{outcome}}" in t["legendFormat"] for t in p.get("targets", []))
+    ]
+    assert len(outcome_panels) == 2
+    for panel in outcome_panels:
+        overrides = panel["fieldConfig"]["overrides"]
+        assert overrides and all(_is_red(o) for o in overrides), panel["title"]
+        patterns = [o["matcher"]["options"] for o in overrides if o["matcher"]["id"] == "byRegexp"]
+        for outcome in RunOutcome:
+            for legend in (outcome.value, f"some-model {outcome.value}"):
+                red = any(re.search(pattern, legend) for pattern in patterns)
+                assert red == (outcome.value in failed), (panel["title"], legend)
+
+
+def test_the_remediator_shows_remediation_duration_per_model() -> None:
+    (panel,) = [
+        p
+        for p in _panels(_board("mlx-medic-remediator.json"))
+        if p["title"].startswith("Remediation duration per model")
+    ]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert any(
+        "histogram_quantile" in e and "by (model, le)" in e and 'model=~"$model"' in e
+        for e in exprs
+    )
+    assert all("{{model}}" in t["legendFormat"] for t in panel["targets"])
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+def test_every_dashboard_links_to_the_runbooks_and_the_on_call_page(path: Path) -> None:
+    """The runbooks under the base URL the alerting rules link to; the on-call page at the
+    `oncall_url` variable, by default the remediator's listen address."""
+    board = _load(path)
+    links = {link["title"]: link for link in board["links"]}
+    rules = (GRAFANA.parent / "alerting-rules" / "mlx-medic.rules.yaml").read_text()
+    runbook_url = re.search(r"runbook_url: (\S+/)\w+\.md", rules)
+    assert runbook_url
+    assert links["Runbooks"]["url"] == runbook_url.group(1) + "README.md"
+    assert (GRAFANA.parent / "alerting-rules" / "runbooks" / "README.md").is_file()
+    assert links["On-call page"]["url"] == "${oncall_url}"
+    (variable,) = [v for v in board["templating"]["list"] if v["name"] == "oncall_url"]
+    assert variable["type"] == "textbox"
+    listen = yaml.safe_load((GRAFANA.parent / "deploy" / "remediator.yml").read_text())["listen"]
+    assert variable["query"] == variable["current"]["value"] == f"http://{listen}/"

@@ -561,7 +561,7 @@ async def test_the_remediator_metrics_are_registered_with_their_contract_names(
     await engine.wait_idle()
     value = registry.get_sample_value
     assert value("mlx_medic_remediations_total", {"model": MODEL, "outcome": "succeeded"}) == 1
-    assert value("mlx_medic_remediation_duration_seconds_count") == 1
+    assert value("mlx_medic_remediation_duration_seconds_count", {"model": MODEL}) == 1
     assert value("mlx_medic_remediation_in_progress", {"model": MODEL}) == 0
     backend = "mlx_medic_last_verified_backend"
     assert value(backend, {"model": MODEL, "backend": "ring"}) == 1
