@@ -3,7 +3,8 @@
 Server-rendered HTML with inline CSS and no scripts or external assets, so it
 works behind any proxy and cannot leak. Everything shown is escaped: label
 values come from whoever can post an alert. Long commands and outputs wrap
-instead of scrolling sideways.
+instead of scrolling sideways, and under 600 px the decisions table becomes one card
+per decision, each cell named, so the page reads on a phone.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:.15rem .8rem;marg
  font-size:.9rem}
 dl.meta dt{color:#5b6472}dl.meta dd{margin:0;overflow-wrap:anywhere;min-width:0}
 .next{background:#fff4c2;border:2px solid #e0a800;border-radius:6px;padding:.6rem .8rem;
- margin:.4rem 0 .7rem;font-size:1rem}
+ margin:.4rem 0 .7rem;font-size:1rem;overflow-wrap:anywhere}
 .next strong{display:block;color:#7a4d00;text-transform:uppercase;font-size:.8rem}
 ol.steps{list-style:none;margin:0;padding:0;border-top:1px solid #e3e6eb}
 .step{padding:.45rem 0;border-bottom:1px solid #e3e6eb;min-width:0}
@@ -83,7 +84,16 @@ th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #e3e6eb;
  color:#5c0d0d;padding:.7rem 1rem;margin:0 0 1rem;overflow-wrap:anywhere}
 .alarm strong{display:block;color:#8e1414;text-transform:uppercase;font-size:.85rem}
 @media (max-width:600px){dl.meta{grid-template-columns:1fr}dl.meta dt{margin-top:.3rem}
- main{padding:.5rem}.run{padding:.6rem}}
+ main{padding:.5rem}.run{padding:.6rem}
+ table.decisions,table.decisions tbody,table.decisions tr,table.decisions td{display:block}
+ table.decisions{background:none}
+ table.decisions thead{position:absolute;width:1px;height:1px;overflow:hidden;clip-path:inset(50%)}
+ table.decisions tr{background:#fff;border:1px solid #d5d9e0;border-radius:6px;margin:0 0 .5rem;
+  padding:.3rem .6rem}
+ table.decisions td{display:grid;grid-template-columns:6.5rem minmax(0,1fr);gap:.5rem;
+  border:0;padding:.1rem 0}
+ table.decisions td:empty{display:none}
+ table.decisions td::before{content:attr(data-label);color:#5b6472;font-weight:600}}
 """
 
 
@@ -238,27 +248,40 @@ def _folded(event: Mapping[str, Any]) -> str:
     return f"×{count} from {_when(event.get('first'))}" if count > 1 else ""
 
 
+# The decisions table's columns: each header, and the label a cell shows on a phone.
+_DECISION_COLUMNS = ("Time (last)", "Times", "Decision", "Model", "Fingerprint", "Run", "Detail")
+
+
+def _decision_cells(event: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (
+        _when(event.get("time")),
+        _folded(event),
+        event.get("kind"),
+        event.get("model"),
+        event.get("fingerprint"),
+        event.get("run_id"),
+        event.get("detail"),
+    )
+
+
 def _render_events(events: Iterable[Mapping[str, Any]]) -> str:
-    rows = []
-    for event in events:
-        rows.append(
-            "<tr>"
-            f"<td>{_text(_when(event.get('time')))}</td>"
-            f"<td>{_text(_folded(event))}</td>"
-            f"<td>{_text(event.get('kind'))}</td>"
-            f"<td>{_text(event.get('model'))}</td>"
-            f"<td>{_text(event.get('fingerprint'))}</td>"
-            f"<td>{_text(event.get('run_id'))}</td>"
-            f"<td>{_text(event.get('detail'))}</td>"
-            "</tr>"
+    """The decisions as a table; on a narrow screen each row is a card whose cells
+    carry their column's name (`data-label`), so nothing scrolls sideways."""
+    rows = [
+        "<tr>"
+        + "".join(
+            f'<td data-label="{label}">{_text(cell)}</td>'
+            for label, cell in zip(_DECISION_COLUMNS, _decision_cells(event), strict=True)
         )
+        + "</tr>"
+        for event in events
+    ]
     if not rows:
         return ""
+    head = "".join(f"<th>{label}</th>" for label in _DECISION_COLUMNS)
     return (
-        '<h2 class="events">Recent decisions (repeats folded)</h2><table><thead><tr>'
-        "<th>Time (last)</th><th>Times</th><th>Decision</th><th>Model</th><th>Fingerprint</th>"
-        "<th>Run</th><th>Detail</th>"
-        "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+        '<h2 class="events">Recent decisions (repeats folded)</h2><table class="decisions">'
+        f"<thead><tr>{head}</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
     )
 
 

@@ -1,6 +1,7 @@
 """The README's pictures (docs/pictures/): every one linked exists and is described with the
 command that made it; the loop diagram is self-contained SVG that reads in GitHub's light
-and dark mode; the screenshots are PNGs small enough for a first screen."""
+and dark mode; the screenshots are PNGs of the browser window (the demo's) or of the page's
+whole length at its width (the on-call page's at 1280 and 390 px)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,26 @@ def test_the_screenshots_are_pngs_of_the_browser_window_under_300_kb(name: str) 
     picture = PICTURES / name
     assert png_size(picture) == (1280, 900)
     assert picture.stat().st_size < 300_000
+
+
+@pytest.mark.parametrize(("name", "width"), [("oncall-1280.png", 1280), ("oncall-390.png", 390)])
+def test_the_whole_page_screenshots_are_pngs_as_wide_as_their_viewport_under_500_kb(
+    name: str, width: int
+) -> None:
+    picture = PICTURES / name
+    assert png_size(picture)[0] == width
+    assert picture.stat().st_size < 500_000
+
+
+def test_the_page_pictures_refuse_a_directory_that_is_not_one_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from testbed.oncall_pictures import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "missing")])
+    assert stopped.value.code == 2
+    assert f"{tmp_path / 'missing'}: not a directory" in capsys.readouterr().err
 
 
 def test_the_demo_refuses_a_screenshot_dir_it_cannot_make_naming_it(

@@ -145,7 +145,7 @@ async def test_the_page_and_the_api_show_the_folded_burst_and_each_that_needs_a_
     assert table.count("<tr>") == 1 + 5  # the header and five decisions
     assert "×3000 from " in table
     for kind in NEEDING_A_PERSON:
-        assert f"<td>{kind}</td>" in table
+        assert f'<td data-label="Decision">{kind}</td>' in table
 
 
 # --- bounded text ------------------------------------------------------------------
