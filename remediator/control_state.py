@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from mlx_medic.remediator.config import ConfigSource, resume_command
 from mlx_medic.remediator.journal import ControlView
+from mlx_medic.remediator.utc_time import iso_utc
 
 # The escalation that opened a circuit is journaled with it; later ones of the model (a
 # playbook with its own budget escalates without opening it) are few, so this many suffice.
@@ -53,7 +54,8 @@ def opening_run(journal: ControlsJournal, circuit: ControlView) -> int | None:
         model=circuit.model, since=circuit.since, kind="escalation", limit=OPENER_SCAN
     )
     openers = [e.to_dict() for e in events]
-    opener = next((e for e in reversed(openers) if e.get("time") == circuit.since), None)
+    opened = iso_utc(circuit.since)  # as `to_dict` gives an event's time
+    opener = next((e for e in reversed(openers) if e.get("time") == opened), None)
     run_id = opener.get("run_id") if opener else None
     return int(run_id) if run_id is not None else None
 

@@ -10,12 +10,13 @@ per decision, each cell named, so the page reads on a phone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from html import escape
 from typing import Any
 
 from mlx_medic.remediator.control_state import Hold
 from mlx_medic.remediator.outcomes import RunOutcome, StepOutcome
+from mlx_medic.remediator.utc_time import iso_utc
 
 REFRESH_SECONDS = 30
 OUTPUT_EXCERPT_CHARS = 2000
@@ -122,12 +123,13 @@ def _outcome_class(outcome: Any) -> str:
 
 
 def _when(value: Any) -> str:
+    """ISO 8601 UTC (utc_time), as `to_dict` gives a time; a Unix time or datetime made so."""
     if value in (None, ""):
         return ""
-    if isinstance(value, int | float):
-        value = datetime.fromtimestamp(value, UTC)
     if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        value = value.timestamp()
+    if isinstance(value, int | float):
+        return iso_utc(value)
     return str(value)
 
 
@@ -181,7 +183,7 @@ def _render_step(step: Mapping[str, Any]) -> str:
     klass = _outcome_class(outcome)
     command = _command(step.get("command"))
     output = _output(step.get("output"))
-    duration = format_duration(step.get("duration"))
+    duration = format_duration(step.get("duration_seconds"))
     targets = step.get("targets") or []
     notes = [
         _first(step, "description"),
@@ -214,7 +216,7 @@ def _render_run(run: Mapping[str, Any]) -> str:
         ("Queued", _when(run.get("queued_at"))),
         ("Started", _when(run.get("started_at"))),
         ("Ended", _when(run.get("ended_at"))),
-        ("Duration", format_duration(run.get("duration"))),
+        ("Duration", format_duration(run.get("duration_seconds"))),
         ("Why", _first(run, "detail")),
         ("Playbook", _first(run, "playbook")),
         (
@@ -303,11 +305,6 @@ _HOLD_CSS = """
 .hold code{font:13px/1.4 ui-monospace,Menlo,Consolas,monospace;background:#1d2330;
  color:#e8ebf0;padding:.1rem .35rem;border-radius:3px;overflow-wrap:anywhere}
 """
-
-
-def iso_utc(stamp: float) -> str:
-    """ISO 8601 in UTC to the second, e.g. 2025-01-31T03:04:05Z."""
-    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _render_hold(hold: Hold, now: datetime) -> str:

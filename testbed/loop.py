@@ -285,14 +285,29 @@ class Loop(ClosedOnExit):
         ]
 
     def runs(self) -> list[dict[str, Any]]:
-        """The remediator's journaled runs with their steps, oldest first."""
+        """The remediator's journaled runs with their steps, oldest first, as `to_dict`
+        gives them but with the journal's Unix times (`queued_at`, `started_at`,
+        `ended_at`, a step's too): the loop's measurements subtract them, to the
+        microsecond, where on-call reads ISO 8601 to the second."""
         from mlx_medic.remediator.journal import Journal
 
         if not self.journal.exists():
             return []
         journal = Journal(self.journal)
         try:
-            return [run.to_dict() for run in reversed(journal.list_runs(limit=1000))]
+            return [
+                {
+                    **run.to_dict(),
+                    "queued_at": run.queued_at,
+                    "started_at": run.started_at,
+                    "ended_at": run.ended_at,
+                    "steps": [
+                        {**step.to_dict(), "started_at": step.started_at, "ended_at": step.ended_at}
+                        for step in run.steps
+                    ],
+                }
+                for run in reversed(journal.list_runs(limit=1000))
+            ]
         finally:
             journal.close()
 

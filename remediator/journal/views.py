@@ -1,6 +1,7 @@
 """What a journal read returns: runs with their steps, events and controls as plain
 dataclasses (what the on-call page, `/api/remediations` and `mlx-medic log` show, via
-`to_dict`), and how a row of the journal becomes one."""
+`to_dict`: times in ISO 8601 UTC, durations in `duration_seconds`), and how a row of
+the journal becomes one."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 from mlx_medic.remediator.label_limits import bounded_labels
+from mlx_medic.remediator.utc_time import iso_utc, iso_utc_or_none
 
 
 @dataclass
@@ -34,7 +36,12 @@ class StepView:
         return None if self.ended_at is None else self.ended_at - self.started_at
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "duration": self.duration}
+        return {
+            **asdict(self),
+            "started_at": iso_utc(self.started_at),
+            "ended_at": iso_utc_or_none(self.ended_at),
+            "duration_seconds": self.duration,
+        }
 
 
 @dataclass
@@ -73,7 +80,10 @@ class RunView:
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k != "steps"}
-        data["duration"] = self.duration
+        data["queued_at"] = iso_utc(self.queued_at)
+        data["started_at"] = iso_utc_or_none(self.started_at)
+        data["ended_at"] = iso_utc_or_none(self.ended_at)
+        data["duration_seconds"] = self.duration
         data["trigger"] = self.trigger
         data["steps"] = [s.to_dict() for s in self.steps]
         return data
@@ -90,7 +100,7 @@ class EventView:
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "time": iso_utc(self.time)}
 
 
 @dataclass
@@ -106,7 +116,12 @@ class DecisionView(EventView):
         return self.time
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "last": self.last}
+        return {
+            **super().to_dict(),
+            "count": self.count,
+            "first": iso_utc(self.first),
+            "last": iso_utc(self.last),
+        }
 
 
 @dataclass
@@ -119,7 +134,7 @@ class ControlView:
     since: float
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "since": iso_utc(self.since)}
 
 
 def run_view(r: sqlite3.Row) -> RunView:

@@ -154,7 +154,7 @@ def test_log_shows_recent_decisions_such_as_resolved_and_repeats_of_a_firing_fol
     )
     assert cli(["log", "--config.file", str(config_file)]) == 0
     decisions = capsys.readouterr().out.split("RECENT DECISIONS", 1)[1].splitlines()[1:]
-    kinds = [line.split()[2] for line in decisions if line[:1].isdigit()]
+    kinds = [line.split()[1] for line in decisions if line[:1].isdigit()]
     assert kinds == ["resolved", "duplicate", "started"]
     assert any(line.strip().startswith("×3 from ") for line in decisions)
     assert any("the run had already started" in line for line in decisions)
@@ -169,7 +169,7 @@ def test_log_names_the_trigger_of_a_start_up_run(tmp_path: Path) -> None:
     run = journal.get_run(run_id)
     assert run is not None
     (header, *_) = cli_log.format_run(run)
-    assert header.split()[4] == "start-up"
+    assert header.split()[3] == "start-up"
 
 
 def test_log_follow_prints_a_run_again_when_it_changes(tmp_path: Path) -> None:
@@ -184,8 +184,87 @@ def test_log_follow_prints_a_run_again_when_it_changes(tmp_path: Path) -> None:
         journal.end_run(run_id, RunOutcome.SUCCEEDED, time.time(), "verified healthy on ring")
 
     cli_log.follow(journal, None, None, 20, as_json=True, out=out, rounds=2, sleep=between_rounds)
-    seen = [json.loads(line)["outcome"] for line in out.getvalue().splitlines()]
-    assert seen == ["queued", "succeeded"]
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["outcome"] for r in records if r["record"] == "run"] == ["queued", "succeeded"]
+
+
+def test_log_follow_prints_decisions_as_they_are_made_beside_the_runs(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.sqlite")
+    now = time.time()
+    journal.add_event("duplicate", now=now - 2, model=MODEL, fingerprint="fp1")
+    out = io.StringIO()
+
+    def between_rounds(_seconds: float) -> None:
+        run_id = journal.create_run(
+            model=OTHER, playbook="recover", trigger_kind="manual", owner="h:1", now=now - 1
+        )
+        journal.add_event("started", now=now - 1, model=OTHER, run_id=run_id)
+        journal.add_event("duplicate", now=now, model=MODEL, fingerprint="fp1")
+
+    cli_log.follow(journal, None, None, 20, as_json=False, out=out, rounds=2, sleep=between_rounds)
+    text = out.getvalue()
+    decisions = [line.split()[2:4] for line in text.splitlines() if line.startswith("decision")]
+    assert decisions == [["duplicate", MODEL], ["started", OTHER], ["duplicate", MODEL]]
+    assert "×2 from " in text  # the repeat, again as its fold grew
+    assert any(line.startswith("#1 ") and OTHER in line for line in text.splitlines())
+
+
+def test_log_follow_json_gives_each_line_its_record_kind_and_iso_times(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.sqlite")
+    journal.create_run(
+        model=MODEL, playbook="recover", trigger_kind="manual", owner="h:1", now=1796331929.5
+    )
+    journal.add_event("resolved", now=1796331930.0, model=MODEL, fingerprint="fp1")
+    out = io.StringIO()
+    cli_log.follow(journal, None, None, 20, as_json=True, out=out, rounds=1, sleep=lambda _: None)
+    run, decision = (json.loads(line) for line in out.getvalue().splitlines())
+    assert run["record"] == "run" and run["queued_at"] == "2026-12-03T21:05:29Z"
+    assert decision["record"] == "decision" and decision["time"] == "2026-12-03T21:05:30Z"
+
+
+LONG_REASON = (
+    "ai002 did not answer SSH within 10s on 127.0.0.2 port 22 while the sweep was ending"
+    " the ranks of the model, so nothing was started: the protection domains it holds are"
+    " unknown /var/lib/mlx-medic/state/glm-4_6-5b/runs/20261203T210529Z-a-very-long-run-id"
+)
+LONG_NEXT = (
+    "check that ai002 is up and answers SSH, reboot it if it hangs; then resume the model"
+    " with `mlx-medic resume glm-4_6-5b` and watch the next run in `mlx-medic log --follow`"
+)
+
+
+@pytest.mark.parametrize("columns", [60, 200])
+def test_log_fits_the_terminal_width_and_never_cuts_the_reason_or_the_next_action(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    columns: int,
+) -> None:
+    config_file = write_config(tmp_path)
+    journal = Journal(config_of(config_file).journal)
+    run_id = journal.create_run(
+        model=MODEL, playbook="recover", trigger_kind="manual", owner="h:1", now=time.time()
+    )
+    journal.end_run(run_id, RunOutcome.ESCALATED, time.time(), LONG_REASON, LONG_NEXT)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert cli(["log", "--config.file", str(config_file)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    path = LONG_REASON.split()[-1]
+    assert all(len(line) <= columns or path in line for line in lines)
+    why = next(i for i, line in enumerate(lines) if line.startswith("      why:  "))
+    nxt = next(i for i, line in enumerate(lines) if line.startswith("      NEXT: "))
+    assert all(line.startswith(" " * 12) for line in lines[why + 1 : nxt])  # under the label
+    assert " ".join(" ".join(lines[why:nxt]).split()[1:]) == LONG_REASON
+    shown_next = " ".join(" ".join(lines[nxt:]).split()[1:])
+    assert shown_next.startswith(LONG_NEXT)
+    assert (
+        "`mlx-medic resume glm-4_6-5b`" in lines[nxt]
+        or any(  # a command stays whole
+            "`mlx-medic resume glm-4_6-5b`" in line for line in lines[nxt:]
+        )
+    )
+    if columns == 60:
+        assert any(line.endswith("…") for line in lines)  # the table's columns are cut
 
 
 def test_pause_and_resume_reach_a_running_engine_and_say_what_they_did(

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.outcomes import RunOutcome, StepOutcome
 from mlx_medic.remediator.webapp import make_app
 from tests.remediator.conftest import (
     FakeEngine,
@@ -343,14 +346,14 @@ async def test_the_page_escapes_attacker_controlled_values(
                     "description": evil,
                     "targets": [evil],
                     "detail": evil,
-                    "duration": 0.1,
+                    "duration_seconds": 0.1,
                 }
             ],
         }
     ]
     fake_journal.events = [
         {
-            "time": 0,
+            "time": "1970-01-01T00:00:00Z",
             "kind": evil,
             "model": evil,
             "fingerprint": evil,
@@ -384,3 +387,41 @@ def test_the_page_colours_every_run_and_step_outcome_and_nothing_else() -> None:
     from mlx_medic.remediator.outcomes import RunOutcome, StepOutcome
 
     assert set(_OUTCOME_CLASS) == {*RunOutcome, *StepOutcome}
+
+
+async def test_the_api_and_the_page_give_times_in_iso_8601_utc_and_durations_in_seconds(
+    tmp_path: Path, web_config: Any
+) -> None:
+    journal = Journal(tmp_path / "journal.sqlite")
+    run_id = journal.create_run(
+        model="m1", playbook="recover", trigger_kind="manual", owner="h:1", now=1796331929.25
+    )
+    journal.start_run(run_id, 1796331930.0)
+    step_id = journal.begin_step(
+        run_id,
+        seq=1,
+        name="preflight",
+        node="ai001",
+        command=None,
+        description="facts",
+        targets=[],
+        now=1796331930.0,
+    )
+    journal.end_step(step_id, StepOutcome.OK, 1796331930.5)
+    journal.end_run(run_id, RunOutcome.SUCCEEDED, 1796331932.0, "verified healthy")
+    journal.add_event("started", now=1796331929.25, model="m1", run_id=run_id)
+    app = make_app(FakeEngine(), journal, web_config, CollectorRegistry(), None)
+    async with TestClient(TestServer(app)) as client:
+        api = await (await client.get("/api/remediations")).json()
+        page = await (await client.get("/")).text()
+    (run,) = api["runs"]
+    assert (run["queued_at"], run["started_at"], run["ended_at"]) == (
+        "2026-12-03T21:05:29Z",
+        "2026-12-03T21:05:30Z",
+        "2026-12-03T21:05:32Z",
+    )
+    assert run["duration_seconds"] == 2.0 and "duration" not in run
+    assert run["steps"][0]["duration_seconds"] == 0.5
+    assert run["steps"][0]["ended_at"] == "2026-12-03T21:05:30Z"
+    assert api["decisions"][0]["time"] == "2026-12-03T21:05:29Z"
+    assert "2026-12-03T21:05:29Z" in page and "2.0 s" in page and "500 ms" in page
