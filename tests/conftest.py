@@ -25,6 +25,14 @@ __all__ = ["free_port"]
 CLUSTER_NODES = 3
 
 
+@pytest.fixture(autouse=True)
+def terminal_100_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands that fit their output to the terminal (`mlx-medic log`) see one 100
+    columns wide, whether pytest runs in a terminal, a pipe or an xdist worker; a test
+    that needs another width sets COLUMNS itself."""
+    monkeypatch.setenv("COLUMNS", "100")
+
+
 @pytest.fixture(scope="session")
 def testbed_workdir() -> Iterator[Path]:
     """A per-session directory outside /tmp, removed at the end."""
