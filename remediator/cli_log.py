@@ -28,6 +28,7 @@ from mlx_medic.remediator.cli_common import (
     fail,
     run_oncall,
 )
+from mlx_medic.remediator.control_state import concerning
 from mlx_medic.remediator.journal import ControlView, DecisionView, Journal, RunView, StepView
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.utc_time import iso_utc
@@ -240,9 +241,7 @@ def _show(oncall: OnCall, args: argparse.Namespace, since: float | None) -> int:
                 follow(journal, args.model, since, args.limit, as_json=args.json)
             return 0
         runs = journal.list_runs(model=args.model, since=since, limit=args.limit)
-        controls = [
-            c for c in journal.controls() if c.model in (None, args.model) or not args.model
-        ]
+        controls = concerning(journal.controls(), args.model or None)
         events = journal.recent_decisions(args.model, since, EVENTS_SHOWN)
         if args.json:
             json.dump(
