@@ -24,6 +24,8 @@ class AlertEvent:
     annotations: dict[str, str] = field(default_factory=dict)
     receiver: str = ""
     group_key: str = ""
+    # runbook_url, generator_url, external_url: bounded, kept with the run it starts (links.py)
+    links: dict[str, str] = field(default_factory=dict)
 
     @property
     def dedupe_key(self) -> tuple[str, str]:

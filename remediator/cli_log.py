@@ -1,9 +1,12 @@
 """`mlx-medic log`: the remediation journal for on-call, at 3 a.m., at the terminal's width.
 
-Newest run first, each with its steps and their outcomes, and for an escalation
-the next action in words. Pauses and open circuits are shown first: they are
-why nothing happens. Table columns may be cut with "…"; a reason (`why:`) and a next
-action (`NEXT:`) never are: they wrap under their label. Times are ISO 8601 UTC.
+Newest run first, each with the links of the alert that started it (`runbook:`,
+`alert:` in Prometheus, `alertmanager:`), its steps and their outcomes, and for an
+escalation the next action in words. Pauses and open circuits are shown first: they
+are why nothing happens. Table columns may be cut with "…"; a reason (`why:`), a next
+action (`NEXT:`) and a link never are: they wrap under their label, a URL whole on its
+line. A link that is not an http or https URL is shown as text, "(not a link: WHY)"
+after it (`links.refusal`). Times are ISO 8601 UTC.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from mlx_medic.remediator.cli_common import (
 )
 from mlx_medic.remediator.control_state import concerning
 from mlx_medic.remediator.journal import ControlView, DecisionView, Journal, RunView, StepView
+from mlx_medic.remediator.links import LINK_NAMES, printable, refusal
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.utc_time import iso_utc
 
@@ -122,6 +126,7 @@ def format_run(run: RunView, width: int = WIDTH) -> list[str]:
             width,
         )
     ]
+    lines += format_links(run, width)
     for step in run.steps:
         lines.append(format_step(step, width))
         if step.targets:
@@ -132,6 +137,22 @@ def format_run(run: RunView, width: int = WIDTH) -> list[str]:
         lines += _wrapped("why:  ", run.detail, width)
     if run.next_action:
         lines += _wrapped("NEXT: ", run.next_action, width)
+    return lines
+
+
+LINK_LABEL_WIDTH = 2 + max(len(label) for label, _ in LINK_NAMES.values())
+
+
+def format_links(run: RunView, width: int = WIDTH) -> list[str]:
+    """A line per link the run's alert sent, the URL never cut (on-call copies it)."""
+    lines: list[str] = []
+    for name, (label, _) in LINK_NAMES.items():
+        url = run.links.get(name)
+        if url is None:
+            continue
+        why = refusal(url)
+        text = url if why is None else f"{printable(url)} (not a link: {why})"
+        lines += _wrapped(f"{label + ':':<{LINK_LABEL_WIDTH}}", text, width)
     return lines
 
 

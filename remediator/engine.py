@@ -291,6 +291,7 @@ class Engine:
             fingerprint=event.fingerprint,
             starts_at=key[1],
             labels=dict(event.labels),
+            links=dict(event.links),
             dry_run=start.dry_run,
         )
         self._remember(key)

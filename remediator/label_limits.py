@@ -10,16 +10,24 @@ run is read back (older journals hold whole labels), so the page, `/api/remediat
 Routing is unaffected: inventory names are at most 63 characters, so a value that had
 to be cut could never name a model or a node, and a cut value (it ends in the marker)
 cannot either.
+
+A link an alert brings (its `runbook_url`, `generatorURL`, Alertmanager's `externalURL`;
+`links.py`) is bounded the same way to URL_BYTES: a Prometheus graph URL carries its
+expression, so it gets more room than a label. A cut URL is shown as text, never as a
+link (`is_cut`): it would lead somewhere else.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 
 LABEL_VALUE_BYTES = 1024  # UTF-8 bytes kept of each label or annotation value
 LABEL_NAME_BYTES = 128  # UTF-8 bytes kept of each label or annotation name
 MAX_LABELS = 32  # entries kept of an alert's labels (and of its annotations), the `…` one included
 MORE_LABELS = "…"  # the name of the entry that says how many more were left out
+URL_BYTES = 4096  # UTF-8 bytes kept of each link (links.py)
+_CUT_MARKER = re.compile(r"…\[cut, \d+ bytes\]\Z")
 
 
 def cut(text: str, limit: int) -> str:
@@ -32,6 +40,11 @@ def cut(text: str, limit: int) -> str:
     marker = f"…[cut, {len(data)} bytes]"
     room = max(0, limit - len(marker.encode()))
     return data[:room].decode("utf-8", "ignore") + marker  # a character cut in two is dropped
+
+
+def is_cut(text: str) -> bool:
+    """`text` ends in the marker `cut` leaves."""
+    return _CUT_MARKER.search(text) is not None
 
 
 def bounded_labels(

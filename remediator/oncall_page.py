@@ -2,19 +2,23 @@
 
 Server-rendered HTML with inline CSS and no scripts or external assets, so it
 works behind any proxy and cannot leak. Everything shown is escaped: label
-values come from whoever can post an alert. Long commands and outputs wrap
+values come from whoever can post an alert. A run shows the links of the alert
+that started it (runbook, the alert in Prometheus, Alertmanager), as links only
+when `links.refusal` allows (http or https); each run is `#run-N`, and a decision
+names its run with a link there when the run is on the page. Long commands and outputs wrap
 instead of scrolling sideways, and under 600 px the decisions table becomes one card
 per decision, each cell named, so the page reads on a phone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from html import escape
 from typing import Any
 
 from mlx_medic.remediator.control_state import Hold
+from mlx_medic.remediator.links import LINK_NAMES, refusal
 from mlx_medic.remediator.outcomes import RunOutcome, StepOutcome
 from mlx_medic.remediator.utc_time import iso_utc
 
@@ -80,7 +84,7 @@ pre.cmd{background:#1d2330;color:#e8ebf0}pre.out{background:#f0f2f5;color:#1d233
 table{width:100%;border-collapse:collapse;background:#fff;font-size:.85rem;table-layout:fixed}
 th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #e3e6eb;
  overflow-wrap:anywhere;vertical-align:top}
-.empty{color:#5b6472;font-style:italic}
+.empty,.not-link{color:#5b6472;font-style:italic}
 .alarm{background:#fbdada;border:2px solid #c62828;border-left-width:6px;border-radius:6px;
  color:#5c0d0d;padding:.7rem 1rem;margin:0 0 1rem;overflow-wrap:anywhere}
 .alarm strong{display:block;color:#8e1414;text-transform:uppercase;font-size:.85rem}
@@ -207,6 +211,34 @@ def _render_step(step: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+def _link(url: str) -> str:
+    """An http(s) URL as a link that opens without telling the target where from;
+    anything else as text saying why it is not one."""
+    why = refusal(url)
+    if why is not None:
+        return f'{_text(url)} <span class="not-link">(not a link: {_text(why)})</span>'
+    return f'<a href="{_text(url)}" rel="noopener noreferrer">{_text(url)}</a>'
+
+
+def _link_rows(run: Mapping[str, Any]) -> str:
+    """The alert's runbook, the alert in Prometheus and Alertmanager, those it sent."""
+    given = {**(run.get("unsafe_links") or {}), **(run.get("links") or {})}
+    return "".join(
+        f"<dt>{label}</dt><dd>{_link(given[name])}</dd>"
+        for name, (_, label) in LINK_NAMES.items()
+        if isinstance(given.get(name), str)
+    )
+
+
+def _meta_rows(meta: Iterable[tuple[str, Any]]) -> str:
+    return "".join(f"<dt>{name}</dt><dd>{_text(value)}</dd>" for name, value in meta if value)
+
+
+def _run_anchor(run_id: Any) -> str:
+    """The id of a run's article, which a decision naming it links to."""
+    return f"run-{int(run_id)}"
+
+
 def _render_run(run: Mapping[str, Any]) -> str:
     outcome = _first(run, "outcome") or RunOutcome.RUNNING
     klass = _outcome_class(outcome)
@@ -225,7 +257,7 @@ def _render_run(run: Mapping[str, Any]) -> str:
         ),
         ("Run", f"#{run['id']} by {run.get('owner') or '?'}" if run.get("id") else None),
     ]
-    rows = "".join(f"<dt>{name}</dt><dd>{_text(value)}</dd>" for name, value in meta if value)
+    rows = _meta_rows(meta[:1]) + _link_rows(run) + _meta_rows(meta[1:])
     steps = run.get("steps") or []
     step_html = (
         '<ol class="steps">' + "".join(_render_step(s) for s in steps) + "</ol>"
@@ -237,8 +269,10 @@ def _render_run(run: Mapping[str, Any]) -> str:
         if next_action
         else ""
     )
+    anchor = f' id="{_run_anchor(run["id"])}"' if run.get("id") else ""
     return (
-        f'<article class="run {klass}"><h2><span class="model">{_text(run.get("model"))}</span>'
+        f'<article class="run {klass}"{anchor}><h2>'
+        f'<span class="model">{_text(run.get("model"))}</span>'
         f'<span class="badge {klass}">{_text(outcome)}</span></h2>'
         f'{next_html}<dl class="meta">{rows}</dl>{step_html}</article>'
     )
@@ -266,13 +300,20 @@ def _decision_cells(event: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _render_events(events: Iterable[Mapping[str, Any]]) -> str:
+def _cell(label: str, value: Any, runs_shown: Collection[int]) -> str:
+    """A decision's cell; its run a link to the run's article when that is on the page."""
+    if label == "Run" and value in runs_shown:
+        return f'<a href="#{_run_anchor(value)}">{_text(value)}</a>'
+    return _text(value)
+
+
+def _render_events(events: Iterable[Mapping[str, Any]], runs_shown: Collection[int] = ()) -> str:
     """The decisions as a table; on a narrow screen each row is a card whose cells
     carry their column's name (`data-label`), so nothing scrolls sideways."""
     rows = [
         "<tr>"
         + "".join(
-            f'<td data-label="{label}">{_text(cell)}</td>'
+            f'<td data-label="{label}">{_cell(label, cell, runs_shown)}</td>'
             for label, cell in zip(_DECISION_COLUMNS, _decision_cells(event), strict=True)
         )
         + "</tr>"
@@ -365,5 +406,6 @@ def render_page(
         f"<header><h1>mlx-medic: remediations{scope}</h1>"
         f"<p>Newest first · {len(runs)} shown · rendered {_when(now)}"
         f" · refreshes every {REFRESH_SECONDS} s</p></header>"
-        f"<main>{body}{_render_events(events)}</main></body></html>"
+        f"<main>{body}{_render_events(events, {r['id'] for r in runs if r.get('id')})}</main>"
+        "</body></html>"
     )

@@ -28,6 +28,7 @@ from pydantic import (
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, InvalidAlert
 from mlx_medic.remediator.config import RoutingConfig
 from mlx_medic.remediator.label_limits import bounded_labels
+from mlx_medic.remediator.links import bounded_links
 
 SUPPORTED_VERSION = "4"
 EXPECTED_BODY = f'an Alertmanager webhook JSON payload (version "{SUPPORTED_VERSION}")'
@@ -192,6 +193,13 @@ def _read_alert(
         annotations=bounded_labels(alert.annotations, keep=()),
         receiver=payload.receiver,
         group_key=payload.groupKey,
+        links=bounded_links(
+            {
+                "runbook_url": alert.annotations.get("runbook_url"),
+                "generator_url": alert.generatorURL,
+                "external_url": payload.externalURL,
+            }
+        ),
     )
 
 

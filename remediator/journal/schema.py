@@ -1,7 +1,9 @@
 """The journal's SQLite layout: its tables and indexes (DDL) and the pragmas every
 connection sets. Every statement is `IF NOT EXISTS`, so opening a journal an older
 process wrote changes none of its rows: it reads as it did. An index a newer version
-adds is built when it first opens the journal (once; an older version ignores it)."""
+adds is built when it first opens the journal (once; an older version ignores it), and
+so is a column (ADDED_COLUMNS: nullable, so the old rows read as NULL; an older version
+never names it)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ CREATE TABLE IF NOT EXISTS runs (
     counted       INTEGER NOT NULL DEFAULT 0,  -- spent budget (acted on the nodes)
     queued_at     REAL NOT NULL,
     started_at    REAL,
-    ended_at      REAL
+    ended_at      REAL,
+    links         TEXT                     -- JSON: the alert's runbook, generator, external URLs
 );
 CREATE INDEX IF NOT EXISTS runs_model_time ON runs(model, queued_at);
 CREATE TABLE IF NOT EXISTS steps (
@@ -88,6 +91,8 @@ CREATE TABLE IF NOT EXISTS budget_resets (
 
 
 SCHEMA = SCHEMA_TEMPLATE.format(needs=NEEDS_SQL, landmarks=LANDMARK_SQL)
+# Columns added since a table was first released: (table, column, its type), as in SCHEMA.
+ADDED_COLUMNS = (("runs", "links", "TEXT"),)
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -104,4 +109,19 @@ def connect(path: Path) -> sqlite3.Connection:
     for statement in SCHEMA.split(";"):
         if statement.strip():
             db.execute(statement)
+    _add_columns(db)
     return db
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """The ADDED_COLUMNS a journal written before them lacks. Another process opening it
+    at the same moment may add one first: its "duplicate column" is no failure."""
+    for table, column, kind in ADDED_COLUMNS:
+        present = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column in present:
+            continue
+        try:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):
+                raise

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 from mlx_medic.remediator.label_limits import bounded_labels
+from mlx_medic.remediator.links import bounded_links, split_links
 from mlx_medic.remediator.utc_time import iso_utc, iso_utc_or_none
 
 
@@ -63,6 +64,8 @@ class RunView:
     queued_at: float
     started_at: float | None
     ended_at: float | None
+    # the alert's runbook_url, generator_url, external_url as sent (bounded; links.py)
+    links: dict[str, str] = field(default_factory=dict)
     steps: list[StepView] = field(default_factory=list)
 
     @property
@@ -80,6 +83,8 @@ class RunView:
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k != "steps"}
+        # `links` only what may be a link (an http or https URL); the rest shown as text
+        data["links"], data["unsafe_links"] = split_links(self.links)
         data["queued_at"] = iso_utc(self.queued_at)
         data["started_at"] = iso_utc_or_none(self.started_at)
         data["ended_at"] = iso_utc_or_none(self.ended_at)
@@ -139,12 +144,13 @@ class ControlView:
 
 def run_view(r: sqlite3.Row) -> RunView:
     """A row of `runs`, without its steps (the reader adds them); its labels bounded, as
-    an older version may have stored them whole."""
+    an older version may have stored them whole, and its links."""
     labels = _loads(r["labels"], {})
     return _from_row(
         RunView,
         r,
         labels=bounded_labels(labels) if isinstance(labels, dict) else {},
+        links=bounded_links(_loads(r["links"], {})),
         dry_run=bool(r["dry_run"]),
         counted=bool(r["counted"]),
     )

@@ -20,6 +20,7 @@ from mlx_medic.remediator.journal.store import (
     placeholders,
 )
 from mlx_medic.remediator.label_limits import bounded_labels
+from mlx_medic.remediator.links import bounded_links
 from mlx_medic.remediator.outcomes import (
     RUN_ENDED,
     RUN_HOLDS_FIRING,
@@ -239,6 +240,7 @@ class JournalWrites(JournalStore):
         starts_at: str,
         labels: dict[str, str],
         dry_run: bool,
+        links: dict[str, str] | None = None,
     ) -> int | None:
         """Record the firing and its run in one transaction; None if the firing was
         already recorded (a duplicate, perhaps from another process)."""
@@ -257,6 +259,7 @@ class JournalWrites(JournalStore):
                 dry_run,
                 owner,
                 now,
+                links,
             )
             db.execute(
                 "UPDATE firings SET run_id=? WHERE fingerprint=? AND starts_at=?",
@@ -332,12 +335,14 @@ def _insert_run(
     dry_run: bool,
     owner: str,
     now: float,
+    links: dict[str, str] | None = None,
 ) -> int:
-    """A queued run; its id. Its labels are stored bounded (label_limits)."""
+    """A queued run; its id. Its labels and links are stored bounded (label_limits)."""
+    kept_links = bounded_links(links)
     cursor = db.execute(
         "INSERT INTO runs (model, playbook, trigger_kind, alertname, fingerprint,"
-        " starts_at, labels, dry_run, owner, outcome, queued_at)"
-        " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        " starts_at, labels, dry_run, owner, outcome, queued_at, links)"
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             model,
             playbook,
@@ -350,6 +355,7 @@ def _insert_run(
             owner,
             RunOutcome.QUEUED.value,
             now,
+            json.dumps(kept_links) if kept_links else None,
         ),
     )
     return int(cursor.lastrowid or 0)

@@ -1,5 +1,5 @@
 """The on-call page on a phone, in Debian's headless Chromium at 390 px: nothing scrolls
-sideways however long the words a run, a pause or an alert's labels carry, and each
+sideways however long the words a run, a pause or an alert's labels and links carry, and each
 decision is a card whose cells name their column; at 1280 px the decisions stay a table."""
 
 from __future__ import annotations
@@ -24,20 +24,26 @@ LAYOUT = """({
 
 
 def write_long_content(journal: Journal, now: float) -> None:
-    """The scene, then a run, a pause and decisions whose words are too long for any line."""
+    """The scene, then a run (its links too), a pause and decisions whose words are too
+    long for any line."""
     write_oncall_scene(journal, now - 60)
     model = "model-" + LONG_WORD
-    run = journal.create_run(
+    run = journal.create_alert_run(
         model=model,
         playbook="recover",
-        trigger_kind="alert",
         owner="ai001:4242",
         now=now,
         alertname="MLXModelDown",
         fingerprint="f" * 16,
         starts_at="2026-12-03T03:00:00Z",
         labels={"model": model, "node": "node-" + LONG_WORD, "team": LONG_WORD},
+        dry_run=False,
+        links={
+            "runbook_url": "https://runbooks.example/" + LONG_WORD,
+            "generator_url": "javascript:" + LONG_WORD,
+        },
     )
+    assert run is not None
     journal.end_run(run, RunOutcome.FAILED, now, "reason " + LONG_WORD, "next " + LONG_WORD)
     journal.set_pause(model, reason="because " + LONG_WORD, by_whom=LONG_WORD, now=now)
     for index in range(40):
