@@ -5,9 +5,9 @@ works behind any proxy and cannot leak. Everything shown is escaped: label
 values come from whoever can post an alert. A run shows the links of the alert
 that started it (runbook, the alert in Prometheus, Alertmanager), as links only
 when `links.refusal` allows (http or https); each run is `#run-N`, and a decision
-names its run with a link there when the run is on the page. Long commands and outputs wrap
-instead of scrolling sideways, and under 600 px the decisions table becomes one card
-per decision, each cell named, so the page reads on a phone.
+names its run with a link there when the run is on the page. Long commands and
+outputs wrap instead of scrolling sideways, and under 600 px the decisions table
+becomes one card per decision, each cell named, so the page reads on a phone.
 """
 
 from __future__ import annotations
