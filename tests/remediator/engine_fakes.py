@@ -24,7 +24,7 @@ from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.model_lock import LockHandle
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus
-from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.config import ConfigSource, RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState
@@ -311,6 +311,7 @@ def make_engine(
     journal: Journal | None = None,
     registry: CollectorRegistry | None = None,
     tmp_path: Path | None = None,
+    config_source: ConfigSource | None = None,
 ) -> Engine:
     """An engine with `fake_playbooks()`, and `playbooks` over them (e.g. a test's gate)."""
     if transport is None:
@@ -325,6 +326,7 @@ def make_engine(
         health_check=health if health is not None else Health(up=False),
         registry=registry or CollectorRegistry(),
         hostname=hostname,
+        config_source=config_source,
     )
 
 
