@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
+import psutil
 import yaml
 from prometheus_client import CollectorRegistry
 
@@ -328,6 +331,25 @@ def make_engine(
         hostname=hostname,
         config_source=config_source,
     )
+
+
+def hold_lock(inventory: Inventory) -> Path:
+    """A serve wrapper on the head holds MODEL's lock (this live process plays it)."""
+    path = inventory.state_dir / "locks" / f"{MODEL}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    me = os.getpid()
+    info = {
+        "node": "ai001",
+        "pid": me,
+        "pid_start": psutil.Process(me).create_time(),
+        "host": "head",
+        "time": 0.0,
+        "holder": "serve",
+        "run_id": "r1",
+        "expires": 0.0,
+    }
+    path.write_text(json.dumps(info))
+    return path
 
 
 def dead_pid() -> int:
