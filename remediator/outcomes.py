@@ -34,7 +34,7 @@ class RunOutcome(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"  # verified healthy after the playbook
     # the run broke (an internal error), or the head's lock helper answered with an error
-    # (nobody holds the lock, nothing was done); nothing escalated
+    # (no holder found, nothing was done); nothing escalated
     FAILED = "failed"
     ESCALATED = "escalated"  # handed to a person; the circuit is open
     PLANNED = "planned"  # dry run: every step journaled, nothing executed

@@ -181,7 +181,7 @@ class Runner:
                 return self._unreachable(model, silent, f"taking the model lock: {why}")
             case LockRefused(kind="misconfigured", misconfiguration=found) if found is not None:
                 return self._misconfigured(model, [found], "taking the model lock")
-            case LockRefused(kind="helper_failed", why=why, node=head):  # nobody holds it
+            case LockRefused(kind="helper_failed", why=why, node=head):  # no holder found
                 return self._lock_helper_failed(model, head, why)
             case LockRefused(why=why, node=head):  # held, or its holder cannot be judged
                 return self._locked(model, head, why)
@@ -245,13 +245,13 @@ class Runner:
         )
 
     def _lock_helper_failed(self, model: Model, head: str, why: str) -> RunEnd:
-        """The head's lock helper answered with an error: nobody holds the lock and nothing
-        was done (no budget spent, no circuit opened); the helper's error is the clue."""
+        """The head's lock helper answered with an error: no holder was found (not `locked`)
+        and nothing was done (no budget spent, no circuit opened); its error is the clue."""
         show = shlex.join(helper_argv(self.inventory.node(head), "lock", [model.name, "show"]))
         return RunEnd(
             RunOutcome.FAILED,
             why,
-            f"nothing was done to {model.name} and nobody holds its lock: fix what the helper"
+            f"nothing was done to {model.name}, no holder was found: fix what the lock helper"
             f" says on {head} (`{show}` there, as the login user, runs it again); the next"
             " notification of the alert starts a new run, or run"
             f" `{self._command('remediate', model.name)}`",

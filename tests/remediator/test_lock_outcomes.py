@@ -1,7 +1,7 @@
 """A run that could not take the model lock says what happened, the same on the page, in
 `mlx-medic log` and in `/api/remediations`: `locked` only when another holder has it (the
-head, the holder and what to do), `failed` when the head's lock helper erred (nobody holds
-it; the helper's error and the fix), and in neither case was anything done."""
+head, the holder and what to do), `failed` when the head's lock helper erred (no holder
+found; the helper's error and the fix), and in neither case was anything done."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ async def test_a_lock_another_holder_has_ends_the_run_locked_naming_head_holder_
 async def test_a_lock_helper_that_errs_ends_the_run_failed_not_locked_with_its_error(
     tmp_path: Path, inventory: Inventory, engines: list[Engine], web_config: RemediatorConfig
 ) -> None:
-    """Nobody holds the lock: not `locked`; nothing was done: no budget spent, no circuit."""
+    """No holder was found: not `locked`; nothing was done: no budget spent, no circuit."""
     engine = make_engine(
         make_config(tmp_path, "succeeding", lock_wait="0s"),
         inventory,
@@ -118,7 +118,7 @@ async def test_a_lock_helper_that_errs_ends_the_run_failed_not_locked_with_its_e
     assert run.detail.startswith("the lock helper failed on ai001: ") and DENIED in run.detail
     assert run.next_action is not None
     assert run.next_action.startswith(
-        f"nothing was done to {MODEL} and nobody holds its lock: fix what the helper says on"
+        f"nothing was done to {MODEL}, no holder was found: fix what the lock helper says on"
         " ai001 (`"
     )
     assert f" node lock {MODEL} show " in run.next_action
