@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from mlx_medic.inventory.model import Model
+from mlx_medic.remediator.config import ConfigSource, resume_command
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.outcomes import EscalationReason
 
@@ -39,8 +40,10 @@ def human_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def resume_hint(model: str) -> str:
-    return f"then `mlx-medic resume {model}`"
+def resume_hint(model: str, source: ConfigSource | None = None) -> str:
+    """The last words of an escalation's next action: the resume that lets automatic action
+    at `model` again, with the service's `--config.file` when it is not the default."""
+    return f"then `{resume_command(source, model)}`"
 
 
 @dataclass(frozen=True)

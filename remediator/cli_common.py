@@ -113,6 +113,18 @@ def service_config(flag: Path | None) -> tuple[ConfigSource, RemediatorConfig]:
     return source, config
 
 
+def cannot_write(path: Path, me: str, owner_uid: int) -> str:
+    """Why a command cannot write the journal, and who can: its owner, or root (sudo),
+    which writes as the owner; said once when the owner is root."""
+    owner = user_name(owner_uid)
+    who_can = (
+        "run this as root (with sudo)"
+        if owner_uid == 0
+        else f"run this as {owner}, or as root (sudo), which writes as the journal's owner"
+    )
+    return f"cannot write the journal {path} as {me}: it belongs to {owner}; {who_can}"
+
+
 def open_oncall(args: argparse.Namespace, *, writes: bool) -> OnCall:
     """The service's config and journal, opened as the journal's owner (see
     cli_identity); says on stderr which journal, from which config, as whom."""
@@ -127,12 +139,7 @@ def open_oncall(args: argparse.Namespace, *, writes: bool) -> OnCall:
         )
     as_user = become_journal_owner(path)
     if writes and not can_write(path):
-        owner = user_name(journal_owner(path)[0])
-        raise CliError(
-            f"cannot write the journal {path} as {user_name(os.geteuid())}: it belongs to"
-            f" {owner}; run this as {owner}, or as root (sudo), which writes as the"
-            " journal's owner"
-        )
+        raise CliError(cannot_write(path, user_name(os.geteuid()), journal_owner(path)[0]))
     try:
         journal = Journal(path)
     except (sqlite3.Error, OSError) as exc:

@@ -105,7 +105,14 @@ async def _remediate(oncall: OnCall, args: argparse.Namespace, inventory: Invent
     config, journal = oncall.config, oncall.journal
     transport = SshTransport(inventory)
     try:
-        engine = Engine(config, inventory, journal, transport, registry=CollectorRegistry())
+        engine = Engine(
+            config,
+            inventory,
+            journal,
+            transport,
+            registry=CollectorRegistry(),
+            config_source=oncall.source,
+        )
     except ConfigError as exc:
         await transport.close()
         raise CliError(f"config: {exc}") from exc

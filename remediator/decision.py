@@ -42,7 +42,7 @@ from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.active_run import ActiveRun
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition, InvalidAlert
 from mlx_medic.remediator.budget import Budget, BudgetDecision, resume_hint
-from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.config import ConfigSource, RemediatorConfig
 from mlx_medic.remediator.journal import ControlView, Journal
 from mlx_medic.remediator.outcomes import EscalationReason
 from mlx_medic.remediator.playbooks import Playbook
@@ -154,9 +154,11 @@ def decide(
     playbooks: Mapping[str, Playbook],
     runs: Mapping[str, ActiveRun],
     facts: Facts,
+    config_source: ConfigSource | None = None,
 ) -> Decision:
     """What `event` means, by the rules in the order of the module's docstring. `runs`:
-    this process's run of each model (the latest, possibly ended)."""
+    this process's run of each model (the latest, possibly ended); `config_source`: the
+    service's config file, which the commands in an escalation's next action name."""
     label = config.routing.model_label
     model_name = event.labels.get(label)
     model = known_model(inventory, model_name)
@@ -234,7 +236,7 @@ def decide(
                 EscalationReason.BUDGET_SPENT,
                 budget.reason,
                 f"find out why {model.name} keeps failing (`mlx-medic log --model"
-                f" {model.name}`) and fix it; {resume_hint(model.name)}",
+                f" {model.name}`) and fix it; {resume_hint(model.name, config_source)}",
             )
             return Decision(
                 Disposition.CIRCUIT_OPEN, budget.reason, model.name, escalation=escalation

@@ -45,7 +45,7 @@ from mlx_medic.node.client import REMEDIATOR, NodeHelpers
 from mlx_medic.remediator.active_run import ActiveRun, RunEnd
 from mlx_medic.remediator.alerts import AlertEvent, Disposition, InvalidAlert
 from mlx_medic.remediator.budget import Budget, Escalator
-from mlx_medic.remediator.config import RemediatorConfig, check_routing
+from mlx_medic.remediator.config import ConfigSource, RemediatorConfig, check_routing
 from mlx_medic.remediator.decision import (
     RECORDED_ELSEWHERE,
     Decision,
@@ -92,12 +92,16 @@ class Engine:
         clock: Callable[[], float] = time.time,
         hostname: str | None = None,
         lock_lease: float = 90.0,
+        config_source: ConfigSource | None = None,
     ):
         """`playbooks`: name -> instance, the names `config.routing` may use (the
-        built-in ones by default); a routed name it lacks is a ConfigError."""
+        built-in ones by default); a routed name it lacks is a ConfigError.
+        `config_source`: the config file read, which the commands in next actions name
+        (`--config.file` unless it is at the default path)."""
         self.playbooks = dict(builtin_playbooks() if playbooks is None else playbooks)
         check_routing(config.routing, self.playbooks)
         self.config = config
+        self.config_source = config_source
         self.inventory = inventory
         self.this_node = remediator_node(config.node, inventory)
         self.journal = journal
@@ -155,6 +159,7 @@ class Engine:
             health=self._health,
             stale=self._stale,
             finish=self._finish,
+            config_source=config_source,
         )
 
     @property
@@ -181,6 +186,7 @@ class Engine:
             hostname=self.hostname,
             owner=self.owner,
             queue=self._queue,
+            config_source=self.config_source,
         ).recover()
 
     async def close(self) -> None:
@@ -240,6 +246,7 @@ class Engine:
             playbooks=self.playbooks,
             runs=self._runs,
             facts=self._facts,
+            config_source=self.config_source,
         )
         if decision.start is not None:
             return self._start(event, decision, decision.start)

@@ -33,11 +33,15 @@ class RunOutcome(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"  # verified healthy after the playbook
-    FAILED = "failed"  # the run broke (an internal error) and nothing escalated
+    # the run broke (an internal error), or the head's lock helper answered with an error
+    # (no holder found, nothing was done); nothing escalated
+    FAILED = "failed"
     ESCALATED = "escalated"  # handed to a person; the circuit is open
     PLANNED = "planned"  # dry run: every step journaled, nothing executed
     SKIPPED = "skipped"  # the playbook's re-check found nothing to do, or was paused
-    LOCKED = "locked"  # another holder had the model lock (an alert's run waits lock_wait)
+    # another holder had the model lock, or its holder could not be judged (an alert's run
+    # waits lock_wait); the detail names the head and the holder, the next action the way
+    LOCKED = "locked"
     CANCELLED = "cancelled"  # resolved while still queued
     INTERRUPTED = "interrupted"  # the process stopped (crash, kill, shutdown) mid-run
     INCONCLUSIVE = "inconclusive"  # acted, then could not tell whether the model is up

@@ -32,16 +32,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.model_lock import LockHandle, LockRefused, ModelLocks
-from mlx_medic.node.client import NodeHelpers
+from mlx_medic.node.client import NodeHelpers, helper_argv
 from mlx_medic.node.misconfiguration import Misconfiguration
 from mlx_medic.remediator.active_run import ActiveRun, RunEnd
 from mlx_medic.remediator.budget import Escalator, resume_hint
+from mlx_medic.remediator.config import ConfigSource, command_line
 from mlx_medic.remediator.engine_metrics import EngineMetrics
 from mlx_medic.remediator.journal import Journal, JournalError
 from mlx_medic.remediator.outcomes import EscalationReason, RunOutcome, StepOutcome
@@ -60,6 +62,7 @@ from mlx_medic.remediator.steps import (
 )
 from mlx_medic.remediator.steps.sweep import survivor_escalation
 from mlx_medic.transport import NodeTransport, TransportError
+from mlx_medic.transport.ssh_options import ssh_command_line
 
 log = logging.getLogger("mlx_medic.remediator.engine")  # the engine's parts log as one
 
@@ -80,6 +83,11 @@ class Runner:
     health: HealthCheck  # the model's health verdict; never raises
     stale: Callable[[str, int, str], None]  # (model, run id, why): journal a re-check's "no"
     finish: Callable[[ActiveRun, RunEnd], None]  # journal a run's end once, free its slot
+    config_source: ConfigSource | None = None  # the service's config: its commands name it
+
+    def _command(self, *words: str) -> str:
+        """`mlx-medic WORDS` for a next action, reaching the journal this service writes."""
+        return command_line(self.config_source, *words)
 
     async def execute(self, run: ActiveRun) -> None:
         """One run from queue to end. The lock is released before the run is marked
@@ -173,10 +181,10 @@ class Runner:
                 return self._unreachable(model, silent, f"taking the model lock: {why}")
             case LockRefused(kind="misconfigured", misconfiguration=found) if found is not None:
                 return self._misconfigured(model, [found], "taking the model lock")
-            case LockRefused(why=why):  # held, or its helper failed: the run ends locked
-                return RunEnd(
-                    RunOutcome.LOCKED, why if why.startswith("locked") else f"locked: {why}"
-                )
+            case LockRefused(kind="helper_failed", why=why, node=head):  # no holder found
+                return self._lock_helper_failed(model, head, why)
+            case LockRefused(why=why, node=head):  # held, or its holder cannot be judged
+                return self._locked(model, head, why)
         holding.append(handle)
         if handle.waited == 0:
             context.read_ahead = asked
@@ -214,14 +222,39 @@ class Runner:
     def _unreachable(self, model: Model, node_name: str, detail: str) -> RunEnd:
         """A node the run needed did not answer: nothing was done; say what to check."""
         self.metrics.node_unreachable(model.name, node_name)
-        node = self.inventory.node(node_name)
+        ssh = ssh_command_line(self.inventory.node(node_name), self.inventory.ssh, "true")
         return RunEnd(
             RunOutcome.UNREACHABLE,
             f"{node_name} did not answer over SSH ({detail})",
             f"nothing was done to {model.name}: check that {node_name} is up and answers SSH"
-            f" (`ssh -p {node.port} {node.user}@{node.ssh} true`) and that"
+            f" as the remediator connects (`{ssh}` as the remediator's user) and that"
             f" {self.inventory.state_dir / 'locks'} there is writable; the next notification"
-            f" of the alert starts a new run, or run `mlx-medic remediate {model.name}`",
+            f" of the alert starts a new run, or run `{self._command('remediate', model.name)}`",
+        )
+
+    def _locked(self, model: Model, head: str, why: str) -> RunEnd:
+        """Another holder has the model lock (or it cannot be judged): nothing was done."""
+        return RunEnd(
+            RunOutcome.LOCKED,
+            f"the model lock on {head}: {why}",
+            f"nothing was done to {model.name}: wait for that holder to let go (a serve wrapper"
+            " holds it while its ranks start); the next run breaks a dead holder's lock (its"
+            " pid gone on its node; off the inventory's nodes, its lease run out), never one it"
+            " cannot judge: fix what the detail names; the next notification of the alert"
+            f" starts a new run, or run `{self._command('remediate', model.name)}`",
+        )
+
+    def _lock_helper_failed(self, model: Model, head: str, why: str) -> RunEnd:
+        """The head's lock helper answered with an error: no holder was found (not `locked`)
+        and nothing was done (no budget spent, no circuit opened); its error is the clue."""
+        show = shlex.join(helper_argv(self.inventory.node(head), "lock", [model.name, "show"]))
+        return RunEnd(
+            RunOutcome.FAILED,
+            why,
+            f"nothing was done to {model.name}, no holder was found: fix what the lock helper"
+            f" says on {head} (`{show}` there, as the login user, runs it again); the next"
+            " notification of the alert starts a new run, or run"
+            f" `{self._command('remediate', model.name)}`",
         )
 
     def _misconfigured(
@@ -238,7 +271,7 @@ class Runner:
             f"{during}: " + "; ".join(str(each) for each in found),
             f"nothing was done to {model.name}: {'; '.join(each.fix for each in found)}; then"
             " the next notification of the alert starts a new run, or run"
-            f" `mlx-medic remediate {model.name}`",
+            f" `{self._command('remediate', model.name)}`",
         )
 
     def _interrupt_steps(self, run: ActiveRun) -> None:
@@ -412,7 +445,7 @@ class Runner:
         )
         opens = not run.playbook.own_budget
         if opens:
-            next_action = f"{next_action}; {resume_hint(run.model)}"
+            next_action = f"{next_action}; {resume_hint(run.model, self.config_source)}"
         self.escalator.escalate(
             run.model, reason, detail, next_action, run_id=run.run_id, open_circuit=opens
         )

@@ -115,7 +115,7 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM/SIGINT; `playbooks` (name -> instance) are the ones the
     config may route to, the built-in ones unless given; `config_source` is the config
-    file read (the resume commands the page shows name it)."""
+    file read (the commands the page and the runs' next actions show name it)."""
     playbooks = builtin_playbooks() if playbooks is None else playbooks
     try:
         host, port = parse_listen(config.listen, default_host="127.0.0.1")
@@ -148,6 +148,7 @@ async def serve(
             playbooks=playbooks,
             registry=registry,
             hostname=socket.gethostname(),
+            config_source=config_source,
         )
     except ConfigError as exc:
         await transport.close()

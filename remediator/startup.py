@@ -19,6 +19,7 @@ from mlx_medic.inventory.schema import Inventory
 from mlx_medic.model_lock import LockMisconfigured, ModelLocks
 from mlx_medic.node.client import HelperCallError, HelperMisconfigured, NodeHelpers
 from mlx_medic.remediator.active_run import ActiveRun
+from mlx_medic.remediator.config import ConfigSource, command_line
 from mlx_medic.remediator.engine_metrics import EngineMetrics
 from mlx_medic.remediator.journal import Journal, RunView
 from mlx_medic.remediator.playbooks import FINISH_STOP, Playbook
@@ -43,6 +44,7 @@ class StartupRecovery:
     hostname: str
     owner: str  # this process's owner tag, for the runs it creates
     queue: Callable[[ActiveRun], None]  # give the engine a run to start
+    config_source: ConfigSource | None = None  # the service's config: its commands name it
 
     async def recover(self) -> None:
         """Mark what a dead process left in flight, release the locks those runs held,
@@ -143,7 +145,8 @@ class StartupRecovery:
                 "service_left_stopped",
                 model,
                 f"{said} ({record.reason}); {why}: left stopped for a person to"
-                f" start (`mlx-medic remediate {model.name}` sweeps first)",
+                f" start (`{command_line(self.config_source, 'remediate', model.name)}` sweeps"
+                " first)",
             )
             log.warning("%s; left stopped (%s)", said, why, extra={"model": model.name})
             return

@@ -11,20 +11,19 @@ import asyncio
 import contextlib
 import logging
 import shlex
-from typing import Any
 
 import asyncssh
 
 from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.transport.interface import CommandResult, TransportError, output_text
+from mlx_medic.transport.ssh_options import asyncssh_options
 
 log = logging.getLogger(__name__)
 
 
 class SshTransport:
-    """asyncssh, one reused connection per node. Host keys are always checked
-    (`ssh.known_hosts`, default ~/.ssh/known_hosts); ~/.ssh/config is not read,
-    so the inventory alone decides where a node is."""
+    """asyncssh, one reused connection per node, connected as `asyncssh_options` says
+    (host keys always checked, ~/.ssh/config not read)."""
 
     def __init__(self, inventory: Inventory):
         self.inventory = inventory
@@ -37,19 +36,7 @@ class SshTransport:
             conn = self._connections.get(node.name)
             if conn is not None and not conn.is_closed():
                 return conn
-            settings = self.inventory.ssh
-            options: dict[str, Any] = {
-                "host": node.ssh,
-                "port": node.port,
-                "username": node.user,
-                "config": None,
-                "connect_timeout": settings.connect_timeout,
-                "keepalive_interval": 30,
-            }
-            if settings.known_hosts is not None:
-                options["known_hosts"] = str(settings.known_hosts)
-            if settings.identity_file is not None:
-                options["client_keys"] = [str(settings.identity_file)]
+            options = asyncssh_options(node, self.inventory.ssh)
             try:
                 conn = await asyncssh.connect(**options)
             except (TimeoutError, OSError, asyncssh.Error) as exc:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
+import psutil
 import yaml
 from prometheus_client import CollectorRegistry
 
@@ -24,7 +27,7 @@ from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.model_lock import LockHandle
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus
-from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.config import ConfigSource, RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState
@@ -311,6 +314,7 @@ def make_engine(
     journal: Journal | None = None,
     registry: CollectorRegistry | None = None,
     tmp_path: Path | None = None,
+    config_source: ConfigSource | None = None,
 ) -> Engine:
     """An engine with `fake_playbooks()`, and `playbooks` over them (e.g. a test's gate)."""
     if transport is None:
@@ -325,7 +329,27 @@ def make_engine(
         health_check=health if health is not None else Health(up=False),
         registry=registry or CollectorRegistry(),
         hostname=hostname,
+        config_source=config_source,
     )
+
+
+def hold_lock(inventory: Inventory) -> Path:
+    """A serve wrapper on the head holds MODEL's lock (this live process plays it)."""
+    path = inventory.state_dir / "locks" / f"{MODEL}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    me = os.getpid()
+    info = {
+        "node": "ai001",
+        "pid": me,
+        "pid_start": psutil.Process(me).create_time(),
+        "host": "head",
+        "time": 0.0,
+        "holder": "serve",
+        "run_id": "r1",
+        "expires": 0.0,
+    }
+    path.write_text(json.dumps(info))
+    return path
 
 
 def dead_pid() -> int:

@@ -20,6 +20,7 @@ from mlx_medic.cli import COMMANDS, parse_args
 from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.remediator import cli_log, cli_remediate
 from mlx_medic.remediator.alerts import Disposition
+from mlx_medic.remediator.cli_common import cannot_write
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.outcomes import RunOutcome
@@ -572,3 +573,16 @@ def test_remediate_exits_5_when_a_node_is_misconfigured_and_prints_the_fix(
     assert f"NEXT: nothing was done to {MODEL}: put the inventory at" in out
     (run,) = Journal(config_of(config_file).journal).list_runs()
     assert (run.outcome, run.steps) == (RunOutcome.MISCONFIGURED, [])
+
+
+def test_a_journal_this_user_cannot_write_names_who_can_once() -> None:
+    journal = Path("/var/lib/mlx-medic-remediator/journal.sqlite")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert cannot_write(journal, "alice", nobody) == (
+        f"cannot write the journal {journal} as alice: it belongs to nobody; run this as"
+        " nobody, or as root (sudo), which writes as the journal's owner"
+    )
+    assert cannot_write(journal, "alice", 0) == (
+        f"cannot write the journal {journal} as alice: it belongs to root; run this as root"
+        " (with sudo)"
+    )

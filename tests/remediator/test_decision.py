@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from mlx_medic.inventory.model import Model
 from mlx_medic.remediator.active_run import ActiveRun
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition, InvalidAlert
 from mlx_medic.remediator.budget import BudgetDecision
-from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.config import FLAG_FOUND_BY, ConfigSource, RemediatorConfig
 from mlx_medic.remediator.decision import (
     NODES_FIXED,
     SWEEP_WHILE_UP,
@@ -391,6 +392,24 @@ def test_the_decision_table(case: Case) -> None:
         start=expected_start,
     )
     assert held(runs) == before  # the decision writes nothing, not even to a run
+
+
+def test_a_spent_budgets_escalation_names_the_config_file_the_service_runs_with() -> None:
+    config = RemediatorConfig.model_validate({"routing": {"playbooks": ROUTING}})
+    given = ConfigSource(Path("/srv/medic/remediator.yml"), FLAG_FOUND_BY)
+    decision = decide(
+        firing(),
+        config=config,
+        inventory=INVENTORY,
+        playbooks=PLAYBOOKS,
+        runs={},
+        facts=Facts(budget_says=SPENT),
+        config_source=given,
+    )
+    assert decision.escalation is not None
+    assert decision.escalation.next_action.endswith(
+        f"then `mlx-medic resume {MODEL} --config.file /srv/medic/remediator.yml`"
+    )
 
 
 def test_a_started_runs_words_name_the_run_it_waits_for() -> None:

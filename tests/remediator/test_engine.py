@@ -17,7 +17,13 @@ from prometheus_client import CollectorRegistry
 from mlx_medic.inventory.load import load_inventory
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
-from mlx_medic.remediator.config import ConfigError
+from mlx_medic.remediator.config import (
+    DEFAULT_CONFIG_FILE,
+    DEFAULT_PATH_FOUND_BY,
+    FLAG_FOUND_BY,
+    ConfigError,
+    ConfigSource,
+)
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal, RunView, owner_tag
 from mlx_medic.remediator.model_health import HealthVerdict
@@ -301,6 +307,46 @@ async def test_a_state_a_restart_cannot_fix_escalates_with_the_next_action_in_wo
     )
     assert await engine.submit(alert("u2")) == Disposition.CIRCUIT_OPEN
     assert engine.m_escalations.labels(model=MODEL, reason="unrecoverable")._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    ("source", "resume"),
+    [
+        pytest.param(
+            ConfigSource(Path("/srv/medic/remediator.yml"), FLAG_FOUND_BY),
+            f"mlx-medic resume {MODEL} --config.file /srv/medic/remediator.yml",
+            id="--config.file",
+        ),
+        pytest.param(
+            ConfigSource(Path("/srv/medic/remediator.yml"), "$MLX_MEDIC_CONFIG"),
+            f"mlx-medic resume {MODEL} --config.file /srv/medic/remediator.yml",
+            id="from the environment",
+        ),
+        pytest.param(
+            ConfigSource(DEFAULT_CONFIG_FILE, DEFAULT_PATH_FOUND_BY),
+            f"mlx-medic resume {MODEL}",
+            id="the default path",
+        ),
+    ],
+)
+async def test_an_escalations_resume_names_the_config_file_the_service_runs_with(
+    tmp_path: Path,
+    inventory: Inventory,
+    engines: list[Engine],
+    source: ConfigSource,
+    resume: str,
+) -> None:
+    """Typed as printed, on the service's host, it reaches the journal the service writes."""
+    config = make_config(tmp_path, "unrecoverable")
+    engine = make_engine(config, inventory, tmp_path=tmp_path, config_source=source)
+    engines.append(engine)
+    await engine.submit(alert("u1"))
+    await engine.wait_idle()
+    (run,) = engine.journal.list_runs()
+    assert run.outcome == "escalated" and run.next_action is not None
+    assert run.next_action.endswith(f"; then `{resume}`")
+    (control,) = engine.journal.controls()
+    assert control.next_action == run.next_action
 
 
 async def test_a_verify_that_could_not_tell_ends_the_run_inconclusive_without_a_fallback(

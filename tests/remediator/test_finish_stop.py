@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mlx_medic.remediator.config import FLAG_FOUND_BY, ConfigSource
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal, owner_tag
 from mlx_medic.remediator.model_health import HealthVerdict
@@ -45,6 +46,7 @@ def engine_with(
     answers: dict[tuple[str, str], Any],
     crashed: tuple[str, ...] = (MODEL,),
     up: bool = True,
+    config_source: ConfigSource | None = None,
 ) -> tuple[Engine, FakeHelpers]:
     """An engine whose journal holds a run of each `crashed` model left in flight by a
     process that died (run 1 for the first), its helpers answering `answers`."""
@@ -69,6 +71,7 @@ def engine_with(
         health=Health(
             verdicts=[HealthVerdict.up("answered")] if up else [HealthVerdict.down("refused")]
         ),
+        config_source=config_source,
     )
     engines.append(engine)
     helpers = FakeHelpers(inventory, {("ai005", "service"): Answer(RUNNING), **answers})
@@ -174,6 +177,7 @@ async def test_a_stop_by_a_person_or_on_an_open_circuit_is_left_alone(
         engines,
         {("ai001", "service"): Answer(by_person), ("ai005", "service"): Answer(by_run_2)},
         crashed=(MODEL, OTHER),
+        config_source=ConfigSource(Path("/srv/medic/remediator.yml"), FLAG_FOUND_BY),
     )
     engine.journal.open_circuit(
         OTHER, reason="unrecoverable", next_action="reboot", by_whom="test", now=1.0
@@ -184,6 +188,10 @@ async def test_a_stop_by_a_person_or_on_an_open_circuit_is_left_alone(
     details = sorted(e.detail for e in engine.journal.list_events(kind="service_left_stopped"))
     assert "not by remediator run 1, which was interrupted: left stopped for a" in details[0]
     assert "the model's circuit is open: left stopped" in details[1]
+    for model, detail in zip((MODEL, OTHER), details, strict=True):  # typed as printed
+        assert detail.endswith(
+            f" (`mlx-medic remediate {model} --config.file /srv/medic/remediator.yml` sweeps first)"
+        )
 
 
 async def test_a_head_that_cannot_be_asked_at_start_up_is_journaled_and_counted(

@@ -6,12 +6,9 @@ within the budget and backoff; and taking the model lock waits a bounded time.""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import psutil
 import pytest
 
 from mlx_medic.inventory.schema import Inventory
@@ -23,6 +20,7 @@ from tests.remediator.engine_fakes import (
     MODEL,
     Health,
     alert,
+    hold_lock,
     let_go_once_the_run_waits,
     make_config,
     make_engine,
@@ -38,28 +36,6 @@ def inventory() -> Inventory:
 def lock_path(tmp_path: Path, inventory: Inventory) -> Path:
     """MODEL's lock on its head (ai001), where the head's `lock` helper (run here) keeps it."""
     return inventory.state_dir / "locks" / f"{MODEL}.lock"
-
-
-def hold_lock(tmp_path: Path, inventory: Inventory) -> Path:
-    """A serve wrapper on the head holds MODEL's lock (this live process plays it)."""
-    path = lock_path(tmp_path, inventory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    me = os.getpid()
-    path.write_text(
-        json.dumps(
-            {
-                "node": "ai001",
-                "pid": me,
-                "pid_start": psutil.Process(me).create_time(),
-                "host": "head",
-                "time": 0.0,
-                "holder": "serve",
-                "run_id": "r1",
-                "expires": 0.0,
-            }
-        )
-    )
-    return path
 
 
 # One firing: the same fingerprint and startsAt, however often Alertmanager sends it.
@@ -90,7 +66,7 @@ async def _nothing(tmp_path: Path, inventory: Inventory, engine: Engine) -> None
 
 
 async def _hold(tmp_path: Path, inventory: Inventory, engine: Engine) -> None:
-    hold_lock(tmp_path, inventory)
+    hold_lock(inventory)
 
 
 ENDINGS = [
@@ -251,7 +227,7 @@ async def test_a_run_waits_for_a_lock_the_serve_wrapper_releases_then_checks_aga
         tmp_path=tmp_path,
     )
     engines.append(engine)
-    lock = hold_lock(tmp_path, inventory)
+    lock = hold_lock(inventory)
     releasing = let_go_once_the_run_waits(engine, lock)
     await first_run_ends(engine, "succeeded")
     await releasing
@@ -269,7 +245,7 @@ async def test_a_run_that_waited_for_the_lock_leaves_a_model_the_holder_fixed_al
         tmp_path=tmp_path,
     )
     engines.append(engine)
-    lock = hold_lock(tmp_path, inventory)
+    lock = hold_lock(inventory)
     releasing = let_go_once_the_run_waits(engine, lock)
     await first_run_ends(engine, "skipped")
     await releasing
@@ -285,10 +261,10 @@ async def test_a_lock_held_for_all_of_lock_wait_ends_the_run_locked_naming_the_h
         make_config(tmp_path, "succeeding", lock_wait="1.5s"), inventory, tmp_path=tmp_path
     )
     engines.append(engine)
-    hold_lock(tmp_path, inventory)
+    hold_lock(inventory)
     loop = asyncio.get_running_loop()
     started = loop.time()
     await first_run_ends(engine, "locked")
     assert 1.5 <= loop.time() - started < 10
     (run,) = engine.journal.list_runs()
-    assert run.detail.startswith("locked by serve (run r1")
+    assert run.detail.startswith("the model lock on ai001: locked by serve (run r1")

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.alerts import Disposition
+from mlx_medic.remediator.config import FLAG_FOUND_BY, ConfigSource
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal, RunView, owner_tag
 from mlx_medic.transport import SshTransport
@@ -93,9 +94,12 @@ async def test_a_head_that_does_not_answer_while_taking_the_lock_ends_the_run_un
     )
     assert run.next_action is not None
     assert run.next_action.startswith(
-        "nothing was done to m1: check that ai001 is up and"
-        f" answers SSH (`ssh -p {SILENT_PORT} medic@127.0.0.1 true`)"
+        "nothing was done to m1: check that ai001 is up and answers SSH as the remediator"
+        f" connects (`ssh -F none -o UserKnownHostsFile={tmp_path}/known_hosts"
+        " -o StrictHostKeyChecking=yes -o BatchMode=yes -o ConnectTimeout=3"
+        f" -p {SILENT_PORT} medic@127.0.0.1 true` as the remediator's user)"
     )
+    assert run.next_action.endswith("or run `mlx-medic remediate m1`")  # no config file
     assert unreachable_count(registry) == 1
     assert (
         registry.get_sample_value(
@@ -106,6 +110,20 @@ async def test_a_head_that_does_not_answer_while_taking_the_lock_ends_the_run_un
     ended = [r for r in caplog.records if r.getMessage() == "run 1 of m1 ended: unreachable"]
     assert [r.levelno for r in ended] == [logging.WARNING]
     assert not engine.journal.list_events(kind="escalation")  # no circuit: it may act again
+
+
+async def test_the_next_action_names_the_config_file_the_service_runs_with(
+    tmp_path: Path, silent: tuple[Inventory, SshTransport]
+) -> None:
+    """Typed as printed, `remediate` reaches the journal the service writes."""
+    inventory, transport = silent
+    given = ConfigSource(tmp_path / "my remediator.yml", FLAG_FOUND_BY)
+    engine = make_engine(make_config(tmp_path), inventory, transport=transport, config_source=given)
+    run = await one_run(engine)
+    assert run.outcome == "unreachable" and run.next_action is not None
+    assert run.next_action.endswith(
+        f"or run `mlx-medic remediate m1 --config.file '{tmp_path}/my remediator.yml'`"
+    )
 
 
 async def test_a_head_that_does_not_answer_the_recheck_ends_the_run_unreachable(
