@@ -164,17 +164,17 @@ class Access:
 
     def describe(self) -> dict[str, str]:
         """The schemes in force, for the start-up log line."""
-        reads = (
-            "open"
-            if self.reads_open
-            else "full credentials only"
-            if self.read_only is None
-            else schemes(self.read_only.challenge())
-        )
+        if self.reads_open:
+            reads = "open"
+        elif self.read_only is None:
+            reads = "full credentials only"
+        else:
+            reads = schemes(self.read_only.challenge())
         return {"auth": schemes(self.full.challenge()), "read_only_auth": reads}
 
 
 def schemes(challenge: list[str]) -> str:
+    """`bearer, basic` from the WWW-Authenticate values."""
     return ", ".join(value.split()[0].lower() for value in challenge)
 
 
