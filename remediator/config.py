@@ -75,16 +75,16 @@ def default_state_dir() -> Path:
     return Path(base) / "mlx-medic"
 
 
-class AuthConfig(StrictModel):
-    """Credentials Alertmanager sends: `authorization.credentials_file` (bearer)
-    or `basic_auth.password_file`. Secrets live in files, never in this config."""
+class SecretFiles(StrictModel):
+    """One set of credentials: a bearer token and/or a basic auth pair, each secret in a
+    file (never in this config) so it can be rotated there."""
 
     bearer_token_file: Path | None = None
     basic_username: str | None = None
     basic_password_file: Path | None = None
 
     @model_validator(mode="after")
-    def _pairs(self) -> AuthConfig:
+    def _pairs(self) -> SecretFiles:
         if (self.basic_username is None) != (self.basic_password_file is None):
             raise ValueError("basic auth needs both basic_username and basic_password_file")
         return self
@@ -92,6 +92,32 @@ class AuthConfig(StrictModel):
     @property
     def configured(self) -> bool:
         return self.bearer_token_file is not None or self.basic_password_file is not None
+
+
+class AuthConfig(SecretFiles):
+    """Credentials Alertmanager sends: `authorization.credentials_file` (bearer)
+    or `basic_auth.password_file`; they are accepted on every route. `read_only` is a
+    second set accepted only for reading (the page, /api/*, /metrics), so the page can be
+    shared without the power to post alerts; `read_only_open` serves reading to anyone."""
+
+    read_only: SecretFiles | None = None
+    read_only_open: bool = Field(
+        default=False, description="serve /, /api/* and /metrics without credentials"
+    )
+
+    @model_validator(mode="after")
+    def _read_only(self) -> AuthConfig:
+        if self.read_only is not None and not self.read_only.configured:
+            raise ValueError(
+                "read_only names no credentials: give it bearer_token_file or basic_username"
+                " + basic_password_file (or set read_only_open: true to open reading to all)"
+            )
+        if self.read_only is not None and self.read_only_open:
+            raise ValueError(
+                "read_only_open: true opens reading to anyone, so read_only credentials would"
+                " never be asked for: set one or the other"
+            )
+        return self
 
 
 class TlsConfig(StrictModel):

@@ -61,6 +61,12 @@ def check(path: Path) -> int:
             " --insecure-no-auth",
             file=sys.stderr,
         )
+    if config.auth.read_only_open and not config.insecure_no_auth:
+        print(
+            f"{path}: warning: auth.read_only_open: /, /api/* and /metrics are served to"
+            " anyone who can reach the port (posting alerts still needs the credentials)",
+            file=sys.stderr,
+        )
     print(
         f"{path}: ok: remediator config (inventory {config.inventory}, journal"
         f" {config.journal}, listen {config.listen}, {len(config.routing.playbooks)} routes)"

@@ -2,7 +2,8 @@
 
 Loads everything it needs before it listens (config, credentials, inventory,
 journal), so a bad file stops it with a clear message instead of half-serving;
-stops gracefully on SIGTERM so an interrupted run is the exception, not the rule.
+stops gracefully on SIGTERM so an interrupted run is the exception, not the rule;
+reloads its credentials files on SIGHUP (remediator.auth).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from mlx_medic.command_line import CommandError, add_log_flags, listen_error
 from mlx_medic.inventory.load import load_inventory
 from mlx_medic.inventory.methods import InventoryError
 from mlx_medic.listen_address import parse_listen
-from mlx_medic.remediator.auth import AuthError, Credentials, load_credentials
+from mlx_medic.remediator.auth import AuthError, CredentialStore, load_credentials
 from mlx_medic.remediator.config import (
     ConfigError,
     ConfigSource,
@@ -109,13 +110,14 @@ def effective_config(args: argparse.Namespace) -> RemediatorConfig:
 
 async def serve(
     config: RemediatorConfig,
-    credentials: Credentials | None,
+    credentials: CredentialStore | None,
     playbooks: Mapping[str, Playbook] | None = None,
     config_source: ConfigSource | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT; `playbooks` (name -> instance) are the ones the
-    config may route to, the built-in ones unless given; `config_source` is the config
-    file read (the commands the page and the runs' next actions show name it)."""
+    """Serve until SIGTERM/SIGINT, reloading the credentials on SIGHUP; `playbooks`
+    (name -> instance) are the ones the config may route to, the built-in ones unless
+    given; `config_source` is the config file read (the commands the page and the runs'
+    next actions show name it)."""
     playbooks = builtin_playbooks() if playbooks is None else playbooks
     try:
         host, port = parse_listen(config.listen, default_host="127.0.0.1")
@@ -161,6 +163,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if credentials is not None:
+        loop.add_signal_handler(signal.SIGHUP, credentials.reload, "SIGHUP")
 
     await engine.start()
     try:
@@ -176,9 +180,11 @@ async def serve(
                 "addresses": [f"{a[0]}:{a[1]}" for a in runner.addresses],
                 "tls": ssl_context is not None,
                 "mutual_tls": bool(config.tls and config.tls.client_ca_file),
-                "auth": "none (insecure)"
-                if credentials is None
-                else ", ".join(s.split()[0].lower() for s in credentials.challenge()),
+                **(
+                    {"auth": "none (insecure)"}
+                    if credentials is None
+                    else credentials.access.describe()
+                ),
                 "dry_run": config.dry_run,
                 "inventory": str(config.inventory),
                 "journal": str(config.journal),
@@ -220,6 +226,12 @@ def run(args: argparse.Namespace, playbooks: Mapping[str, Playbook] | None = Non
             log.warning(
                 "serving WITHOUT authentication (insecure_no_auth): anyone who can"
                 " reach the port can trigger remediations"
+            )
+        elif config.auth.read_only_open:
+            log.warning(
+                "serving /, /api/* and /metrics WITHOUT authentication (auth.read_only_open):"
+                " anyone who can reach the port can read the remediation log; posting alerts"
+                " still needs the credentials"
             )
         asyncio.run(serve(config, credentials, playbooks, config_source(args)))
     except (StartupError, AuthError) as exc:

@@ -27,7 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from mlx_medic.inventory.fields import parse_duration
 from mlx_medic.remediator.alerts import AlertEvent, Disposition, InvalidAlert
-from mlx_medic.remediator.auth import DECISION_KEY, Credentials, auth_middleware
+from mlx_medic.remediator.auth import DECISION_KEY, CredentialStore, auth_middleware
 from mlx_medic.remediator.config import ConfigSource, RemediatorConfig
 from mlx_medic.remediator.control_state import (
     ControlsJournal,
@@ -359,11 +359,12 @@ def make_app(
     journal: JournalLike,
     config: RemediatorConfig,
     registry: CollectorRegistry,
-    credentials: Credentials | None = None,
+    credentials: CredentialStore | None = None,
     config_source: ConfigSource | None = None,
 ) -> web.Application:
-    """The application; `credentials` None serves without auth (the caller decided that);
-    `config_source` is the config file the service runs with (None: none, or not said)."""
+    """The application; `credentials` None serves without auth (the caller decided that),
+    else its reload failures are served on /metrics; `config_source` is the config file
+    the service runs with (None: none, or not said)."""
     app = web.Application(
         middlewares=[decision_log, auth_middleware(credentials)],
         # The webhook enforces its own cap (413); this bounds everything else.
@@ -377,6 +378,8 @@ def make_app(
     received = AlertsReceived()
     registry.register(received)  # type: ignore[arg-type]
     app[RECEIVED_KEY] = received
+    if credentials is not None:
+        registry.register(credentials)  # type: ignore[arg-type]
     app.router.add_post("/alerts", post_alerts)
     app.router.add_get("/healthz", get_healthz)
     app.router.add_get("/metrics", get_metrics)

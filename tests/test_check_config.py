@@ -243,14 +243,30 @@ def test_a_config_whose_inventory_is_missing_or_routes_nowhere_lists_both(
     ]
 
 
-def test_a_config_without_credentials_is_ok_with_a_warning(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, inventory: Path
+@pytest.mark.parametrize(
+    "old, new, warning",
+    [
+        ("auth:", "# auth:", ["warning: auth: no credentials configured", "--insecure-no-auth"]),
+        (
+            "auth: {",
+            "auth: {read_only_open: true, ",
+            ["warning: auth.read_only_open: /, /api/* and /metrics are served to anyone"],
+        ),
+    ],
+)
+def test_no_credentials_or_reading_open_to_all_is_ok_with_a_warning(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    inventory: Path,
+    old: str,
+    new: str,
+    warning: list[str],
 ) -> None:
     config = remediator_config(tmp_path, inventory)
-    config.write_text(config.read_text().replace("auth:", "# auth:"))
+    config.write_text(config.read_text().replace(old, new))
     code, out, err = check_config(capsys, config)
     assert code == 0 and ": ok: remediator config" in out
-    assert "warning: auth: no credentials configured" in err and "--insecure-no-auth" in err
+    assert all(part in err for part in warning)
 
 
 def test_a_file_given_as_the_other_kind_is_named_as_such(

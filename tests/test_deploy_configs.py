@@ -163,6 +163,15 @@ def test_the_example_remediator_config_loads_with_the_documented_values() -> Non
     assert not config.dry_run and config.tls is None
 
 
+def test_the_example_read_only_credentials_load_once_uncommented(tmp_path: Path) -> None:
+    text = (DEPLOY / "remediator.yml").read_text(encoding="utf-8")
+    for line in ("read_only:", "basic_username: viewer", "basic_password_file: /etc"):
+        text = text.replace(f"  # {line}", f"  {line}").replace(f"  #   {line}", f"    {line}")
+    (tmp_path / "remediator.yml").write_text(text)
+    read_only = load_config(tmp_path / "remediator.yml").auth.read_only
+    assert read_only is not None and read_only.basic_username == "viewer"
+
+
 def test_the_launchd_plist_runs_a_command_the_cli_accepts() -> None:
     import plistlib
 

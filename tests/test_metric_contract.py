@@ -13,7 +13,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from mlx_medic.inventory.load import parse_inventory
-from mlx_medic.remediator.config import RemediatorConfig
+from mlx_medic.remediator.auth import CredentialStore
+from mlx_medic.remediator.config import AuthConfig, RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.webapp import AlertsReceived
@@ -192,6 +193,9 @@ def test_every_remediator_series_follows_the_naming_convention(tmp_path: Path) -
         registry=registry,
     )
     registry.register(AlertsReceived())
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    registry.register(CredentialStore(AuthConfig(bearer_token_file=token)))  # type: ignore[arg-type]
     kinds = {family.name: family.type for family in registry.collect()}
     wrong = {
         name + ("_total" if kind == "counter" else ""): problems

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition, InvalidAlert
-from mlx_medic.remediator.auth import Credentials
+from mlx_medic.remediator.auth import CredentialStore
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import ControlView
@@ -248,7 +248,7 @@ async def client(
         fake_journal,
         web_config,
         CollectorRegistry(),
-        Credentials.load(web_config.auth),
+        CredentialStore(web_config.auth),
     )
     async with TestClient(TestServer(app)) as test_client:
         yield test_client

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory.load import parse_inventory
 from mlx_medic.remediator.alerts import AlertEvent, Disposition, InvalidAlert
-from mlx_medic.remediator.auth import Credentials
+from mlx_medic.remediator.auth import CredentialStore
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
@@ -243,7 +243,7 @@ class Harness:
             await engine.start()
             recording = RecordingEngine(engine)
             app = make_app(
-                recording, self.journal, config, CollectorRegistry(), Credentials.load(config.auth)
+                recording, self.journal, config, CollectorRegistry(), CredentialStore(config.auth)
             )
             client = TestClient(TestServer(app))
             await client.start_server()

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.remediator.alerts import Disposition
-from mlx_medic.remediator.auth import Credentials
+from mlx_medic.remediator.auth import CredentialStore
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal, JournalError
 from mlx_medic.remediator.webapp import make_app
@@ -57,7 +57,7 @@ async def app_and_engine(
     config = make_config(tmp_path, "succeeding", auth=web_config.auth.model_dump())
     engine = make_engine(config, make_inventory(), health=Health(up=False), tmp_path=tmp_path)
     app = make_app(
-        engine, engine.journal, config, CollectorRegistry(), Credentials.load(config.auth)
+        engine, engine.journal, config, CollectorRegistry(), CredentialStore(config.auth)
     )
     async with TestClient(TestServer(app)) as client:
         yield client, engine

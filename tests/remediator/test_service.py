@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import ssl
 import subprocess
 import urllib.error
@@ -17,6 +19,8 @@ import pytest
 import yaml
 
 from tests.remediator.conftest import (
+    TOKEN,
+    Service,
     Stack,
     basic,
     bearer,
@@ -27,7 +31,10 @@ from tests.remediator.conftest import (
     mlx_medic,
     post_alerts,
     runs_of,
+    silent_inventory,
+    start_service,
     wait_until,
+    write_config,
 )
 from tests.remediator.engine_fakes import inventory_text
 from tests.tools import require_tool
@@ -376,3 +383,96 @@ def test_a_config_naming_what_the_remediator_does_not_have_stops_it_with_exit_2(
     result = mlx_medic("remediator", "--config.file", str(config), check=False)
     assert result.returncode == 2
     assert problem in result.stderr
+
+
+# --- credentials: read-only, and rotated without a restart ------------------------------
+
+READER_TOKEN = "reader-token-for-tests"
+
+
+def auth_service(tmp_path: Path, services: list[Service]) -> tuple[Service, Path]:
+    """A real service (its one node answers nobody: nothing here needs it) with a full
+    bearer token and a read-only one; the full token's file."""
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(silent_inventory(tmp_path).model_dump(mode="json")))
+    token, reader = tmp_path / "webhook.token", tmp_path / "reader.token"
+    token.write_text(TOKEN + "\n")
+    reader.write_text(READER_TOKEN + "\n")
+    journal = tmp_path / "journal.sqlite"
+    config = write_config(
+        tmp_path / "remediator.yml",
+        {
+            "inventory": str(inventory),
+            "journal": str(journal),
+            "auth": {
+                "bearer_token_file": str(token),
+                "read_only": {"bearer_token_file": str(reader)},
+            },
+        },
+    )
+    service = start_service(config, journal, tmp_path, "--dry-run")
+    services.append(service)
+    return service, token
+
+
+def api_status(service: Service, token: str) -> int:
+    return http("GET", service.url + "/api/remediations", headers=bearer(token))[0]
+
+
+def rotate(path: Path, secret: str) -> None:
+    """As an operator rotates a secret: a new file moved over the old one."""
+    new = path.with_suffix(".new")
+    new.write_text(secret + "\n")
+    os.replace(new, path)
+
+
+def logged(service: Service, level: str, start: str) -> list[str]:
+    return [
+        line["msg"]
+        for line in service.log_lines()
+        if line.get("level") == level and line.get("msg", "").startswith(start)
+    ]
+
+
+def test_the_read_only_token_reads_and_is_forbidden_to_post_alerts(
+    tmp_path: Path, services: list[Service]
+) -> None:
+    service, _ = auth_service(tmp_path, services)
+    for path in ("/", "/api/remediations", "/metrics"):
+        assert http("GET", service.url + path, headers=bearer(READER_TOKEN))[0] == 200
+    status, body = post_alerts(service, make_payload(make_alert("m1")), bearer(READER_TOKEN))
+    assert (status, body["reason"]) == (403, "read-only credentials may not post alerts")
+    (listening,) = [line for line in service.log_lines() if line.get("msg") == "listening"]
+    assert (listening["auth"], listening["read_only_auth"]) == ("bearer", "bearer")
+
+
+def test_a_token_file_replaced_on_disk_is_in_force_within_a_second_without_a_restart(
+    tmp_path: Path, services: list[Service]
+) -> None:
+    service, token = auth_service(tmp_path, services)
+    assert api_status(service, TOKEN) == 200
+    rotate(token, "rotated-token")
+    wait_until(lambda: api_status(service, TOKEN) == 401, timeout=5, what="the old token refused")
+    assert api_status(service, "rotated-token") == 200
+    assert logged(service, "info", "credentials reloaded (a credentials file changed)")
+
+
+def test_sighup_reloads_the_credentials_and_a_failed_reload_keeps_the_old_ones(
+    tmp_path: Path, services: list[Service]
+) -> None:
+    service, token = auth_service(tmp_path, services)
+    token.write_text("\n")  # a rotation gone wrong: the file emptied
+    service.proc.send_signal(signal.SIGHUP)
+    failed = wait_until(lambda: logged(service, "error", "credentials not reloaded"))
+    assert failed == [
+        "credentials not reloaded (SIGHUP); the old ones stay in force:"
+        f" the bearer token file {token} is empty"
+    ]
+    assert api_status(service, TOKEN) == 200
+    _, metrics = http("GET", service.url + "/metrics", headers=bearer())
+    assert "mlx_medic_credentials_reload_failures_total 1.0" in metrics
+    token.write_text("rotated-token\n")
+    service.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: logged(service, "info", "credentials reloaded (SIGHUP)"))
+    assert (api_status(service, TOKEN), api_status(service, "rotated-token")) == (401, 200)
+    assert service.proc.poll() is None  # SIGHUP reloads; it no longer ends the service

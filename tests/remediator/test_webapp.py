@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+from mlx_medic.remediator.auth import CredentialStore
+from mlx_medic.remediator.config import RemediatorConfig, SecretFiles
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.outcomes import RunOutcome, StepOutcome
 from mlx_medic.remediator.webapp import make_app
@@ -94,6 +98,68 @@ async def test_the_page_api_and_metrics_need_the_same_credentials(
 async def test_healthz_needs_no_credentials(client: TestClient) -> None:
     response = await client.get("/healthz")
     assert response.status == 200 and (await response.json()) == {"status": "ok"}
+
+
+READER_TOKEN = "reader-token-for-tests"
+
+
+@contextlib.asynccontextmanager
+async def client_with_auth(
+    web_config: RemediatorConfig, tmp_path: Path, **auth: Any
+) -> AsyncIterator[tuple[TestClient, FakeEngine]]:
+    """The real app whose auth is the fixture's plus `auth`, and its recording engine."""
+    reader = tmp_path / "reader.token"
+    reader.write_text(READER_TOKEN + "\n")
+    auth_config = web_config.auth.model_copy(update=auth)
+    config = web_config.model_copy(update={"auth": auth_config})
+    engine = FakeEngine()
+    app = make_app(engine, FakeJournal(), config, CollectorRegistry(), CredentialStore(auth_config))
+    async with TestClient(TestServer(app)) as test_client:
+        yield test_client, engine
+
+
+@pytest.mark.parametrize("path", ["/", "/api/remediations", "/metrics"])
+async def test_a_read_only_token_reads_the_page_api_and_metrics(
+    web_config: RemediatorConfig, tmp_path: Path, path: str
+) -> None:
+    read_only = SecretFiles(bearer_token_file=tmp_path / "reader.token")
+    async with client_with_auth(web_config, tmp_path, read_only=read_only) as (client, _):
+        assert (await client.get(path, headers=bearer(READER_TOKEN))).status == 200
+        assert (await client.get(path, headers=bearer())).status == 200
+        assert (await client.get(path, headers=bearer("wrong"))).status == 401
+
+
+async def test_a_read_only_token_on_the_webhook_gets_403_saying_it_is_read_only(
+    web_config: RemediatorConfig, tmp_path: Path
+) -> None:
+    read_only = SecretFiles(bearer_token_file=tmp_path / "reader.token")
+    async with client_with_auth(web_config, tmp_path, read_only=read_only) as (client, engine):
+        status, body = await post(client, make_payload(), bearer(READER_TOKEN))
+        assert (status, body) == (
+            403,
+            {"status": "forbidden", "reason": "read-only credentials may not post alerts"},
+        )
+        assert engine.events == []
+        assert (await post(client, make_payload(), bearer()))[0] == 202
+
+
+@pytest.mark.parametrize("path", ["/", "/api/remediations", "/metrics"])
+async def test_open_reading_serves_the_page_api_and_metrics_without_credentials(
+    web_config: RemediatorConfig, tmp_path: Path, path: str
+) -> None:
+    async with client_with_auth(web_config, tmp_path, read_only_open=True) as (client, engine):
+        assert (await client.get(path)).status == 200
+        status, body = await post(client, make_payload(), {})
+        assert (status, body["reason"]) == (401, "no credentials")
+        assert engine.events == []
+
+
+async def test_metrics_count_the_failed_reloads_of_the_credentials(
+    web_config: RemediatorConfig, tmp_path: Path
+) -> None:
+    async with client_with_auth(web_config, tmp_path) as (client, _):
+        metrics = await (await client.get("/metrics", headers=bearer())).text()
+        assert "mlx_medic_credentials_reload_failures_total 0.0" in metrics
 
 
 @pytest.mark.parametrize(
