@@ -250,6 +250,13 @@ def load_credentials(config: AuthConfig, insecure_no_auth: bool) -> CredentialSt
     """The credentials to demand, or None when the operator explicitly chose no auth."""
     if config.configured:
         return CredentialStore(config)
+    if insecure_no_auth and (config.read_only is not None or config.read_only_open):
+        raise AuthError(
+            "auth.read_only and auth.read_only_open narrow what the full credentials allow,"
+            " and none are set: with insecure_no_auth every route is open to anyone; set"
+            " auth.bearer_token_file or auth.basic_username + auth.basic_password_file, or"
+            " remove the read-only settings"
+        )
     if insecure_no_auth:
         return None
     raise AuthError(

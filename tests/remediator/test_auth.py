@@ -93,6 +93,15 @@ def test_no_credentials_refuse_to_start_without_the_insecure_flag() -> None:
     assert load_credentials(AuthConfig(), insecure_no_auth=True) is None
 
 
+def test_read_only_settings_without_full_credentials_are_refused_even_when_insecure(
+    secrets: dict[str, Path],
+) -> None:
+    read_only = {"bearer_token_file": secrets["token"]}
+    for config in (AuthConfig(read_only=read_only), AuthConfig(read_only_open=True)):
+        with pytest.raises(AuthError, match="with insecure_no_auth every route is open"):
+            load_credentials(config, insecure_no_auth=True)
+
+
 def test_configured_credentials_win_over_the_insecure_flag(secrets: dict[str, Path]) -> None:
     loaded = load_credentials(AuthConfig(bearer_token_file=secrets["token"]), True)
     assert loaded is not None and loaded.access.full.bearer_token == TOKEN.encode()
