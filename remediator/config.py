@@ -146,6 +146,18 @@ class RemediatorConfig(StrictModel):
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     dry_run: bool = False
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    alerts_per_delivery: int = Field(
+        default=1000,
+        ge=0,
+        description="new alerts taken from one webhook delivery; the rest are answered 503,"
+        " which Alertmanager retries, and the retry resumes after them (0: no cap)",
+    )
+    alerts_per_second: int = Field(
+        default=1000,
+        ge=0,
+        description="new alerts taken per second over all deliveries (a token bucket holding"
+        " one second's worth); past it the delivery is answered 503 with Retry-After (0: no cap)",
+    )
     max_alert_age: Duration = Field(default=6 * 3600.0, description="older firings are stale")
     lock_wait: Duration = Field(
         default=60.0,

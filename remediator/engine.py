@@ -232,6 +232,11 @@ class Engine:
         )
         return decision.disposition
 
+    def note(self, kind: str, detail: str) -> None:
+        """Journal what a delivery as a whole met (webapp: invalid alerts folded into one
+        event, a delivery cut short by a limit): one event, not one per alert."""
+        self._writes.event(kind, None, detail=detail)
+
     def _remember(self, key: tuple[str, str]) -> None:
         self._seen[key] = None
         if len(self._seen) > SEEN_CACHE:

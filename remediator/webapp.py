@@ -5,7 +5,11 @@ engine (which only decides and queues; playbooks run in the background) and
 returns. Alertmanager retries 5xx and timeouts, so a slow answer would become
 duplicate deliveries; 4xx is final, so it is kept for a body that is not an
 Alertmanager payload at all, and says why. Inside a payload every alert gets its own
-disposition: a bad one is journaled with its reason (`invalid`) and the good ones act.
+disposition: a bad one is journaled with its reason (`invalid`; past a delivery's first
+few, the rest as one event) and the good ones act. The body is parsed off the event loop
+and the loop turns between alerts, so /healthz and /metrics answer during a flood; how
+many alerts one delivery and one second may bring is capped (delivery_limits: 503, which
+Alertmanager retries, and the retry resumes where the last try stopped).
 When the journal cannot record, the answer is 503 and nothing acts: Alertmanager
 retries, and the page and /healthz say the journal is failing.
 """
@@ -28,7 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from mlx_medic.inventory.fields import parse_duration
 from mlx_medic.remediator.alerts import AlertEvent, Disposition, InvalidAlert
 from mlx_medic.remediator.auth import DECISION_KEY, CredentialStore, auth_middleware
-from mlx_medic.remediator.config import ConfigSource, RemediatorConfig
+from mlx_medic.remediator.config import ConfigSource, RemediatorConfig, RoutingConfig
 from mlx_medic.remediator.control_state import (
     ControlsJournal,
     Hold,
@@ -36,6 +40,7 @@ from mlx_medic.remediator.control_state import (
     holds_as_dicts,
     read_holds,
 )
+from mlx_medic.remediator.delivery_limits import PER_DELIVERY, PER_SECOND, DeliveryLimits
 from mlx_medic.remediator.journal import JournalError
 from mlx_medic.remediator.oncall_page import render_page
 from mlx_medic.remediator.payload import PayloadError, check_content_type, parse_payload, to_events
@@ -43,6 +48,9 @@ from mlx_medic.remediator.payload import PayloadError, check_content_type, parse
 log = logging.getLogger("mlx_medic.remediator.web")
 
 MAX_LIMIT = 500
+INVALID_EACH = 5  # a delivery's first invalid alerts journaled each; the rest as one event
+FOLDED_REASONS = 3  # reasons that one event quotes
+TURN_SECONDS = 0.01  # the most a delivery holds the event loop between its turns
 
 
 class EngineLike(Protocol):
@@ -51,6 +59,8 @@ class EngineLike(Protocol):
     def reject(self, invalid: InvalidAlert) -> Disposition: ...
 
     def journal_problem(self) -> str | None: ...
+
+    def note(self, kind: str, detail: str) -> None: ...
 
 
 class JournalLike(ControlsJournal, Protocol):
@@ -98,6 +108,7 @@ class AlertsReceived:
 
 
 RECEIVED_KEY = web.AppKey("alerts_received", AlertsReceived)
+LIMITS_KEY = web.AppKey("delivery_limits", DeliveryLimits)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -155,6 +166,10 @@ async def _read_capped(request: web.Request, limit: int) -> bytes | None:
         return None
 
 
+def _read_delivery(body: bytes, routing: RoutingConfig) -> list[AlertEvent | InvalidAlert]:
+    return to_events(parse_payload(body), routing)
+
+
 async def post_alerts(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
     body = await _read_capped(request, config.max_body_bytes)
@@ -164,7 +179,9 @@ async def post_alerts(request: web.Request) -> web.Response:
     sent_type = request.content_type if hdrs.CONTENT_TYPE in request.headers else ""
     try:
         check_content_type(sent_type)
-        alerts = to_events(parse_payload(body), config.routing)
+        # Off the event loop: 1 MiB is ~260,000 tiny alerts to validate, and /healthz and
+        # /metrics answer meanwhile.
+        alerts = await asyncio.to_thread(_read_delivery, body, config.routing)
     except PayloadError as exc:
         return _reject(request, exc.http_status, str(exc))
 
@@ -172,27 +189,75 @@ async def post_alerts(request: web.Request) -> web.Response:
     problem = engine.journal_problem()
     if problem is not None:
         return _unavailable(request, problem)
-    received = request.app[RECEIVED_KEY]
+    limits = request.app[LIMITS_KEY]
+    async with limits.lock:
+        return await _take(request, alerts, limits.digest(body))
+
+
+def _invalid_result(alert: InvalidAlert, disposition: Disposition) -> dict[str, Any]:
+    return {
+        "index": alert.index,
+        "alertname": alert.alertname,
+        "fingerprint": alert.fingerprint,
+        "model": alert.model,
+        "status": alert.status,
+        "disposition": disposition.value,
+        "reason": alert.reason,
+    }
+
+
+def _folded_detail(first: list[InvalidAlert], count: int, last_index: int) -> str:
+    reasons = "; ".join(dict.fromkeys(alert.reason[:300] for alert in first))
+    return (
+        f"{count} more invalid alerts of this delivery (alerts[{first[0].index}] to"
+        f" alerts[{last_index}]) are not acted on, journaled as this one event;"
+        f" the first reasons: {reasons}"
+    )
+
+
+async def _take(
+    request: web.Request, alerts: list[AlertEvent | InvalidAlert], digest: bytes
+) -> web.Response:
+    """Each alert in order, from where an earlier try of this body stopped, until the
+    delivery ends or a limit (delivery_limits) stops it: then 503, and the retry resumes.
+    A delivery's first INVALID_EACH invalid alerts are journaled each, the rest as one
+    event, so a flood of empty alerts is not a flood of journal rows."""
+    config, engine = request.app[CONFIG_KEY], request.app[ENGINE_KEY]
+    received, limits = request.app[RECEIVED_KEY], request.app[LIMITS_KEY]
+    start = limits.resume_at(digest)
     results: list[dict[str, Any]] = []
+    folded: list[InvalidAlert] = []  # the first few, for their reasons
+    folded_count = invalid_count = taken = last_folded = 0
+    stopped_by: str | None = None
+    reason = ""
+    stop = len(alerts)
     try:
-        for index, alert in enumerate(alerts):
+        turn = time.perf_counter()
+        for index in range(start, len(alerts)):
+            if time.perf_counter() - turn > TURN_SECONDS:
+                await asyncio.sleep(0)  # /healthz and /metrics answer between alerts
+                turn = time.perf_counter()
+            alert = alerts[index]
             if isinstance(alert, InvalidAlert):
                 received.inc("invalid")
-                disposition = engine.reject(alert)
-                results.append(
-                    {
-                        "index": index,
-                        "alertname": alert.alertname,
-                        "fingerprint": alert.fingerprint,
-                        "model": alert.model,
-                        "status": alert.status,
-                        "disposition": disposition.value,
-                        "reason": alert.reason,
-                    }
-                )
+                invalid_count += 1
+                if invalid_count <= INVALID_EACH:
+                    results.append(_invalid_result(alert, engine.reject(alert)))
+                else:
+                    folded_count += 1
+                    if len(folded) < FOLDED_REASONS:
+                        folded.append(alert)
+                    last_folded = alert.index
                 continue
+            stopped_by = limits.limit_reached(taken)
+            if stopped_by is not None:
+                stop = index
+                break
             received.inc(alert.status.value)
             disposition = await engine.submit(alert)
+            if disposition is not Disposition.DUPLICATE:
+                taken += 1
+                limits.take()
             results.append(
                 {
                     "index": index,
@@ -203,9 +268,15 @@ async def post_alerts(request: web.Request) -> web.Response:
                     "disposition": disposition.value,
                 }
             )
+        if folded:
+            engine.note("invalid", _folded_detail(folded, folded_count, last_folded))
+        if stopped_by is not None:
+            reason = _deferral(limits, stopped_by, taken, stop, len(alerts))
+            engine.note("deferred", reason)
     except JournalError as exc:
         # Whatever acted so far was journaled first (a run it started makes the retry a
-        # repeat); nothing after the failed write acts.
+        # repeat); nothing after the failed write acts, and the retry starts over.
+        limits.forget(digest)
         _decide(request, dispositions=[r["disposition"] for r in results])
         return _unavailable(request, str(exc))
     _decide(
@@ -214,7 +285,34 @@ async def post_alerts(request: web.Request) -> web.Response:
         dispositions=[r["disposition"] for r in results],
         fingerprints=[r["fingerprint"] for r in results][:20],
     )
-    return web.json_response({"status": "accepted", "alerts": results}, status=202)
+    answer: dict[str, Any] = {"status": "accepted", "alerts": results}
+    if folded_count:
+        answer["invalid_folded"] = folded_count
+    if stopped_by is None:
+        limits.forget(digest)
+        return web.json_response(answer, status=202)
+    limits.remember(digest, stop)
+    limits.deferred[stopped_by] += 1
+    _decide(request, reason=reason)
+    answer |= {"status": "deferred", "reason": reason, "resumes_at": stop}
+    headers = {"Retry-After": str(limits.retry_after())} if stopped_by == PER_SECOND else None
+    return web.json_response(answer, status=503, headers=headers)
+
+
+def _deferral(limits: DeliveryLimits, limit: str, taken: int, stop: int, total: int) -> str:
+    """Why the rest of a delivery waits for the retry, and what the sender can set."""
+    left = f"alerts[{stop}] to alerts[{total - 1}] are left for Alertmanager's retry, which"
+    if limit == PER_DELIVERY:
+        return (
+            f"{taken} new alerts taken, alerts_per_delivery={limits.per_delivery}: {left}"
+            " resumes there; to send fewer per delivery set max_alerts in Alertmanager's"
+            " webhook_config (it then drops the rest, counted in truncatedAlerts), or raise"
+            " alerts_per_delivery in the remediator's config"
+        )
+    return (
+        f"alerts_per_second={limits.per_second} reached after {taken} new alerts: {left}"
+        " resumes there; raise alerts_per_second in the remediator's config to take more"
+    )
 
 
 async def get_healthz(request: web.Request) -> web.Response:
@@ -380,6 +478,9 @@ def make_app(
     app[RECEIVED_KEY] = received
     if credentials is not None:
         registry.register(credentials)  # type: ignore[arg-type]
+    limits = DeliveryLimits(config.alerts_per_delivery, config.alerts_per_second)
+    registry.register(limits)  # type: ignore[arg-type]
+    app[LIMITS_KEY] = limits
     app.router.add_post("/alerts", post_alerts)
     app.router.add_get("/healthz", get_healthz)
     app.router.add_get("/metrics", get_metrics)

@@ -52,6 +52,9 @@ class PageOnly:
     def reject(self, invalid: InvalidAlert) -> Disposition:
         raise RuntimeError("this page is served for pictures; it takes no alerts")
 
+    def note(self, kind: str, detail: str) -> None:
+        raise RuntimeError("this page is served for pictures; it takes no alerts")
+
 
 def _alert_run(journal: Journal, model: str, alertname: str, node: str, at: float) -> int:
     fingerprint = hashlib.sha256(f"{model}/{alertname}".encode()).hexdigest()[:16]

@@ -127,11 +127,12 @@ def wrk(url: str, args: argparse.Namespace, token_file: Path | None) -> dict[str
     return result
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes], grace: float = 20) -> None:
+    """SIGTERM, and SIGKILL after `grace` seconds (a server whose event loop is held)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(20)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -118,9 +118,13 @@ class FakeEngine:
     running: set[str] = field(default_factory=set)
     rejected: list[InvalidAlert] = field(default_factory=list)
     problem: str | None = None  # what journal_problem answers
+    notes: list[tuple[str, str]] = field(default_factory=list)
 
     def journal_problem(self) -> str | None:
         return self.problem
+
+    def note(self, kind: str, detail: str) -> None:
+        self.notes.append((kind, detail))
 
     def reject(self, invalid: InvalidAlert) -> Disposition:
         self.rejected.append(invalid)
