@@ -10,7 +10,7 @@ seed's first fix (its ppid == 1 sweep, no remediator), and the two side by side.
 
     scripts/demo.sh [--faults N] [--short] [--screenshot-dir DIR]
 
-`--screenshot-dir DIR` takes the pictures of docs/pictures/ from the run into DIR (see
+`--screenshot-dir DIR` takes the pictures of docs/img/ from the run into DIR (see
 `take_pictures`).
 
 Everything it starts is stopped on exit, on Ctrl-C, and on a second Ctrl-C (cleanup is
@@ -175,7 +175,7 @@ def contest(
 
 
 def take_pictures(loop: Loop, directory: Path, narrator: Narrator) -> None:
-    """`--screenshot-dir`: docs/pictures/ from a real run, once mlx-medic is back from the
+    """`--screenshot-dir`: docs/img/ from a real run, once mlx-medic is back from the
     seed's fault. Under `mlx-medic serve` that fault needs no remediator run, so on-call's
     `mlx-medic remediate` first runs the recover playbook by hand (stop, sweep every node,
     clean, start, verify: the helpers over SSH, as the service runs them), and the on-call
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="once mlx-medic is back from the fault, run its recover playbook by hand"
         " (mlx-medic remediate) and take the on-call page and Prometheus's orphan graph"
-        " into DIR as PNG (docs/pictures/README.md)",
+        " into DIR as PNG (docs/img/README.md)",
     )
     args = parser.parse_args(argv)
     pictures = _picture_dir(parser, args.screenshot_dir)

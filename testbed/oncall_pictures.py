@@ -2,7 +2,7 @@
 must read at a glance (a pause, an open circuit, a node that did not answer, a node
 deployed wrong, a run that worked), the real page serving it, headless Chromium taking it.
 
-    .venv/bin/python -m testbed.oncall_pictures docs/pictures
+    .venv/bin/python -m testbed.oncall_pictures docs/img
 
 No simulated nodes: the runs are written with the journal's own writes, their words
 those the engine journals (remediator/runner.py, budget.py, cli_pause.py).
@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         " Chromium, on a journal with a pause, an open circuit, an unreachable node,"
         " a misconfigured node and a run that succeeded.",
     )
-    parser.add_argument("directory", type=Path, help="where the PNGs go (docs/pictures)")
+    parser.add_argument("directory", type=Path, help="where the PNGs go (docs/img)")
     args = parser.parse_args(argv)
     if not args.directory.is_dir():
         parser.error(f"{args.directory}: not a directory")

@@ -1,4 +1,4 @@
-"""The README's pictures (docs/pictures/): every one linked exists and is described with the
+"""The README's pictures (docs/img/): every one linked exists and is described with the
 command that made it; the loop diagram is self-contained SVG that reads in GitHub's light
 and dark mode; the screenshots are PNGs of the browser window (the demo's) or of the page's
 whole length at its width (the on-call page's at 1280 and 390 px)."""
@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PICTURES = REPO / "docs" / "pictures"
+PICTURES = REPO / "docs" / "img"
 SVG_NS = "http://www.w3.org/2000/svg"
 # a Markdown link or image target, or an HTML src/href
 LINK = re.compile(r"\]\(([^)\s]+)|(?:src|href)=\"([^\"]+)\"")
 
 
 def linked_pictures(markdown: Path) -> list[Path]:
-    """The files under docs/pictures/ that `markdown` links to (its links resolved from it)."""
+    """The files under docs/img/ that `markdown` links to (its links resolved from it)."""
     targets = [a or b for a, b in LINK.findall(markdown.read_text())]
     paths = [(markdown.parent / t.split("#")[0]).resolve() for t in targets if "://" not in t]
     return [p for p in paths if p.is_relative_to(PICTURES)]
@@ -33,7 +33,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-@pytest.mark.parametrize("markdown", ["README.md", "docs/pictures/README.md"])
+@pytest.mark.parametrize("markdown", ["README.md", "docs/img/README.md"])
 def test_every_picture_a_readme_links_exists(markdown: str) -> None:
     for picture in linked_pictures(REPO / markdown):
         assert picture.is_file(), f"{markdown} links {picture.relative_to(REPO)}, which is missing"
@@ -42,7 +42,7 @@ def test_every_picture_a_readme_links_exists(markdown: str) -> None:
 def test_every_picture_is_described_with_the_command_that_made_it() -> None:
     described = {p.name for p in linked_pictures(PICTURES / "README.md")}
     pictures = {p.name for p in PICTURES.iterdir() if p.name != "README.md"}
-    assert pictures <= described, f"not in docs/pictures/README.md: {pictures - described}"
+    assert pictures <= described, f"not in docs/img/README.md: {pictures - described}"
     text = (PICTURES / "README.md").read_text()
     assert "--screenshot-dir" in text, "the screenshots' demo command is not given"
 
