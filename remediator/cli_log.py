@@ -1,9 +1,11 @@
 """`mlx-medic log`: the remediation journal for on-call, at 3 a.m., at the terminal's width.
 
-Newest run first, each with its steps and their outcomes, and for an escalation
-the next action in words. Pauses and open circuits are shown first: they are
-why nothing happens. Table columns may be cut with "…"; a reason (`why:`) and a next
-action (`NEXT:`) never are: they wrap under their label. Times are ISO 8601 UTC.
+Newest run first, each with its steps and their outcomes (a step that runs only if
+an earlier one fails verification says so under it; one that did not run has no
+duration), why it acted (`re-check:`), and for an escalation the next action in words.
+Pauses and open circuits are shown first: they are why nothing happens. Table columns
+may be cut with "…"; a reason (`why:`), the re-check and a next action (`NEXT:`) never
+are: they wrap under their label. Times are ISO 8601 UTC.
 """
 
 from __future__ import annotations
@@ -124,10 +126,14 @@ def format_run(run: RunView, width: int = WIDTH) -> list[str]:
     ]
     for step in run.steps:
         lines.append(format_step(step, width))
+        if step.condition:
+            lines += _wrapped("   ", step.condition, width, indent=12)
         if step.targets:
             lines += _wrapped("   ", "targets: " + ", ".join(step.targets), width, indent=12)
         if step.detail and step.outcome not in (StepOutcome.OK, StepOutcome.PLANNED):
             lines += _wrapped("   ", step.detail, width, indent=12)
+    if run.recheck:
+        lines += _wrapped("re-check: ", run.recheck, width)
     if run.detail:
         lines += _wrapped("why:  ", run.detail, width)
     if run.next_action:
@@ -137,7 +143,7 @@ def format_run(run: RunView, width: int = WIDTH) -> list[str]:
 
 def format_step(step: StepView, width: int = WIDTH) -> str:
     what = " ".join(step.command) if step.command else step.description
-    took = "-" if step.outcome == StepOutcome.PLANNED else _took(step.duration)
+    took = _took(step.duration)  # "-": the step did not run (planned) or still runs
     head = (
         f"      {step.seq:>2} {_cut(step.name, 14):<15}{_cut(step.node, 10):<11}"
         f"{step.outcome:<16}{took:>6}  "

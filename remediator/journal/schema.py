@@ -89,6 +89,14 @@ CREATE TABLE IF NOT EXISTS budget_resets (
 
 SCHEMA = SCHEMA_TEMPLATE.format(needs=NEEDS_SQL, landmarks=LANDMARK_SQL)
 
+# Columns a newer version added to a table of SCHEMA_TEMPLATE, (name, type) each: a
+# journal an older version created gets them when it is opened (NULL in its old rows,
+# which read as before); an older version reads past them.
+ADDED_COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "runs": [("recheck", "TEXT")],  # the re-check's verdict, what was probed, from where
+    "steps": [("condition", "TEXT")],  # when a step runs, if not always (a fallback)
+}
+
 
 def connect(path: Path) -> sqlite3.Connection:
     """A connection to the journal at `path` with the journal's pragmas and its schema.
@@ -104,4 +112,19 @@ def connect(path: Path) -> sqlite3.Connection:
     for statement in SCHEMA.split(";"):
         if statement.strip():
             db.execute(statement)
+    _add_columns(db)
     return db
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """ADDED_COLUMNS a journal lacks, each added once (another process opening it at the
+    same time may add it first: its "duplicate column" is not an error)."""
+    for table, columns in ADDED_COLUMNS.items():
+        have = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
+        for name, kind in columns:
+            if name not in have:
+                try:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+                except sqlite3.OperationalError as exc:
+                    if "duplicate column" not in str(exc):
+                        raise

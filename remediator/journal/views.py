@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 from mlx_medic.remediator.label_limits import bounded_labels
+from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.utc_time import iso_utc, iso_utc_or_none
 
 
@@ -30,10 +31,15 @@ class StepView:
     detail: str
     started_at: float
     ended_at: float | None
+    condition: str | None = None  # when it runs, if not always: "only if ..."
 
     @property
     def duration(self) -> float | None:
-        return None if self.ended_at is None else self.ended_at - self.started_at
+        """None for a step that did not run (planned by a dry run; an older journal gave
+        it an end at its start)."""
+        if self.ended_at is None or self.outcome == StepOutcome.PLANNED:
+            return None
+        return self.ended_at - self.started_at
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +69,8 @@ class RunView:
     queued_at: float
     started_at: float | None
     ended_at: float | None
+    # why it acted: its re-check's verdict, what was probed, from where (None: not yet)
+    recheck: str | None = None
     steps: list[StepView] = field(default_factory=list)
 
     @property
