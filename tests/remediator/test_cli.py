@@ -338,7 +338,7 @@ def test_remediate_refuses_an_unknown_model_and_a_bad_config(
 
 
 @pytest.mark.testbed
-def test_remediate_dry_run_plans_under_the_real_lock_and_exit_3_when_it_is_held(
+def test_remediate_dry_run_plans_without_the_lock_even_while_another_holds_it(
     tmp_path: Path, clean_cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster = clean_cluster
@@ -372,10 +372,12 @@ def test_remediate_dry_run_plans_under_the_real_lock_and_exit_3_when_it_is_held(
             }
         )
     )
-    assert cli(["remediate", "--config.file", str(config_file), "tiny", "--dry-run"]) == 3
-    assert "locked by serve" in capsys.readouterr().out
+    assert cli(["remediate", "--config.file", str(config_file), "tiny", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "planned (dry run)" in out and "lock: not taken (dry run)" in out
+    assert json.loads(lock.read_text())["holder"] == "serve"  # left as it was
     (latest, first) = Journal(config_of(config_file).journal).list_runs()
-    assert (latest.outcome, first.outcome) == ("locked", "planned")
+    assert (latest.outcome, first.outcome) == ("planned", "planned")
 
 
 # --- which journal: the service's, said on stderr, or a refusal ----------------------
@@ -566,9 +568,14 @@ def test_remediate_exits_5_when_a_node_is_misconfigured_and_prints_the_fix(
     config_file = write_config(
         tmp_path, inventory_text(tmp_path / "node-state", medic_config=absent)
     )
-    assert cli(["remediate", "--config.file", str(config_file), MODEL, "--dry-run"]) == 5
+    assert cli(["remediate", "--config.file", str(config_file), MODEL]) == 5
     out = capsys.readouterr().out
     assert "misconfigured" in out and "mlx-medic on ai001 cannot read its inventory" in out
     assert f"NEXT: nothing was done to {MODEL}: put the inventory at" in out
     (run,) = Journal(config_of(config_file).journal).list_runs()
     assert (run.outcome, run.steps) == (RunOutcome.MISCONFIGURED, [])
+    # a dry run takes no lock: it plans whatever the nodes' deployment
+    assert cli(["remediate", "--config.file", str(config_file), MODEL, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "planned (dry run)" in out and "lock: not taken (dry run)" in out
+    assert "re-check: no re-check: started by hand" in out
