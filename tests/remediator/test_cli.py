@@ -102,6 +102,10 @@ def test_log_prints_runs_steps_outcomes_and_the_next_action_within_100_columns(
     assert "sudo -n /bin/launchctl bootout system/" in out  # the dry run's first command
     assert out.count("planned  ") >= 10  # every step of recover's plan
     assert "targets: " in out  # each step's targets, as the page shows them
+    pin = next(i for i, line in enumerate(lines) if " pin-ring " in line)
+    assert lines[pin].split()[4] == "-"  # a planned step did not run: no duration
+    assert lines[pin + 1].strip() == "only if the start fails verification"
+    assert f"      re-check: act: {MODEL} is still down: down" in lines
 
 
 def test_log_json_holds_the_controls_and_every_run_with_its_steps(
@@ -227,6 +231,11 @@ LONG_REASON = (
     " the ranks of the model, so nothing was started: the protection domains it holds are"
     " unknown /var/lib/mlx-medic/state/glm-4_6-5b/runs/20261203T210529Z-a-very-long-run-id"
 )
+LONG_RECHECK = (
+    "skip, undecided: could not confirm glm-4_6-5b is down: could not probe on ai001: cannot"
+    " reach ai001 (ai@192.168.101.1:22): timed out (probed `mlx-medic node probe glm-4_6-5b`"
+    " on the head ai001, over SSH)"
+)
 LONG_NEXT = (
     "check that ai002 is up and answers SSH, reboot it if it hangs; then resume the model"
     " with `mlx-medic resume glm-4_6-5b` and watch the next run in `mlx-medic log --follow`"
@@ -246,13 +255,16 @@ def test_log_fits_the_terminal_width_and_never_cuts_the_reason_or_the_next_actio
         model=MODEL, playbook="recover", trigger_kind="manual", owner="h:1", now=time.time()
     )
     journal.end_run(run_id, RunOutcome.ESCALATED, time.time(), LONG_REASON, LONG_NEXT)
+    journal.record_recheck(run_id, LONG_RECHECK)
     monkeypatch.setenv("COLUMNS", str(columns))
     assert cli(["log", "--config.file", str(config_file)]) == 0
     lines = capsys.readouterr().out.splitlines()
     path = LONG_REASON.split()[-1]
     assert all(len(line) <= columns or path in line for line in lines)
+    recheck = next(i for i, line in enumerate(lines) if line.startswith("      re-check: "))
     why = next(i for i, line in enumerate(lines) if line.startswith("      why:  "))
     nxt = next(i for i, line in enumerate(lines) if line.startswith("      NEXT: "))
+    assert " ".join(lines[recheck:why]).split()[1:] == LONG_RECHECK.split()  # never cut
     assert all(line.startswith(" " * 12) for line in lines[why + 1 : nxt])  # under the label
     assert " ".join(" ".join(lines[why:nxt]).split()[1:]) == LONG_REASON
     shown_next = " ".join(" ".join(lines[nxt:]).split()[1:])
