@@ -1,11 +1,9 @@
 """`mlx-medic log`: the remediation journal for on-call, at 3 a.m., at the terminal's width.
 
-Newest run first, each with its steps and their outcomes (a step that runs only if
-an earlier one fails verification says so under it; one that did not run has no
-duration), why it acted (`re-check:`), and for an escalation the next action in words.
-Pauses and open circuits are shown first: they are why nothing happens. Table columns
-may be cut with "…"; a reason (`why:`), the re-check and a next action (`NEXT:`) never
-are: they wrap under their label. Times are ISO 8601 UTC.
+Newest run first, each with its steps and their outcomes, and for an escalation
+the next action in words. Pauses and open circuits are shown first: they are
+why nothing happens. Table columns may be cut with "…"; a reason (`why:`) and a next
+action (`NEXT:`) never are: they wrap under their label. Times are ISO 8601 UTC.
 """
 
 from __future__ import annotations
@@ -116,6 +114,9 @@ RUN_HEADER = f"{'RUN':<6}{'QUEUED (UTC)':<21}{'MODEL':<18}{'TRIGGER':<22}{'OUTCO
 
 
 def format_run(run: RunView, width: int = WIDTH) -> list[str]:
+    """The run's line, then each step's (under it, its condition when it runs only if an
+    earlier one fails verification; a step that did not run shows no duration), why it
+    acted (`re-check:`, never cut, like `why:` and `NEXT:`), why it ended, the next action."""
     outcome = run.outcome + (" (dry run)" if run.dry_run else "")
     lines = [
         _fit(

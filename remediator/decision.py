@@ -222,30 +222,31 @@ def decide(
             model.name,
         )
 
+    dry_run = config.dry_run
     own = [name for name, p in playbooks.items() if p.own_budget]
     budget = (
         facts.budget(model, playbook=playbook_name)
         if playbook.own_budget
         else facts.budget(model, exclude=own)
     )
-    if config.dry_run:  # starts whatever the budget says, and says what live mode would do
-        live_would = _live_would(budget, playbook_name, playbook.own_budget)
-        start = Start(playbook_name, playbook, True, waits_for, why_after, live_would)
-        return Decision(Disposition.STARTED, model=model.name, nodes=named, start=start)
-    if budget.spent and playbook.own_budget:  # never opens recover's circuit
-        return Decision(Disposition.BACKOFF, f"{playbook_name}: {budget.reason}", model.name)
-    if budget.spent:
-        escalation = Escalation(
-            EscalationReason.BUDGET_SPENT,
-            budget.reason,
-            f"find out why {model.name} keeps failing (`mlx-medic log --model"
-            f" {model.name}`) and fix it; {resume_hint(model.name)}",
-        )
-        return Decision(Disposition.CIRCUIT_OPEN, budget.reason, model.name, escalation=escalation)
-    if not budget.allowed:
-        return Decision(Disposition.BACKOFF, budget.reason, model.name)
+    if not dry_run:  # a dry run starts whatever the budget says (`live_would` says it)
+        if budget.spent and playbook.own_budget:  # never opens recover's circuit
+            return Decision(Disposition.BACKOFF, f"{playbook_name}: {budget.reason}", model.name)
+        if budget.spent:
+            escalation = Escalation(
+                EscalationReason.BUDGET_SPENT,
+                budget.reason,
+                f"find out why {model.name} keeps failing (`mlx-medic log --model"
+                f" {model.name}`) and fix it; {resume_hint(model.name)}",
+            )
+            return Decision(
+                Disposition.CIRCUIT_OPEN, budget.reason, model.name, escalation=escalation
+            )
+        if not budget.allowed:
+            return Decision(Disposition.BACKOFF, budget.reason, model.name)
 
-    start = Start(playbook_name, playbook, False, waits_for, why_after)
+    live_would = _live_would(budget, playbook_name, playbook.own_budget) if dry_run else ""
+    start = Start(playbook_name, playbook, dry_run, waits_for, why_after, live_would)
     return Decision(Disposition.STARTED, model=model.name, nodes=named, start=start)
 
 

@@ -228,7 +228,11 @@ class Runner:
         check and plans anyway."""
         verdict = await run.playbook.recheck(context)
         self._note_recheck(run, verdict.journaled(dry_run=run.dry_run))
-        if run.dry_run and verdict.undecided:
+        if run.dry_run and verdict.undecided:  # counted still: their alerts tell on-call
+            if verdict.unreachable_node is not None:
+                self.metrics.node_unreachable(model.name, verdict.unreachable_node)
+            if verdict.misconfiguration is not None:
+                self.metrics.node_misconfigured(model.name, verdict.misconfiguration)
             return None
         if verdict.should_act:
             log.info(

@@ -1,7 +1,9 @@
 """The journal's SQLite layout: its tables and indexes (DDL) and the pragmas every
 connection sets. Every statement is `IF NOT EXISTS`, so opening a journal an older
 process wrote changes none of its rows: it reads as it did. An index a newer version
-adds is built when it first opens the journal (once; an older version ignores it)."""
+adds is built when it first opens the journal (once; an older version ignores it), and
+so is a column (ADDED_COLUMNS: nullable, so the old rows read as NULL; an older version
+never names it)."""
 
 from __future__ import annotations
 
@@ -88,14 +90,11 @@ CREATE TABLE IF NOT EXISTS budget_resets (
 
 
 SCHEMA = SCHEMA_TEMPLATE.format(needs=NEEDS_SQL, landmarks=LANDMARK_SQL)
-
-# Columns a newer version added to a table of SCHEMA_TEMPLATE, (name, type) each: a
-# journal an older version created gets them when it is opened (NULL in its old rows,
-# which read as before); an older version reads past them.
-ADDED_COLUMNS: dict[str, list[tuple[str, str]]] = {
-    "runs": [("recheck", "TEXT")],  # the re-check's verdict, what was probed, from where
-    "steps": [("condition", "TEXT")],  # when a step runs, if not always (a fallback)
-}
+# Columns added since a table was first released: (table, column, its type).
+ADDED_COLUMNS = (
+    ("runs", "recheck", "TEXT"),  # why the run acted: the re-check's verdict, what it probed
+    ("steps", "condition", "TEXT"),  # when a step runs, if not always: "only if ..."
+)
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -117,14 +116,14 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 def _add_columns(db: sqlite3.Connection) -> None:
-    """ADDED_COLUMNS a journal lacks, each added once (another process opening it at the
-    same time may add it first: its "duplicate column" is not an error)."""
-    for table, columns in ADDED_COLUMNS.items():
-        have = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
-        for name, kind in columns:
-            if name not in have:
-                try:
-                    db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
-                except sqlite3.OperationalError as exc:
-                    if "duplicate column" not in str(exc):
-                        raise
+    """The ADDED_COLUMNS a journal written before them lacks. Another process opening it
+    at the same moment may add one first: its "duplicate column" is no failure."""
+    for table, column, kind in ADDED_COLUMNS:
+        present = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column in present:
+            continue
+        try:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):
+                raise

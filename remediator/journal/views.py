@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 from mlx_medic.remediator.label_limits import bounded_labels
-from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.utc_time import iso_utc, iso_utc_or_none
 
 
@@ -37,7 +36,7 @@ class StepView:
     def duration(self) -> float | None:
         """None for a step that did not run (planned by a dry run; an older journal gave
         it an end at its start)."""
-        if self.ended_at is None or self.outcome == StepOutcome.PLANNED:
+        if self.ended_at is None or self.outcome == "planned":  # StepOutcome.PLANNED
             return None
         return self.ended_at - self.started_at
 
@@ -69,9 +68,9 @@ class RunView:
     queued_at: float
     started_at: float | None
     ended_at: float | None
+    steps: list[StepView] = field(default_factory=list)
     # why it acted: its re-check's verdict, what was probed, from where (None: not yet)
     recheck: str | None = None
-    steps: list[StepView] = field(default_factory=list)
 
     @property
     def duration(self) -> float | None:

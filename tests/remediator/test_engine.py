@@ -489,7 +489,10 @@ async def test_a_dry_run_against_a_cluster_that_does_not_answer_still_journals_i
         return await probe_model_health(model, inventory, transport=transport, probe_from="head")
 
     config = make_config(tmp_path, dry_run=True)
-    engine = make_engine(config, inventory, transport=transport, health=probe_on_head)
+    registry = CollectorRegistry()
+    engine = make_engine(
+        config, inventory, transport=transport, health=probe_on_head, registry=registry
+    )
     engines.append(engine)
     run = await only_run(engine, alert("d1"))
     assert run.outcome == "planned" and not run.counted
@@ -504,6 +507,8 @@ async def test_a_dry_run_against_a_cluster_that_does_not_answer_still_journals_i
     )
     assert "lock: not taken (dry run)" in run.detail
     assert run.next_action is None
+    unreachable = {"model": MODEL, "node": "ai001"}  # still counted: its alert tells on-call
+    assert registry.get_sample_value("mlx_medic_node_unreachable_total", unreachable) == 1
 
 
 async def test_every_run_journals_why_it_acted_or_not(
