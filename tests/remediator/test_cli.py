@@ -570,6 +570,18 @@ def test_remediate_force_of_a_paused_model_runs_and_journals_the_override(
     assert journal.controls()[0].kind == "pause"  # --force overrides once; the pause stays
 
 
+def test_remediate_dry_run_asks_no_node_so_a_misconfigured_one_does_not_stop_its_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_remediate, "SshTransport", lambda inventory: LocalTransport())
+    unreadable = inventory_text(tmp_path / "node-state", medic_config=tmp_path / "absent.yaml")
+    config_file = write_config(tmp_path, unreadable)
+    assert cli(["remediate", "--config.file", str(config_file), MODEL, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "planned (dry run)" in out and "lock: not taken (dry run)" in out
+    assert "re-check: no re-check: started by hand" in out
+
+
 def test_remediate_exits_5_when_a_node_is_misconfigured_and_prints_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -586,8 +598,3 @@ def test_remediate_exits_5_when_a_node_is_misconfigured_and_prints_the_fix(
     assert f"NEXT: nothing was done to {MODEL}: put the inventory at" in out
     (run,) = Journal(config_of(config_file).journal).list_runs()
     assert (run.outcome, run.steps) == (RunOutcome.MISCONFIGURED, [])
-    # a dry run takes no lock: it plans whatever the nodes' deployment
-    assert cli(["remediate", "--config.file", str(config_file), MODEL, "--dry-run"]) == 0
-    out = capsys.readouterr().out
-    assert "planned (dry run)" in out and "lock: not taken (dry run)" in out
-    assert "re-check: no re-check: started by hand" in out

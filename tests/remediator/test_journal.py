@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.remediator.journal import OUTPUT_CAP, Journal, owner_tag, schema
+from mlx_medic.remediator.journal import OUTPUT_CAP, Journal, StepView, owner_tag, schema
 from mlx_medic.remediator.outcomes import RUN_ENDED, RUN_HOLDS_FIRING, RunOutcome, StepOutcome
 from tests.remediator.engine_fakes import dead_pid
 
@@ -318,3 +318,8 @@ def test_a_journal_an_older_version_wrote_gets_the_new_columns_once_and_reads_as
             have = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
             assert have.count(column) == 1
     db.close()
+
+
+def test_a_planned_step_has_no_duration_even_as_an_older_journal_ended_it_at_its_start() -> None:
+    old = StepView(1, 1, 1, "verify", "ai001", None, "", [], "planned", None, "", "", 3.0, 3.0)
+    assert old.duration is None and old.to_dict()["duration_seconds"] is None
