@@ -31,6 +31,7 @@ class ActiveRun:
     nodes: set[str] = field(default_factory=set)  # the nodes its alerts named; empty: all
     nodes_fixed: bool = False  # its steps were given `nodes`: later ones are not acted on
     after: asyncio.Task[None] | None = None  # the run of the model it waits for, if any
+    live_would: str = ""  # a dry run: what live mode would do (the decision's budget)
 
     def covers(self, named: Set[str]) -> bool:
         """Whether the run acts on the nodes an alert names (empty: every node), so the

@@ -118,6 +118,9 @@ RUN_HEADER = f"{'RUN':<6}{'QUEUED (UTC)':<21}{'MODEL':<18}{'TRIGGER':<22}{'OUTCO
 
 
 def format_run(run: RunView, width: int = WIDTH) -> list[str]:
+    """The run's line, then each step's (under it, its condition when it runs only if an
+    earlier one fails verification; a step that did not run shows no duration), why it
+    acted (`re-check:`, never cut, like `why:` and `NEXT:`), why it ended, the next action."""
     outcome = run.outcome + (" (dry run)" if run.dry_run else "")
     lines = [
         _fit(
@@ -129,10 +132,14 @@ def format_run(run: RunView, width: int = WIDTH) -> list[str]:
     lines += format_links(run, width)
     for step in run.steps:
         lines.append(format_step(step, width))
+        if step.condition:
+            lines += _wrapped("   ", step.condition, width, indent=12)
         if step.targets:
             lines += _wrapped("   ", "targets: " + ", ".join(step.targets), width, indent=12)
         if step.detail and step.outcome not in (StepOutcome.OK, StepOutcome.PLANNED):
             lines += _wrapped("   ", step.detail, width, indent=12)
+    if run.recheck:
+        lines += _wrapped("re-check: ", run.recheck, width)
     if run.detail:
         lines += _wrapped("why:  ", run.detail, width)
     if run.next_action:
@@ -158,7 +165,7 @@ def format_links(run: RunView, width: int = WIDTH) -> list[str]:
 
 def format_step(step: StepView, width: int = WIDTH) -> str:
     what = " ".join(step.command) if step.command else step.description
-    took = "-" if step.outcome == StepOutcome.PLANNED else _took(step.duration)
+    took = _took(step.duration)  # "-": the step did not run (planned) or still runs
     head = (
         f"      {step.seq:>2} {_cut(step.name, 14):<15}{_cut(step.node, 10):<11}"
         f"{step.outcome:<16}{took:>6}  "

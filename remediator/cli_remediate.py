@@ -1,13 +1,15 @@
 """`mlx-medic remediate MODEL [--dry-run] [--force]`: the playbook by hand.
 
 Same playbook, same model lock (so it never races the service or the serve
-wrapper), same journal. Not held back by budget or an open circuit (the robot gave
-up; a person decided). A pause is different: a person said hands off, so a paused
-model (or all models paused) is refused unless `--force`, and the journal records the
-override with who gave it. Exit status: 0 succeeded or planned (dry run), 1 any other
-end (escalated, inconclusive, failed, interrupted, unreachable), 2 usage or config error,
-3 the model lock is held, 4 the model is paused and `--force` was not given, 5 a node's
-mlx-medic is misconfigured for the run (nothing was done; the fix is its next action).
+wrapper), same journal; a dry run takes no lock and asks no node (it journals the
+plan). Not held back by budget or an open circuit (the robot gave up; a person
+decided). A pause is different: a person said hands off, so a paused model (or all
+models paused) is refused unless `--force`, and the journal records the override
+with who gave it. Exit status: 0 succeeded or planned (dry run), 1 any other end
+(escalated, inconclusive, failed, interrupted, unreachable), 2 usage or config error,
+3 the model lock is held (never for a dry run), 4 the model is paused and `--force`
+was not given, 5 a node's mlx-medic is misconfigured for the run (nothing was done;
+the fix is its next action).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("model", help="the model's name in the inventory")
     parser.add_argument(
-        "--dry-run", action="store_true", help="plan and journal every step, execute nothing"
+        "--dry-run",
+        action="store_true",
+        help="plan and journal every step; take no lock, ask no node, execute nothing",
     )
     parser.add_argument(
         "--force",

@@ -17,6 +17,8 @@ The order of the rules is the safety argument:
     the run acts on a serving model (sweep-orphans), and for an alert naming a node
     the run does not act on (sweep-orphans acts on the nodes named before it started)
   paused / circuit open -> PAUSED / CIRCUIT_OPEN
+  a dry run -> a new run, STARTED, whatever the budget says: the run journals what live
+    mode would do by the two rules below (act, back off, or open the circuit)
   budget spent -> escalate, CIRCUIT_OPEN (a playbook with a budget of its own, such as
     sweep-orphans: BACKOFF, no escalation); within backoff -> BACKOFF
   else -> a new run, STARTED
@@ -115,6 +117,7 @@ class Start:
     dry_run: bool
     after: ActiveRun | None = None  # the run of the model it waits for, if any
     why_after: str = ""
+    live_would: str = ""  # a dry run: what live mode would do (budget, backoff, circuit)
 
     def detail(self, run_id: int) -> str:
         """The STARTED event's words, once the journal gave the run its id."""
@@ -222,13 +225,13 @@ def decide(
         )
 
     dry_run = config.dry_run
-    if not dry_run:
-        own = [name for name, p in playbooks.items() if p.own_budget]
-        budget = (
-            facts.budget(model, playbook=playbook_name)
-            if playbook.own_budget
-            else facts.budget(model, exclude=own)
-        )
+    own = [name for name, p in playbooks.items() if p.own_budget]
+    budget = (
+        facts.budget(model, playbook=playbook_name)
+        if playbook.own_budget
+        else facts.budget(model, exclude=own)
+    )
+    if not dry_run:  # a dry run starts whatever the budget says (`live_would` says it)
         if budget.spent and playbook.own_budget:  # never opens recover's circuit
             return Decision(Disposition.BACKOFF, f"{playbook_name}: {budget.reason}", model.name)
         if budget.spent:
@@ -244,8 +247,20 @@ def decide(
         if not budget.allowed:
             return Decision(Disposition.BACKOFF, budget.reason, model.name)
 
-    start = Start(playbook_name, playbook, dry_run, waits_for, why_after)
+    live_would = _live_would(budget, playbook_name, playbook.own_budget) if dry_run else ""
+    start = Start(playbook_name, playbook, dry_run, waits_for, why_after, live_would)
     return Decision(Disposition.STARTED, model=model.name, nodes=named, start=start)
+
+
+def _live_would(budget: BudgetDecision, playbook_name: str, own_budget: bool) -> str:
+    """What a live run would do where a dry run starts, by the rules above."""
+    if budget.spent and own_budget:
+        return f"live mode would not act: {playbook_name}: {budget.reason}"
+    if budget.spent:
+        return f"live mode would not act but open the circuit and page: {budget.reason}"
+    if not budget.allowed:
+        return f"live mode would not act: {budget.reason}"
+    return f"live mode would act now ({budget.reason})"
 
 
 def _resolved(event: AlertEvent, model: Model | None, runs: Mapping[str, ActiveRun]) -> Decision:

@@ -68,6 +68,8 @@ from mlx_medic.transport import NodeTransport
 log = logging.getLogger("mlx_medic.remediator.engine")
 
 SEEN_CACHE = 100_000
+# A dry run by hand: what its live run would do (no re-check, budget or backoff applies)
+MANUAL_LIVE_WOULD = "live mode would act now if the model lock is free (started by hand)"
 # Run endings worth a warning: nothing was fixed and the reason is not another holder.
 _WARN = {
     RunOutcome.UNREACHABLE,
@@ -320,6 +322,7 @@ class Engine:
             firings={key},
             nodes=set(decision.nodes),
             after=start.after.task if start.after is not None else None,
+            live_would=start.live_would,
         )
         self._queue(run)
         self._writes.event(
@@ -401,6 +404,8 @@ class Engine:
             dry_run=dry_run,
         )
         run = ActiveRun(run_id, model.name, self.playbooks[playbook_name], dry_run, "manual")
+        if dry_run:
+            run.live_would = MANUAL_LIVE_WOULD
         self._runs.setdefault(model.name, run)
         self._spawn(run)
         assert run.task is not None

@@ -15,7 +15,7 @@ A verdict has three values, and "could not tell" is never "down": nothing acts o
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Literal
 
@@ -51,6 +51,12 @@ class HealthVerdict:
     unreachable_node: str | None = None  # unknown because this node did not answer over SSH
     # unknown because a node's mlx-medic cannot serve the probe as deployed
     misconfiguration: Misconfiguration | None = None
+    # What was probed and from where (`probe_model_health`): on-call reads why a run acted
+    probed: str = ""
+
+    def probed_as(self, probed: str) -> HealthVerdict:
+        """This verdict, saying what was probed and from where."""
+        return replace(self, probed=probed)
 
     @classmethod
     def up(cls, reason: str) -> HealthVerdict:
@@ -126,12 +132,17 @@ async def probe_model_health(
     node's own address."""
     head = inventory.node(model.head)
     if probes_on_head(model, probe_from, this_node):
-        return await _probe_on_head(model, inventory, transport)
+        verdict = await _probe_on_head(model, inventory, transport)
+        return verdict.probed_as(
+            f"`mlx-medic node probe {model.name}` on the head {model.head}, over SSH"
+        )
     # Probed from here, a server listening on every address is reached at its head's
     # address; probed on the head itself, it answers on loopback (health.probe_host).
     host = head.ssh if model.host in health.WILDCARD_HOSTS else model.host
     result = await health.probe_model_async(host, model.port, timeout=PROBE_TIMEOUT)
-    return HealthVerdict.of(result.up, result.conclusive, result.reason)
+    here = f"this remediator's host ({this_node})" if this_node else "this remediator's host"
+    verdict = HealthVerdict.of(result.up, result.conclusive, result.reason)
+    return verdict.probed_as(f"{host}:{model.port} from {here}")
 
 
 async def _probe_on_head(

@@ -190,6 +190,7 @@ def _render_step(step: Mapping[str, Any]) -> str:
     duration = format_duration(step.get("duration_seconds"))
     targets = step.get("targets") or []
     notes = [
+        _first(step, "condition"),
         _first(step, "description"),
         f"targets: {', '.join(str(t) for t in targets)}" if targets else None,
         f"exit status {step['exit_status']}" if step.get("exit_status") is not None else None,
@@ -250,6 +251,7 @@ def _render_run(run: Mapping[str, Any]) -> str:
         ("Ended", _when(run.get("ended_at"))),
         ("Duration", format_duration(run.get("duration_seconds"))),
         ("Why", _first(run, "detail")),
+        ("Re-check", _first(run, "recheck")),
         ("Playbook", _first(run, "playbook")),
         (
             "Mode",

@@ -16,6 +16,13 @@ spent, no circuit opened (a run after the fix acts), a warning,
 `mlx_medic_node_misconfigured_total`, and the fix as the next action. Found by a step
 after one that acted, it escalates like any step that could not ask its nodes.
 
+A dry run re-checks too (a re-check that could not tell, a node that did not answer,
+is journaled as "not checked" and the plan journaled anyway), never takes the lock, and
+journals every step of its plan as planned, a fallback with its condition ("only if the
+start fails verification"), ending `planned` with what live mode would do (the
+decision's budget and backoff). Every run journals why it acted (`recheck`): the
+re-check's verdict, what was probed and from where, or that a person started it.
+
 The runner owns the control flow: fallback steps only after a failed verify, a verify
 that could not tell ends the run inconclusive, and a step that failed or found a state
 a restart cannot fix escalates to a person. What a sweep could not end (uninterruptible
@@ -59,12 +66,15 @@ from mlx_medic.remediator.steps import (
     StepDescription,
     StepKind,
     StepResult,
+    describe_plan,
 )
 from mlx_medic.remediator.steps.sweep import survivor_escalation
 from mlx_medic.transport import NodeTransport, TransportError
 from mlx_medic.transport.ssh_options import ssh_command_line
 
 log = logging.getLogger("mlx_medic.remediator.engine")  # the engine's parts log as one
+MANUAL_RECHECK = "no re-check: started by hand"
+DRY_RUN_LOCK = "lock: not taken (dry run)"
 
 
 @dataclass
@@ -143,8 +153,12 @@ class Runner:
             control = self.journal.blocking_control(model.name)
             if control is not None:  # a person said hands off: nothing is asked of a node
                 return RunEnd(RunOutcome.SKIPPED, f"{control.kind} set before the run started")
+        else:
+            self._note_recheck(run, MANUAL_RECHECK)
         plan = run.playbook.plan_for(model, self.inventory, context.nodes)
-        ahead = plan[0].read_ahead(context) if plan and not run.dry_run else None
+        if run.dry_run:
+            return await self._plan_only(run, model, context, plan, alert)
+        ahead = plan[0].read_ahead(context) if plan else None
         asked = asyncio.create_task(ahead) if ahead is not None else None
         try:
             return await self._lock_and_walk(run, model, context, plan, holding, asked, alert)
@@ -194,14 +208,40 @@ class Runner:
             skipped = await self._recheck(run, model, context)
             if skipped is not None:
                 return skipped
+        return await self._execute(run, model, context, plan)
+
+    async def _plan_only(
+        self, run: ActiveRun, model: Model, context: RunContext, plan: list[Step], alert: bool
+    ) -> RunEnd:
+        """A dry run: the re-check (`alert`; one that could not tell is noted, and the plan
+        journaled anyway), never the lock, then every step of the plan journaled as
+        planned, whether or not the nodes answer."""
+        if alert:
+            skipped = await self._recheck(run, model, context)
+            if skipped is not None:
+                return skipped
+        return await self._execute(run, model, context, plan)
+
+    async def _execute(
+        self, run: ActiveRun, model: Model, context: RunContext, plan: list[Step]
+    ) -> RunEnd:
         run.phase = "executing"
         self.journal.start_run(run.run_id, self.clock())
         self.metrics.in_progress.labels(model=model.name).set(1)
         return await self._walk(run, model, context, plan)
 
     async def _recheck(self, run: ActiveRun, model: Model, context: RunContext) -> RunEnd | None:
-        """The playbook's re-check: None to act, else how the run ends."""
+        """The playbook's re-check, journaled with the run: None to act, else how the run
+        ends. A dry run that could not tell goes on (None): it notes what it could not
+        check and plans anyway."""
         verdict = await run.playbook.recheck(context)
+        self._note_recheck(run, verdict.journaled(dry_run=run.dry_run))
+        if run.dry_run and verdict.undecided:  # counted still: their alerts tell on-call
+            if verdict.unreachable_node is not None:
+                self.metrics.node_unreachable(model.name, verdict.unreachable_node)
+            if verdict.misconfiguration is not None:
+                self.metrics.node_misconfigured(model.name, verdict.misconfiguration)
+            return None
         if verdict.should_act:
             log.info(
                 "run %s of %s acts: %s",
@@ -218,6 +258,12 @@ class Runner:
         if not verdict.undecided:
             self.stale(model.name, run.run_id, verdict.reason)
         return RunEnd(RunOutcome.SKIPPED, verdict.reason)
+
+    def _note_recheck(self, run: ActiveRun, recheck: str) -> None:
+        """Journal why the run acts (or not); a journal that fails to record it fails
+        the run's next write, not this one (it is for on-call to read)."""
+        with contextlib.suppress(JournalError):
+            self.journal.record_recheck(run.run_id, recheck)
 
     def _unreachable(self, model: Model, node_name: str, detail: str) -> RunEnd:
         """A node the run needed did not answer: nothing was done; say what to check."""
@@ -293,13 +339,13 @@ class Runner:
         comes next."""
         if not plan:
             return RunEnd(RunOutcome.FAILED, "the playbook planned no steps")
-        described = [step.describe() for step in plan]
+        described = describe_plan(plan)
         if run.dry_run:
             for seq, about in enumerate(described, 1):
                 self._begin_step(run, seq, about, outcome=StepOutcome.PLANNED)
-            return RunEnd(
-                RunOutcome.PLANNED, f"dry run: {len(plan)} steps planned, nothing executed"
-            )
+            planned = f"dry run: {len(plan)} steps planned, nothing executed"
+            parts = [planned, DRY_RUN_LOCK, run.live_would]
+            return RunEnd(RunOutcome.PLANNED, "; ".join(part for part in parts if part))
 
         acted = False  # a step that may change a node has started: the run spends budget
         step_timeout = max(model.policy.start_timeout, self.inventory.ssh.command_timeout) + 60
@@ -468,4 +514,5 @@ class Runner:
             targets=list(about.targets),
             now=self.clock(),
             outcome=outcome,
+            condition=about.condition,
         )

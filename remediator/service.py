@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dry-run",
         action="store_true",
         default=None,
-        help="plan and journal every step, execute nothing",
+        help="plan and journal every step and what live mode would do; take no lock, execute"
+        " nothing",
     )
     parser.add_argument(
         "--insecure-no-auth",

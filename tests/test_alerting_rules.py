@@ -419,9 +419,8 @@ def test_every_mlx_medic_command_line_in_the_runbook_parses(path: Path) -> None:
             ) from None
 
 
-# `remediate --dry-run` journals the plan but still takes the model lock on the head over
-# SSH, which needs a cluster (tests/remediator/test_cli.py runs it on the testbed): it is
-# run with --help here.
+# `remediate` needs a remediator's config and journal, not an inventory (its dry run is run
+# by tests/remediator/test_cli.py): it is run with --help here.
 NEEDS_A_CLUSTER = ("remediate",)
 
 

@@ -92,7 +92,11 @@ CREATE TABLE IF NOT EXISTS budget_resets (
 
 SCHEMA = SCHEMA_TEMPLATE.format(needs=NEEDS_SQL, landmarks=LANDMARK_SQL)
 # Columns added since a table was first released: (table, column, its type), as in SCHEMA.
-ADDED_COLUMNS = (("runs", "links", "TEXT"),)
+ADDED_COLUMNS = (
+    ("runs", "links", "TEXT"),  # the alert's runbook, Prometheus and Alertmanager URLs (JSON)
+    ("runs", "recheck", "TEXT"),  # why the run acted: the re-check's verdict, what it probed
+    ("steps", "condition", "TEXT"),  # when a step runs, if not always: "only if ..."
+)
 
 
 def connect(path: Path) -> sqlite3.Connection:

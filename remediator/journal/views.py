@@ -31,10 +31,15 @@ class StepView:
     detail: str
     started_at: float
     ended_at: float | None
+    condition: str | None = None  # when it runs, if not always: "only if ..."
 
     @property
     def duration(self) -> float | None:
-        return None if self.ended_at is None else self.ended_at - self.started_at
+        """None for a step that did not run (planned by a dry run; an older journal gave
+        it an end at its start)."""
+        if self.ended_at is None or self.outcome == "planned":  # StepOutcome.PLANNED
+            return None
+        return self.ended_at - self.started_at
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +72,8 @@ class RunView:
     # the alert's runbook_url, generator_url, external_url as sent (bounded; links.py)
     links: dict[str, str] = field(default_factory=dict)
     steps: list[StepView] = field(default_factory=list)
+    # why it acted: its re-check's verdict, what was probed, from where (None: not yet)
+    recheck: str | None = None
 
     @property
     def duration(self) -> float | None:

@@ -73,6 +73,12 @@ class JournalWrites(JournalStore):
                 (RunOutcome.RUNNING.value, now, run_id),
             )
 
+    def record_recheck(self, run_id: int, recheck: str) -> None:
+        """Why the run acted or did not: its re-check's verdict, what was probed, from where
+        (a later re-check, after a wait for the lock, replaces it)."""
+        with self._tx() as db:
+            db.execute("UPDATE runs SET recheck=? WHERE id=?", (recheck, run_id))
+
     def mark_counted(self, run_id: int) -> None:
         """The run acted on the nodes: it spends the model's restart budget."""
         with self._tx() as db:
@@ -109,12 +115,15 @@ class JournalWrites(JournalStore):
         targets: list[str],
         now: float,
         outcome: StepOutcome = StepOutcome.RUNNING,
+        condition: str | None = None,
     ) -> int:
-        """Written before the step starts: a crash leaves it `running`."""
+        """Written before the step starts: a crash leaves it `running`. A step a dry run
+        plans (`planned`) never runs: it has no end (and no duration)."""
+        ends = outcome not in (StepOutcome.RUNNING, StepOutcome.PLANNED)
         with self._tx() as db:
             cursor = db.execute(
                 "INSERT INTO steps (run_id, seq, name, node, command, description, targets,"
-                " outcome, started_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                " condition, outcome, started_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     run_id,
                     seq,
@@ -123,9 +132,10 @@ class JournalWrites(JournalStore):
                     None if command is None else json.dumps(command),
                     description,
                     json.dumps(targets),
+                    condition,
                     StepOutcome(outcome).value,
                     now,
-                    None if outcome == StepOutcome.RUNNING else now,
+                    now if ends else None,
                 ),
             )
             return int(cursor.lastrowid or 0)

@@ -28,17 +28,18 @@ class RecheckVerdict:
     tell is `undecided` (not journaled as stale news); when it could not tell because a
     node did not answer, `unreachable_node` names it and the run ends unreachable; because
     a node's mlx-medic is deployed wrong, `misconfiguration` says what and the run ends
-    misconfigured."""
+    misconfigured. `probed`: what was asked and from where (a health probe), for on-call."""
 
     should_act: bool
     reason: str
     undecided: bool = False
     unreachable_node: str | None = None
     misconfiguration: Misconfiguration | None = None
+    probed: str = ""
 
     @classmethod
-    def act(cls, reason: str) -> RecheckVerdict:
-        return cls(True, reason)
+    def act(cls, reason: str, *, probed: str = "") -> RecheckVerdict:
+        return cls(True, reason, probed=probed)
 
     @classmethod
     def skip(
@@ -48,12 +49,15 @@ class RecheckVerdict:
         undecided: bool = False,
         unreachable_node: str | None = None,
         misconfiguration: Misconfiguration | None = None,
+        probed: str = "",
     ) -> RecheckVerdict:
         undecided = undecided or unreachable_node is not None or misconfiguration is not None
-        return cls(False, reason, undecided, unreachable_node, misconfiguration)
+        return cls(False, reason, undecided, unreachable_node, misconfiguration, probed)
 
     @classmethod
-    def not_asked(cls, reason: str, node: str, error: HelperCallError) -> RecheckVerdict:
+    def not_asked(
+        cls, reason: str, node: str, error: HelperCallError, *, probed: str = ""
+    ) -> RecheckVerdict:
         """Could not tell: `node`'s helper gave no answer (`error`), which names the node
         when it did not answer and the misconfiguration when it is deployed wrong."""
         return cls.skip(
@@ -63,7 +67,20 @@ class RecheckVerdict:
             misconfiguration=(
                 error.misconfiguration if isinstance(error, HelperMisconfigured) else None
             ),
+            probed=probed,
         )
+
+    def journaled(self, *, dry_run: bool = False) -> str:
+        """The run's `recheck` as on-call reads it: the verdict, why, and what was probed
+        from where. A dry run that could not tell plans anyway: "not checked"."""
+        if self.should_act:
+            verdict = "act"
+        elif self.undecided:
+            verdict = "not checked (a dry run plans anyway)" if dry_run else "skip, undecided"
+        else:
+            verdict = "skip"
+        probed = f" (probed {self.probed})" if self.probed else ""
+        return f"{verdict}: {self.reason}{probed}"
 
 
 class Playbook(ABC):
@@ -97,14 +114,18 @@ async def recheck_model_down(context: RunContext) -> RecheckVerdict:
     """Act only on a model that is still down; could not tell is not down."""
     model = context.model
     verdict = await context.health(model)
+    probed = verdict.probed
     match verdict.state:
         case ModelState.DOWN:
-            return RecheckVerdict.act(f"{model.name} is still down: {verdict.reason}")
+            return RecheckVerdict.act(
+                f"{model.name} is still down: {verdict.reason}", probed=probed
+            )
         case ModelState.UP:
-            return RecheckVerdict.skip(f"model is up again: {verdict.reason}")
+            return RecheckVerdict.skip(f"model is up again: {verdict.reason}", probed=probed)
     return RecheckVerdict.skip(
         f"could not confirm {model.name} is down: {verdict.reason}",
         undecided=True,
         unreachable_node=verdict.unreachable_node,
         misconfiguration=verdict.misconfiguration,
+        probed=probed,
     )

@@ -66,15 +66,22 @@ class FinishStopPlaybook(Playbook):
     async def recheck(self, context: RunContext) -> RecheckVerdict:
         """Act only while the head still says a remediation run stopped the service."""
         model = context.model
+        probed = f"`mlx-medic node service {model.name} status` on the head {model.head}, over SSH"
         try:
             record = await read_stop_record(context.node_helpers, model)
         except HelperCallError as exc:
             return RecheckVerdict.not_asked(
-                f"could not read {model.head}'s service record: {exc}", model.head, exc
+                f"could not read {model.head}'s service record: {exc}",
+                model.head,
+                exc,
+                probed=probed,
             )
         if record is None or not record.run.startswith(REMEDIATOR_RUN):
-            return RecheckVerdict.skip(f"{model.service.label} is no longer left stopped by a run")
+            return RecheckVerdict.skip(
+                f"{model.service.label} is no longer left stopped by a run", probed=probed
+            )
         return RecheckVerdict.act(
             f"{model.service.label} was left stopped by {record.run} ({record.reason});"
-            " finishing its work: sweep, clean, start"
+            " finishing its work: sweep, clean, start",
+            probed=probed,
         )

@@ -68,10 +68,11 @@ class SweepOrphansPlaybook(Playbook):
         replies, health = await asyncio.gather(
             ask(context, nodes, OrphansReply, model.name), context.health(model)
         )
+        probed = f"`mlx-medic node orphans {model.name}` on {', '.join(nodes)}, over SSH"
         if replies.errors:
             node, error = next(iter(replies.errors.items()))
             return RecheckVerdict.not_asked(
-                f"could not ask {node} for its orphans: {error}", node, error
+                f"could not ask {node} for its orphans: {error}", node, error, probed=probed
             )
         fresh, known = [], 0
         for node, reply in replies.replies.items():
@@ -82,6 +83,10 @@ class SweepOrphansPlaybook(Playbook):
                     fresh.append(f"{node} pid {orphan.pid} ({orphan.rule or '?'})")
         if fresh:
             context.answered_before = health.state is ModelState.UP
-            return RecheckVerdict.act(f"orphans of {model.name} still reported: {', '.join(fresh)}")
+            return RecheckVerdict.act(
+                f"orphans of {model.name} still reported: {', '.join(fresh)}", probed=probed
+            )
         also = f" (only {known} an earlier run found unkillable and named)" if known else ""
-        return RecheckVerdict.skip(f"no orphans of {model.name} left on {', '.join(nodes)}{also}")
+        return RecheckVerdict.skip(
+            f"no orphans of {model.name} left on {', '.join(nodes)}{also}", probed=probed
+        )

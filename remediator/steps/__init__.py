@@ -10,6 +10,7 @@ from mlx_medic.remediator.steps.base import (
     StepDescription,
     StepKind,
     StepResult,
+    describe_plan,
 )
 from mlx_medic.remediator.steps.clean import CleanTmp
 from mlx_medic.remediator.steps.escalate import Escalate
@@ -35,4 +36,5 @@ __all__ = [
     "StopService",
     "Sweep",
     "Verify",
+    "describe_plan",
 ]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -48,6 +48,8 @@ class StepDescription:
     description: str
     targets: list[str] = field(default_factory=list)
     argv: list[str] | None = None  # the exact command, when the step is one command
+    # when the step runs, if not always: "only if the start fails verification"
+    condition: str | None = None
 
 
 @dataclass
@@ -151,8 +153,28 @@ class Step(ABC):
     async def run(self, context: RunContext) -> StepResult:
         """Do the step. Never called in a dry run."""
 
+    def verifies(self) -> str:
+        """What a verify step judges, in the words of a fallback's condition."""
+        return f"`{self.describe().name}`"
+
     def read_ahead(self, context: RunContext) -> Coroutine[Any, Any, Any] | None:
         """A first step's question that changes nothing on any node, asked while the run
         re-checks and takes the lock, so its answer is there when the step starts (one
         round trip less before the start); None: nothing to ask ahead."""
         return None
+
+
+def describe_plan(plan: Sequence[Step]) -> list[StepDescription]:
+    """Each step's description, a fallback's with its condition: it runs only if the
+    verify before it fails (the engine's control flow), so on-call never reads a dry
+    run's plan as "all of this will happen"."""
+    described, last_verify = [], None
+    for step in plan:
+        about = step.describe()
+        if step.fallback and last_verify is not None:
+            condition = f"only if {last_verify.verifies()} fails verification"
+            about = replace(about, condition=condition)
+        if step.kind is StepKind.VERIFY:
+            last_verify = step
+        described.append(about)
+    return described

@@ -64,6 +64,9 @@ class Verify(Step):
         """How long it asks: `within`, else the model's start_timeout."""
         return self.model.policy.start_timeout if self.within is None else self.within
 
+    def verifies(self) -> str:
+        return "the start" if self.backend is None else f"the start on {self.backend}"
+
     def describe(self) -> StepDescription:
         where = f"{self.model.host}:{self.model.port}"
         asked = f", asked again for up to {self.wait:g}s" if self.wait > 0 else ", asked once"

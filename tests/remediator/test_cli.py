@@ -103,6 +103,10 @@ def test_log_prints_runs_steps_outcomes_and_the_next_action_within_100_columns(
     assert "sudo -n /bin/launchctl bootout system/" in out  # the dry run's first command
     assert out.count("planned  ") >= 10  # every step of recover's plan
     assert "targets: " in out  # each step's targets, as the page shows them
+    pin = next(i for i, line in enumerate(lines) if " pin-ring " in line)
+    assert lines[pin].split()[4] == "-"  # a planned step did not run: no duration
+    assert lines[pin + 1].strip() == "only if the start fails verification"
+    assert f"      re-check: act: {MODEL} is still down: down" in lines
 
 
 def test_log_json_holds_the_controls_and_every_run_with_its_steps(
@@ -228,6 +232,11 @@ LONG_REASON = (
     " the ranks of the model, so nothing was started: the protection domains it holds are"
     " unknown /var/lib/mlx-medic/state/glm-4_6-5b/runs/20261203T210529Z-a-very-long-run-id"
 )
+LONG_RECHECK = (
+    "skip, undecided: could not confirm glm-4_6-5b is down: could not probe on ai001: cannot"
+    " reach ai001 (ai@192.168.101.1:22): timed out (probed `mlx-medic node probe glm-4_6-5b`"
+    " on the head ai001, over SSH)"
+)
 LONG_NEXT = (
     "check that ai002 is up and answers SSH, reboot it if it hangs; then resume the model"
     " with `mlx-medic resume glm-4_6-5b` and watch the next run in `mlx-medic log --follow`"
@@ -247,13 +256,16 @@ def test_log_fits_the_terminal_width_and_never_cuts_the_reason_or_the_next_actio
         model=MODEL, playbook="recover", trigger_kind="manual", owner="h:1", now=time.time()
     )
     journal.end_run(run_id, RunOutcome.ESCALATED, time.time(), LONG_REASON, LONG_NEXT)
+    journal.record_recheck(run_id, LONG_RECHECK)
     monkeypatch.setenv("COLUMNS", str(columns))
     assert cli(["log", "--config.file", str(config_file)]) == 0
     lines = capsys.readouterr().out.splitlines()
     path = LONG_REASON.split()[-1]
     assert all(len(line) <= columns or path in line for line in lines)
+    recheck = next(i for i, line in enumerate(lines) if line.startswith("      re-check: "))
     why = next(i for i, line in enumerate(lines) if line.startswith("      why:  "))
     nxt = next(i for i, line in enumerate(lines) if line.startswith("      NEXT: "))
+    assert " ".join(lines[recheck:why]).split()[1:] == LONG_RECHECK.split()  # never cut
     assert all(line.startswith(" " * 12) for line in lines[why + 1 : nxt])  # under the label
     assert " ".join(" ".join(lines[why:nxt]).split()[1:]) == LONG_REASON
     shown_next = " ".join(" ".join(lines[nxt:]).split()[1:])
@@ -339,7 +351,7 @@ def test_remediate_refuses_an_unknown_model_and_a_bad_config(
 
 
 @pytest.mark.testbed
-def test_remediate_dry_run_plans_under_the_real_lock_and_exit_3_when_it_is_held(
+def test_remediate_dry_run_plans_without_the_lock_even_while_another_holds_it(
     tmp_path: Path, clean_cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster = clean_cluster
@@ -373,10 +385,12 @@ def test_remediate_dry_run_plans_under_the_real_lock_and_exit_3_when_it_is_held(
             }
         )
     )
-    assert cli(["remediate", "--config.file", str(config_file), "tiny", "--dry-run"]) == 3
-    assert "locked by serve" in capsys.readouterr().out
+    assert cli(["remediate", "--config.file", str(config_file), "tiny", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "planned (dry run)" in out and "lock: not taken (dry run)" in out
+    assert json.loads(lock.read_text())["holder"] == "serve"  # left as it was
     (latest, first) = Journal(config_of(config_file).journal).list_runs()
-    assert (latest.outcome, first.outcome) == ("locked", "planned")
+    assert (latest.outcome, first.outcome) == ("planned", "planned")
 
 
 # --- which journal: the service's, said on stderr, or a refusal ----------------------
@@ -557,6 +571,18 @@ def test_remediate_force_of_a_paused_model_runs_and_journals_the_override(
     assert journal.controls()[0].kind == "pause"  # --force overrides once; the pause stays
 
 
+def test_remediate_dry_run_asks_no_node_so_a_misconfigured_one_does_not_stop_its_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_remediate, "SshTransport", lambda inventory: LocalTransport())
+    unreadable = inventory_text(tmp_path / "node-state", medic_config=tmp_path / "absent.yaml")
+    config_file = write_config(tmp_path, unreadable)
+    assert cli(["remediate", "--config.file", str(config_file), MODEL, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "planned (dry run)" in out and "lock: not taken (dry run)" in out
+    assert "re-check: no re-check: started by hand" in out
+
+
 def test_remediate_exits_5_when_a_node_is_misconfigured_and_prints_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -567,7 +593,7 @@ def test_remediate_exits_5_when_a_node_is_misconfigured_and_prints_the_fix(
     config_file = write_config(
         tmp_path, inventory_text(tmp_path / "node-state", medic_config=absent)
     )
-    assert cli(["remediate", "--config.file", str(config_file), MODEL, "--dry-run"]) == 5
+    assert cli(["remediate", "--config.file", str(config_file), MODEL]) == 5
     out = capsys.readouterr().out
     assert "misconfigured" in out and "mlx-medic on ai001 cannot read its inventory" in out
     assert f"NEXT: nothing was done to {MODEL}: put the inventory at" in out

@@ -124,6 +124,26 @@ class Case:
     escalation: Escalation | None = None
     nodes: tuple[str, ...] = ()  # the model's nodes the alert names, for the run
     start: tuple[str, bool, str] | None = None  # playbook, dry run, why after run 7 ("")
+    live_would: str = ""  # a dry run's start: what live mode would do
+
+
+def dry_start(
+    budget: BudgetDecision,
+    live_would: str,
+    event: AlertEvent | None = None,
+    playbook: str = "recover",
+    named: tuple[str, ...] = (),
+) -> Case:
+    """A dry run starts whatever the budget says, saying what live mode would do."""
+    return Case(
+        event or firing(),
+        Disposition.STARTED,
+        facts=Facts(budget_says=budget),
+        dry_run=True,
+        nodes=named,
+        start=(playbook, True, ""),
+        live_would=live_would,
+    )
 
 
 QUEUED_ALONE = in_flight(phase="queued", fingerprints=("f1",))
@@ -344,14 +364,26 @@ CASES = [
         id="a new firing starts a run",
     ),
     pytest.param(
-        Case(
-            firing(),
-            Disposition.STARTED,
-            facts=Facts(budget_says=SPENT),
-            dry_run=True,
-            start=("recover", True, ""),
+        dry_start(ALLOWED, "live mode would act now (0 of 3 runs used)"),
+        id="dry run within the budget: says live mode would act",
+    ),
+    pytest.param(
+        dry_start(BACKOFF, f"live mode would not act: {BACKOFF.reason}"),
+        id="dry run within backoff: starts, says live mode would back off",
+    ),
+    pytest.param(
+        dry_start(SPENT, f"live mode would not act but open the circuit and page: {SPENT.reason}"),
+        id="dry run with the budget spent: starts, never escalates, says why not live",
+    ),
+    pytest.param(
+        dry_start(
+            SPENT,
+            f"live mode would not act: sweep-orphans: {SPENT.reason}",
+            orphans("ai002"),
+            "sweep-orphans",
+            ("ai002",),
         ),
-        id="dry run: no budget asked",
+        id="dry run of a playbook with its own budget spent: says live mode would not act",
     ),
 ]
 
@@ -380,7 +412,7 @@ def test_the_decision_table(case: Case) -> None:
     if case.start is not None:
         name, dry_run, why_after = case.start
         after = case.run if why_after else None
-        expected_start = Start(name, PLAYBOOKS[name], dry_run, after, why_after)
+        expected_start = Start(name, PLAYBOOKS[name], dry_run, after, why_after, case.live_would)
     assert decision == Decision(
         case.disposition,
         case.detail,

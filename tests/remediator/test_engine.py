@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.inventory.load import load_inventory
-from mlx_medic.inventory.schema import Inventory
+from mlx_medic.inventory.model import Model
+from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition
 from mlx_medic.remediator.config import (
     DEFAULT_CONFIG_FILE,
@@ -26,8 +27,9 @@ from mlx_medic.remediator.config import (
 )
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal, RunView, owner_tag
-from mlx_medic.remediator.model_health import HealthVerdict
-from mlx_medic.transport import LocalTransport, SshTransport
+from mlx_medic.remediator.model_health import HealthVerdict, probe_model_health
+from mlx_medic.transport import LocalTransport, SshTransport, TransportError
+from mlx_medic.transport.interface import CommandResult
 from tests.node.inventories import helper_inventory
 from tests.remediator.engine_fakes import (
     MODEL,
@@ -500,8 +502,100 @@ async def test_a_dry_run_journals_every_planned_step_and_executes_nothing(
     ]
     assert run.steps[3].targets == [f"/Users/ai/.cache/mlx-share/{MODEL}/tmp*"]
     assert "--pipeline" in run.steps[6].description
-    assert [c for c in transport.commands if c[1][1:3] != ["node", "lock"]] == []
+    assert [s.condition for s in run.steps[5:]] == [
+        None,
+        *["only if the start fails verification"] * 3,
+        "only if the start on ring fails verification",
+    ]
+    # a step that did not run has no end and no duration, wherever it is read
+    assert {(s.ended_at, s.duration) for s in run.steps} == {(None, None)}
+    assert {s["duration_seconds"] for s in run.to_dict()["steps"]} == {None}
+    assert transport.commands == []  # not even the lock: a dry run never takes it
+    assert run.recheck == f"act: {MODEL} is still down: down"
+    assert run.detail == (
+        "dry run: 10 steps planned, nothing executed; lock: not taken (dry run);"
+        " live mode would act now (0 of 3 runs used)"
+    )
     assert engine.journal.blocking_control(MODEL) is None  # a dry run never escalates
+
+
+class NoNodeAnswers(LocalTransport):
+    """Every node is down: each command fails as SSH to a silent address does."""
+
+    async def run(self, node: Node, argv: list[str], *, timeout: float) -> CommandResult:
+        raise TransportError(f"cannot reach {node.name} ({node.user}@{node.ssh}:22): timed out")
+
+
+async def test_a_dry_run_against_a_cluster_that_does_not_answer_still_journals_its_plan(
+    tmp_path: Path, inventory: Inventory, engines: list[Engine]
+) -> None:
+    transport = NoNodeAnswers()
+
+    async def probe_on_head(model: Model) -> HealthVerdict:
+        return await probe_model_health(model, inventory, transport=transport, probe_from="head")
+
+    config = make_config(tmp_path, dry_run=True)
+    registry = CollectorRegistry()
+    engine = make_engine(
+        config, inventory, transport=transport, health=probe_on_head, registry=registry
+    )
+    engines.append(engine)
+    run = await only_run(engine, alert("d1"))
+    assert run.outcome == "planned" and not run.counted
+    assert len(run.steps) == 10 and {s.outcome for s in run.steps} == {"planned"}
+    assert run.recheck is not None
+    assert run.recheck.startswith(
+        f"not checked (a dry run plans anyway): could not confirm {MODEL} is down:"
+        " could not probe on ai001: cannot reach ai001"
+    )
+    assert run.recheck.endswith(
+        f"(probed `mlx-medic node probe {MODEL}` on the head ai001, over SSH)"
+    )
+    assert "lock: not taken (dry run)" in run.detail
+    assert run.next_action is None
+    unreachable = {"model": MODEL, "node": "ai001"}  # still counted: its alert tells on-call
+    assert registry.get_sample_value("mlx_medic_node_unreachable_total", unreachable) == 1
+
+
+async def test_every_run_journals_why_it_acted_or_not(
+    tmp_path: Path, inventory: Inventory, engines: list[Engine]
+) -> None:
+    up = Health(verdicts=[HealthVerdict.up("completed").probed_as("ai001:8080 from here")])
+    engine = make_engine(
+        make_config(tmp_path, "succeeding"), inventory, health=up, tmp_path=tmp_path
+    )
+    engines.append(engine)
+    run = await only_run(engine, alert("r1"))
+    assert (run.outcome, run.recheck) == (
+        "skipped",
+        "skip: model is up again: completed (probed ai001:8080 from here)",
+    )
+    assert run.to_dict()["recheck"] == run.recheck
+    by_hand = await engine.run_manual(MODEL, dry_run=True)
+    manual = engine.journal.get_run(by_hand)
+    assert manual is not None and manual.recheck == "no re-check: started by hand"
+    assert manual.detail.endswith(
+        "; live mode would act now if the model lock is free (started by hand)"
+    )
+
+
+async def test_a_dry_run_within_backoff_plans_and_says_live_mode_would_wait(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    inventory = make_inventory(restart_budget=3, backoff="10m")
+    live = make_engine(make_config(tmp_path, "succeeding"), inventory, tmp_path=tmp_path)
+    engines.append(live)
+    assert outcome_of(live, (await only_run(live, alert("l1"))).id) == "succeeded"
+    await live.close()
+    dry = make_engine(
+        make_config(tmp_path, "succeeding", dry_run=True), inventory, tmp_path=tmp_path
+    )
+    engines.append(dry)
+    assert await dry.submit(alert("l2")) == Disposition.STARTED
+    await dry.wait_idle()
+    latest = dry.journal.list_runs()[0]
+    assert latest.outcome == "planned"
+    assert "; live mode would not act: backoff: 1 run(s) in the last" in latest.detail
 
 
 async def test_start_up_marks_a_crashed_run_interrupted_and_releases_its_lock(

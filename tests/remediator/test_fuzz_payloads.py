@@ -1,5 +1,5 @@
 """Thousands of generated deliveries, valid and broken, against the app in-process with
-the real engine and journal (dry run, local lock files): never a 5xx; a body that is not
+the real engine and journal (dry run: no lock, no node asked): never a 5xx; a body that is not
 an Alertmanager payload reaches nothing and starts no run; inside a payload, an alert that
 fails validation never reaches `submit` and is journaled as invalid, while the valid
 alerts beside it do reach it."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_medic.remediator.journal import OUTPUT_CAP, Journal, owner_tag
+from mlx_medic.remediator.journal import OUTPUT_CAP, Journal, StepView, owner_tag, schema
 from mlx_medic.remediator.outcomes import RUN_ENDED, RUN_HOLDS_FIRING, RunOutcome, StepOutcome
 from tests.remediator.engine_fakes import dead_pid
 
@@ -294,3 +294,32 @@ def test_deferred_events_are_read_at_once_here_and_reach_the_file_on_flush(
     assert [e.kind for e in journal.list_events()] == ["duplicate"]  # a read flushes
     assert [e.kind for e in other.list_events()] == ["duplicate"]
     assert other.firing_seen("fp", "t0") and journal.pending == 0
+
+
+def test_a_journal_an_older_version_wrote_gets_the_new_columns_once_and_reads_as_before(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:  # the tables as a version before ADDED_COLUMNS made them
+        db.executescript(schema.SCHEMA)
+        db.execute(
+            "INSERT INTO runs (model, playbook, trigger_kind, owner, outcome, queued_at)"
+            " VALUES ('m1', 'recover', 'manual', 'h:1', 'succeeded', 1.0)"
+        )
+    db.close()
+    (old,) = Journal(path).list_runs()
+    assert old.recheck is None and old.outcome == "succeeded"
+    reopened = Journal(path)  # the columns are there now: nothing to add, no error
+    reopened.record_recheck(old.id, "no re-check: started by hand")
+    (run,) = reopened.list_runs()
+    assert run.recheck == "no re-check: started by hand"
+    with sqlite3.connect(path) as db:
+        for table, column, _type in schema.ADDED_COLUMNS:
+            have = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+            assert have.count(column) == 1
+    db.close()
+
+
+def test_a_planned_step_has_no_duration_even_as_an_older_journal_ended_it_at_its_start() -> None:
+    old = StepView(1, 1, 1, "verify", "ai001", None, "", [], "planned", None, "", "", 3.0, 3.0)
+    assert old.duration is None and old.to_dict()["duration_seconds"] is None

@@ -186,6 +186,10 @@ async def _check(
     )
 
 
+# What a probe on the head says it probed, from where (the re-check journals it)
+ON_HEAD = "`mlx-medic node probe m1` on the head ai001, over SSH"
+
+
 def _answer(up: bool, reason: str, conclusive: bool = True) -> str:
     """`mlx-medic node probe`'s document, as the helper prints it."""
     verdict = {"up": up, "conclusive": conclusive, "reason": reason, "latency_seconds": 0.1}
@@ -205,7 +209,7 @@ async def test_the_head_probe_is_the_probe_helper_with_the_nodes_medic_command()
         transport=transport,  # type: ignore[arg-type]
         probe_from="head",
     )
-    assert verdict == HealthVerdict.up("on ai001: completed")
+    assert verdict == HealthVerdict.up("on ai001: completed").probed_as(ON_HEAD)
     assert transport.commands == [
         (
             "ai001",
@@ -231,19 +235,19 @@ async def test_the_head_probe_is_the_probe_helper_with_the_nodes_medic_command()
     [
         (
             CommandResult(0, _answer(True, "completed a 1-token request"), ""),
-            HealthVerdict.up("on ai001: completed a 1-token request"),
+            HealthVerdict.up("on ai001: completed a 1-token request").probed_as(ON_HEAD),
         ),
         (
             CommandResult(0, _answer(False, "connection refused"), ""),
-            HealthVerdict.down("on ai001: connection refused"),
+            HealthVerdict.down("on ai001: connection refused").probed_as(ON_HEAD),
         ),
         (
             CommandResult(0, _answer(False, "not probed: busy", conclusive=False), ""),
-            HealthVerdict.unknown("on ai001: not probed: busy"),
+            HealthVerdict.unknown("on ai001: not probed: busy").probed_as(ON_HEAD),
         ),
         (  # inconclusive is unknown, whatever `up` says
             CommandResult(0, _answer(True, "not probed: busy", conclusive=False), ""),
-            HealthVerdict.unknown("on ai001: not probed: busy"),
+            HealthVerdict.unknown("on ai001: not probed: busy").probed_as(ON_HEAD),
         ),
     ],
 )
@@ -294,7 +298,8 @@ async def test_a_loopback_model_whose_head_we_are_is_probed_directly_without_ssh
     transport = ScriptedTransport(AssertionError("no SSH when we are the head"))
     verdict = await _check(inventory, transport, this_node="ai001")
     assert transport.commands == []
-    assert verdict == HealthVerdict.down(f"connection refused: nothing listens on 127.0.0.1:{port}")
+    refused = HealthVerdict.down(f"connection refused: nothing listens on 127.0.0.1:{port}")
+    assert verdict == refused.probed_as(f"127.0.0.1:{port} from this remediator's host (ai001)")
 
 
 async def test_a_head_at_a_loopback_ssh_address_is_still_probed_over_ssh() -> None:
@@ -302,7 +307,7 @@ async def test_a_head_at_a_loopback_ssh_address_is_still_probed_over_ssh() -> No
     transport = ScriptedTransport(CommandResult(1, _answer(False, "connection refused"), ""))
     verdict = await _check(inventory, transport)
     assert [node for node, _argv in transport.commands] == ["ai001"]
-    assert verdict == HealthVerdict.down("on ai001: connection refused")
+    assert verdict == HealthVerdict.down("on ai001: connection refused").probed_as(ON_HEAD)
 
 
 @pytest.mark.parametrize(
@@ -464,7 +469,7 @@ async def test_the_model_is_down_once_its_server_on_the_head_is_gone(
     verdict = await _recheck(_inventory(remote, port=port), ssh_transports, remote["model"])
     assert verdict == HealthVerdict.down(
         f"on ai001: connection refused: nothing listens on 127.0.0.1:{port}"
-    )
+    ).probed_as(f"`mlx-medic node probe {remote['model']}` on the head ai001, over SSH")
     assert remote["marker"].exists()
 
 

@@ -52,7 +52,10 @@ def test_a_firing_alert_starts_one_dry_run_that_plans_and_journals_every_step(
     )[0]
     assert run["dry_run"] and run["fingerprint"] == "f1"
     assert [s["outcome"] for s in run["steps"]] == ["planned"] * len(run["steps"])
-    wait_until(lambda: not stack.lock_file("m1").exists(), what="the lock released")
+    assert {s["duration_seconds"] for s in run["steps"]} == {None}  # none of them ran
+    assert run["recheck"].startswith("act: m1 is still down")
+    assert "lock: not taken (dry run)" in run["detail"]
+    assert not stack.lock_file("m1").exists()
     status, api = http(
         "GET", service.url + "/api/remediations?model=m1&since=1h&limit=5", headers=bearer()
     )

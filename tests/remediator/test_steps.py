@@ -34,6 +34,7 @@ from mlx_medic.remediator.steps import (
     StopService,
     Sweep,
     Verify,
+    describe_plan,
 )
 from mlx_medic.remediator.steps.sweep import survivor_escalation
 from mlx_medic.transport import LocalTransport
@@ -711,6 +712,36 @@ async def test_recover_acts_only_on_a_model_that_is_still_down(
 ) -> None:
     playbook = RecoverPlaybook()
     assert await playbook.recheck(context(Health(verdicts=[verdict]), tmp_path)) == expected
+
+
+async def test_the_recheck_journals_its_verdict_with_what_was_probed_and_from_where(
+    tmp_path: Path,
+) -> None:
+    probed = "192.168.101.1:8080 from this remediator's host"
+    down = HealthVerdict.down("connection refused").probed_as(probed)
+    acts = await RecoverPlaybook().recheck(context(Health(verdicts=[down]), tmp_path))
+    assert acts.journaled() == f"act: {MODEL} is still down: connection refused (probed {probed})"
+    busy = HealthVerdict.unknown("probe busy").probed_as(probed)
+    undecided = await RecoverPlaybook().recheck(context(Health(verdicts=[busy]), tmp_path))
+    said = f"could not confirm {MODEL} is down: probe busy (probed {probed})"
+    assert undecided.journaled() == f"skip, undecided: {said}"
+    assert undecided.journaled(dry_run=True) == f"not checked (a dry run plans anyway): {said}"
+
+
+def test_a_fallback_step_says_it_runs_only_if_the_verify_before_it_fails() -> None:
+    plan = describe_plan(RecoverPlaybook().plan(model(), INVENTORY))
+    assert [(about.name, about.condition) for about in plan] == [
+        ("preflight", None),
+        ("stop-service", None),
+        ("sweep", None),
+        ("clean-tmp", None),
+        ("start-service", None),
+        ("verify", None),
+        ("pin-ring", "only if the start fails verification"),
+        ("restart-service", "only if the start fails verification"),
+        ("verify-ring", "only if the start fails verification"),
+        ("escalate", "only if the start on ring fails verification"),
+    ]
 
 
 async def test_a_node_that_answers_without_a_helper_document_is_told_apart_from_a_silent_one(

@@ -491,3 +491,44 @@ async def test_the_api_and_the_page_give_times_in_iso_8601_utc_and_durations_in_
     assert run["steps"][0]["ended_at"] == "2026-12-03T21:05:30Z"
     assert api["decisions"][0]["time"] == "2026-12-03T21:05:29Z"
     assert "2026-12-03T21:05:29Z" in page and "2.0 s" in page and "500 ms" in page
+
+
+async def test_the_api_and_the_page_show_why_a_run_acted_and_a_planned_step_has_no_duration(
+    tmp_path: Path, web_config: Any
+) -> None:
+    journal = Journal(tmp_path / "journal.sqlite")
+    run_id = journal.create_run(
+        model="m1", playbook="recover", trigger_kind="alert", owner="h:1", now=1.0, dry_run=True
+    )
+    journal.start_run(run_id, 2.0)
+    recheck = "act: m1 is still down: refused (probed 10.0.0.1:8080 from the remediator)"
+    journal.record_recheck(run_id, recheck)
+    for seq, (name, condition) in enumerate(
+        [("verify", None), ("pin-ring", "only if the start fails verification")], 1
+    ):
+        journal.begin_step(
+            run_id,
+            seq=seq,
+            name=name,
+            node="ai001",
+            command=None,
+            description="what it does",
+            targets=[],
+            now=3.0,
+            outcome=StepOutcome.PLANNED,
+            condition=condition,
+        )
+    journal.end_run(run_id, RunOutcome.PLANNED, 4.0, "dry run: 2 steps planned, nothing executed")
+    app = make_app(FakeEngine(), journal, web_config, CollectorRegistry(), None)
+    async with TestClient(TestServer(app)) as client:
+        api = await (await client.get("/api/remediations")).json()
+        page = await (await client.get("/")).text()
+    (run,) = api["runs"]
+    assert run["recheck"] == recheck
+    assert [(s["condition"], s["ended_at"], s["duration_seconds"]) for s in run["steps"]] == [
+        (None, None, None),
+        ("only if the start fails verification", None, None),
+    ]
+    assert f"<dt>Re-check</dt><dd>{recheck}</dd>" in page
+    assert "only if the start fails verification · what it does" in page
+    assert 'class="step-dur"' not in page  # neither step ran
