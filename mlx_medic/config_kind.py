@@ -28,6 +28,8 @@ REMEDIATOR_KEYS = (
     "routing",
     "dry_run",
     "max_body_bytes",
+    "alerts_per_delivery",
+    "alerts_per_second",
     "max_alert_age",
     "lock_wait",
     "notify_url",
