@@ -18,7 +18,12 @@ from mlx_medic.remediator.journal.retention import prune
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["prune"], metavar="ACTION", help="prune")
+    parser.add_argument(
+        "action",
+        choices=["prune"],
+        metavar="ACTION",
+        help="prune: delete now what journal_retention in the config lets go",
+    )
     add_config_argument(parser)
     parser.add_argument(
         "--dry-run", action="store_true", help="say what a prune would delete; delete nothing"
