@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from mlx_medic.remediator import journal_pruning
@@ -18,6 +19,16 @@ from mlx_medic.remediator.config import JournalRetention
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.journal.retention import PruneResult, journal_bytes
 from mlx_medic.remediator.journal_pruning import PruneMetrics, prune_periodically
+from tests.remediator.conftest import (
+    TOKEN,
+    Service,
+    bearer,
+    http,
+    silent_inventory,
+    start_service,
+    wait_until,
+    write_config,
+)
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
@@ -96,3 +107,36 @@ def test_the_journal_size_series_is_its_file_and_wal_at_each_scrape(tmp_path: Pa
 
     assert size == journal_bytes(journal.path) > Path(f"{journal.path}-wal").stat().st_size > 0
     assert sample(registry, "mlx_medic_journal_pruned_rows_total", table="runs") == 0
+
+
+def test_the_real_service_prunes_its_journal_at_start_and_serves_its_size(
+    tmp_path: Path, services: list[Service]
+) -> None:
+    journal_path = tmp_path / "journal.sqlite"
+    journal = Journal(journal_path)
+    journal.add_event("absorbed", now=time.time() - 40 * 86400, model="m1")
+    journal.add_event("absorbed", now=time.time(), model="m1")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(silent_inventory(tmp_path).model_dump(mode="json")))
+    (tmp_path / "token").write_text(f"{TOKEN}\n")
+    config = write_config(
+        tmp_path / "remediator.yml",
+        {
+            "inventory": str(inventory),
+            "journal": str(journal_path),
+            "auth": {"bearer_token_file": str(tmp_path / "token")},
+            "journal_retention": {"max_age": "30d"},
+        },
+    )
+    service = start_service(config, journal_path, tmp_path)
+    services.append(service)
+
+    pruned = wait_until(
+        lambda: [line for line in service.log_lines() if line["msg"].startswith("journal pruned")],
+        what="the prune at start",
+    )
+    assert "deleted 0 runs, 0 steps, 0 firings, 1 events" in pruned[0]["msg"]
+    assert len(journal.list_events()) == 1
+    _, metrics = http("GET", service.url + "/metrics", headers=bearer())
+    assert 'mlx_medic_journal_pruned_rows_total{table="events"} 1.0' in metrics
+    assert "mlx_medic_journal_size_bytes " in metrics
