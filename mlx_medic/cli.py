@@ -75,6 +75,11 @@ COMMANDS: dict[str, CommandInfo] = {
         "allow automatic action again; closes the circuit",
         "on-call",
     ),
+    "journal": CommandInfo(
+        "mlx_medic.remediator.cli_journal",
+        "prune the remediation journal (`journal prune [--dry-run]`)",
+        "on-call",
+    ),
 }
 
 

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ByteSize, Field, field_validator, model_validator
 
 from mlx_medic.file_problems import FileProblems
 from mlx_medic.inventory.fields import Duration, StrictModel
 from mlx_medic.listen_address import parse_listen
+from mlx_medic.remediator.journal.retention import Retention
 from mlx_medic.yaml_config import parse_mapping, read_text, validate
 
 # Where the service's config is when no `--config.file` is given: the environment variable
@@ -136,9 +137,35 @@ class RoutingConfig(StrictModel):
     model_label: str = Field(default="model", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+class JournalRetention(StrictModel):
+    """How much of the journal the service keeps (remediator/journal/retention.py): older
+    runs and events go, then the oldest while it is over `max_bytes`; never the runs of
+    the last `keep_days` or of a budget window, a pause, an open circuit, or the newest
+    of each decision that needs a person."""
+
+    max_age: Duration = Field(default=30 * 86400.0, description="older runs and events go")
+    max_bytes: ByteSize = Field(
+        default=ByteSize(512 << 20),
+        ge=1 << 20,
+        description="then the oldest go while the journal's rows take more (e.g. 512MiB)",
+    )
+    keep_days: int = Field(default=7, ge=0, description="runs of the last N days always stay")
+    interval: Duration = Field(default=3600.0, ge=60, description="how often the service prunes")
+
+    def bounds(self, budget_windows: Iterable[float]) -> Retention:
+        """The bounds, keeping the runs of the longest of the models' budget windows."""
+        return Retention(
+            self.max_age,
+            int(self.max_bytes),
+            self.keep_days * 86400.0,
+            max(budget_windows, default=0.0),
+        )
+
+
 class RemediatorConfig(StrictModel):
     inventory: Path = Path("/etc/mlx-medic/inventory.yaml")
     journal: Path = Field(default_factory=lambda: default_state_dir() / "journal.sqlite")
+    journal_retention: JournalRetention = Field(default_factory=JournalRetention)
     listen: str = "127.0.0.1:10901"
     auth: AuthConfig = Field(default_factory=AuthConfig)
     insecure_no_auth: bool = False

@@ -3,7 +3,8 @@
 Loads everything it needs before it listens (config, credentials, inventory,
 journal), so a bad file stops it with a clear message instead of half-serving;
 stops gracefully on SIGTERM so an interrupted run is the exception, not the rule;
-reloads its credentials files on SIGHUP (remediator.auth).
+reloads its credentials files on SIGHUP (remediator.auth); prunes its journal at start
+and every `journal_retention.interval`, off the event loop (remediator.journal_pruning).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from mlx_medic.remediator.config import (
 )
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.journal_pruning import PruneMetrics, prune_periodically
 from mlx_medic.remediator.playbooks import Playbook, builtin_playbooks
 from mlx_medic.remediator.webapp import make_app
 from mlx_medic.transport import SshTransport
@@ -157,6 +159,7 @@ async def serve(
         await transport.close()
         journal.close()
         raise StartupError(f"config: {exc}") from exc
+    prune_metrics = PruneMetrics(registry, config.journal)
     app = make_app(engine, journal, config, registry, credentials, config_source)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
@@ -168,6 +171,10 @@ async def serve(
         loop.add_signal_handler(signal.SIGHUP, credentials.reload, "SIGHUP")
 
     await engine.start()
+    windows = [m.policy.window for m in inventory.models]
+    pruning = asyncio.create_task(
+        prune_periodically(config.journal, config.journal_retention, windows, prune_metrics)
+    )
     try:
         await runner.setup()
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=1024)
@@ -196,6 +203,7 @@ async def serve(
         await stop.wait()
         log.info("stopping", extra={"reason": "signal"})
     finally:
+        pruning.cancel()
         await runner.cleanup()
         await engine.close()
         await transport.close()

@@ -55,6 +55,7 @@ MISSING_FILE: dict[str, list[str]] = {
     "remediate": ["m1", "--config.file", MISSING],
     "pause": ["--config.file", MISSING],
     "resume": ["--config.file", MISSING],
+    "journal": ["prune", "--config.file", MISSING],
     # the probe reads no file: its --lock-dir under a regular file is the one it cannot use
     "probe": ["--host", "127.0.0.1", "--port", "9", "--lock-dir", "/etc/hostname/locks"],
     "node": ["ledger", "--inventory", MISSING],
@@ -268,7 +269,9 @@ def test_the_inventory_is_named_by_inventory_in_every_commands_help(command: str
     assert "--config.file" not in usage  # the deprecated alias is hidden
 
 
-@pytest.mark.parametrize("command", ["remediator", "log", "remediate", "pause", "resume"])
+@pytest.mark.parametrize(
+    "command", ["remediator", "log", "remediate", "pause", "resume", "journal"]
+)
 def test_config_file_names_the_remediators_own_config(command: str) -> None:
     text = mlx_medic(command, "--help").stdout
     assert "--config.file" in text and "--inventory" not in text

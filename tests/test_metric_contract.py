@@ -17,6 +17,7 @@ from mlx_medic.remediator.auth import CredentialStore
 from mlx_medic.remediator.config import AuthConfig, RemediatorConfig
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.journal_pruning import PruneMetrics
 from mlx_medic.remediator.webapp import AlertsReceived
 from mlx_medic.transport import LocalTransport
 from tests.promql_names import contract_sections
@@ -108,6 +109,14 @@ def remediator_names(tmp_path: Path) -> set[str]:
     return {n for n in names if not n.endswith("_created")}
 
 
+def service_names(tmp_path: Path) -> set[str]:
+    """The series the service adds beside the engine's: the journal's size and prunes."""
+    registry = CollectorRegistry()
+    PruneMetrics(registry, tmp_path / "journal.sqlite")
+    names = exported_names(generate_latest(registry).decode())
+    return {n for n in names if not n.endswith("_created")}
+
+
 def test_the_remediator_registers_every_contract_name(tmp_path: Path) -> None:
     names = remediator_names(tmp_path)
     names |= {f"{n}_total" for n in names}
@@ -193,6 +202,7 @@ def test_every_remediator_series_follows_the_naming_convention(tmp_path: Path) -
         registry=registry,
     )
     registry.register(AlertsReceived())
+    PruneMetrics(registry, tmp_path / "journal.sqlite")
     token = tmp_path / "token"
     token.write_text("secret\n")
     registry.register(CredentialStore(AuthConfig(bearer_token_file=token)))  # type: ignore[arg-type]
@@ -224,6 +234,7 @@ def test_docs_metrics_md_names_every_series_and_maps_every_old_name_to_its_new_o
     doc = (REPO / "docs" / "metrics.md").read_text(encoding="utf-8")
     everything = set(exporter_families()) | remediator_names(tmp_path) | set(CONTRACT)
     served = {n + "_total" if f"{n}_total" in CONTRACT else n for n in everything}
+    served |= service_names(tmp_path)
     assert [n for n in sorted(served) if f"`{n}`" not in doc] == []
     for old, new in RENAMED.items():
         assert f"| `{old}` | `{new}` |" in doc

@@ -12,7 +12,8 @@ The parts, one job each:
 - `writes`: runs, steps, events, firings, pauses and circuits as they happen;
 - `reads`: the listings and answers read back, as the dataclasses of `views`;
 - `decisions`: the recent decisions on-call reads, repeats folded (one read for all);
-- `owner`: who runs a run (`host:pid`) and whether that process still lives.
+- `owner`: who runs a run (`host:pid`) and whether that process still lives;
+- `retention`: the journal's bound: what a prune deletes, what it never does.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The on-call commands: `mlx-medic log`, `remediate`, `pause`, `resume`."""
+"""The on-call commands: `mlx-medic log`, `remediate`, `pause`, `resume`, `journal prune`."""
 
 from __future__ import annotations
 
@@ -612,3 +612,36 @@ def test_a_journal_this_user_cannot_write_names_who_can_once() -> None:
         f"cannot write the journal {journal} as alice: it belongs to root; run this as root"
         " (with sudo)"
     )
+
+
+def old_and_new_events(config_file: Path) -> Journal:
+    journal = Journal(config_of(config_file).journal)
+    journal.add_event(Disposition.ABSORBED, now=time.time() - 40 * 86400, model=MODEL)
+    journal.add_event(Disposition.ABSORBED, now=time.time(), model=MODEL)
+    return journal
+
+
+def test_journal_prune_dry_run_says_what_it_would_delete_and_deletes_nothing_then_prune_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = write_config(tmp_path, journal_retention={"max_age": "30d"})
+    journal = old_and_new_events(config_file)
+
+    assert cli(["journal", "prune", "--dry-run", "--config.file", str(config_file)]) == 0
+    assert "would delete 0 runs, 0 steps, 0 firings, 1 events" in capsys.readouterr().out
+    assert len(journal.list_events()) == 2
+
+    assert cli(["journal", "prune", "--config.file", str(config_file)]) == 0
+    assert "deleted 0 runs, 0 steps, 0 firings, 1 events" in capsys.readouterr().out
+    assert len(journal.list_events()) == 1
+
+
+def test_journal_prune_with_an_unreadable_inventory_deletes_nothing_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the inventory the models' budget windows are unknown: their runs might go."""
+    config_file = write_config(tmp_path, inventory="models: [not, a, mapping]\n")
+    journal = old_and_new_events(config_file)
+    assert cli(["journal", "prune", "--config.file", str(config_file)]) == 2
+    assert "mlx-medic journal:" in capsys.readouterr().err
+    assert len(journal.list_events()) == 2
