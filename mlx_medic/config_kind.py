@@ -31,6 +31,7 @@ REMEDIATOR_KEYS = (
     "alerts_per_delivery",
     "alerts_per_second",
     "max_alert_age",
+    "journal_retention",
     "lock_wait",
     "notify_url",
     "probe_from",

@@ -422,6 +422,8 @@ def test_every_mlx_medic_command_line_in_the_runbook_parses(path: Path) -> None:
 # `remediate` needs a remediator's config and journal, not an inventory (its dry run is run
 # by tests/remediator/test_cli.py): it is run with --help here.
 NEEDS_A_CLUSTER = ("remediate",)
+# Commands that find the remediator's config (here by $MLX_MEDIC_CONFIG), not an inventory.
+READ_THE_REMEDIATOR_CONFIG = ("journal",)
 
 
 def how_to_run(words: list[str], inventory: Path) -> list[str]:
@@ -435,7 +437,9 @@ def how_to_run(words: list[str], inventory: Path) -> list[str]:
     if not acts or args.command in NEEDS_A_CLUSTER:
         return [*words, "--help"]
     run = list(words)
-    if "--inventory" in run:
+    if args.command in READ_THE_REMEDIATOR_CONFIG:
+        pass
+    elif "--inventory" in run:
         run[run.index("--inventory") + 1] = str(inventory)
     else:
         run += ["--inventory", str(inventory)]
