@@ -44,7 +44,7 @@ from mlx_medic.inventory.schema import Inventory
 from mlx_medic.remediator.active_run import ActiveRun
 from mlx_medic.remediator.alerts import AlertEvent, AlertStatus, Disposition, InvalidAlert
 from mlx_medic.remediator.budget import Budget, BudgetDecision, resume_hint
-from mlx_medic.remediator.config import ConfigSource, RemediatorConfig
+from mlx_medic.remediator.config import ConfigSource, RemediatorConfig, command_line
 from mlx_medic.remediator.journal import ControlView, Journal
 from mlx_medic.remediator.outcomes import EscalationReason
 from mlx_medic.remediator.playbooks import Playbook
@@ -238,8 +238,9 @@ def decide(
             escalation = Escalation(
                 EscalationReason.BUDGET_SPENT,
                 budget.reason,
-                f"find out why {model.name} keeps failing (`mlx-medic log --model"
-                f" {model.name}`) and fix it; {resume_hint(model.name, config_source)}",
+                f"find out why {model.name} keeps failing"
+                f" (`{command_line(config_source, 'log', '--model', model.name)}`) and fix"
+                f" it; {resume_hint(model.name, config_source)}",
             )
             return Decision(
                 Disposition.CIRCUIT_OPEN, budget.reason, model.name, escalation=escalation

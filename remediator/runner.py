@@ -405,7 +405,8 @@ class Runner:
                     RunOutcome.INCONCLUSIVE,
                     f"step {where}: {result.detail}",
                     f"find out by hand whether {model.name} serves on {model.head}"
-                    f" ({model.host}:{model.port}); the run: `mlx-medic log --model {model.name}`",
+                    f" ({model.host}:{model.port}); the run:"
+                    f" `{self._command('log', '--model', model.name)}`",
                 )
             if step.kind is StepKind.VERIFY and result.outcome == StepOutcome.OK:
                 self.metrics.verified(model, result.backend)
@@ -430,9 +431,8 @@ class Runner:
                 continue
             ended = "failed" if result.outcome == StepOutcome.FAILED else f"ended {result.outcome}"
             detail = f"step {where} {ended}: {result.detail}".rstrip(": ")
-            action = (
-                f"read the step's output (`mlx-medic log --model {model.name}`), recover by hand"
-            )
+            log_command = self._command("log", "--model", model.name)
+            action = f"read the step's output (`{log_command}`), recover by hand"
             return self._escalate(
                 run,
                 EscalationReason.STEP_FAILED,

@@ -442,6 +442,9 @@ def test_a_spent_budgets_escalation_names_the_config_file_the_service_runs_with(
     assert decision.escalation.next_action.endswith(
         f"then `mlx-medic resume {MODEL} --config.file /srv/medic/remediator.yml`"
     )
+    assert f"`mlx-medic log --model {MODEL} --config.file /srv/medic/remediator.yml`" in (
+        decision.escalation.next_action
+    )
 
 
 def test_a_started_runs_words_name_the_run_it_waits_for() -> None:
