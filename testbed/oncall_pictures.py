@@ -35,6 +35,7 @@ from testbed.browser import screenshot_whole_page
 PICTURES = (("oncall-1280.png", 1280), ("oncall-390.png", 390))
 OWNER = "ai001:4242"
 LOCKS = "/var/lib/mlx-medic/locks"
+RUNBOOKS = "https://github.com/mlx-medic/mlx-medic/blob/main/alerting-rules/runbooks"
 
 
 class PageOnly:
@@ -56,19 +57,36 @@ class PageOnly:
         raise RuntimeError("this page is served for pictures; it takes no alerts")
 
 
-def _alert_run(journal: Journal, model: str, alertname: str, node: str, at: float) -> int:
+def _alert_run(
+    journal: Journal, model: str, alertname: str, node: str, at: float, address: str = ""
+) -> int:
+    """A run of `alertname` that re-checked `model` and acted: probed on its head `node`
+    over SSH, or at `address` from the remediator's host (ai001)."""
     fingerprint = hashlib.sha256(f"{model}/{alertname}".encode()).hexdigest()[:16]
-    run_id = journal.create_run(
+    run_id = journal.create_alert_run(
         model=model,
         playbook="recover",
-        trigger_kind="alert",
         owner=OWNER,
         now=at,
         alertname=alertname,
         fingerprint=fingerprint,
         starts_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at - 90)),
         labels={"model": model, "node": node, "severity": "page"},
+        dry_run=False,
+        links={
+            "runbook_url": f"{RUNBOOKS}/{alertname.lower()}.md",
+            "generator_url": "http://prometheus.example:9090/graph?g0.expr=mlx_model_up%3D%3D0",
+            "external_url": "http://alertmanager.example:9093",
+        },
     )
+    assert run_id is not None
+    probed = (
+        f"{address} from this remediator's host (ai001)"
+        if address
+        else f"`mlx-medic node probe {model}` on the head {node}, over SSH"
+    )
+    said = "connection refused" if address else f"on {node}: connection refused"
+    journal.record_recheck(run_id, f"act: {model} is still down: {said} (probed {probed})")
     journal.add_event(
         Disposition.STARTED, now=at, model=model, fingerprint=fingerprint, run_id=run_id
     )
@@ -99,7 +117,7 @@ def write_oncall_scene(journal: Journal, now: float) -> None:
     circuit, one stopped by a node that did not answer, one by a node deployed wrong,
     and on-call's pause of a model under maintenance."""
     at = now - 3 * 3600
-    run = _alert_run(journal, "tiny", "MLXModelDown", "ai001", at)
+    run = _alert_run(journal, "tiny", "LLMModelDown", "ai001", at)
     at = _steps(journal, run, "tiny", "ai001", at + 1)
     verify = journal.begin_step(
         run, seq=3, name="verify", node="ai001", command=None, description="", targets=[], now=at
@@ -109,7 +127,7 @@ def write_oncall_scene(journal: Journal, now: float) -> None:
     journal.end_run(run, RunOutcome.SUCCEEDED, at, "tiny verified healthy on jaccl")
 
     at = now - 2 * 3600
-    run = _alert_run(journal, "llama-70b", "MLXModelDown", "ai004", at)
+    run = _alert_run(journal, "llama-70b", "LLMModelDown", "ai004", at)
     at = _steps(journal, run, "llama-70b", "ai004", at + 1)
     verify = journal.begin_step(
         run, seq=3, name="verify", node="ai004", command=None, description="", targets=[], now=at
@@ -138,7 +156,7 @@ def write_oncall_scene(journal: Journal, now: float) -> None:
     journal.end_run(run, RunOutcome.ESCALATED, at, f"verify: {detail}", next_action)
 
     at = now - 50 * 60
-    run = _alert_run(journal, "qwen-32b", "MLXRankDown", "ai003", at)
+    run = _alert_run(journal, "qwen-32b", "LLMModelDown", "ai003", at, "10.0.0.3:8080")
     journal.end_run(
         run,
         RunOutcome.UNREACHABLE,
@@ -146,12 +164,15 @@ def write_oncall_scene(journal: Journal, now: float) -> None:
         "ai003 did not answer over SSH (preflight: ssh: connect to host 10.0.0.3 port 22:"
         " Connection timed out)",
         "nothing was done to qwen-32b: check that ai003 is up and answers SSH"
-        f" (`ssh -p 22 medic@10.0.0.3 true`) and that {LOCKS} there is writable; the next"
+        " (`ssh -F none -i /var/lib/mlx-medic/.ssh/id_ed25519 -o"
+        " UserKnownHostsFile=/var/lib/mlx-medic/.ssh/known_hosts -o StrictHostKeyChecking=yes"
+        " -o BatchMode=yes -o ConnectTimeout=10 -p 22 medic@10.0.0.3 true`) and that"
+        f" {LOCKS} there is writable; the next"
         " notification of the alert starts a new run, or run `mlx-medic remediate qwen-32b`",
     )
 
     at = now - 20 * 60
-    run = _alert_run(journal, "mistral-7b", "MLXModelDown", "ai002", at)
+    run = _alert_run(journal, "mistral-7b", "LLMModelDown", "ai002", at, "10.0.0.2:8080")
     fix = "put the inventory at /etc/mlx-medic/inventory.yaml on ai002"
     journal.end_run(
         run,
