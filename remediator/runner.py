@@ -268,12 +268,15 @@ class Runner:
     def _unreachable(self, model: Model, node_name: str, detail: str) -> RunEnd:
         """A node the run needed did not answer: nothing was done; say what to check."""
         self.metrics.node_unreachable(model.name, node_name)
-        ssh = ssh_command_line(self.inventory.node(node_name), self.inventory.ssh, "true")
+        node = self.inventory.node(node_name)
+        # a helper the remediator's key may call (its forced command refuses `true`)
+        ssh = ssh_command_line(node, self.inventory.ssh, *helper_argv(node, "facts", ()))
         return RunEnd(
             RunOutcome.UNREACHABLE,
             f"{node_name} did not answer over SSH ({detail})",
-            f"nothing was done to {model.name}: check that {node_name} is up and answers SSH"
-            f" as the remediator connects (`{ssh}` as the remediator's user) and that"
+            f"nothing was done to {model.name}: check that {node_name} is up and its"
+            f" mlx-medic answers over SSH as the remediator connects (`{ssh}` as the"
+            " remediator's user: a JSON document of the node's facts) and that"
             f" {self.inventory.state_dir / 'locks'} there is writable; the next notification"
             f" of the alert starts a new run, or run `{self._command('remediate', model.name)}`",
         )

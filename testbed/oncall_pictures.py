@@ -73,7 +73,7 @@ def _alert_run(
         starts_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at - 90)),
         labels={"model": model, "node": node, "severity": "page"},
         dry_run=False,
-        # one run's links are enough to show them (the pictures stay under 500 KB)
+        # one run's links are enough to show them (the pictures stay under 600 KB)
         links=None
         if address
         else {
@@ -166,10 +166,13 @@ def write_oncall_scene(journal: Journal, now: float) -> None:
         at + 12,
         "ai003 did not answer over SSH (preflight: ssh: connect to host 10.0.0.3 port 22:"
         " Connection timed out)",
-        "nothing was done to qwen-32b: check that ai003 is up and answers SSH"
-        " (`ssh -F none -i /var/lib/mlx-medic/.ssh/id_ed25519 -o"
-        " UserKnownHostsFile=/var/lib/mlx-medic/.ssh/known_hosts -o StrictHostKeyChecking=yes"
-        " -o BatchMode=yes -o ConnectTimeout=10 -p 22 medic@10.0.0.3 true`) and that"
+        "nothing was done to qwen-32b: check that ai003 is up and its mlx-medic answers over"
+        " SSH as the remediator connects (`ssh -F none -i /var/lib/mlx-medic/.ssh/id_ed25519"
+        " -o UserKnownHostsFile=/var/lib/mlx-medic/.ssh/known_hosts -o"
+        " StrictHostKeyChecking=yes -o BatchMode=yes -o ConnectTimeout=10 -p 22"
+        " medic@10.0.0.3 /opt/mlx-medic/bin/mlx-medic node facts --inventory"
+        " /etc/mlx-medic/inventory.yaml --node ai003 --json` as the remediator's user: a JSON"
+        " document of the node's facts) and that"
         f" {LOCKS} there is writable; the next"
         " notification of the alert starts a new run, or run `mlx-medic remediate qwen-32b`",
     )

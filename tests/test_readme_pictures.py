@@ -75,12 +75,12 @@ def test_the_screenshots_are_pngs_of_the_browser_window_under_300_kb(name: str) 
 
 
 @pytest.mark.parametrize(("name", "width"), [("oncall-1280.png", 1280), ("oncall-390.png", 390)])
-def test_the_whole_page_screenshots_are_pngs_as_wide_as_their_viewport_under_500_kb(
+def test_the_whole_page_screenshots_are_pngs_as_wide_as_their_viewport_under_600_kb(
     name: str, width: int
 ) -> None:
     picture = PICTURES / name
     assert png_size(picture)[0] == width
-    assert picture.stat().st_size < 500_000
+    assert picture.stat().st_size < 600_000  # the page whole: five runs, their re-checks and links
 
 
 def test_the_page_pictures_refuse_a_directory_that_is_not_one_naming_it(

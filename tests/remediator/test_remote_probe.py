@@ -502,14 +502,15 @@ def _engine(inventory: Inventory, tmp_path: Path, transport: SshTransport) -> En
     )
 
 
-async def _one_alert_run(engine: Engine, model: Model) -> tuple[str, str]:
+async def _one_alert_run(engine: Engine, model: Model) -> tuple[str, str, str]:
+    """The run's outcome, detail and re-check."""
     await engine.start()
     try:
         await engine.submit(alert(uuid.uuid4().hex[:16], model.name))
         await engine.wait_idle(60)
         runs = engine.journal.list_runs(model=model.name)
         assert len(runs) == 1
-        return runs[0].outcome, runs[0].detail
+        return runs[0].outcome, runs[0].detail, runs[0].recheck or ""
     finally:
         await engine.close()
         engine.journal.close()
@@ -526,7 +527,7 @@ async def test_the_engine_skips_a_stale_alert_for_a_model_up_on_its_heads_loopba
     transport = SshTransport(inventory)
     ssh_transports.append(transport)
     engine = _engine(inventory, tmp_path, transport)
-    outcome, detail = await _one_alert_run(engine, inventory.model(remote["model"]))
+    outcome, detail, _ = await _one_alert_run(engine, inventory.model(remote["model"]))
     assert outcome == "skipped"
     assert detail.startswith("model is up again: on ai001: completed a 1-token request")
 
@@ -540,16 +541,21 @@ async def test_the_engine_acts_when_the_head_confirms_down_and_not_when_it_canno
     down = _inventory(remote)  # nothing listens on the model's port inside ai001
     transport = SshTransport(down)
     ssh_transports.append(transport)
-    outcome, _ = await _one_alert_run(
+    outcome, _, recheck = await _one_alert_run(
         _engine(down, tmp_path / "a", transport), down.model(remote["model"])
     )
     assert outcome == "planned"  # dry run: the playbook was planned, so it would act
+    assert recheck.startswith("act: ") and "on the head ai001, over SSH" in recheck
 
     broken = _inventory(remote, medic_command=f"/nonexistent-{remote['token']}/mlx-medic")
     transport = SshTransport(broken)
     ssh_transports.append(transport)
-    outcome, detail = await _one_alert_run(
+    outcome, _, recheck = await _one_alert_run(
         _engine(broken, tmp_path / "b", transport), broken.model(remote["model"])
     )
-    assert outcome == "misconfigured"  # mlx-medic missing on the head: named, nothing done
-    assert f"/nonexistent-{remote['token']}/mlx-medic" in detail and "fix: install" in detail
+    # a dry run plans whatever it could not check, and says what: mlx-medic missing on the
+    # head, named with its fix (a live run ends misconfigured: tests/remediator/
+    # test_misconfigured.py)
+    assert outcome == "planned"
+    assert recheck.startswith("not checked")
+    assert f"/nonexistent-{remote['token']}/mlx-medic" in recheck and "fix: install" in recheck

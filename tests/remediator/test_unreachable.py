@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import shlex
 import socket
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -94,11 +97,12 @@ async def test_a_head_that_does_not_answer_while_taking_the_lock_ends_the_run_un
     )
     assert run.next_action is not None
     assert run.next_action.startswith(
-        "nothing was done to m1: check that ai001 is up and answers SSH as the remediator"
-        f" connects (`ssh -F none -o UserKnownHostsFile={tmp_path}/known_hosts"
+        "nothing was done to m1: check that ai001 is up and its mlx-medic answers over SSH as"
+        f" the remediator connects (`ssh -F none -o UserKnownHostsFile={tmp_path}/known_hosts"
         " -o StrictHostKeyChecking=yes -o BatchMode=yes -o ConnectTimeout=3"
-        f" -p {SILENT_PORT} medic@127.0.0.1 true` as the remediator's user)"
+        f" -p {SILENT_PORT} medic@127.0.0.1 mlx-medic node facts --inventory"
     )
+    assert "--node ai001 --json` as the remediator's user: a JSON document" in run.next_action
     assert run.next_action.endswith("or run `mlx-medic remediate m1`")  # no config file
     assert unreachable_count(registry) == 1
     assert (
@@ -244,7 +248,12 @@ def test_a_head_whose_sshd_is_frozen_is_unreachable_warned_counted_and_red_on_th
         )[0]
     assert run["outcome"] == "unreachable"
     assert run["detail"].startswith("ai001 did not answer over SSH (taking the model lock:")
-    assert f"ssh -p {head.ssh_port} root@{head.address} true" in run["next_action"]
+    # the hint connects as the remediator does: typed once the node is back, it answers
+    (hint,) = re.findall(r"`(ssh [^`]+)`", run["next_action"])
+    assert f"-p {head.ssh_port} " in hint and f"@{head.address} " in hint
+    assert " node facts " in hint
+    typed = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=30)
+    assert typed.returncode == 0, typed.stderr
     ended = [
         line
         for line in service.log_lines()
