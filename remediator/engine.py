@@ -133,6 +133,7 @@ class Engine:
         self._writes = DecisionRecords(journal, clock)
 
         self.metrics = EngineMetrics(registry, inventory, journal)
+        self.metrics.journal_failing.set_function(lambda: float(self.journal_problem() is not None))
         # the names other code and the tests read
         self.m_remediations = self.metrics.remediations
         self.m_duration = self.metrics.duration

@@ -41,6 +41,12 @@ class EngineMetrics:
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
             registry=registry,
         )
+        self.journal_failing = Gauge(
+            "mlx_medic_journal_failing",
+            "1 while the journal cannot record (a full or read-only disk): nothing acts until"
+            " it can; deliveries get 503 and the page says why.",
+            registry=registry,
+        )
         self.in_progress = Gauge(
             "mlx_medic_remediation_in_progress",
             "1 while a run acts on the model.",

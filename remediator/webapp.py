@@ -400,16 +400,26 @@ async def _holds(request: web.Request) -> list[Hold]:
 
 
 async def get_remediations(request: web.Request) -> web.Response:
-    """Runs with their steps, the decisions (an invalid alert's reason among them), and
-    the pauses and open circuits holding automatic action back now."""
+    """Runs with their steps, the decisions (an invalid alert's reason among them), the
+    pauses and open circuits holding automatic action back now, and `journal_problem`:
+    null while the journal records, else why it cannot (nothing acts meanwhile)."""
+    problem = request.app[ENGINE_KEY].journal_problem()
     try:
         runs = await _runs(request)
         decisions = await _events(request)
+        holds = holds_as_dicts(await _holds(request))
     except QueryError as exc:
         _decide(request, reason=str(exc))
         return web.json_response({"status": "rejected", "reason": str(exc)}, status=400)
-    holds = holds_as_dicts(await _holds(request))
-    return web.json_response({"runs": runs, "decisions": decisions, **holds}, dumps=_dumps)
+    except Exception as exc:
+        if problem is None:
+            raise
+        log.warning("/api/remediations could not read the journal: %s", exc)
+        runs, decisions, holds = [], [], holds_as_dicts([])  # the problem still says why
+    return web.json_response(
+        {"journal_problem": problem, "runs": runs, "decisions": decisions, **holds},
+        dumps=_dumps,
+    )
 
 
 async def get_page(request: web.Request) -> web.Response:

@@ -137,10 +137,11 @@ def runs(service: Service) -> list[dict[str, Any]]:
     return list(body["runs"])
 
 
-def test_a_full_journal_disk_gets_503_acts_on_nothing_and_the_page_says_so(
-    tmp_path: Path,
-    services: list[Service],
-) -> None:
+def service_with_journal_on_its_own_disk(
+    tmp_path: Path, services: list[Service]
+) -> tuple[Service, Path, Path]:
+    """The real service, its journal on a 2 MiB tmpfs at MOUNT in its own mount namespace;
+    (the service, MOUNT, the tmpfs as seen from here)."""
     mount = tmp_path / "journal-disk"
     mount.mkdir()
     inventory = tmp_path / "inventory.yaml"
@@ -168,7 +169,14 @@ def test_a_full_journal_disk_gets_503_acts_on_nothing_and_the_page_says_so(
     # The tmpfs exists only in the service's namespace; reach it through its root.
     disk = Path(f"/proc/{service.proc.pid}/root") / mount.relative_to("/")
     assert (disk / "journal.sqlite").is_file() and not journal_path.exists()
+    return service, mount, disk
 
+
+def test_a_full_journal_disk_gets_503_acts_on_nothing_and_the_page_says_so(
+    tmp_path: Path,
+    services: list[Service],
+) -> None:
+    service, _, disk = service_with_journal_on_its_own_disk(tmp_path, services)
     filler = fill(disk)
     firing = make_payload(make_alert("m1", fingerprint="full"))
     status, body = post_alerts(service, firing)
@@ -180,6 +188,9 @@ def test_a_full_journal_disk_gets_503_acts_on_nothing_and_the_page_says_so(
     assert runs(service) == []  # nothing was queued, nothing ran
     _, metrics = http("GET", service.url + "/metrics", headers=bearer())
     assert "mlx_medic_remediations_total{" not in metrics
+    assert "\nmlx_medic_journal_failing 1.0\n" in metrics  # MLXMedicJournalFailing's series
+    _, api = http("GET", service.url + "/api/remediations", headers=bearer())
+    assert "database or disk is full" in api["journal_problem"]
     health_status, health = http("GET", service.url + "/healthz")
     assert (health_status, health["status"]) == (503, "failing")
     _, page = http("GET", service.url + "/", headers=basic())
@@ -201,6 +212,10 @@ def test_a_full_journal_disk_gets_503_acts_on_nothing_and_the_page_says_so(
     assert http("GET", service.url + "/healthz")[0] == 200
     _, page = http("GET", service.url + "/", headers=basic())
     assert "The journal is failing" not in page and "journal_recovered" in page
+    _, api = http("GET", service.url + "/api/remediations", headers=bearer())
+    assert api["journal_problem"] is None
+    _, metrics = http("GET", service.url + "/metrics", headers=bearer())
+    assert "\nmlx_medic_journal_failing 0.0\n" in metrics
 
 
 # --- the same, with writes refused by SQLite itself (in addition to the real ones) -------
