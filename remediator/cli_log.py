@@ -7,6 +7,10 @@ are why nothing happens. Table columns may be cut with "…"; a reason (`why:`),
 action (`NEXT:`) and a link never are: they wrap under their label, a URL whole on its
 line. A link that is not an http or https URL is shown as text, "(not a link: WHY)"
 after it (`links.refusal`). Times are ISO 8601 UTC.
+
+`--journal FILE` (again for each replica) reads those journals instead, read-only, and
+shows them as one: runs newest first, each named `REPLICA#ID`, decisions and controls
+with their replica (log_replicas.py); `--follow` polls each.
 """
 
 from __future__ import annotations
@@ -17,23 +21,25 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TextIO
 
 from mlx_medic.inventory.fields import parse_duration
 from mlx_medic.remediator.cli_common import (
     CliError,
-    OnCall,
     add_config_argument,
     fail,
     run_oncall,
 )
 from mlx_medic.remediator.control_state import concerning
-from mlx_medic.remediator.journal import ControlView, DecisionView, Journal, RunView, StepView
+from mlx_medic.remediator.journal import ControlView, DecisionView, RunView, StepView
 from mlx_medic.remediator.links import LINK_NAMES, printable, refusal
+from mlx_medic.remediator.log_replicas import Replica, merged, named, open_journals
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.utc_time import iso_utc
 
@@ -48,6 +54,16 @@ def terminal_width() -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
+    parser.add_argument(
+        "--journal",
+        dest="journals",
+        action="append",
+        type=Path,
+        metavar="FILE",
+        help="read this journal instead of the config's, read-only; again for each replica"
+        " (their runs newest first, each named REPLICA#ID: the host of its owner, or the"
+        " journal's file name when two have the same host)",
+    )
     parser.add_argument("--model", default=None, help="only this model's runs")
     parser.add_argument(
         "--since",
@@ -61,13 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="JSON: {controls, runs, events} (events: recent decisions, repeats folded, each"
         " with count, first and last); times ISO 8601 UTC, durations in duration_seconds;"
-        " with --follow one run or decision per line",
+        " with --follow one run or decision per line; each record has its `journal` (path)"
+        " and `replica`",
     )
     parser.add_argument(
         "--follow",
         action="store_true",
         help="keep printing runs as they start, change and end, and decisions as they are"
-        " made (Ctrl-C stops); with --json each line has `record`: run or decision",
+        " made (Ctrl-C stops), polling every journal read; with --json each line has"
+        " `record`: run or decision",
     )
 
 
@@ -114,17 +132,32 @@ def _wrapped(label: str, text: str, width: int, indent: int = 6) -> list[str]:
     return [line.replace("\0", " ") for line in lines]
 
 
-RUN_HEADER = f"{'RUN':<6}{'QUEUED (UTC)':<21}{'MODEL':<18}{'TRIGGER':<22}{'OUTCOME':<22}TOOK"
+def run_header(run_column: int = 6) -> str:
+    return (
+        f"{'RUN':<{run_column}}{'QUEUED (UTC)':<21}{'MODEL':<18}{'TRIGGER':<22}{'OUTCOME':<22}TOOK"
+    )
 
 
-def format_run(run: RunView, width: int = WIDTH) -> list[str]:
-    """The run's line, then each step's (under it, its condition when it runs only if an
-    earlier one fails verification; a step that did not run shows no duration), why it
-    acted (`re-check:`, never cut, like `why:` and `NEXT:`), why it ended, the next action."""
+RUN_HEADER = run_header()
+
+
+def run_column(run_names: Iterable[str]) -> int:
+    """The RUN column's width: 6, or wider for `REPLICA#ID` names."""
+    return max([6, *(len(name) + 1 for name in run_names)])
+
+
+def format_run(
+    run: RunView, width: int = WIDTH, name: str | None = None, column: int = 6
+) -> list[str]:
+    """The run's line (`name`: `#ID`, or `REPLICA#ID` read with other journals), then each
+    step's (under it, its condition when it runs only if an earlier one fails
+    verification; a step that did not run shows no duration), why it acted (`re-check:`,
+    never cut, like `why:` and `NEXT:`), why it ended, the next action."""
     outcome = run.outcome + (" (dry run)" if run.dry_run else "")
     lines = [
         _fit(
-            f"{'#' + str(run.id):<6}{_clock(run.queued_at):<21}{_cut(run.model, 17):<18}"
+            f"{name or '#' + str(run.id):<{column}}{_clock(run.queued_at):<21}"
+            f"{_cut(run.model, 17):<18}"
             f"{_cut(run.trigger, 21):<22}{_cut(outcome, 21):<22}{_took(run.duration)}",
             width,
         )
@@ -178,13 +211,19 @@ def bare_command(*words: str) -> str:
 
 
 def format_control(
-    control: ControlView, command: Callable[..., str] = bare_command, width: int = WIDTH
+    control: ControlView,
+    command: Callable[..., str] = bare_command,
+    width: int = WIDTH,
+    replica: str | None = None,
 ) -> list[str]:
     """The pause or open circuit; `command` spells the undo (OnCall.command: with the
-    `--config.file` this run needed)."""
+    `--config.file` this run needed); `replica`: the one whose journal holds it (the
+    undo is run there)."""
     scope = control.model or "ALL MODELS"
     state = "PAUSED" if control.kind == "pause" else "CIRCUIT OPEN"
     head = f"{scope} since {_clock(control.since)} by {control.by_whom}"
+    where = f" on {replica}" if replica else ""
+    head += f", held by replica {replica}" if replica else ""
     lines = _wrapped(f"{state}: ", head, width, 0)
     if control.reason:
         lines += _wrapped("why:  ", control.reason, width, 2)
@@ -192,18 +231,24 @@ def format_control(
         lines += _wrapped("NEXT: ", control.next_action, width, 2)
     else:
         undo = command("resume", *([control.model] if control.model else []))
-        lines += _wrapped("undo: ", f"`{undo}`", width, 2)
+        lines += _wrapped("undo: ", f"`{undo}`{where}", width, 2)
     return lines
 
 
 EVENTS_SHOWN = 10  # folded decisions, and as many that need a person (Journal.recent_decisions)
 
 
-def format_event(event: DecisionView, width: int = WIDTH) -> list[str]:
-    """A decision: its newest time; a fold of repeats says how many, from when."""
-    run = f" run #{event.run_id}" if event.run_id else ""
+def format_event(
+    event: DecisionView, width: int = WIDTH, replica: Replica | None = None
+) -> list[str]:
+    """A decision: its newest time, its replica when read with other journals, the run
+    it names; a fold of repeats says how many, from when."""
+    name = replica.run_name if replica else lambda run_id: f"#{run_id}"
+    run = f" run {name(event.run_id)}" if event.run_id else ""
+    shown = f"{_cut(replica.name, 15):<16}" if replica and replica.merged else ""
     head = (
-        f"{_clock(event.time):<21}{_cut(event.kind, 15):<16}{_cut(event.model or '-', 17):<18}"
+        f"{_clock(event.time):<21}{shown}{_cut(event.kind, 15):<16}"
+        f"{_cut(event.model or '-', 17):<18}"
         f"{_cut(event.fingerprint or '-', 18)}{run}"
     )
     folded = [f"{'':<21}×{event.count} from {_clock(event.first)}"] if event.count > 1 else []
@@ -212,23 +257,24 @@ def format_event(event: DecisionView, width: int = WIDTH) -> list[str]:
 
 
 def render(
-    runs: list[RunView],
-    controls: list[ControlView],
-    events: list[DecisionView] | None = None,
+    runs: list[tuple[Replica, RunView]],
+    controls: list[tuple[Replica, ControlView]],
+    events: list[tuple[Replica, DecisionView]] | None = None,
     command: Callable[..., str] = bare_command,
     width: int = WIDTH,
 ) -> str:
     lines: list[str] = []
-    for control in controls:
-        lines += format_control(control, command, width)
+    for replica, control in controls:
+        lines += format_control(control, command, width, replica.name if replica.merged else None)
     if controls:
         lines.append("")
     if not runs:
         lines.append("no remediation runs in the journal for this selection")
     else:
-        lines.append(_fit(RUN_HEADER, width))
-        for run in runs:
-            lines += format_run(run, width)
+        column = run_column(replica.run_name(run.id) for replica, run in runs)
+        lines.append(_fit(run_header(column), width))
+        for replica, run in runs:
+            lines += format_run(run, width, replica.run_name(run.id), column)
             lines.append("")
     if events:
         lines += _wrapped(
@@ -237,8 +283,8 @@ def render(
             width,
             0,
         )
-        for event in events:
-            lines += format_event(event, width)
+        for replica, event in events:
+            lines += format_event(event, width, replica)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -258,32 +304,75 @@ def run(args: argparse.Namespace) -> int:
         since = _since(args)
     except CliError as exc:
         return fail(exc, args.command)
-    return run_oncall(args, lambda oncall: _show(oncall, args, since), writes=False)
+    if args.journals:
+        return _show_journals(args, since)
+    return run_oncall(
+        args,
+        lambda oncall: _show(named([oncall.journal]), args, since, oncall.command),
+        writes=False,
+    )
 
 
-def _show(oncall: OnCall, args: argparse.Namespace, since: float | None) -> int:
-    journal = oncall.journal
+def _show_journals(args: argparse.Namespace, since: float | None) -> int:
+    """`--journal`: those files, read-only, instead of the config's journal."""
+    try:
+        replicas = open_journals(args.journals)
+    except CliError as exc:
+        return fail(exc, args.command)
+    try:
+        for replica in replicas:
+            print(
+                f"mlx-medic: journal {replica.path} (replica {replica.name}), read-only",
+                file=sys.stderr,
+            )
+        return _show(replicas, args, since, bare_command)
+    except sqlite3.Error as exc:
+        return fail(CliError(f"reading the journals: {exc}"), args.command)
+    finally:
+        for replica in replicas:
+            replica.journal.close()
+
+
+def _show(
+    replicas: list[Replica],
+    args: argparse.Namespace,
+    since: float | None,
+    command: Callable[..., str],
+) -> int:
     try:
         if args.follow:
             with contextlib.suppress(KeyboardInterrupt):
-                follow(journal, args.model, since, args.limit, as_json=args.json)
+                follow(replicas, args.model, since, args.limit, as_json=args.json)
             return 0
-        runs = journal.list_runs(model=args.model, since=since, limit=args.limit)
-        controls = concerning(journal.controls(), args.model or None)
-        events = journal.recent_decisions(args.model, since, EVENTS_SHOWN)
+        runs = merged(
+            replicas,
+            lambda j: j.list_runs(model=args.model, since=since, limit=args.limit),
+            lambda run: run.queued_at,
+        )[: args.limit]
+        controls = merged(
+            replicas,
+            lambda j: concerning(j.controls(), args.model or None),
+            lambda control: control.since,
+            newest_first=False,
+        )
+        events = merged(
+            replicas,
+            lambda j: j.recent_decisions(args.model, since, EVENTS_SHOWN),
+            lambda event: event.time,
+        )
         if args.json:
             json.dump(
                 {
-                    "controls": [c.to_dict() for c in controls],
-                    "runs": [r.to_dict() for r in runs],
-                    "events": [e.to_dict() for e in events],
+                    "controls": [r.mark(c.to_dict()) for r, c in controls],
+                    "runs": [r.mark(run.to_dict()) for r, run in runs],
+                    "events": [r.mark(e.to_dict()) for r, e in events],
                 },
                 sys.stdout,
                 indent=2,
             )
             sys.stdout.write("\n")
         else:
-            sys.stdout.write(render(runs, controls, events, oncall.command, terminal_width()))
+            sys.stdout.write(render(runs, controls, events, command, terminal_width()))
         return 0
     except BrokenPipeError:  # `mlx-medic log | head`: the reader had enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -291,7 +380,7 @@ def _show(oncall: OnCall, args: argparse.Namespace, since: float | None) -> int:
 
 
 def follow(
-    journal: Journal,
+    replicas: Sequence[Replica],
     model: str | None,
     since: float | None,
     limit: int,
@@ -303,26 +392,30 @@ def follow(
     width: int | None = None,
 ) -> None:
     """Print each run again whenever its outcome or steps change, and each decision as
-    it is made (a fold of repeats again as it grows), in the order they happened."""
+    it is made (a fold of repeats again as it grows), in the order they happened; every
+    journal polled each round."""
     out = out or sys.stdout
     width = width or terminal_width()
-    runs_shown: dict[int, tuple[str, int, str]] = {}
-    decisions_shown: dict[tuple[str, str | None, float], int] = {}
+    column = run_column(replica.run_name(999_999) for replica in replicas)
+    runs_shown: dict[tuple[str, int], tuple[str, int, str]] = {}
+    decisions_shown: dict[tuple[str, str, str | None, float], int] = {}
     done = 0
     if not as_json:
-        out.write(_fit(RUN_HEADER, width) + "\n")
+        out.write(_fit(run_header(column), width) + "\n")
     while rounds is None or done < rounds:
         news: list[tuple[float, str]] = []
-        for run in journal.list_runs(model=model, since=since, limit=limit):
-            state = (run.outcome, len(run.steps), run.steps[-1].outcome if run.steps else "")
-            if runs_shown.get(run.id) != state:
-                runs_shown[run.id] = state
-                news.append((_last_change(run), _followed_run(run, as_json, width)))
-        for event in journal.recent_decisions(model, since, limit):
-            fold = (event.kind, event.model, event.first)
-            if decisions_shown.get(fold) != event.count:
-                decisions_shown[fold] = event.count
-                news.append((event.time, _followed_decision(event, as_json, width)))
+        for replica in replicas:
+            for run in replica.journal.list_runs(model=model, since=since, limit=limit):
+                state = (run.outcome, len(run.steps), run.steps[-1].outcome if run.steps else "")
+                if runs_shown.get((replica.name, run.id)) != state:
+                    runs_shown[replica.name, run.id] = state
+                    text = _followed_run(replica, run, as_json, width, column)
+                    news.append((_last_change(run), text))
+            for event in replica.journal.recent_decisions(model, since, limit):
+                fold = (replica.name, event.kind, event.model, event.first)
+                if decisions_shown.get(fold) != event.count:
+                    decisions_shown[fold] = event.count
+                    news.append((event.time, _followed_decision(replica, event, as_json, width)))
         out.writelines(text for _, text in sorted(news, key=lambda item: item[0]))
         out.flush()
         done += 1
@@ -339,16 +432,16 @@ def _last_change(run: RunView) -> float:
 FOLLOWED_DECISION = "decision  "
 
 
-def _followed_run(run: RunView, as_json: bool, width: int) -> str:
+def _followed_run(replica: Replica, run: RunView, as_json: bool, width: int, column: int) -> str:
     if as_json:
-        return json.dumps({"record": "run", **run.to_dict()}) + "\n"
-    return "\n".join(format_run(run, width)) + "\n\n"
+        return json.dumps({"record": "run", **replica.mark(run.to_dict())}) + "\n"
+    return "\n".join(format_run(run, width, replica.run_name(run.id), column)) + "\n\n"
 
 
-def _followed_decision(event: DecisionView, as_json: bool, width: int) -> str:
+def _followed_decision(replica: Replica, event: DecisionView, as_json: bool, width: int) -> str:
     """One line of JSON, or the decision as RECENT DECISIONS shows it, marked."""
     if as_json:
-        return json.dumps({"record": "decision", **event.to_dict()}) + "\n"
+        return json.dumps({"record": "decision", **replica.mark(event.to_dict())}) + "\n"
     indent = " " * len(FOLLOWED_DECISION)
-    head, *rest = format_event(event, width - len(indent))
+    head, *rest = format_event(event, width - len(indent), replica)
     return "\n".join([FOLLOWED_DECISION + head, *(indent + line for line in rest)]) + "\n\n"

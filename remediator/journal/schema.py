@@ -117,6 +117,23 @@ def connect(path: Path) -> sqlite3.Connection:
     return db
 
 
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that reads the journal at `path` and creates and writes nothing. A
+    journal in use (its -wal is there) is read with its -wal and -shm; one no process has
+    open, from its file alone (`immutable`: read-only SQLite would create a -wal and -shm
+    beside it). A file that is missing, unreadable or no journal raises OSError or
+    sqlite3.Error."""
+    with path.open("rb"):  # missing or unreadable: said as such, not as SQLite's "unable to open"
+        pass
+    in_use = Path(f"{path}-wal").exists()
+    uri = f"{path.resolve().as_uri()}?{'mode=ro' if in_use else 'immutable=1'}"
+    db = sqlite3.connect(uri, uri=True, timeout=10.0, isolation_level=None, check_same_thread=False)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA busy_timeout=10000")
+    db.execute("SELECT 1 FROM runs LIMIT 1")  # a journal, not some other file
+    return db
+
+
 def _add_columns(db: sqlite3.Connection) -> None:
     """The ADDED_COLUMNS a journal written before them lacks. Another process opening it
     at the same moment may add one first: its "duplicate column" is no failure."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlx_medic.remediator.journal.files import file_identity, make_journal_file, narrow_modes
-from mlx_medic.remediator.journal.schema import connect
+from mlx_medic.remediator.journal.schema import connect, connect_read_only
 
 # The rows a write may defer (see JournalStore.__init__), written as they are when not.
 INSERT_EVENT = (
@@ -42,11 +42,14 @@ class JournalStore:
     """The connection the reads and writes share. Both take `_lock` (through `_tx` and
     `_query`): the web app reads in worker threads while the event loop writes."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, *, read_only: bool = False):
+        """`read_only`: the journal is read as it is, never created, changed or narrowed
+        (`mlx-medic log --journal`, of another replica's journal); a write then fails."""
         self.path = Path(path)
-        make_journal_file(self.path)
+        if not read_only:
+            make_journal_file(self.path)
         self._lock = threading.RLock()
-        self._db = connect(self.path)
+        self._db = connect_read_only(self.path) if read_only else connect(self.path)
         self.write_failure: str | None = None  # why the last write failed; None once one works
         # Deferred writes (events, absorbed firings): flushed in one transaction by
         # flush(), before any read, and with the next write. An alert storm then costs
@@ -54,7 +57,8 @@ class JournalStore:
         self._pending_events: list[tuple[Any, ...]] = []
         self._pending_firings: list[tuple[Any, ...]] = []
         self._pending_firing_keys: set[tuple[str, str]] = set()
-        narrow_modes(self.path)  # the -wal and -shm the schema's writes just made
+        if not read_only:
+            narrow_modes(self.path)  # the -wal and -shm the schema's writes just made
         self._identity = file_identity(self.path)  # the file this connection writes
 
     def close(self) -> None:

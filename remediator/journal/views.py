@@ -153,11 +153,12 @@ def run_view(r: sqlite3.Row) -> RunView:
     """A row of `runs`, without its steps (the reader adds them); its labels bounded, as
     an older version may have stored them whole, and its links."""
     labels = _loads(r["labels"], {})
+    columns = r.keys()  # a journal read-only before it had links (`log --journal`): none
     return _from_row(
         RunView,
         r,
         labels=bounded_labels(labels) if isinstance(labels, dict) else {},
-        links=bounded_links(_loads(r["links"], {})),
+        links=bounded_links(_loads(r["links"] if "links" in columns else None, {})),
         dry_run=bool(r["dry_run"]),
         counted=bool(r["counted"]),
     )

@@ -23,6 +23,7 @@ from mlx_medic.remediator.alerts import Disposition
 from mlx_medic.remediator.cli_common import cannot_write
 from mlx_medic.remediator.config import RemediatorConfig
 from mlx_medic.remediator.journal import Journal
+from mlx_medic.remediator.log_replicas import named
 from mlx_medic.remediator.outcomes import RunOutcome
 from mlx_medic.transport import LocalTransport
 from tests.node.inventories import helper_inventory
@@ -188,7 +189,9 @@ def test_log_follow_prints_a_run_again_when_it_changes(tmp_path: Path) -> None:
         journal.start_run(run_id, time.time())
         journal.end_run(run_id, RunOutcome.SUCCEEDED, time.time(), "verified healthy on ring")
 
-    cli_log.follow(journal, None, None, 20, as_json=True, out=out, rounds=2, sleep=between_rounds)
+    cli_log.follow(
+        named([journal]), None, None, 20, as_json=True, out=out, rounds=2, sleep=between_rounds
+    )
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [r["outcome"] for r in records if r["record"] == "run"] == ["queued", "succeeded"]
 
@@ -206,7 +209,9 @@ def test_log_follow_prints_decisions_as_they_are_made_beside_the_runs(tmp_path: 
         journal.add_event("started", now=now - 1, model=OTHER, run_id=run_id)
         journal.add_event("duplicate", now=now, model=MODEL, fingerprint="fp1")
 
-    cli_log.follow(journal, None, None, 20, as_json=False, out=out, rounds=2, sleep=between_rounds)
+    cli_log.follow(
+        named([journal]), None, None, 20, as_json=False, out=out, rounds=2, sleep=between_rounds
+    )
     text = out.getvalue()
     decisions = [line.split()[2:4] for line in text.splitlines() if line.startswith("decision")]
     assert decisions == [["duplicate", MODEL], ["started", OTHER], ["duplicate", MODEL]]
@@ -221,7 +226,9 @@ def test_log_follow_json_gives_each_line_its_record_kind_and_iso_times(tmp_path:
     )
     journal.add_event("resolved", now=1796331930.0, model=MODEL, fingerprint="fp1")
     out = io.StringIO()
-    cli_log.follow(journal, None, None, 20, as_json=True, out=out, rounds=1, sleep=lambda _: None)
+    cli_log.follow(
+        named([journal]), None, None, 20, as_json=True, out=out, rounds=1, sleep=lambda _: None
+    )
     run, decision = (json.loads(line) for line in out.getvalue().splitlines())
     assert run["record"] == "run" and run["queued_at"] == "2026-12-03T21:05:29Z"
     assert decision["record"] == "decision" and decision["time"] == "2026-12-03T21:05:30Z"
