@@ -181,7 +181,8 @@ async def test_the_api_lists_pauses_with_scope_reason_who_since_and_the_resume_c
     assert remediator.cli("pause", "--reason", "maintenance") == 0
     assert remediator.cli("pause", MODEL, "--reason", "bob is on ai002") == 0
     body = await remediator.api()
-    assert set(body) == {"runs", "decisions", "pauses", "circuits"}
+    assert set(body) == {"journal_problem", "runs", "decisions", "pauses", "circuits"}
+    assert body["journal_problem"] is None  # the journal records
     everyone, own = body["pauses"]  # oldest first
     flag = f"--config.file {remediator.config_file}"
     assert everyone["model"] is None and everyone["reason"] == "maintenance"

@@ -62,6 +62,7 @@ def test_a_firing_alert_starts_one_dry_run_that_plans_and_journals_every_step(
     assert status == 200 and [r["id"] for r in api["runs"]] == [run["id"]]
     assert api["runs"][0]["steps"] == run["steps"]
     assert http("GET", service.url + "/api/remediations?model=m2", headers=bearer())[1] == {
+        "journal_problem": None,
         "runs": [],
         "decisions": [],
         "pauses": [],
