@@ -57,11 +57,26 @@ class BudgetDecision:
 
 class Budget:
     """Counts the runs that acted on a model (journal `counted`), within its window
-    and after the last manual resume."""
+    and after the last manual resume.
 
-    def __init__(self, journal: Journal, clock: Callable[[], float] = time.time):
+    The window is wall time (`clock`), as the journal persists it across restarts: a jump
+    forward past the window ages its runs out, a jump back keeps them in it longer. The
+    backoff is never longer than configured: when the last run lies in the wall clock's
+    future (the clock was set back), its backoff is measured on `monotonic` from when this
+    process first saw it so."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self.journal = journal
         self.clock = clock
+        self.monotonic = monotonic
+        # (model, playbook, exclude) -> (the last run's time and the count of runs, when
+        # it lay in the wall clock's future; the monotonic time this process first saw it)
+        self._ahead: dict[tuple[str, str | None, tuple[str, ...]], tuple[float, int, float]] = {}
 
     def check(
         self, model: Model, *, playbook: str | None = None, exclude: Sequence[str] = ()
@@ -90,7 +105,7 @@ class Budget:
             )
         if runs:
             gap = policy.backoff * 2 ** (runs - 1)
-            wait = times[-1] + gap - now
+            wait = gap - self._since((model.name, playbook, tuple(exclude)), times, now)
             if wait > 0:
                 return BudgetDecision(
                     False,
@@ -102,6 +117,22 @@ class Budget:
                 )
         used = f"{runs} of {policy.restart_budget} runs used"
         return BudgetDecision(True, False, 0.0, runs, used)
+
+    def _since(
+        self, key: tuple[str, str | None, tuple[str, ...]], times: Sequence[float], now: float
+    ) -> float:
+        """Seconds since the last counted run: by the wall clock, or, when a run lies in its
+        future, by the monotonic clock since this process first saw these runs so (a run
+        counted since starts it again): never more than a backoff."""
+        last = times[-1]
+        if now >= last:
+            self._ahead.pop(key, None)
+            return now - last
+        seen = self._ahead.get(key)
+        if seen is None or seen[:2] != (last, len(times)):
+            seen = (last, len(times), self.monotonic())
+            self._ahead[key] = seen
+        return self.monotonic() - seen[2]
 
 
 class Escalator:

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -315,6 +317,7 @@ def make_engine(
     registry: CollectorRegistry | None = None,
     tmp_path: Path | None = None,
     config_source: ConfigSource | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Engine:
     """An engine with `fake_playbooks()`, and `playbooks` over them (e.g. a test's gate)."""
     if transport is None:
@@ -330,6 +333,7 @@ def make_engine(
         registry=registry or CollectorRegistry(),
         hostname=hostname,
         config_source=config_source,
+        clock=clock,
     )
 
 
@@ -357,3 +361,22 @@ def dead_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
+
+
+class Clock:
+    """A wall clock a test sets and jumps."""
+
+    def __init__(self, now: float = 100_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def acted(journal: Journal, at: float) -> None:
+    """A run of MODEL that acted at `at`: counted against its budget."""
+    run_id = journal.create_run(
+        model=MODEL, playbook="recover", trigger_kind="alert", owner="h:1", now=at
+    )
+    journal.start_run(run_id, at)
+    journal.mark_counted(run_id)

@@ -12,28 +12,12 @@ from prometheus_client import CollectorRegistry, Counter
 from mlx_medic.remediator.budget import Budget, Escalator
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.outcomes import EscalationReason
-from tests.remediator.engine_fakes import MODEL, make_inventory
-
-
-class Clock:
-    def __init__(self, now: float = 100_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.remediator.engine_fakes import MODEL, Clock, acted, make_inventory
 
 
 @pytest.fixture
 def journal(tmp_path: Path) -> Journal:
     return Journal(tmp_path / "journal.sqlite")
-
-
-def acted(journal: Journal, at: float) -> None:
-    run_id = journal.create_run(
-        model=MODEL, playbook="recover", trigger_kind="alert", owner="h:1", now=at
-    )
-    journal.start_run(run_id, at)
-    journal.mark_counted(run_id)
 
 
 def test_runs_are_allowed_until_the_budget_is_spent_within_the_window(journal: Journal) -> None:

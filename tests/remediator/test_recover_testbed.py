@@ -62,11 +62,11 @@ from tests.remediator.engine_fakes import alert
 from tests.serve.scenario import (
     MEDIC,
     NODES,
-    SUPERVISORD_CONF,
     Served,
     answers,
     jaccl_failure_logged,
     prepare,
+    start_supervisord,
     supervised,
 )
 from tests.serve.test_serve_testbed import head_metrics, metric
@@ -432,17 +432,7 @@ async def test_one_recover_run_serves_again_a_model_started_by_its_own_script(
     data["models"]["tiny"]["process_patterns"] = {"rank": [rf"serve\.py --model \S+ --port {port}"]}
     data["models"]["tiny"]["policy"].update(restart_budget=3, backoff=0)
     served.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
-    assert served.conf is not None
-    env = cluster.env(HF_HUB_OFFLINE="1")
-    served.conf.write_text(
-        SUPERVISORD_CONF.replace(
-            "command={medic} serve tiny --inventory {inventory}",
-            f"command=/bin/sh {script}",
-        ).format(
-            token=token, path=env["PATH"], workdir=cluster.workdir, stopwaitsecs=20, log=served.log
-        )
-    )
-    daemon = served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env)
+    daemon = start_supervisord(served, f"/bin/sh {script}", stopwaitsecs=20)
     seed = None
     try:
         wait_until(lambda: answers(port), "the script's model to answer", timeout=300)

@@ -44,6 +44,27 @@ stdout_logfile={log}
 )
 
 
+def start_supervisord(
+    served: Served, command: str, *, stopwaitsecs: int
+) -> subprocess.Popen[bytes]:
+    """supervisord in the head's namespaces, the model's program running `command` (lines
+    after its first are more settings of the program) instead of the serve wrapper."""
+    assert served.conf is not None
+    env = served.cluster.env(HF_HUB_OFFLINE="1")
+    served.conf.write_text(
+        SUPERVISORD_CONF.replace(
+            "command={medic} serve tiny --inventory {inventory}", f"command={command}"
+        ).format(
+            token=served.token,
+            path=env["PATH"],
+            workdir=served.cluster.workdir,
+            stopwaitsecs=stopwaitsecs,
+            log=served.log,
+        )
+    )
+    return served.head.spawn(["supervisord", "-n", "-c", str(served.conf)], env=env)
+
+
 @dataclass
 class Served:
     cluster: Cluster

@@ -1,0 +1,193 @@
+"""A node that fails a `recover` run once its sweep has begun, on the testbed over real SSH
+and the real node helpers: the model down, its supervisord program stopped; the peer's
+mlx-medic (its inventory `medic_command`) is a script in the test's dir that runs the real
+one, except its `node sweep` helper, which hangs, or waits until the test has frozen every
+sshd process of the peer. Either way the run ends within its timeouts, escalates naming
+the node and the step, and nothing is started on top of what the sweep may have left; a
+hung helper is left running on its node (the test ends it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlx_medic.remediator.alerts import Disposition
+from mlx_medic.remediator.engine import Engine
+from mlx_medic.remediator.journal import RunView
+from mlx_medic.transport import SshTransport
+from testbed import Cluster, processes
+from testbed.freezer import frozen
+from tests.node.test_sweep_clean_testbed import wait_until
+from tests.remediator.engine_fakes import alert
+from tests.remediator.test_recover_testbed import start_engine
+from tests.serve.scenario import MEDIC, Served, prepare, start_supervisord
+
+pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+
+COMMAND_TIMEOUT = 8.0  # the inventory's ssh.command_timeout: a node helper's time to answer
+KILL_GRACE = 2.0  # the sweep's wait between SIGTERM and SIGKILL, added to its helper's time
+
+# The peer's mlx-medic: the real one, except `node sweep`, which first writes its pid (as
+# the node sees it) to STARTED, then runs BODY.
+PEER_MEDIC = """\
+#!/bin/sh
+if [ "$1 $2" = "node sweep" ]; then
+    echo $$ > {started}
+{body}
+fi
+exec {medic} "$@"
+"""
+HANGS = "    exec sleep 3600"  # a helper stuck for good
+WAITS_FOR_GO = "    while [ ! -e {go} ]; do sleep 0.1; done"  # then the real sweep
+
+
+@dataclass
+class Scene:
+    """The clean cluster, the tiny model, and where the test's engines go."""
+
+    cluster: Cluster
+    tiny_model: Path
+    tmp_path: Path
+    ssh_transports: list[SshTransport]
+    engines: list[Engine]
+
+    async def engine(self, served: Served) -> Engine:
+        """The remediator's engine in this process over real SSH, started."""
+        _, engine = await start_engine(served, self.tmp_path, self.ssh_transports, self.engines)
+        return engine
+
+
+@pytest.fixture
+def scene(
+    clean_cluster: Cluster,
+    tiny_model: Path,
+    tmp_path: Path,
+    ssh_transports: list[SshTransport],
+    engines: list[Engine],
+) -> Scene:
+    return Scene(clean_cluster, tiny_model, tmp_path, ssh_transports, engines)
+
+
+@contextmanager
+def stopped_service(cluster: Cluster, tiny_model: Path, body: str) -> Iterator[Served]:
+    """The tiny model's supervisord program, stopped (the model is down), under supervisord
+    in the head's namespaces; short timeouts; the peer's mlx-medic the PEER_MEDIC script
+    with `body` (STARTED and GO in the scenario's dir)."""
+    served = prepare(cluster, tiny_model)
+    work = served.inventory.parent
+    peer_medic = work / "peer-mlx-medic"
+    peer_medic.write_text(
+        PEER_MEDIC.format(
+            started=work / "sweep-started", body=body.format(go=work / "go"), medic=MEDIC
+        )
+    )
+    peer_medic.chmod(0o755)
+    data = yaml.safe_load(served.inventory.read_text())
+    data["ssh"]["command_timeout"] = f"{COMMAND_TIMEOUT:g}s"
+    data["nodes"]["ai002"]["medic_command"] = str(peer_medic)
+    data["models"]["tiny"]["policy"].update(
+        start_timeout="20s", kill_grace=f"{KILL_GRACE:g}s", restart_budget=3, backoff=0
+    )
+    served.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    # a start would show as RUNNING
+    daemon = start_supervisord(served, "/bin/sleep 600\nautostart=false", stopwaitsecs=5)
+    try:
+        wait_until(lambda: program_state(served) == "STOPPED", "supervisord to answer")
+        yield served
+    finally:
+        served.supervisorctl("stop", f"tiny-{served.token}")
+        daemon.kill()
+        daemon.wait(timeout=10)
+
+
+def program_state(served: Served) -> str:
+    status = served.supervisorctl("status", f"tiny-{served.token}").stdout.split()
+    return status[1] if len(status) > 1 else ""
+
+
+def sweep_started(served: Served) -> int | None:
+    """The peer's hung sweep helper (its host pid), once it has started."""
+    started = served.inventory.parent / "sweep-started"
+    if not started.exists() or not started.read_text().strip():
+        return None
+    return served.cluster.node("ai002").host_pid_of(int(started.read_text()))
+
+
+async def one_run(engine: Engine) -> tuple[RunView, float]:
+    """A model-down alert's run, to its end: (the run, its seconds)."""
+    started = time.monotonic()
+    assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == Disposition.STARTED
+    await engine.wait_idle(300)
+    return engine.journal.list_runs()[0], time.monotonic() - started
+
+
+def assert_escalated_at_the_peers_sweep(run: RunView, served: Served) -> None:
+    steps = [(step.name, step.node, step.outcome) for step in run.steps]
+    assert run.outcome == "escalated", (run.detail, steps)
+    assert [name for name, _, _ in steps] == ["preflight", "stop-service", "sweep"], steps
+    assert steps[-1][2] == "failed", steps
+    silent = f"ai002: mlx-medic node sweep: no answer within {COMMAND_TIMEOUT + KILL_GRACE:g}s"
+    assert silent in run.steps[-1].detail and silent in run.detail, run.detail
+    assert program_state(served) == "STOPPED"  # nothing started on top of possible orphans
+
+
+async def test_a_hung_sweep_helper_ends_its_call_at_its_timeout_and_the_run_escalates(
+    scene: Scene,
+) -> None:
+    hung: int | None = None
+    with stopped_service(scene.cluster, scene.tiny_model, HANGS) as served:
+        try:
+            engine = await scene.engine(served)
+            run, took = await one_run(engine)
+            hung = sweep_started(served)
+            assert hung is not None
+            # The helper's own timeout (command_timeout + kill_grace) ends the call, long
+            # before the step's (the longer of start_timeout and command_timeout, + 60 s).
+            assert took < COMMAND_TIMEOUT + KILL_GRACE + 20, took
+            assert_escalated_at_the_peers_sweep(run, served)
+            # The call's end does not end the helper on the node: its channel is not even
+            # closed (asyncssh's `run` gives up waiting, nothing more), and sshd signals no
+            # command without a terminal. It is left behind, named nowhere.
+            time.sleep(2)
+            assert processes.is_alive(hung)
+        finally:
+            if hung is not None and processes.is_alive(hung):
+                os.kill(hung, signal.SIGKILL)
+
+
+async def test_a_node_lost_during_its_sweep_ends_the_run_within_its_timeouts(
+    scene: Scene,
+) -> None:
+    peer = scene.cluster.node("ai002")
+    with stopped_service(scene.cluster, scene.tiny_model, WAITS_FOR_GO) as served:
+        engine = await scene.engine(served)
+        started = time.monotonic()
+        assert await engine.submit(alert(uuid.uuid4().hex[:16], "tiny")) == Disposition.STARTED
+        await wait_for_sweep(served, engine)
+        # Every sshd process of the peer frozen, the session running its sweep too; then
+        # the sweep goes on, its answer held by the frozen sshd.
+        with frozen(peer.find_pids("sshd"), f"sshd-{served.token}"):
+            (served.inventory.parent / "go").touch()
+            await engine.wait_idle(300)
+            took = time.monotonic() - started
+            run = engine.journal.list_runs()[0]
+            assert took < COMMAND_TIMEOUT + KILL_GRACE + 20, took
+            assert_escalated_at_the_peers_sweep(run, served)
+
+
+async def wait_for_sweep(served: Served, engine: Engine, timeout: float = 60) -> None:
+    """Until the peer's sweep helper has started (the run is in its sweep step)."""
+    deadline = time.monotonic() + timeout
+    while sweep_started(served) is None:
+        assert time.monotonic() < deadline, engine.journal.list_runs()[0]
+        await asyncio.sleep(0.1)
