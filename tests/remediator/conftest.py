@@ -427,6 +427,9 @@ def services() -> Iterator[list[Service]]:
 # --- a real Alertmanager -----------------------------------------------------------
 
 
+PEER_TIMEOUT = 2.0  # seconds a clustered Alertmanager waits per position ahead of it
+
+
 @dataclass
 class Alertmanager:
     proc: subprocess.Popen[bytes]
@@ -447,6 +450,11 @@ class Alertmanager:
             timeout=30,
             check=True,
         )
+
+    def notified(self) -> int:
+        """How many notifications it sent (its debug log's "Notify success" lines)."""
+        log = (self.workdir / "alertmanager.log").read_text(errors="replace")
+        return log.count('msg="Notify success"')
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -503,7 +511,8 @@ def start_alertmanager(
 ) -> Alertmanager:
     """Alone (its cluster port off), or clustered: gossiping on 127.0.0.1:`cluster_port`
     (listening and advertised there, never on every address) with the peers on
-    127.0.0.1:`peer_ports`."""
+    127.0.0.1:`peer_ports`; a peer that is not first in the cluster waits PEER_TIMEOUT
+    (not the default 15 s) for the first one's notification log before it notifies."""
     from tests.tools import require_tool
 
     if cluster_port is None:
@@ -514,6 +523,7 @@ def start_alertmanager(
             f"--cluster.listen-address={gossip}",
             f"--cluster.advertise-address={gossip}",
             *(f"--cluster.peer=127.0.0.1:{peer}" for peer in peer_ports),
+            f"--cluster.peer-timeout={PEER_TIMEOUT:g}s",
         ]
 
     binary = require_tool("prometheus-alertmanager")

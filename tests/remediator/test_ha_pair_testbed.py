@@ -26,6 +26,7 @@ import pytest
 from mlx_medic.state.service_stop import read_service_stop
 from testbed import free_port
 from tests.remediator.conftest import (
+    PEER_TIMEOUT,
     Alertmanager,
     Service,
     Stack,
@@ -132,6 +133,10 @@ def test_two_replicas_behind_two_clustered_alertmanagers_act_once(
             interval=1,
             what="a run of each replica to end",
         )
+        # the second Alertmanager's turn has come and gone: it found the first one's
+        # notifications in the gossiped log and sent none of its own
+        time.sleep(PEER_TIMEOUT + 1)
+        assert sorted(manager.notified() for manager in pair) == [0, 2]  # one per replica
         runs = {name: runs_of(journal, "m1") for name, (_, journal) in replicas.items()}
         shown = merged_log(journals)
         assert all(len(one) == 1 for one in runs.values()), shown  # one run each, no repeat
