@@ -33,6 +33,7 @@ REMEDIATOR_KEYS = (
     "max_alert_age",
     "journal_retention",
     "lock_wait",
+    "lock_lease",
     "notify_url",
     "probe_from",
 )

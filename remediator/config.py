@@ -191,6 +191,13 @@ class RemediatorConfig(StrictModel):
         description="how long an alert's run waits for a model lock another holder has (a"
         " serve wrapper holds it while its ranks start) before it ends as locked",
     )
+    lock_lease: Duration = Field(
+        default=90.0,
+        ge=3,
+        description="the lease of a model lock this remediator holds off the inventory's nodes,"
+        " renewed every third of it while its run goes on: once it runs out (the process"
+        " died: a SIGKILL, a lost machine) another replica's run may break the lock",
+    )
     notify_url: str | None = Field(default=None, description="POSTed a JSON escalation")
     node: str | None = Field(
         default=None,

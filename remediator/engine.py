@@ -93,7 +93,6 @@ class Engine:
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.time,
         hostname: str | None = None,
-        lock_lease: float = 90.0,
         config_source: ConfigSource | None = None,
     ):
         """`playbooks`: name -> instance, the names `config.routing` may use (the
@@ -121,7 +120,7 @@ class Engine:
             this_node=self.this_node,
             hostname=self.hostname,
             clock=clock,
-            lease=lock_lease,
+            lease=config.lock_lease,
             caller=REMEDIATOR,
         )
         self.budget = Budget(journal, clock)

@@ -427,6 +427,9 @@ def services() -> Iterator[list[Service]]:
 # --- a real Alertmanager -----------------------------------------------------------
 
 
+PEER_TIMEOUT = 2.0  # seconds a clustered Alertmanager waits per position ahead of it
+
+
 @dataclass
 class Alertmanager:
     proc: subprocess.Popen[bytes]
@@ -448,6 +451,11 @@ class Alertmanager:
             check=True,
         )
 
+    def notified(self) -> int:
+        """How many notifications it sent (its debug log's "Notify success" lines)."""
+        log = (self.workdir / "alertmanager.log").read_text(errors="replace")
+        return log.count('msg="Notify success"')
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -467,8 +475,10 @@ def managers() -> Iterator[list[Alertmanager]]:
         manager.stop()
 
 
-def alertmanager_config(webhook_url: str, token_file: Path) -> dict[str, Any]:
-    """One webhook receiver whose bearer token comes from a file, with short timings."""
+def alertmanager_config(webhook_url: str | list[str], token_file: Path) -> dict[str, Any]:
+    """One webhook receiver whose bearer token comes from a file, with short timings;
+    given several URLs (replicas), the receiver notifies each of them."""
+    urls = [webhook_url] if isinstance(webhook_url, str) else webhook_url
     return {
         "route": {
             "receiver": "mlx-medic",
@@ -482,18 +492,39 @@ def alertmanager_config(webhook_url: str, token_file: Path) -> dict[str, Any]:
                 "name": "mlx-medic",
                 "webhook_configs": [
                     {
-                        "url": webhook_url,
+                        "url": url,
                         "send_resolved": True,
                         "http_config": {"authorization": {"credentials_file": str(token_file)}},
                     }
+                    for url in urls
                 ],
             }
         ],
     }
 
 
-def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
+def start_alertmanager(
+    workdir: Path,
+    config: dict[str, Any],
+    cluster_port: int | None = None,
+    peer_ports: tuple[int, ...] = (),
+) -> Alertmanager:
+    """Alone (its cluster port off), or clustered: gossiping on 127.0.0.1:`cluster_port`
+    (listening and advertised there, never on every address) with the peers on
+    127.0.0.1:`peer_ports`; a peer that is not first in the cluster waits PEER_TIMEOUT
+    (not the default 15 s) for the first one's notification log before it notifies."""
     from tests.tools import require_tool
+
+    if cluster_port is None:
+        cluster = ["--cluster.listen-address="]
+    else:
+        gossip = f"127.0.0.1:{cluster_port}"
+        cluster = [
+            f"--cluster.listen-address={gossip}",
+            f"--cluster.advertise-address={gossip}",
+            *(f"--cluster.peer=127.0.0.1:{peer}" for peer in peer_ports),
+            f"--cluster.peer-timeout={PEER_TIMEOUT:g}s",
+        ]
 
     binary = require_tool("prometheus-alertmanager")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -506,7 +537,7 @@ def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
             f"--config.file={config_file}",
             f"--storage.path={workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
+            *cluster,
             "--log.level=debug",
         ],
         stdout=log,
@@ -572,13 +603,21 @@ class Stack:
         base.update(settings)
         return write_config(self.workdir / name, base)
 
-    def start(self, *args: str, config: Path | None = None) -> Service:
+    def start(
+        self,
+        *args: str,
+        config: Path | None = None,
+        journal: Path | None = None,
+        wrapper: tuple[str, ...] = (),
+    ) -> Service:
+        """`journal`: the one `config` names, when not the stack's."""
         service = start_service(
             config or self.config(),
-            self.journal_path,
+            journal or self.journal_path,
             self.workdir,
             *args,
             command=REMEDIATOR_WITH_TEST_PLAYBOOKS,
+            wrapper=wrapper,
         )
         self.started.append(service)
         return service
@@ -652,8 +691,11 @@ def post_alerts(
     return http("POST", service.url + "/alerts", payload, bearer() if headers is None else headers)
 
 
-def runs_of(stack: Stack, model: str) -> list[dict[str, Any]]:
-    journal = stack.journal()
+def runs_of(stack: Stack | Path, model: str) -> list[dict[str, Any]]:
+    """The model's runs in the stack's journal, or in the journal at that path."""
+    from mlx_medic.remediator.journal import Journal
+
+    journal = stack.journal() if isinstance(stack, Stack) else Journal(stack)
     try:
         return [r.to_dict() for r in journal.list_runs(model=model, limit=500)]
     finally:

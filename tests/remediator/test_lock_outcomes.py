@@ -136,3 +136,15 @@ async def test_a_lock_helper_that_errs_ends_the_run_failed_not_locked_with_its_e
     assert "the lock helper failed on ai001" in page
     said = log_text(run)
     assert " failed " in said and "NEXT: nothing was done" in said and " locked " not in said
+
+
+async def test_the_lock_lease_is_the_configs_and_one_too_short_to_renew_is_refused(
+    tmp_path: Path, inventory: Inventory, engines: list[Engine]
+) -> None:
+    """A replica off the nodes is judged by its lease alone: `lock_lease` sets it (a dead
+    replica's lock is broken after it); under 3 s it could not be renewed in time."""
+    engine = make_engine(make_config(tmp_path, lock_lease="20s"), inventory, tmp_path=tmp_path)
+    engines.append(engine)
+    assert engine.locks.lease == 20.0
+    with pytest.raises(ValueError, match="lock_lease"):
+        make_config(tmp_path, lock_lease="1s")
