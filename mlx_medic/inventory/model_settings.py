@@ -18,11 +18,18 @@ class Policy(StrictModel):
         description="automatic runs allowed per `window`; when spent, the model's circuit"
         " opens and on-call is told",
     )
-    window: Duration = Field(default=3600.0, description="the span `restart_budget` counts over")
+    window: Duration = Field(
+        default=3600.0,
+        description="the span `restart_budget` counts over, on the wall clock (the journal"
+        " keeps the runs' times across restarts): the remediator's clock set forward past the"
+        " window ages its runs out, set back keeps them in it longer",
+    )
     backoff: Duration = Field(
         default=30.0,
         description="the wait after the first counted run in the window; it doubles with each"
-        " further run",
+        " further run. Never longer than that when the remediator's clock is set back: a last"
+        " run in the clock's future is waited for on the monotonic clock from when the"
+        " remediator first saw it so",
     )
     start_timeout: Duration = Field(
         default=600.0,

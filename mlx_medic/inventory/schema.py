@@ -137,8 +137,12 @@ class SshSettings(StrictModel):
     connect_timeout: Duration = Field(default=10.0, description="time to open an SSH connection")
     command_timeout: Duration = Field(
         default=120.0,
-        description="a playbook step may run for the longer of this and the model's"
-        " `start_timeout`, plus 60 s, before it counts as failed",
+        description="a node helper call's time to answer (a sweep's: this plus the model's"
+        ' `kill_grace`); past it the node "gave no answer" and the run escalates naming'
+        " it, and the helper's process on the node is not ended (its SSH channel is left"
+        " open, and sshd signals no command without a terminal). A playbook step may run for"
+        " the longer of this and the model's `start_timeout`, plus 60 s, before it counts as"
+        " failed",
     )
 
 
