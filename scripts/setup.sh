@@ -36,7 +36,7 @@ if $apt; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       openssh-server openssh-client prometheus prometheus-alertmanager \
       prometheus-process-exporter supervisor chromium procps lsof iproute2 util-linux wrk sudo systemd \
-      logrotate \
+      logrotate e2fsprogs \
       python3-venv >/dev/null
   else
     echo "setup: not root, skipping apt-get (the testbed needs root anyway)" >&2

@@ -1,8 +1,9 @@
 """A journal that cannot record stops everything: deliveries get 503 (Alertmanager retries
 5xx), nothing acts, and the page and /healthz say the journal is failing; once it records
 again, the next delivery acts. Made to fail for real: the journal's disk fills (a tiny
-tmpfs in the service's own mount namespace), or its directory is removed while the
-service runs (its writes would then land where no other process reads)."""
+tmpfs in the service's own mount namespace), turns read-only on a file-system error (an
+ext4 image on a loop device in the service's own mount namespace), or its directory is
+removed while the service runs (its writes would then land where no other process reads)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import errno
 import os
 import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,7 @@ from tests.remediator.engine_fakes import (
     make_engine,
     make_inventory,
 )
-from tests.tools import require_tool
+from tests.tools import require_root, require_tool
 
 # --- the journal's directory removed under a running service (in-process) -------------
 
@@ -271,3 +273,104 @@ async def test_a_run_end_the_journal_refused_is_written_once_it_records_again(
         await engine.wait_idle()
     finally:
         await engine.close()
+
+
+# --- the real service, its journal's disk turned read-only by a file-system error ----------
+
+
+def on_an_ext4_image(mount_point: Path, image: Path) -> tuple[str, ...]:
+    """argv prefix: a private mount namespace with `image` (ext4) mounted at `mount_point`
+    through a loop device, `errors=remount-ro` as a journal disk is usually mounted; then
+    exec the rest. The loop device goes with the namespace (mount -o loop autoclears)."""
+    unshare = require_tool("unshare")
+    return (
+        unshare,
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -o loop,errors=remount-ro "$1" "$0" && shift && exec "$@"',
+        str(mount_point),
+        str(image),
+    )
+
+
+def loop_device_of(pid: int, mount_point: Path) -> str:
+    """The loop device (`loop3`) behind `mount_point` in the mount namespace of `pid`."""
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(mount_point):
+            source = fields[fields.index("-") + 2]
+            return Path(source).name
+    raise AssertionError(f"{mount_point} is not mounted in process {pid}")
+
+
+def test_a_journal_disk_gone_read_only_gets_503_and_its_records_survive_the_repair(
+    tmp_path: Path,
+    services: list[Service],
+) -> None:
+    """The kernel turns an ext4 file system read-only on an error (`errors=remount-ro`);
+    made so here with ext4's own `trigger_fs_error`. Such a disk cannot be remounted
+    read-write until it is checked, so the repair is: stop, fsck, start; no record made
+    before the error is lost."""
+    require_root()
+    mkfs, fsck = require_tool("mkfs.ext4"), require_tool("e2fsck")
+    image, mount = tmp_path / "journal-disk.img", tmp_path / "journal-disk"
+    mount.mkdir()
+    with image.open("wb") as out:
+        out.truncate(16 * 1024 * 1024)
+    subprocess.run([mkfs, "-q", "-F", str(image)], check=True)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(silent_inventory(tmp_path).model_dump(mode="json")))
+    (tmp_path / "token").write_text("s3cret-token-for-tests\n")
+    (tmp_path / "password").write_text("basic-pass-for-tests\n")
+    journal_path = mount / "journal.sqlite"
+    config = write_config(
+        tmp_path / "remediator.yml",
+        {
+            "inventory": str(inventory),
+            "journal": str(journal_path),
+            "probe_from": "remediator",
+            "auth": {
+                "bearer_token_file": str(tmp_path / "token"),
+                "basic_username": "alertmanager",
+                "basic_password_file": str(tmp_path / "password"),
+            },
+        },
+    )
+
+    def start() -> Service:
+        service = start_service(
+            config, journal_path, tmp_path, wrapper=on_an_ext4_image(mount, image)
+        )
+        services.append(service)
+        return service
+
+    service = start()
+    status, _ = post_alerts(service, make_payload(make_alert("m1", fingerprint="before")))
+    assert status == 202
+    wait_until(lambda: [r for r in runs(service) if r["outcome"]], what="the run before")
+    device = loop_device_of(service.proc.pid, mount)
+    Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("1")
+
+    status, body = post_alerts(service, make_payload(make_alert("m1", fingerprint="after")))
+    assert status == 503, body
+    assert body["reason"].startswith("the journal cannot record, so nothing acts:")
+    assert body["reason"].endswith("journal.sqlite: disk I/O error")
+    _, metrics = http("GET", service.url + "/metrics", headers=bearer())
+    assert "\nmlx_medic_journal_failing 1.0\n" in metrics
+    _, api = http("GET", service.url + "/api/remediations", headers=bearer())
+    assert api["journal_problem"] and [r["outcome"] for r in api["runs"]] == ["unreachable"]
+    assert http("GET", service.url + "/healthz")[0] == 503
+    _, page = http("GET", service.url + "/", headers=basic())
+    assert "The journal is failing: nothing acts" in page
+
+    # The repair: stop (the namespace and its loop device go with it), check, start.
+    service.stop()
+    subprocess.run([fsck, "-f", "-y", str(image)], capture_output=True)
+    service = start()
+    assert http("GET", service.url + "/healthz")[0] == 200
+    assert [r["outcome"] for r in runs(service)] == ["unreachable"]  # the record survived
+    status, _ = post_alerts(service, make_payload(make_alert("m1", fingerprint="after")))
+    assert status == 202
