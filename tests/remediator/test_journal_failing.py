@@ -101,9 +101,9 @@ def test_a_failed_write_is_a_journal_error_remembered_until_a_write_works(
 # --- the real service, its journal on a disk that fills up ----------------------------
 
 
-def in_private_mount_namespace(mount_point: Path, size: str) -> tuple[str, ...]:
-    """argv prefix: a private mount namespace with a tmpfs of `size` at `mount_point`,
-    then exec the rest (so the service keeps this pid)."""
+def in_private_mount_namespace(mount_point: Path, options: str, source: str) -> tuple[str, ...]:
+    """argv prefix: a private mount namespace with `mount OPTIONS SOURCE MOUNT_POINT`
+    done in it, then exec the rest (so the service keeps this pid)."""
     unshare = require_tool("unshare")
     become_root = () if os.geteuid() == 0 else ("--map-root-user",)
     return (
@@ -114,9 +114,10 @@ def in_private_mount_namespace(mount_point: Path, size: str) -> tuple[str, ...]:
         *become_root,
         "sh",
         "-c",
-        'mount -t tmpfs -o size="$1" tmpfs "$0" && shift && exec "$@"',
+        'mount $1 "$2" "$0" && shift 2 && exec "$@"',
         str(mount_point),
-        size,
+        options,
+        source,
     )
 
 
@@ -139,19 +140,13 @@ def runs(service: Service) -> list[dict[str, Any]]:
     return list(body["runs"])
 
 
-def service_with_journal_on_its_own_disk(
-    tmp_path: Path, services: list[Service]
-) -> tuple[Service, Path, Path]:
-    """The real service, its journal on a 2 MiB tmpfs at MOUNT in its own mount namespace;
-    (the service, MOUNT, the tmpfs as seen from here)."""
-    mount = tmp_path / "journal-disk"
-    mount.mkdir()
+def silent_service_config(tmp_path: Path, journal_path: Path) -> Path:
+    """The service's config: its journal at `journal_path`, one model whose head is silent."""
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(yaml.safe_dump(silent_inventory(tmp_path).model_dump(mode="json")))
     (tmp_path / "token").write_text("s3cret-token-for-tests\n")
     (tmp_path / "password").write_text("basic-pass-for-tests\n")
-    journal_path = mount / "journal.sqlite"
-    config = write_config(
+    return write_config(
         tmp_path / "remediator.yml",
         {
             "inventory": str(inventory),
@@ -164,8 +159,22 @@ def service_with_journal_on_its_own_disk(
             },
         },
     )
+
+
+def service_with_journal_on_its_own_disk(
+    tmp_path: Path, services: list[Service]
+) -> tuple[Service, Path, Path]:
+    """The real service, its journal on a 2 MiB tmpfs at MOUNT in its own mount namespace;
+    (the service, MOUNT, the tmpfs as seen from here)."""
+    mount = tmp_path / "journal-disk"
+    mount.mkdir()
+    journal_path = mount / "journal.sqlite"
+    config = silent_service_config(tmp_path, journal_path)
     service = start_service(
-        config, journal_path, tmp_path, wrapper=in_private_mount_namespace(mount, "2m")
+        config,
+        journal_path,
+        tmp_path,
+        wrapper=in_private_mount_namespace(mount, "-t tmpfs -o size=2m", "tmpfs"),
     )
     services.append(service)
     # The tmpfs exists only in the service's namespace; reach it through its root.
@@ -278,24 +287,6 @@ async def test_a_run_end_the_journal_refused_is_written_once_it_records_again(
 # --- the real service, its journal's disk turned read-only by a file-system error ----------
 
 
-def on_an_ext4_image(mount_point: Path, image: Path) -> tuple[str, ...]:
-    """argv prefix: a private mount namespace with `image` (ext4) mounted at `mount_point`
-    through a loop device, `errors=remount-ro` as a journal disk is usually mounted; then
-    exec the rest. The loop device goes with the namespace (mount -o loop autoclears)."""
-    unshare = require_tool("unshare")
-    return (
-        unshare,
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        'mount -o loop,errors=remount-ro "$1" "$0" && shift && exec "$@"',
-        str(mount_point),
-        str(image),
-    )
-
-
 def loop_device_of(pid: int, mount_point: Path) -> str:
     """The loop device (`loop3`) behind `mount_point` in the mount namespace of `pid`."""
     for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
@@ -310,10 +301,11 @@ def test_a_journal_disk_gone_read_only_gets_503_and_its_records_survive_the_repa
     tmp_path: Path,
     services: list[Service],
 ) -> None:
-    """The kernel turns an ext4 file system read-only on an error (`errors=remount-ro`);
-    made so here with ext4's own `trigger_fs_error`. Such a disk cannot be remounted
-    read-write until it is checked, so the repair is: stop, fsck, start; no record made
-    before the error is lost."""
+    """The kernel turns an ext4 file system read-only on an error (`errors=remount-ro`, as
+    the journal's disk is mounted here: an image on a loop device that goes with the
+    service's mount namespace); made so here with ext4's own `trigger_fs_error`. Such a
+    disk cannot be remounted read-write until it is checked, so the repair is: stop, fsck,
+    start; no record made before the error is lost."""
     require_root()
     mkfs, fsck = require_tool("mkfs.ext4"), require_tool("e2fsck")
     image, mount = tmp_path / "journal-disk.img", tmp_path / "journal-disk"
@@ -321,28 +313,15 @@ def test_a_journal_disk_gone_read_only_gets_503_and_its_records_survive_the_repa
     with image.open("wb") as out:
         out.truncate(16 * 1024 * 1024)
     subprocess.run([mkfs, "-q", "-F", str(image)], check=True)
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(yaml.safe_dump(silent_inventory(tmp_path).model_dump(mode="json")))
-    (tmp_path / "token").write_text("s3cret-token-for-tests\n")
-    (tmp_path / "password").write_text("basic-pass-for-tests\n")
     journal_path = mount / "journal.sqlite"
-    config = write_config(
-        tmp_path / "remediator.yml",
-        {
-            "inventory": str(inventory),
-            "journal": str(journal_path),
-            "probe_from": "remediator",
-            "auth": {
-                "bearer_token_file": str(tmp_path / "token"),
-                "basic_username": "alertmanager",
-                "basic_password_file": str(tmp_path / "password"),
-            },
-        },
-    )
+    config = silent_service_config(tmp_path, journal_path)
 
     def start() -> Service:
         service = start_service(
-            config, journal_path, tmp_path, wrapper=on_an_ext4_image(mount, image)
+            config,
+            journal_path,
+            tmp_path,
+            wrapper=in_private_mount_namespace(mount, "-o loop,errors=remount-ro", str(image)),
         )
         services.append(service)
         return service
