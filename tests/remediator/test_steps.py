@@ -7,6 +7,7 @@ recover's re-check keep "could not tell" apart from "down"."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -757,6 +758,27 @@ async def test_a_node_that_answers_without_a_helper_document_is_told_apart_from_
     assert result.detail.startswith("ai002 gave no helper document for the preflight")
     assert result.next_action is not None
     assert result.next_action.startswith("run `mlx-medic node facts` on ai002 by hand")
+
+
+async def test_a_helper_that_timed_out_is_told_apart_from_a_silent_or_garbled_one(
+    tmp_path: Path,
+) -> None:
+    from mlx_medic.node.client import HelperTimedOut
+
+    hung = HelperTimedOut("ai002", "sweep", 10.0)
+    helpers = FakeHelpers(INVENTORY, {("ai002", "sweep"): hung})
+    result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
+    assert result.outcome is StepOutcome.FAILED and result.unrecoverable
+    assert result.unreachable == () and result.misconfigured == ()
+    assert result.detail.startswith(
+        "ai002 timed out in the sweep: ai002: mlx-medic node sweep: no answer within 10s"
+    )
+    assert result.next_action is not None
+    assert result.next_action.startswith(
+        "`mlx-medic node sweep` on ai002 gave no answer within 10s and ends itself"
+    )
+    (entry,) = [json.loads(line) for line in result.output.splitlines() if "ai002" in line]
+    assert entry["timed_out"] and not entry["unreachable"]  # the journal's output says so
 
 
 async def test_a_sweep_document_without_a_pid_escalates_naming_the_node_and_field(
