@@ -156,10 +156,11 @@ def _probe_timeout(value: Any, _request: Request) -> None:
 
 
 # --- the values --------------------------------------------------------------------------
-BY_RUN = _pattern(
-    "'remediator run N'",
-    r"remediator run [1-9][0-9]{0,17}",
-    "a remediator run ('remediator run N')",
+BY_RUN = _pattern(  # a record from before runs named their replica: without it
+    "'remediator run N (pid P on HOST)'",
+    r"remediator run [1-9][0-9]{0,17}"
+    r"( \(pid [1-9][0-9]{0,9} on [A-Za-z0-9][A-Za-z0-9._-]{0,252}\))?",
+    "a remediator run ('remediator run N (pid P on HOST)')",
 )
 REASON = Value("REASON", _text)
 LOCK = Value("LOCK_JSON", _remediator_lock)

@@ -100,6 +100,8 @@ REMEDIATOR_SENDS = [
     "node sweep m1",
     "node sweep m1 --orphans-only",
     "node clean m1",
+    "node service m1 stop --by 'remediator run 12 (pid 4242 on medic-a.example)'"
+    " --reason 'm1 is down: stop, sweep'",
     "node service m1 stop --by 'remediator run 12' --reason 'm1 is down: stop, sweep'",
     "node service m1 start",
     "node service m1 restart",
@@ -211,6 +213,10 @@ def test_anything_else_is_refused_saying_why(line: str, reason: str) -> None:
         (
             "node service m1 stop --by 'alice at a terminal' --reason x",
             "'alice at a terminal' is not a remediator run",
+        ),
+        (
+            "node service m1 stop --by 'remediator run 12 (pid 1 on a b)' --reason x",
+            "is not a remediator run",
         ),
         (
             "node service m1 stop --by 'remediator run 12' --reason 'a\nb'",

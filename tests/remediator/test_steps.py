@@ -234,11 +234,30 @@ async def test_an_unreachable_node_at_preflight_escalates_naming_it(tmp_path: Pa
 
 async def test_stop_asks_the_head_to_record_the_run_and_stop_the_service(tmp_path: Path) -> None:
     helpers = FakeHelpers(INVENTORY)
-    result = await StopService(model=model()).run(context(Health(), tmp_path, helpers))
+    replica = context(Health(), tmp_path, helpers, host="medic-a", pid=4242)
+    result = await StopService(model=model()).run(replica)
     assert result.outcome is StepOutcome.OK and result.exit_status == 0
     ((node, args),) = helpers.of("service")
     assert node == "ai001"
-    assert args[:5] == (MODEL, "stop", "--by", "remediator run 7", "--reason")
+    # the record names the replica too: two replicas' journals number their runs alike
+    by = "remediator run 7 (pid 4242 on medic-a)"
+    assert args[:5] == (MODEL, "stop", "--by", by, "--reason")
+    assert result.detail == f"stop {model().service.label}: done"
+
+
+async def test_a_stop_that_finds_another_runs_record_journals_whose_it_was(
+    tmp_path: Path,
+) -> None:
+    killed = {"run": "remediator run 3 (pid 99 on medic-b)", "at": 0.0, "reason": "down"}
+    stopped = Answer({**DEFAULTS["service"], "replaced": killed})
+    helpers = FakeHelpers(INVENTORY, {("ai001", "service"): stopped})
+    result = await StopService(model=model()).run(context(Health(), tmp_path, helpers))
+    assert result.outcome is StepOutcome.OK
+    assert result.detail == (
+        f"stop {model().service.label}: done; found it stopped by remediator run 3"
+        " (pid 99 on medic-b) since 1970-01-01T00:00:00Z (down): this run sweeps, starts"
+        " and clears it"
+    )
 
 
 async def test_a_stop_the_service_manager_refused_fails_the_step_with_its_words(
