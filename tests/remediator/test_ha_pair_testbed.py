@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mlx_medic.remediator.journal import Journal
 from mlx_medic.state.service_stop import read_service_stop
 from testbed import free_port
 from tests.node.inventories import checkout_medic
@@ -49,6 +50,7 @@ pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
 REPLICAS = ("medic-a", "medic-b")
 RECOVER_STEPS = ["preflight", "stop-service", "sweep", "start-service", "verify"]
+LOCK_WAIT = 5.0  # the kill test's: a run waits this long for a held lock
 
 
 def in_uts_namespace(hostname: str) -> tuple[str, ...]:
@@ -58,15 +60,18 @@ def in_uts_namespace(hostname: str) -> tuple[str, ...]:
     return (unshare, "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname)
 
 
-def start_replica(stack: Stack, hostname: str, **settings: Any) -> tuple[Service, Path]:
+def start_replica(
+    stack: Stack, hostname: str, lock_wait: str = "0s", **settings: Any
+) -> tuple[Service, Path]:
     """A remediator replica named `hostname` with its own journal and config: (it, its
-    journal). An alert's run does not wait for a held lock (`lock_wait: 0s`): it ends
-    `locked` at once, so which replica acted is never a race against the run's length."""
+    journal). By default an alert's run does not wait for a held lock (`lock_wait: 0s`):
+    it ends `locked` at once, so which replica acted is never a race against the length of
+    a run that lets go of the lock at its start step."""
     journal = stack.workdir / f"journal-{hostname}.sqlite"
     config = stack.config(
         f"remediator-{hostname}.yml",
         journal=str(journal),
-        lock_wait="0s",
+        lock_wait=lock_wait,
         routing={"playbooks": {"LLMModelDown": "recover", "StopHold": "stop-then-hold"}},
         **settings,
     )
@@ -120,6 +125,16 @@ def fire(pair: list[Alertmanager], alertname: str) -> None:
             "alert", "add", f"alertname={alertname}", "model=m1", "severity=critical",
             f"--start={start}",
         )  # fmt: skip
+
+
+def run_seconds(journal: Path, run_id: int) -> float | None:
+    """A run's length, queued (or started) to ended, from the journal's own times."""
+    reader = Journal(journal)
+    try:
+        view = reader.get_run(run_id)
+        return None if view is None else view.duration
+    finally:
+        reader.close()
 
 
 def merged_log(journals: list[Path], *args: str) -> str:
@@ -181,7 +196,8 @@ def test_the_acting_replica_killed_after_its_stop_the_other_finishes_the_recover
     stack: Stack, tmp_path: Path, managers: list[Alertmanager]
 ) -> None:
     """StopHold (a test playbook: stop the service, then hold the lock 60 s) at both
-    Alertmanagers: one replica stops the service, the other's run ends `locked`. The
+    Alertmanagers: one replica stops the service, the other's run waits its `lock_wait`
+    (5 s here) and ends `locked`, having done nothing. The
     acting replica SIGKILLed: the head keeps its lock (its lease, 6 s here, no longer
     renewed) and its record of the stopped service. Once the lease ran out, LLMModelDown
     (the model is down) reaches the survivor, whose recover run breaks the stale lock,
@@ -189,7 +205,10 @@ def test_the_acting_replica_killed_after_its_stop_the_other_finishes_the_recover
     and verifies."""
     checkout_on_nodes(stack)
     with stand_in_service(stack) as service:
-        replicas = {name: start_replica(stack, name, lock_lease="6s") for name in REPLICAS}
+        replicas = {
+            name: start_replica(stack, name, lock_wait=f"{LOCK_WAIT:g}s", lock_lease="6s")
+            for name in REPLICAS
+        }
         journals = [journal for _, journal in replicas.values()]
         urls = [replica.url + "/alerts" for replica, _ in replicas.values()]
         pair = start_pair(tmp_path / "am", alertmanager_config(urls, stack.token_file))
@@ -215,6 +234,10 @@ def test_the_acting_replica_killed_after_its_stop_the_other_finishes_the_recover
             stopped_and_locked, timeout=60, interval=0.5, what="one stop and one locked run"
         )
         (survivor,) = [name for name in REPLICAS if name != acting]
+        (waited,) = ended(replicas[survivor][1], "stop-then-hold")
+        assert waited["steps"] == [], waited  # it waited, then did nothing
+        took = run_seconds(replicas[survivor][1], waited["id"])
+        assert took is not None and took >= LOCK_WAIT, (took, waited)
         killed = replicas[acting][0]
         killed.stop(signal.SIGKILL)  # right after its stop, holding the lock
         assert service.state() == "STOPPED"
