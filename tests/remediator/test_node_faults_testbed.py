@@ -190,6 +190,7 @@ async def test_a_hung_sweep_helper_ends_its_call_at_its_timeout_and_itself_on_th
             engine = await scene.engine(served)
             started = await submit_down(engine)
             await wait_for_sweep(served, engine, written="sweep-child")
+            seen = time.monotonic()  # the helper started before: its limit ends by then + it
             hung = [pid for file in WRITTEN if (pid := sweep_started(served, file))]
             assert len(hung) == 2, hung  # the helper and its child, hanging
             run, took = await run_ended(engine, started)
@@ -199,8 +200,9 @@ async def test_a_hung_sweep_helper_ends_its_call_at_its_timeout_and_itself_on_th
             assert_escalated_at_the_peers_sweep(run, served)
             # The call's end does not end the helper on the node (sshd signals no command
             # without a terminal): the helper, sent the same limit, ends itself and its
-            # child once it passed, with nobody signalling it.
-            assert processes.wait_gone(hung, timeout=5) == [], hung
+            # child once it passed, with nobody signalling it (3 s: the kill and the reaping).
+            limit = COMMAND_TIMEOUT + KILL_GRACE
+            assert processes.wait_gone(hung, timeout=seen + limit + 3 - time.monotonic()) == []
         finally:
             for pid in hung:
                 processes.kill_quietly(pid)
