@@ -147,6 +147,8 @@ class Runner:
             release_lock=release_lock,
             nodes=tuple(n for n in model.nodes if n in run.nodes),
             known_unkillable=known_unkillable(self.journal, model.name),
+            host=self.locks.hostname,
+            pid=self.locks.pid,
         )
         alert = run.trigger in ("alert", "startup")  # both re-check before they act
         if alert:

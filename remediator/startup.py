@@ -24,7 +24,7 @@ from mlx_medic.remediator.engine_metrics import EngineMetrics
 from mlx_medic.remediator.journal import Journal, RunView
 from mlx_medic.remediator.playbooks import FINISH_STOP, Playbook
 from mlx_medic.remediator.playbooks.finish_stop import read_stop_record
-from mlx_medic.remediator.steps import REMEDIATOR_RUN
+from mlx_medic.remediator.steps import is_run_by, run_by
 from mlx_medic.transport import TransportError
 
 log = logging.getLogger("mlx_medic.remediator.engine")  # the engine's parts log as one
@@ -105,16 +105,16 @@ class StartupRecovery:
         playbook = self.playbooks.get(FINISH_STOP)
         if playbook is None:
             return
-        ours = {run.model: f"{REMEDIATOR_RUN}{run.id}" for run in interrupted}
+        ours = {run.model: run for run in interrupted}
         await asyncio.gather(
             *(
-                self._check_stop(self.inventory.model(name), by, playbook)
-                for name, by in ours.items()
+                self._check_stop(self.inventory.model(name), run, playbook)
+                for name, run in ours.items()
             )
         )
 
-    async def _check_stop(self, model: Model, ours: str, playbook: Playbook) -> None:
-        """One model's stop record: finish what `ours` (the interrupted run) left, or tell."""
+    async def _check_stop(self, model: Model, interrupted: RunView, playbook: Playbook) -> None:
+        """One model's stop record: finish what `interrupted` (our run) left, or tell."""
         try:
             record = await read_stop_record(self.helpers, model)
         except HelperCallError as exc:
@@ -133,7 +133,10 @@ class StartupRecovery:
             return
         said = f"{model.service.label} on {model.head} was left stopped by {record.run}"
         control = self.journal.blocking_control(model.name)
-        if record.run != ours or control is not None:
+        host, _, pid_text = interrupted.owner.rpartition(":")  # its owner tag, host:pid
+        pid = int(pid_text) if pid_text.isdigit() else None
+        ours = run_by(interrupted.id, host, pid)
+        if not is_run_by(record.run, interrupted.id, host, pid) or control is not None:
             why = (
                 f"not by {ours}, which was interrupted"
                 if control is None

@@ -138,11 +138,12 @@ class SshSettings(StrictModel):
     command_timeout: Duration = Field(
         default=120.0,
         description="a node helper call's time to answer (a sweep's: this plus the model's"
-        ' `kill_grace`); past it the node "gave no answer" and the run escalates naming'
-        " it, and the helper's process on the node is not ended (its SSH channel is left"
-        " open, and sshd signals no command without a terminal). A playbook step may run for"
-        " the longer of this and the model's `start_timeout`, plus 60 s, before it counts as"
-        " failed",
+        ' `kill_grace`); past it the call "timed out" and the run escalates naming the'
+        " node, the helper and this limit. The helper is sent the same limit"
+        " (`--time-limit`) and ends itself and what it started on the node once it passed"
+        " (sshd signals no command without a terminal, so the call's end alone would leave"
+        " it running). A playbook step may run for the longer of this and the model's"
+        " `start_timeout`, plus 60 s, before it counts as failed",
     )
 
 

@@ -6,15 +6,19 @@ remediator runs a helper over SSH on every step of every run. Every helper print
 version that wrote it and the helper's name (`helper_document`: a caller refuses another
 schema or version, mlx_medic.node.misconfiguration); its exit status is 0 for success, 1
 when it could not do its job (the reason on stderr), 2 when it could not start as asked
-(docs/exit-codes.md).
+(docs/exit-codes.md). With `--time-limit SECONDS` (every caller sends its own wait), a
+helper still running past it ends itself and what it started (`end_at_time_limit`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import math
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +103,50 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         help="this node's name in the inventory (default: <state dir>/node-id)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--time-limit",
+        type=time_limit,
+        default=None,
+        metavar="SECONDS",
+        help="the caller's wait: past it, end this helper and every process it started"
+        " (SIGKILL to its process group); default: no limit",
+    )
+
+
+def time_limit(text: str) -> float:
+    """--time-limit's value: a positive number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return seconds
+
+
+def end_at_time_limit(seconds: float, helper: str) -> None:
+    """Past `seconds`, SIGKILL this helper's process group (itself and what it started).
+
+    Why: a caller that stops waiting (asyncssh's timeout) does not end the command on the
+    node, and sshd signals no command without a terminal, so a hung helper would go on
+    acting unseen after its run moved on. Its own process group, so the kill reaches its
+    children and nothing else: sshd already made it a session leader; run otherwise (a
+    local call, by hand) it first makes a group of its own. The interval timer counts
+    elapsed time, not the wall clock: a clock jump neither shortens nor stretches it."""
+    if os.getpgrp() != os.getpid():
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
+
+    def expire(_signum: int, _frame: object) -> None:
+        said = f"mlx-medic node {helper}: its time limit ({seconds:g}s) passed: ending it\n"
+        with contextlib.suppress(OSError):
+            os.write(2, said.encode())
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 @dataclass(frozen=True)
@@ -164,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
     parser = CommandParser(prog=f"mlx-medic node {args.helper}", description=help_text)
     module.add_arguments(parser)
     helper_args = parser.parse_args(args.helper_args)
+    limit = getattr(helper_args, "time_limit", None)
+    if limit is not None:
+        end_at_time_limit(limit, args.helper)
     try:
         return int(module.run(helper_args))
     except BadArguments as exc:

@@ -2,7 +2,8 @@
 on its head and peers.
 
 One argv shape for every call, `<medic_command> node HELPER ARGS --inventory
-<medic_config> --node NAME --json`, which the forced command on the node accepts, and
+<medic_config> --node NAME --json --time-limit SECONDS` (the call's own wait: past it the
+helper ends itself on the node), which the forced command on the node accepts, and
 one reading of the reply: the helper's JSON document and exit status, or an error that
 says the node could not be asked (never read as the helper's answer). Called with the
 helper's reply type (`call(node, SweepReply, ...)`, mlx_medic.node.replies), the document
@@ -57,6 +58,15 @@ class HelperCallError(RuntimeError):
         return self.unreachable or self.timed_out
 
 
+class HelperTimedOut(HelperCallError):
+    """The helper gave no answer within `limit` seconds: hung or slow, not refused; it was
+    sent the same limit and ends itself (and what it started) on the node past it."""
+
+    def __init__(self, node: str, helper: str, limit: float):
+        super().__init__(node, helper, f"no answer within {limit:g}s", timed_out=True)
+        self.limit = limit
+
+
 class HelperMisconfigured(HelperCallError):
     """The node answered, but its mlx-medic cannot serve this call as deployed: what is
     wrong, where and the one fix are `misconfiguration`; no retry changes it."""
@@ -93,7 +103,12 @@ class HelperReply(Generic[A]):
         return self.exit_status == EXIT_OK
 
 
-def helper_argv(node: Node, helper: str, args: Sequence[str]) -> list[str]:
+def helper_argv(
+    node: Node, helper: str, args: Sequence[str], time_limit: float | None = None
+) -> list[str]:
+    """The call's argv; with `time_limit`, the helper ends itself (and what it started)
+    once the caller no longer waits for it (mlx_medic.node.cli.end_at_time_limit)."""
+    limit = ["--time-limit", f"{time_limit:g}"] if time_limit is not None else []
     return [
         node.medic_command,
         "node",
@@ -104,6 +119,7 @@ def helper_argv(node: Node, helper: str, args: Sequence[str]) -> list[str]:
         "--node",
         node.name,
         "--json",
+        *limit,
     ]
 
 
@@ -198,14 +214,14 @@ class NodeHelpers:
     ) -> HelperReply[None]:
         """The helper's document and exit status, or HelperCallError saying why none."""
         node = self.inventory.node(node_name)
-        argv = helper_argv(node, helper, args)
         limit = self.timeout if timeout is None else timeout
+        argv = helper_argv(node, helper, args, time_limit=limit)
         try:
             result = await self.transport.run(node, argv, timeout=limit)
         except TransportError as exc:
             raise HelperCallError(node_name, helper, str(exc), unreachable=True) from exc
         if result.timed_out:
-            raise HelperCallError(node_name, helper, f"no answer within {limit:g}s", timed_out=True)
+            raise HelperTimedOut(node_name, helper, limit)
         return parse_reply(
             node_name, helper, argv, result.exit_status, result.stdout, result.stderr, self.caller
         )

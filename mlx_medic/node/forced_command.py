@@ -50,7 +50,14 @@ EXIT_REFUSED = 2
 THIS_HELPER = "forced-command"
 # Every caller's tail (mlx_medic.node.client.helper_argv), checked for every grant.
 # `--config.file` is `--inventory`'s deprecated spelling, which callers before it sent.
-GENERIC_OPTIONS = ("--inventory", "--config.file", "--state-dir", "--node", "--json")
+GENERIC_OPTIONS = (
+    "--inventory",
+    "--config.file",
+    "--state-dir",
+    "--node",
+    "--json",
+    "--time-limit",
+)
 
 __all__ = [
     "EXIT_REFUSED",

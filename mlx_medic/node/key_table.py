@@ -15,7 +15,7 @@ A Grant is one command line shape: the helper, its action, its positional values
 options, each value checked against the inventory (a run id's shape, the
 model's own lease and grace, who stops a service). A request must match one grant of
 its key exactly: every required option, no option the grant does not name. The tail
-every caller adds (`--inventory`, `--state-dir`, `--node`, `--json`) and MODEL (an
+every caller adds (`--inventory`, `--state-dir`, `--node`, `--json`, `--time-limit`) and MODEL (an
 inventory model placed on this node) are checked by the forced command for every grant.
 tests/node/test_key_table.py drives the engine, the model lock, the remote probe and the
 serve wrapper with recording transports: everything they send passes, and every grant
@@ -156,10 +156,11 @@ def _probe_timeout(value: Any, _request: Request) -> None:
 
 
 # --- the values --------------------------------------------------------------------------
-BY_RUN = _pattern(
-    "'remediator run N'",
-    r"remediator run [1-9][0-9]{0,17}",
-    "a remediator run ('remediator run N')",
+BY_RUN = _pattern(  # a record from before runs named their replica: without it
+    "'remediator run N (pid P on HOST)'",
+    r"remediator run [1-9][0-9]{0,17}"
+    r"( \(pid [1-9][0-9]{0,9} on [A-Za-z0-9][A-Za-z0-9._-]{0,252}\))?",
+    "a remediator run ('remediator run N (pid P on HOST)')",
 )
 REASON = Value("REASON", _text)
 LOCK = Value("LOCK_JSON", _remediator_lock)

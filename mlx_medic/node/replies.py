@@ -197,22 +197,27 @@ class ServiceReply(Reply):
     stopped_by: ServiceStop | None = None  # {run, at, reason}: who left it stopped
     log_sizes: dict[str, int | None] = field(default_factory=dict)
     failed_starts: int | None = None
+    replaced: ServiceStop | None = None  # a stop's: the record it found, another run's
 
     @classmethod
     def parse(cls, node: str, document: Fields) -> Self:
-        record = document.obj("stopped_by")
-        run = record.text("run")
-        stop = None
-        if run is not None:
-            stop = ServiceStop(run, record.real("at") or 0.0, record.text("reason") or "")
         return cls(
             document.number("exit_status"),
             document.text("stdout") or "",
             document.text("stderr") or "",
-            stop,
+            _service_stop(document.obj("stopped_by")),
             document.sizes("log_sizes"),
             document.number("failed_starts"),
+            _service_stop(document.obj("replaced")),
         )
+
+
+def _service_stop(record: Fields) -> ServiceStop | None:
+    """A stop record in a document, or None (null, or no run named)."""
+    run = record.text("run")
+    if run is None:
+        return None
+    return ServiceStop(run, record.real("at") or 0.0, record.text("reason") or "")
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,12 @@ through the service manager's own command, and the record of who stopped it.
 
 `stop --by RUN` writes "stopped by RUN" BEFORE it runs the manager's stop, so a service
 left stopped (the caller crashed, gave up, or the stop half-worked) is always explained on
-the head; `start` and `restart` clear the record only after the manager's command
-succeeded, and report where the head stood just before it (`log_sizes`, the serve
-wrapper's `failed_starts`: a verify reads what this start did). Only the manager's command goes
-through `sudo -n` (`service_argv`); this helper runs as the service user.
+the head, and answers with the record it replaced (`replaced`: a stop another run, say a
+replica that died, left behind); `start` and `restart` clear the record only after the
+manager's command succeeded, and report where the head stood just before it
+(`log_sizes`, the serve wrapper's `failed_starts`: a verify reads what this start did).
+Only the manager's command goes through `sudo -n` (`service_argv`); this helper runs as
+the service user.
 
 A stop of a job that is already gone counts as stopped (decided here, from the managers'
 verbatim answers, not guessed):
@@ -120,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
             where = f"stopped by {stop.run} ({stop.reason})" if stop else "no stop recorded"
             emit("service", document, args.json, f"{model.name}: {where}")
             return EXIT_OK
-        if action == "stop":
+        replaced = None
+        if action == "stop":  # the record it replaces: a stop another run left
+            replaced = read_service_stop(state_dir, model.name)
             record_service_stop(state_dir, model.name, args.by, args.reason)
         argv = service_argv(model, _action(action))
         # where the head stands before a start: a verify reads what this start did
@@ -154,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         # grace): kept apart from the remediator's own time in the run log
         "manager_seconds": manager_seconds,
     }
+    if action == "stop":
+        document["replaced"] = _record(replaced)
     if action == "start":
         document["started_by"] = args.by
     if action != "stop":

@@ -11,6 +11,8 @@ from mlx_medic.remediator.steps.base import (
     StepKind,
     StepResult,
     describe_plan,
+    is_run_by,
+    run_by,
 )
 from mlx_medic.remediator.steps.clean import CleanTmp
 from mlx_medic.remediator.steps.escalate import Escalate
@@ -37,4 +39,6 @@ __all__ = [
     "Sweep",
     "Verify",
     "describe_plan",
+    "is_run_by",
+    "run_by",
 ]

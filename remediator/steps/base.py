@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,9 +26,28 @@ from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.transport import NodeTransport
 
 HealthCheck = Callable[[Model], Awaitable[HealthVerdict]]
-# Who acts, as a node's records say it (`remediator run 12`): start-up tells a stop of
-# its own interrupted run from anyone else's by it.
+# Who acts, as a node's records say it (`remediator run 12 (pid 4242 on medic-a)`):
+# start-up tells a stop of its own interrupted run from anyone else's by it.
 REMEDIATOR_RUN = "remediator run "
+_RUN_BY = re.compile(
+    r"remediator run (?P<run>[0-9]+)(?: \(pid (?P<pid>[0-9]+) on (?P<host>\S+)\))?"
+)
+
+
+def run_by(run_id: int, host: str | None = None, pid: int | None = None) -> str:
+    """Who acts, as the head's records say it: the run, and its replica's pid and host
+    (two replicas' journals number their runs alike, so the run id alone names none)."""
+    replica = f" (pid {pid} on {host})" if host and pid else ""
+    return f"{REMEDIATOR_RUN}{run_id}{replica}"
+
+
+def is_run_by(said: str, run_id: int, host: str | None, pid: int | None) -> bool:
+    """Whether a record's `said` (run_by's words) is that run of that replica; a record
+    naming no replica (written before records named one) is the run id's alone."""
+    found = _RUN_BY.fullmatch(said)
+    if found is None or int(found["run"]) != run_id:
+        return False
+    return found["host"] is None or (found["host"], found["pid"]) == (host, str(pid))
 
 
 async def _no_lock() -> None:
@@ -111,6 +131,9 @@ class RunContext:
     # The first step's read-only question, asked while the run re-checked and took the
     # lock (Step.read_ahead); None once taken, or when nothing was asked ahead
     read_ahead: asyncio.Task[Any] | None = None
+    # This replica, as the head's records name who acts (run_by): its host and pid
+    host: str | None = None
+    pid: int | None = None
 
     def __post_init__(self) -> None:
         if self.helpers is None:
@@ -133,8 +156,8 @@ class RunContext:
 
     @property
     def by(self) -> str:
-        """Who acts, as the head's records say it: `remediator run N`."""
-        return f"{REMEDIATOR_RUN}{self.run_id}"
+        """Who acts, as the head's records say it: `remediator run N (pid P on HOST)`."""
+        return run_by(self.run_id, self.host, self.pid)
 
 
 @dataclass(frozen=True, kw_only=True)

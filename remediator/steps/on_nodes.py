@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic
 
-from mlx_medic.node.client import HelperCallError, HelperMisconfigured, HelperReply, R
+from mlx_medic.node.client import (
+    HelperCallError,
+    HelperMisconfigured,
+    HelperReply,
+    HelperTimedOut,
+    R,
+)
 from mlx_medic.node.misconfiguration import Misconfiguration
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.steps.base import RunContext, StepResult
@@ -31,6 +37,12 @@ class NodeReplies(Generic[R]):
     @property
     def unreachable(self) -> list[str]:
         return [node for node, error in self.errors.items() if error.unreachable]
+
+    @property
+    def timed_out(self) -> list[HelperTimedOut]:
+        """The calls that gave no answer within their limit (each names its node,
+        helper and limit)."""
+        return [error for error in self.errors.values() if isinstance(error, HelperTimedOut)]
 
     @property
     def misconfigured(self) -> list[Misconfiguration]:
@@ -63,7 +75,12 @@ class NodeReplies(Generic[R]):
                 )
             )
         for node, error in self.errors.items():
-            entry = {"node": node, "error": str(error), "unreachable": error.unreachable}
+            entry = {
+                "node": node,
+                "error": str(error),
+                "unreachable": error.unreachable,
+                "timed_out": error.timed_out,
+            }
             lines.append(json.dumps(entry, sort_keys=True))
         return "\n".join(lines)
 
@@ -96,10 +113,10 @@ async def ask(
 
 
 def not_answered(replies: NodeReplies[R], what: str, next_action: str) -> StepResult | None:
-    """The step's result when a node could not be asked (unreachable, misconfigured or no
-    document): a run cannot act on what it cannot see, so it escalates (`unrecoverable`,
-    or ends misconfigured before any step acted: the runner's) and names the nodes; None
-    when every node answered."""
+    """The step's result when a node could not be asked (unreachable, timed out,
+    misconfigured or no document): a run cannot act on what it cannot see, so it escalates
+    (`unrecoverable`, or ends misconfigured before any step acted: the runner's) and names
+    the nodes; None when every node answered."""
     if not replies.errors:
         return None
     nodes = list(replies.errors)
@@ -109,6 +126,15 @@ def not_answered(replies: NodeReplies[R], what: str, next_action: str) -> StepRe
     if unreachable:
         outcome, said = StepOutcome.UNREACHABLE, "did not answer"
         action = next_action.format(nodes=", ".join(nodes))
+    elif timed_out := replies.timed_out:  # asked, and still working (or hung) at the limit
+        outcome, said = StepOutcome.FAILED, "timed out in"
+        action = "; ".join(
+            f"`mlx-medic node {error.helper}` on {error.node} gave no answer within"
+            f" {error.limit:g}s and ends itself (and what it started) at that limit: find"
+            f" what it hung on there (a disk, mount or device that does not answer)"
+            " before the model is resumed"
+            for error in timed_out
+        )
     elif misconfigured:  # the node answered: its mlx-medic is deployed wrong, one fix each
         outcome, said = StepOutcome.FAILED, "cannot serve, as deployed,"
         action = "; ".join(found.fix for found in misconfigured)

@@ -3,7 +3,9 @@ service`, which runs the service manager's own command (service_manager.service_
 
 Why through the helper: it writes the head's "stopped by run X" record before it stops
 the service, so a service left stopped (this remediator crashed, or gave up) is seen by
-any remediator after a restart, by a replica and by `mlx-medic log`.
+any remediator after a restart, by a replica and by `mlx-medic log`. A stop that finds
+another run's record (a replica killed after its stop) journals it in its detail, the
+replica's run, pid and host: this run's sweep and start then finish that work.
 """
 
 from __future__ import annotations
@@ -21,11 +23,19 @@ from mlx_medic.remediator.steps.base import (
     StepResult,
 )
 from mlx_medic.remediator.steps.on_nodes import ask, not_answered, one_reply
+from mlx_medic.remediator.utc_time import iso_utc
 from mlx_medic.service_manager import ServiceAction, service_argv
+from mlx_medic.state.service_stop import ServiceStop
 
 HEAD_UNREACHABLE = (
     "check that {nodes} (the head) is up and answers SSH; the service's state there is unknown"
 )
+
+
+def left_stopped(record: ServiceStop) -> str:
+    """What the head's stop record says, for the journal: who (a run names its replica's
+    pid and host), since when, why."""
+    return f"found it stopped by {record.run} since {iso_utc(record.at)} ({record.reason})"
 
 
 async def service_helper(context: RunContext, action: ServiceAction, *extra: str) -> StepResult:
@@ -52,6 +62,8 @@ async def service_helper(context: RunContext, action: ServiceAction, *extra: str
             exit_status=exit_status,
         )
     detail = f"{action} {label}: done" + (f" ({said})" if said else "")
+    if service.replaced is not None:  # another run stopped it and never started it again
+        detail += f"; {left_stopped(service.replaced)}: this run sweeps, starts and clears it"
     return StepResult(
         StepOutcome.OK, detail=detail, output=replies.output(), exit_status=exit_status
     )

@@ -10,6 +10,19 @@ from typing import Any
 import yaml
 
 MEDIC = str(Path(sys.executable).with_name("mlx-medic"))  # this venv's console script
+CHECKOUT = Path(__file__).resolve().parents[2]  # the code under test
+
+
+def checkout_medic(directory: Path) -> Path:
+    """A node's mlx-medic that runs this checkout's code (written to `directory`).
+
+    Why: sshd starts a node's session with a clean environment, where the venv's console
+    script imports the checkout it was installed from, which need not be this one (a git
+    worktree's tests would run another checkout's node helpers)."""
+    script = directory / "checkout-mlx-medic"
+    script.write_text(f'#!/bin/sh\nexport PYTHONPATH={CHECKOUT}\nexec {MEDIC} "$@"\n')
+    script.chmod(0o755)
+    return script
 
 
 def two_models(

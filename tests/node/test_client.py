@@ -20,6 +20,7 @@ from mlx_medic.node.client import (
     REMEDIATOR,
     HelperCallError,
     HelperMisconfigured,
+    HelperTimedOut,
     NodeHelpers,
     helper_argv,
     parse_reply,
@@ -58,6 +59,8 @@ def test_a_helper_runs_with_the_nodes_inventory_and_name_and_its_document_comes_
         "--node",
         "n1",
         "--json",
+        "--time-limit",  # the helper ends itself when the call no longer waits for it
+        "60",
     ]
 
 
@@ -87,9 +90,9 @@ def test_an_unreachable_node_is_an_error_marked_unreachable_per_node(tmp_path: P
 
 def test_a_timeout_is_an_error_not_an_answer(tmp_path: Path) -> None:
     inventory = load_inventory(inventory_file(tmp_path))
-    with pytest.raises(HelperCallError, match="no answer within 5s") as caught:
+    with pytest.raises(HelperTimedOut, match="no answer within 5s") as caught:
         asyncio.run(NodeHelpers(TimesOut(), inventory, 5).call("n1", "ledger"))  # type: ignore[arg-type]
-    assert not caught.value.unreachable
+    assert not caught.value.unreachable and caught.value.timed_out and caught.value.limit == 5
 
 
 @pytest.mark.parametrize(

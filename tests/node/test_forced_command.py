@@ -100,6 +100,8 @@ REMEDIATOR_SENDS = [
     "node sweep m1",
     "node sweep m1 --orphans-only",
     "node clean m1",
+    "node service m1 stop --by 'remediator run 12 (pid 4242 on medic-a.example)'"
+    " --reason 'm1 is down: stop, sweep'",
     "node service m1 stop --by 'remediator run 12' --reason 'm1 is down: stop, sweep'",
     "node service m1 start",
     "node service m1 restart",
@@ -126,19 +128,19 @@ SERVE_SENDS = [
     f"node run m1 clear {RUN}",
     "node pid-alive 4242 --start-time 1796084792.5",
 ]
-TAIL = f" --inventory {CONFIG} --node {{node}} --json"
+TAIL = f" --inventory {CONFIG} --node {{node}} --json --time-limit 120"  # as NodeHelpers sends
 
 
 @pytest.mark.parametrize("line", REMEDIATOR_SENDS)
 def test_what_the_remediator_sends_passes_its_key(line: str) -> None:
     argv = check(f"mlx-medic {line}{TAIL.format(node='n1')}")
-    assert argv[:2] == line.split()[:2] and argv[-1] == "--json"
+    assert argv[:2] == line.split()[:2] and argv[-3:] == ["--json", "--time-limit", "120"]
 
 
 @pytest.mark.parametrize("line", SERVE_SENDS)
 def test_what_the_serve_wrapper_sends_to_a_peer_passes_its_key(line: str) -> None:
     argv = check(f"mlx-medic {line}{TAIL.format(node='n2')}", SERVE_ON_PEER)
-    assert argv[:2] == line.split()[:2] and argv[-1] == "--json"
+    assert argv[:2] == line.split()[:2] and argv[-3:] == ["--json", "--time-limit", "120"]
 
 
 @pytest.mark.parametrize(
@@ -211,6 +213,10 @@ def test_anything_else_is_refused_saying_why(line: str, reason: str) -> None:
         (
             "node service m1 stop --by 'alice at a terminal' --reason x",
             "'alice at a terminal' is not a remediator run",
+        ),
+        (
+            "node service m1 stop --by 'remediator run 12 (pid 1 on a b)' --reason x",
+            "is not a remediator run",
         ),
         (
             "node service m1 stop --by 'remediator run 12' --reason 'a\nb'",

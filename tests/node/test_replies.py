@@ -84,6 +84,13 @@ def test_a_service_status_reads_its_stop_record_and_a_start_its_marks() -> None:
     )
 
 
+def test_a_stop_reads_the_record_it_replaced() -> None:
+    killed = {"run": "remediator run 3 (pid 99 on medic-b)", "at": 2.0, "reason": "down"}
+    stop = read(ServiceReply, {"exit_status": 0, "replaced": killed})
+    assert stop.replaced == ServiceStop("remediator run 3 (pid 99 on medic-b)", 2.0, "down")
+    assert read(ServiceReply, {"exit_status": 0, "replaced": None}).replaced is None
+
+
 def test_a_sweep_reads_its_processes_and_tells_killable_survivors_from_unkillable() -> None:
     frozen = {"pid": 7, "start_time": 2.0, "cmdline": ["python"], "role": "rank", "state": "U"}
     asleep = {"pid": 8, "start_time": 3.0, "role": "rank", "state": "S"}

@@ -47,9 +47,11 @@ def engine_with(
     crashed: tuple[str, ...] = (MODEL,),
     up: bool = True,
     config_source: ConfigSource | None = None,
+    pid: int | None = None,
 ) -> tuple[Engine, FakeHelpers]:
     """An engine whose journal holds a run of each `crashed` model left in flight by a
-    process that died (run 1 for the first), its helpers answering `answers`."""
+    process of replica-a that died (`pid`; run 1 for the first), its helpers answering
+    `answers`."""
     inventory = make_inventory(start_timeout="1s")
     config = make_config(tmp_path)
     journal = Journal(config.journal)
@@ -58,7 +60,7 @@ def engine_with(
             model=model,
             playbook="recover",
             trigger_kind="alert",
-            owner=owner_tag("replica-a", dead_pid()),
+            owner=owner_tag("replica-a", pid or dead_pid()),
             now=1.0,
         )
         journal.start_run(run_id, 2.0)
@@ -167,6 +169,35 @@ async def test_a_survivor_holding_the_port_gets_a_start_then_an_escalation_to_re
     assert "survivors left: ai001: pid 8 (rank, state uninterruptible" in run.detail
 
 
+async def test_a_stop_naming_this_replica_and_its_dead_run_is_finished(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    dead = dead_pid()
+    ours = {"run": f"remediator run 1 (pid {dead} on replica-a)", "at": 1.0, "reason": "down"}
+    answers = {("ai001", "service"): Answer({**STOPPED, "stopped_by": ours})}
+    engine, helpers = engine_with(tmp_path, engines, answers, pid=dead)
+    await engine.start()
+    await engine.wait_idle()
+    run, _crashed = engine.journal.list_runs()
+    assert (run.playbook, run.outcome) == (FINISH_STOP, "succeeded")
+    assert "service start" in calls(helpers)
+
+
+async def test_a_stop_by_another_replicas_run_of_the_same_number_is_not_ours(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """Each replica's journal numbers its runs from 1: the record's pid and host tell."""
+    theirs = {"run": "remediator run 1 (pid 4242 on replica-b)", "at": 1.0, "reason": "down"}
+    answers = {("ai001", "service"): Answer({**STOPPED, "stopped_by": theirs})}
+    engine, helpers = engine_with(tmp_path, engines, answers)
+    await engine.start()
+    await engine.wait_idle()
+    assert len(engine.journal.list_runs()) == 1 and calls(helpers) == []  # the crashed one
+    (event,) = engine.journal.list_events(kind="service_left_stopped")
+    assert "left stopped by remediator run 1 (pid 4242 on replica-b) (down)" in event.detail
+    assert "which was interrupted: left stopped for a person to start" in event.detail
+
+
 async def test_a_stop_by_a_person_or_on_an_open_circuit_is_left_alone(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
@@ -186,7 +217,8 @@ async def test_a_stop_by_a_person_or_on_an_open_circuit_is_left_alone(
     await engine.wait_idle()
     assert len(engine.journal.list_runs()) == 2 and calls(helpers) == []  # the crashed ones
     details = sorted(e.detail for e in engine.journal.list_events(kind="service_left_stopped"))
-    assert "not by remediator run 1, which was interrupted: left stopped for a" in details[0]
+    assert "; not by remediator run 1 (pid " in details[0]
+    assert " on replica-a), which was interrupted: left stopped for a" in details[0]
     assert "the model's circuit is open: left stopped" in details[1]
     for model, detail in zip((MODEL, OTHER), details, strict=True):  # typed as printed
         assert detail.endswith(

@@ -8,9 +8,11 @@ under supervisord in the testbed head) is down and LLMModelDown fires at both
 Alertmanagers, as Prometheus sends it: exactly one replica's recover run acts on the
 nodes; the other's run ends `locked` naming its peer's host and pid, having done nothing;
 `mlx-medic log` over both journals shows the two as one incident. And the acting replica
-SIGKILLed mid-run, right after it stopped the service: once its lock's lease runs out,
-the other replica's run on the next notification breaks the stale lock, sweeps, starts
-and verifies; the service is not left stopped."""
+SIGKILLed mid-run, right after it stopped the service (the head's record of the stop
+names its run, pid and host): once its lock's lease runs out, the other replica's run on
+the next notification breaks the stale lock, finds that record at its own stop and
+journals whose it was, sweeps, starts (clearing the record) and verifies; the service is
+not left stopped. Every node runs this checkout's node helpers."""
 
 from __future__ import annotations
 
@@ -22,9 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from mlx_medic.remediator.journal import Journal
 from mlx_medic.state.service_stop import read_service_stop
 from testbed import free_port
+from tests.node.inventories import checkout_medic
 from tests.remediator.conftest import (
     PEER_TIMEOUT,
     Alertmanager,
@@ -45,6 +50,7 @@ pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
 REPLICAS = ("medic-a", "medic-b")
 RECOVER_STEPS = ["preflight", "stop-service", "sweep", "start-service", "verify"]
+LOCK_WAIT = 5.0  # the kill test's: a run waits this long for a held lock
 
 
 def in_uts_namespace(hostname: str) -> tuple[str, ...]:
@@ -54,20 +60,32 @@ def in_uts_namespace(hostname: str) -> tuple[str, ...]:
     return (unshare, "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname)
 
 
-def start_replica(stack: Stack, hostname: str, **settings: Any) -> tuple[Service, Path]:
+def start_replica(
+    stack: Stack, hostname: str, lock_wait: str = "0s", **settings: Any
+) -> tuple[Service, Path]:
     """A remediator replica named `hostname` with its own journal and config: (it, its
-    journal). An alert's run does not wait for a held lock (`lock_wait: 0s`): it ends
-    `locked` at once, so which replica acted is never a race against the run's length."""
+    journal). By default an alert's run does not wait for a held lock (`lock_wait: 0s`):
+    it ends `locked` at once, so which replica acted is never a race against the length of
+    a run that lets go of the lock at its start step."""
     journal = stack.workdir / f"journal-{hostname}.sqlite"
     config = stack.config(
         f"remediator-{hostname}.yml",
         journal=str(journal),
-        lock_wait="0s",
+        lock_wait=lock_wait,
         routing={"playbooks": {"LLMModelDown": "recover", "StopHold": "stop-then-hold"}},
         **settings,
     )
     service = stack.start(config=config, journal=journal, wrapper=in_uts_namespace(hostname))
     return service, journal
+
+
+def checkout_on_nodes(stack: Stack) -> None:
+    """Every node runs this checkout's mlx-medic (tests.node.inventories.checkout_medic)."""
+    data = yaml.safe_load(stack.inventory.read_text())
+    medic = str(checkout_medic(stack.inventory.parent))
+    for node in data["nodes"].values():
+        node["medic_command"] = medic
+    stack.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def start_pair(workdir: Path, config: dict[str, Any]) -> list[Alertmanager]:
@@ -109,6 +127,16 @@ def fire(pair: list[Alertmanager], alertname: str) -> None:
         )  # fmt: skip
 
 
+def run_seconds(journal: Path, run_id: int) -> float | None:
+    """A run's length, queued (or started) to ended, from the journal's own times."""
+    reader = Journal(journal)
+    try:
+        view = reader.get_run(run_id)
+        return None if view is None else view.duration
+    finally:
+        reader.close()
+
+
 def merged_log(journals: list[Path], *args: str) -> str:
     """`mlx-medic log` of m1 over both replicas' journals."""
     return mlx_medic("log", "--model", "m1", *args, *(f"--journal={j}" for j in journals)).stdout
@@ -117,6 +145,7 @@ def merged_log(journals: list[Path], *args: str) -> str:
 def test_two_replicas_behind_two_clustered_alertmanagers_act_once(
     stack: Stack, tmp_path: Path, managers: list[Alertmanager]
 ) -> None:
+    checkout_on_nodes(stack)
     with stand_in_service(stack) as service:
         replicas = {name: start_replica(stack, name) for name in REPLICAS}
         urls = [replica.url + "/alerts" for replica, _ in replicas.values()]
@@ -167,13 +196,19 @@ def test_the_acting_replica_killed_after_its_stop_the_other_finishes_the_recover
     stack: Stack, tmp_path: Path, managers: list[Alertmanager]
 ) -> None:
     """StopHold (a test playbook: stop the service, then hold the lock 60 s) at both
-    Alertmanagers: one replica stops the service, the other's run ends `locked`. The
+    Alertmanagers: one replica stops the service, the other's run waits its `lock_wait`
+    (5 s here) and ends `locked`, having done nothing. The
     acting replica SIGKILLed: the head keeps its lock (its lease, 6 s here, no longer
     renewed) and its record of the stopped service. Once the lease ran out, LLMModelDown
     (the model is down) reaches the survivor, whose recover run breaks the stale lock,
-    stops (already stopped), sweeps, starts and verifies."""
+    stops (already stopped: its stop journals the dead replica's record), sweeps, starts
+    and verifies."""
+    checkout_on_nodes(stack)
     with stand_in_service(stack) as service:
-        replicas = {name: start_replica(stack, name, lock_lease="6s") for name in REPLICAS}
+        replicas = {
+            name: start_replica(stack, name, lock_wait=f"{LOCK_WAIT:g}s", lock_lease="6s")
+            for name in REPLICAS
+        }
         journals = [journal for _, journal in replicas.values()]
         urls = [replica.url + "/alerts" for replica, _ in replicas.values()]
         pair = start_pair(tmp_path / "am", alertmanager_config(urls, stack.token_file))
@@ -199,12 +234,18 @@ def test_the_acting_replica_killed_after_its_stop_the_other_finishes_the_recover
             stopped_and_locked, timeout=60, interval=0.5, what="one stop and one locked run"
         )
         (survivor,) = [name for name in REPLICAS if name != acting]
+        (waited,) = ended(replicas[survivor][1], "stop-then-hold")
+        assert waited["steps"] == [], waited  # it waited, then did nothing
+        took = run_seconds(replicas[survivor][1], waited["id"])
+        assert took is not None and took >= LOCK_WAIT, (took, waited)
         killed = replicas[acting][0]
         killed.stop(signal.SIGKILL)  # right after its stop, holding the lock
         assert service.state() == "STOPPED"
         head = stack.cluster.head
         record = read_service_stop(head.state_dir, "m1")
-        assert record is not None and record.run == f"remediator run {killed_run['id']}"
+        # the record names the replica: its run, its pid and its host
+        stopped_by = f"remediator run {killed_run['id']} (pid {killed.proc.pid} on {acting})"
+        assert record is not None and record.run == stopped_by, record
         lock = json.loads(stack.lock_file("m1").read_text())
         assert (lock["host"], lock["pid"]) == (acting, killed.proc.pid)
         wait_until(
@@ -222,6 +263,10 @@ def test_the_acting_replica_killed_after_its_stop_the_other_finishes_the_recover
         shown = merged_log(journals)
         assert run["outcome"] == "succeeded", shown
         assert [s["name"] for s in run["steps"]] == RECOVER_STEPS, shown
+        # its stop found the dead replica's record, and journaled whose it was
+        (stop,) = [s for s in run["steps"] if s["name"] == "stop-service"]
+        assert f"; found it stopped by {stopped_by} since " in stop["detail"], stop["detail"]
+        assert stop["detail"].endswith(": this run sweeps, starts and clears it"), stop["detail"]
         assert service.state() == "RUNNING"  # not left stopped
         assert read_service_stop(head.state_dir, "m1") is None  # the start cleared it
         broke = [

@@ -8,6 +8,7 @@ escalate with nothing started."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,7 +120,9 @@ async def test_recover_acts_through_the_helpers_in_order_and_journals_every_answ
     sweep = run.steps[2]
     assert sweep.targets == [f"{MODEL} on {n}" for n in NODES]
     assert all(f'"node": "{n}"' in sweep.output for n in NODES)
-    assert helpers.of("service")[0][1][2:4] == ("--by", f"remediator run {run.id}")
+    # the head's record names the run and its replica (this process, on replica-a)
+    by = f"remediator run {run.id} (pid {os.getpid()} on replica-a)"
+    assert helpers.of("service")[0][1][2:4] == ("--by", by)
 
 
 async def test_the_preflight_facts_are_asked_while_the_run_rechecks_and_takes_the_lock(
@@ -241,7 +244,7 @@ async def test_a_jaccl_failure_after_the_start_pins_ring_restarts_and_verifies_r
                 "set",
                 "ring",
                 "--by",
-                f"remediator run {run.id}",
+                f"remediator run {run.id} (pid {os.getpid()} on replica-a)",
                 "--reason",
                 f"JACCL failed on ai001: {JACCL_LINE}",
             ),

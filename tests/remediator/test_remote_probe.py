@@ -225,6 +225,8 @@ async def test_the_head_probe_is_the_probe_helper_with_the_nodes_medic_command()
                 "--node",
                 "ai001",
                 "--json",
+                "--time-limit",  # the call's wait (REMOTE_PROBE_TIMEOUT)
+                "35",
             ],
         )
     ]

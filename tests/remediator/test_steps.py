@@ -7,6 +7,7 @@ recover's re-check keep "could not tell" apart from "down"."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -233,11 +234,30 @@ async def test_an_unreachable_node_at_preflight_escalates_naming_it(tmp_path: Pa
 
 async def test_stop_asks_the_head_to_record_the_run_and_stop_the_service(tmp_path: Path) -> None:
     helpers = FakeHelpers(INVENTORY)
-    result = await StopService(model=model()).run(context(Health(), tmp_path, helpers))
+    replica = context(Health(), tmp_path, helpers, host="medic-a", pid=4242)
+    result = await StopService(model=model()).run(replica)
     assert result.outcome is StepOutcome.OK and result.exit_status == 0
     ((node, args),) = helpers.of("service")
     assert node == "ai001"
-    assert args[:5] == (MODEL, "stop", "--by", "remediator run 7", "--reason")
+    # the record names the replica too: two replicas' journals number their runs alike
+    by = "remediator run 7 (pid 4242 on medic-a)"
+    assert args[:5] == (MODEL, "stop", "--by", by, "--reason")
+    assert result.detail == f"stop {model().service.label}: done"
+
+
+async def test_a_stop_that_finds_another_runs_record_journals_whose_it_was(
+    tmp_path: Path,
+) -> None:
+    killed = {"run": "remediator run 3 (pid 99 on medic-b)", "at": 0.0, "reason": "down"}
+    stopped = Answer({**DEFAULTS["service"], "replaced": killed})
+    helpers = FakeHelpers(INVENTORY, {("ai001", "service"): stopped})
+    result = await StopService(model=model()).run(context(Health(), tmp_path, helpers))
+    assert result.outcome is StepOutcome.OK
+    assert result.detail == (
+        f"stop {model().service.label}: done; found it stopped by remediator run 3"
+        " (pid 99 on medic-b) since 1970-01-01T00:00:00Z (down): this run sweeps, starts"
+        " and clears it"
+    )
 
 
 async def test_a_stop_the_service_manager_refused_fails_the_step_with_its_words(
@@ -757,6 +777,27 @@ async def test_a_node_that_answers_without_a_helper_document_is_told_apart_from_
     assert result.detail.startswith("ai002 gave no helper document for the preflight")
     assert result.next_action is not None
     assert result.next_action.startswith("run `mlx-medic node facts` on ai002 by hand")
+
+
+async def test_a_helper_that_timed_out_is_told_apart_from_a_silent_or_garbled_one(
+    tmp_path: Path,
+) -> None:
+    from mlx_medic.node.client import HelperTimedOut
+
+    hung = HelperTimedOut("ai002", "sweep", 10.0)
+    helpers = FakeHelpers(INVENTORY, {("ai002", "sweep"): hung})
+    result = await Sweep(model=model()).run(context(Health(), tmp_path, helpers))
+    assert result.outcome is StepOutcome.FAILED and result.unrecoverable
+    assert result.unreachable == () and result.misconfigured == ()
+    assert result.detail.startswith(
+        "ai002 timed out in the sweep: ai002: mlx-medic node sweep: no answer within 10s"
+    )
+    assert result.next_action is not None
+    assert result.next_action.startswith(
+        "`mlx-medic node sweep` on ai002 gave no answer within 10s and ends itself"
+    )
+    (entry,) = [json.loads(line) for line in result.output.splitlines() if "ai002" in line]
+    assert entry["timed_out"] and not entry["unreachable"]  # the journal's output says so
 
 
 async def test_a_sweep_document_without_a_pid_escalates_naming_the_node_and_field(
