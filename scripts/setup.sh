@@ -35,7 +35,7 @@ if $apt; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       openssh-server openssh-client prometheus prometheus-alertmanager \
-      prometheus-process-exporter supervisor chromium procps lsof iproute2 util-linux wrk sudo systemd \
+      prometheus-process-exporter prometheus-node-exporter supervisor chromium procps lsof iproute2 util-linux wrk sudo systemd \
       logrotate \
       python3-venv >/dev/null
   else
