@@ -102,26 +102,38 @@ class PidsGroup:
         self.path.rmdir()
 
 
-def model_id(index: int) -> str:
-    return f"bench/model-{index:02d}"
+def model_name(index: int) -> str:
+    return f"m{index:02d}"
 
 
-def write_inventory(workdir: Path, models: int) -> Path:
+def write_inventory(
+    workdir: Path, nodes: dict[str, str], models: dict[str, tuple[list[str], int]]
+) -> Path:
+    """A valid inventory of `nodes` (name: address; root logs in) and `models` (name: its
+    nodes, its port), each model `bench/NAME` with a supervisord service and a ring
+    hostfile that need not exist (the exporter only reads their names)."""
     lines = [
         f"state_dir: {workdir / 'state'}",
         "ssh: {allow_root_login: true}",
-        f"nodes:\n  {NODE}: {{ssh: 127.0.0.1, user: root}}",
+        "nodes:",
+        *(f"  {name}: {{ssh: {address}, user: root}}" for name, address in nodes.items()),
         "models:",
     ]
-    for index in range(models):
+    for name, (members, port) in models.items():
         lines.append(
-            f"  m{index:02d}: {{model: {model_id(index)}, nodes: [{NODE}],"
-            f" port: {FIRST_PORT + index}, service: {{manager: systemd, label: m{index:02d}}},"
-            f" backends: {{ring: {{hostfile: {workdir}/m{index:02d}.json}}}}}}"
+            f"  {name}: {{model: bench/{name}, nodes: [{', '.join(members)}], port: {port},"
+            f" service: {{manager: supervisord, label: {name}}},"
+            f" backends: {{ring: {{hostfile: {workdir}/{name}.json}}}}}}"
         )
     path = workdir / "inventory.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def our_exporter(inventory: Path, node: str, *more: str) -> list[str]:
+    """`mlx-medic exporter` of this tree, as node `node` of `inventory`, then `more`."""
+    medic = [sys.executable, "-m", "mlx_medic.cli", "exporter"]
+    return [*medic, "--inventory", str(inventory), "--node", node, *more]
 
 
 def commands(workdir: Path, inventory: Path) -> dict[str, list[str]]:
@@ -138,17 +150,7 @@ def commands(workdir: Path, inventory: Path) -> dict[str, list[str]]:
             file=sys.stderr,
         )
     argvs = {
-        "mlx-medic exporter": [
-            sys.executable,
-            "-m",
-            "mlx_medic.cli",
-            "exporter",
-            "--inventory",
-            str(inventory),
-            "--node",
-            NODE,
-            "--web.listen-address",
-        ],
+        "mlx-medic exporter": our_exporter(inventory, NODE, "--web.listen-address"),
         "process-exporter (defaults)": [
             process_exporter,
             "-config.path",
@@ -204,13 +206,17 @@ def main() -> int:
     args = parser.parse_args()
     token = uuid.uuid4().hex[:8]
     workdir = Path(tempfile.mkdtemp(prefix=f"mlx-medic-bench-{token}-", dir="/var/tmp"))
-    inventory = write_inventory(workdir, args.models)
+    inventory = write_inventory(
+        workdir,
+        {NODE: "127.0.0.1"},
+        {model_name(i): ([NODE], FIRST_PORT + i) for i in range(args.models)},
+    )
     population = Population(workdir, token)
     group = PidsGroup(token, cap=args.processes + 100)
     try:
         with group.joined():
             for index in range(args.models):
-                population.start_rank(model_id(index), FIRST_PORT + index, 0)
+                population.start_rank(f"bench/{model_name(index)}", FIRST_PORT + index, 0)
             population.grow_unrelated_to(max(0, args.processes - process_count() - 3))
         with exporters(commands(workdir, inventory)) as handles:
             warm(handles, 6.0)
