@@ -153,7 +153,9 @@ def load_inventory_apart(path: str | Path, cache_dir: Path | None = None) -> Inv
         cached = read_snapshot(directory / f"inventory-{key}.json")
         if cached is not None:
             return cached
-    argv = [sys.executable, "-m", "mlx_medic.inventory.snapshot", str(path)]
+    # -P: the working directory is not put on the child's sys.path (a root exporter must
+    # not import a module planted where it was started).
+    argv = [sys.executable, "-P", "-m", "mlx_medic.inventory.snapshot", str(path)]
     if directory is not None:
         argv += ["--cache-dir", str(directory)]
     child = subprocess.run(argv, capture_output=True, timeout=CHILD_TIMEOUT, check=False)
