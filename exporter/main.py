@@ -78,10 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load(inventory: Path) -> Inventory:
-    """The inventory, read without its schema (pydantic, PyYAML: half the exporter's
-    memory) unless the file is bad: from its validated snapshot, else validated by a child
-    process (mlx_medic.inventory.snapshot). A bad file is a CommandError naming every
-    problem."""
+    """The inventory, read without its schema (pydantic, PyYAML: 12 MiB, a quarter of the
+    exporter's memory, bench/busy_node) unless the file is bad: from its validated
+    snapshot, else validated by a child process (mlx_medic.inventory.snapshot). A bad
+    file is a CommandError naming every problem."""
     from mlx_medic.inventory.methods import InventoryError
     from mlx_medic.inventory.snapshot import load_inventory_apart
 

@@ -140,7 +140,7 @@ def load_inventory_apart(path: str | Path, cache_dir: Path | None = None) -> Inv
     """The inventory at `path` without loading pydantic or PyYAML into this process: its
     snapshot when one matches its bytes, else validated by a child process (`python -m
     mlx_medic.inventory.snapshot PATH`, which snapshots it and prints the records). For
-    a long-running reader (the exporter) whose resident memory the schema would double.
+    a long-running reader (the exporter), to which the schema would add 12 MiB for good.
     An inventory the child refuses is loaded here in full, so its InventoryError is the
     same as `load_inventory`'s."""
     path = Path(path)
