@@ -78,13 +78,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load(inventory: Path) -> Inventory:
-    """The inventory; its schema (pydantic) is imported only here, so an exporter without
-    an inventory never loads it. A bad file is a CommandError naming every problem."""
-    from mlx_medic.inventory.load import load_inventory
+    """The inventory, read without its schema (pydantic, PyYAML: 12 MiB, a quarter of the
+    exporter's memory, bench/busy_node) unless the file is bad: from its validated
+    snapshot, else validated by a child process (mlx_medic.inventory.snapshot). A bad
+    file is a CommandError naming every problem."""
     from mlx_medic.inventory.methods import InventoryError
+    from mlx_medic.inventory.snapshot import load_inventory_apart
 
     try:
-        return load_inventory(inventory)
+        return load_inventory_apart(inventory)
     except InventoryError as exc:
         raise file_error(exc) from None
 

@@ -34,6 +34,7 @@ REMEDIATOR_KEYS = (
     "journal_retention",
     "lock_wait",
     "lock_lease",
+    "max_parallel_runs",
     "notify_url",
     "probe_from",
 )

@@ -198,6 +198,13 @@ class RemediatorConfig(StrictModel):
         " renewed every third of it while its run goes on: once it runs out (the process"
         " died: a SIGKILL, a lost machine) another replica's run may break the lock",
     )
+    max_parallel_runs: int = Field(
+        default=8,
+        ge=1,
+        description="runs of different models that act at once (a model has at most one"
+        " run); one past it waits, queued, until a run ends: it bounds the SSH sessions and"
+        " node helpers a site-wide outage starts at once",
+    )
     notify_url: str | None = Field(default=None, description="POSTed a JSON escalation")
     node: str | None = Field(
         default=None,

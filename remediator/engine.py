@@ -15,7 +15,8 @@ each readable alone:
                        journal refused
   active_run.py        the record of a run in flight that they share
 
-and keeps what ties them together: the runs in flight (one per model), the cache of
+and keeps what ties them together: the runs in flight (one per model; runs of different
+models act in parallel, at most `max_parallel_runs` at once), the cache of
 firings held, the journal's deferred writes, and the end of every run (`_finish`).
 
 Nothing acts unrecorded: every decision that acts is journaled before it acts, and a
@@ -158,6 +159,7 @@ class Engine:
             metrics=self.metrics,
             clock=clock,
             lock_wait=config.lock_wait,
+            slots=asyncio.Semaphore(config.max_parallel_runs),
             health=self._health,
             stale=self._stale,
             finish=self._finish,

@@ -90,6 +90,7 @@ class Runner:
     metrics: EngineMetrics
     clock: Callable[[], float]
     lock_wait: float  # how long an alert's run waits for another holder's lock
+    slots: asyncio.Semaphore  # runs acting at once (max_parallel_runs); the rest wait queued
     health: HealthCheck  # the model's health verdict; never raises
     stale: Callable[[str, int, str], None]  # (model, run id, why): journal a re-check's "no"
     finish: Callable[[ActiveRun, RunEnd], None]  # journal a run's end once, free its slot
@@ -108,7 +109,8 @@ class Runner:
         try:
             if run.after is not None:  # a run that acts while the model serves goes first
                 await asyncio.wait({run.after})
-            end = await self._attempt(run, model, holding)
+            async with self.slots:  # past max_parallel_runs a run waits here, still queued
+                end = await self._attempt(run, model, holding)
         except asyncio.CancelledError:
             if not run.ended:
                 self._interrupt_steps(run)

@@ -35,8 +35,8 @@ if $apt; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       openssh-server openssh-client prometheus prometheus-alertmanager \
-      prometheus-process-exporter supervisor chromium procps lsof iproute2 util-linux wrk sudo systemd \
-      logrotate e2fsprogs \
+      prometheus-process-exporter prometheus-node-exporter supervisor chromium procps lsof \
+      iproute2 util-linux wrk sudo systemd logrotate e2fsprogs \
       python3-venv >/dev/null
   else
     echo "setup: not root, skipping apt-get (the testbed needs root anyway)" >&2

@@ -21,6 +21,7 @@ from mlx_medic.inventory.snapshot import (
     Record,
     default_cache_dir,
     load_cached_inventory,
+    load_inventory_apart,
     read_snapshot,
     snapshot_key,
 )
@@ -208,6 +209,52 @@ def test_reading_a_snapshot_loads_neither_pydantic_nor_yaml(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["ai001"]
+
+
+def loads_apart(inventory: Path, cache: Path | None) -> list[str]:
+    """What a fresh interpreter prints after `load_inventory_apart`: glm's head and which
+    of pydantic and PyYAML it imported."""
+    code = (
+        "import sys\nfrom pathlib import Path\n"
+        "from mlx_medic.inventory.snapshot import load_inventory_apart\n"
+        f"inventory = load_inventory_apart(Path({str(inventory)!r}), "
+        f"{f'Path({str(cache)!r})' if cache else None})\n"
+        "print(inventory.model('glm-4_6-5b').head,"
+        " *sorted(m for m in ('pydantic', 'yaml') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "HOME": "/"}  # no default cache dir
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["with a cache dir", "without one"])
+def test_the_exporters_reader_validates_in_a_child_and_never_loads_the_schema_itself(
+    inventory_file: Path, tmp_path: Path, cached: bool
+) -> None:
+    cache = tmp_path / "cache" if cached else None
+    assert loads_apart(inventory_file, cache) == ["ai001"]  # the child validated it
+    if cache:
+        assert len(snapshots(cache)) == 1
+    assert loads_apart(inventory_file, cache) == ["ai001"]  # from the snapshot, or a child
+    same(load_inventory(inventory_file), load_inventory_apart(inventory_file, cache))
+
+
+def test_the_exporters_reader_refuses_a_bad_inventory_as_the_full_load_does(
+    tmp_path: Path,
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: {x: 1}\n")
+    with pytest.raises(InventoryError) as apart:
+        load_inventory_apart(bad, tmp_path / "cache")
+    with pytest.raises(InventoryError) as in_full:
+        load_inventory(bad)
+    assert str(apart.value) == str(in_full.value)
+    assert snapshots(tmp_path / "cache") == []
+    with pytest.raises(InventoryError, match="cannot read"):
+        load_inventory_apart(tmp_path / "missing.yaml", tmp_path / "cache")
 
 
 def test_a_changed_schema_source_makes_every_snapshot_a_miss(

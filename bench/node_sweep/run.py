@@ -1,6 +1,6 @@
-"""Sweeping one model on four testbed nodes: ours against the seed's loop.
+"""Sweeping one model on N testbed nodes (four by default): ours against the seed's loop.
 
-Ours: the four nodes in parallel over asyncssh (`mlx_medic.transport.ssh.SshTransport`,
+Ours: the nodes in parallel over asyncssh (`mlx_medic.transport.ssh.SshTransport`,
 one connection per node, kept from repetition to repetition as the remediator keeps
 them), each running `mlx-medic node sweep MODEL --json --inventory INVENTORY`. The
 inventory is new in every run, so the first repetition's helpers validate it in full and
@@ -21,7 +21,7 @@ is the seed's own, the port guard (lsof) and then `pgrep -f` + `kill -9`:
 Each repetition first makes the same orphans on every node (`--orphans` per node: the
 seed's `serve.py --model M --port P` ranks with MLX_RANK set, whose starting shell has
 exited so the node's pid 1 adopted them: launcher gone), then times one sweep of all
-four nodes, then checks that none of the orphans is left. The two ways alternate which
+nodes, then checks that none of the orphans is left. The two ways alternate which
 goes first. Run as root on Linux (the testbed needs namespaces):
 
     .venv/bin/python bench/node_sweep/run.py --repetitions 7 --orphans 3
@@ -47,7 +47,7 @@ from mlx_medic.inventory.load import load_inventory  # noqa: E402
 from mlx_medic.transport.ssh import SshTransport  # noqa: E402
 from testbed import Cluster, free_port, processes, start_cluster  # noqa: E402
 
-NODES = ["ai001", "ai002", "ai003", "ai004"]
+NODES = ["ai001", "ai002", "ai003", "ai004"]  # --nodes N: ai001 to aiN
 RANK = "import time\ntime.sleep(3600)\n"
 
 
@@ -124,8 +124,8 @@ async def our_sweep(
 def one_node_at_a_time(
     loop, transport, inventory, argv, cluster, script, model, port, count
 ) -> float:
-    """The slowest of the four nodes swept alone: what four machines with their own CPUs
-    would see of our parallel sweep (here the four helpers share this machine's cores)."""
+    """The slowest node swept alone: what machines with their own CPUs would see of our
+    parallel sweep (here the nodes' helpers share this machine's cores)."""
     orphans = make_orphans(cluster, script, model, port, count)
     slowest = 0.0
     for name in NODES:
@@ -141,7 +141,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repetitions", type=int, default=7)
     parser.add_argument("--orphans", type=int, default=3, help="orphans per node")
+    parser.add_argument("--nodes", type=int, default=4, help="testbed nodes (at most 200)")
     args = parser.parse_args()
+    if not 1 <= args.nodes <= 200:
+        parser.error(f"--nodes {args.nodes}: the testbed takes 1 to 200 nodes")
+    NODES[:] = [f"ai{index:03d}" for index in range(1, args.nodes + 1)]
 
     token = uuid.uuid4().hex[:8]
     workdir = Path("/var/tmp") / f"mlx-medic-bench-sweep-{token}"

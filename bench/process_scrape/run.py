@@ -84,27 +84,21 @@ class Population:
 
     def start_ranks(self, count: int) -> None:
         for index in range(count):
-            argv = [
-                sys.executable,
-                "-S",
-                "-m",
-                "mlx_lm",
-                "server",
-                "--model",
-                str(self.model_dir),
-                "--port",
-                str(20000 + index),
-            ]
-            self.ranks.append(
-                subprocess.Popen(
-                    argv,
-                    cwd=self.workdir,
-                    env={"MLX_RANK": str(index), "PATH": "/usr/bin:/bin"},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
+            self.start_rank(str(self.model_dir), 20000 + index, index)
+
+    def start_rank(self, model: str, port: int, rank: int) -> None:
+        """One stub `mlx_lm server --model MODEL --port PORT` with MLX_RANK=rank."""
+        argv = [sys.executable, "-S", "-m", "mlx_lm", "server", "--model", model]
+        self.ranks.append(
+            subprocess.Popen(
+                [*argv, "--port", str(port)],
+                cwd=self.workdir,
+                env={"MLX_RANK": str(rank), "PATH": "/usr/bin:/bin"},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
+        )
 
     def grow_unrelated_to(self, count: int) -> None:
         while len(self.unrelated) < count:
@@ -135,9 +129,8 @@ def other_collectors() -> list[str]:
     return sorted(name for name in REGISTRY if name != "processes")
 
 
-@contextlib.contextmanager
-def exporters(workdir: Path, token: str) -> Iterator[dict[str, tuple[int, int]]]:
-    """{name: (pid, port)} for ours and process-exporter (defaults and lean flags)."""
+def process_exporter_config(workdir: Path) -> Path:
+    """process-exporter's config: one group per `--model` of the stub ranks."""
     config = workdir / "process-exporter.yml"
     config.write_text(
         "process_names:\n"
@@ -145,6 +138,13 @@ def exporters(workdir: Path, token: str) -> Iterator[dict[str, tuple[int, int]]]
         "    cmdline:\n"
         "    - '-m mlx_lm server --model (?P<model>\\S+)'\n"
     )
+    return config
+
+
+@contextlib.contextmanager
+def exporters(workdir: Path, token: str) -> Iterator[dict[str, tuple[int, int]]]:
+    """{name: (pid, port)} for ours and process-exporter (defaults and lean flags)."""
+    config = process_exporter_config(workdir)
     started: dict[str, subprocess.Popen] = {}
     ports: dict[str, int] = {}
     binary = shutil.which("prometheus-process-exporter")

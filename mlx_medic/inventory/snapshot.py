@@ -14,10 +14,14 @@ nobody else may write; anything wrong with the cache costs the full load, never 
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import hashlib
 import json
 import os
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, cast
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
 
 FORMAT = 1  # the snapshot's own layout; a change makes every older snapshot a miss
 KEEP = 16  # snapshots kept per cache dir (one per inventory version in use)
+CHILD_TIMEOUT = 120.0  # seconds for a child to validate an inventory (pydantic: about 1 s)
 _RECORD = "__record__"
 _PATH = "__path__"
 # The schema's sources: a changed one (a new field, default or rule) is a new key.
@@ -101,6 +106,7 @@ RECORDS: dict[str, type[Record]] = {
     "Model": ModelRecord,
     "Inventory": InventoryRecord,
 }
+_RECORD_NAMES = {record: name for name, record in RECORDS.items()}
 
 
 def load_cached_inventory(path: str | Path, cache_dir: Path | None = None) -> Inventory:
@@ -128,6 +134,37 @@ def load_cached_inventory(path: str | Path, cache_dir: Path | None = None) -> In
     if snapshot is not None:
         write_snapshot(snapshot, inventory)
     return inventory
+
+
+def load_inventory_apart(path: str | Path, cache_dir: Path | None = None) -> Inventory:
+    """The inventory at `path` without loading pydantic or PyYAML into this process: its
+    snapshot when one matches its bytes, else validated by a child process (`python -m
+    mlx_medic.inventory.snapshot PATH`, which snapshots it and prints the records). For
+    a long-running reader (the exporter), to which the schema would add 12 MiB for good.
+    An inventory the child refuses is loaded here in full, so its InventoryError is the
+    same as `load_inventory`'s."""
+    path = Path(path)
+    directory = cache_dir or default_cache_dir()
+    try:
+        key = snapshot_key(path.read_bytes())
+    except OSError:
+        return _load_in_full(path)  # it says why the file cannot be read
+    if directory is not None:
+        cached = read_snapshot(directory / f"inventory-{key}.json")
+        if cached is not None:
+            return cached
+    # -P: the working directory is not put on the child's sys.path (a root exporter must
+    # not import a module planted where it was started).
+    argv = [sys.executable, "-P", "-m", "mlx_medic.inventory.snapshot", str(path)]
+    if directory is not None:
+        argv += ["--cache-dir", str(directory)]
+    child = subprocess.run(argv, capture_output=True, timeout=CHILD_TIMEOUT, check=False)
+    if child.returncode == 0:
+        with contextlib.suppress(ValueError, TypeError):
+            document = json.loads(child.stdout, object_hook=_decode)
+            if isinstance(document, InventoryRecord):
+                return cast("Inventory", document)
+    return _load_in_full(path)
 
 
 def _load_in_full(path: Path) -> Inventory:
@@ -233,6 +270,8 @@ def encode(value: Any) -> Any:
     if isinstance(value, BaseModel):
         fields = {name: encode(getattr(value, name)) for name in type(value).model_fields}
         return {_RECORD: type(value).__name__, **fields}
+    if isinstance(value, Record):  # read back from a snapshot
+        return {_RECORD: _RECORD_NAMES.get(type(value), "Record"), **encode(vars(value))}
     if isinstance(value, PurePath):
         return {_PATH: str(value)}
     if isinstance(value, list | tuple):
@@ -240,3 +279,24 @@ def encode(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: encode(item) for key, item in value.items()}
     return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Validate an inventory, snapshot it, and print its records (for load_inventory_apart)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("inventory", type=Path)
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    from mlx_medic.inventory.methods import InventoryError
+
+    try:
+        inventory = load_cached_inventory(args.inventory, args.cache_dir)
+    except InventoryError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(encode(inventory), separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,7 +21,7 @@ from mlx_medic.processes.roles import Classifier, classify, is_exo_spawn_child
 EnvReader = Callable[[], dict[str, str]]
 
 
-@dataclass
+@dataclass(slots=True)  # one per process on the node: thousands on a busy one
 class CachedCommand:
     """What does not change for one process (until it execs)."""
 

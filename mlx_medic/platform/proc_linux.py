@@ -86,7 +86,7 @@ def parse_cmdline(raw: bytes) -> tuple[str, ...]:
     return tuple(part.decode("utf-8", "replace") for part in raw.rstrip(b"\0").split(b"\0"))
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry(CachedCommand):
     """The cached command plus what tells this process from another with its pid."""
 

@@ -841,3 +841,35 @@ async def test_a_queued_run_stays_while_another_of_its_alerts_still_fires(
     await engine.submit(alert("second", status=AlertStatus.RESOLVED))
     await engine.wait_idle()
     assert outcome_of(engine) == "cancelled"
+
+
+def acting(engine: Engine) -> int:
+    """How many models have a run acting now (mlx_medic_remediation_in_progress)."""
+    return sum(int(engine.m_in_progress.labels(model=m)._value.get()) for m in (MODEL, OTHER))
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+async def test_runs_of_different_models_act_at_once_up_to_max_parallel_runs(
+    tmp_path: Path, inventory: Inventory, engines: list[Engine], gate: GatedPlaybook, bound: int
+) -> None:
+    """Both models are down: with room for two runs both act; with room for one the other
+    waits, queued, and acts once the first has ended. Each model is recovered once."""
+    config = make_config(tmp_path, "gated", max_parallel_runs=bound)
+    engine = make_engine(config, inventory, playbooks={"gated": gate}, tmp_path=tmp_path)
+    engines.append(engine)
+    for model in (MODEL, OTHER):
+        assert await engine.submit(alert(f"down-{model}", model=model)) == Disposition.STARTED
+    await asyncio.wait_for(gate.entered.wait(), 5)
+    for _ in range(100):  # until the runs that may act have taken their locks
+        if acting(engine) == bound:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+    assert acting(engine) == bound
+    gate.release.set()
+    await engine.wait_idle()
+    runs = engine.journal.list_runs()
+    assert sorted((r.model, r.outcome) for r in runs) == [
+        (MODEL, "succeeded"),
+        (OTHER, "succeeded"),
+    ]
