@@ -32,14 +32,16 @@ _REBOOT_WORD = re.compile(r"[A-Za-z0-9._/:+@=,~-]{1,256}")
 
 
 class Reboot(StrictModel):
-    """Whether this node may be rebooted by mlx-medic, and with which command: the one
-    command `mlx-medic render sudoers` allows its login user through `sudo -n`."""
+    """Whether this node's login user may run the reboot command through `sudo -n`: the
+    one rule `mlx-medic render sudoers` writes for it. mlx-medic itself runs no reboot
+    (docs/drain.md: drain, a person's reboot, undrain)."""
 
     allowed: bool = Field(
         default=False,
-        description="let mlx-medic reboot this node with `command`: `mlx-medic render"
-        " sudoers` writes the one rule for it only when this is true; false: no reboot rule,"
-        " and a reboot stays a person's act",
+        description="`mlx-medic render sudoers` writes the one rule that lets the node's"
+        " login user run `command` through `sudo -n` only when this is true (mlx-medic"
+        " itself runs no reboot: `mlx-medic drain`, a person's reboot, `mlx-medic undrain`);"
+        " false: no reboot rule",
     )
     command: list[str] = Field(
         default_factory=lambda: ["/sbin/shutdown", "-r", "now"],
@@ -98,8 +100,8 @@ class Node(StrictModel):
     )
     reboot: Reboot = Field(
         default_factory=Reboot,
-        description="whether mlx-medic may reboot this node, and the command it uses (off by"
-        " default)",
+        description="whether the node's login user may run its reboot command through sudo"
+        " (off by default), and that command",
     )
 
     @field_validator("ssh")
