@@ -75,6 +75,16 @@ COMMANDS: dict[str, CommandInfo] = {
         "allow automatic action again; closes the circuit",
         "on-call",
     ),
+    "drain": CommandInfo(
+        "mlx_medic.remediator.cli_drain",
+        "take a node out of service before its reboot: pause, stop, sweep, silence",
+        "on-call",
+    ),
+    "undrain": CommandInfo(
+        "mlx_medic.remediator.cli_undrain",
+        "after the node's reboot: check its boot id, start and verify its models again",
+        "on-call",
+    ),
     "journal": CommandInfo(
         "mlx_medic.remediator.cli_journal",
         "prune the remediation journal (`journal prune [--dry-run]`)",

@@ -18,6 +18,8 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 
 from prometheus_client import CollectorRegistry
 
@@ -34,6 +36,7 @@ from mlx_medic.remediator.config import ConfigError
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.journal import ControlView
 from mlx_medic.remediator.outcomes import RunOutcome
+from mlx_medic.remediator.playbooks import Playbook, builtin_playbooks
 from mlx_medic.transport import SshTransport
 
 EXIT_BY_OUTCOME: dict[str, int] = {
@@ -107,13 +110,29 @@ def _record_override(oncall: OnCall, model: str, control: ControlView) -> None:
 
 async def _remediate(oncall: OnCall, args: argparse.Namespace, inventory: Inventory) -> int:
     config, journal = oncall.config, oncall.journal
+    async with manual_engine(oncall, inventory) as engine:
+        run_id = await engine.run_manual(args.model, dry_run=args.dry_run or config.dry_run)
+    view = journal.get_run(run_id)
+    assert view is not None
+    print(RUN_HEADER)
+    print("\n".join(format_run(view)))
+    return EXIT_BY_OUTCOME.get(view.outcome, 1)
+
+
+@asynccontextmanager
+async def manual_engine(
+    oncall: OnCall, inventory: Inventory, playbooks: Mapping[str, Playbook] | None = None
+) -> AsyncIterator[Engine]:
+    """An engine for by-hand runs over SSH, on the service's config and journal, with
+    `playbooks` beside the built-in ones (`drain`, `undrain`)."""
     transport = SshTransport(inventory)
     try:
         engine = Engine(
-            config,
+            oncall.config,
             inventory,
-            journal,
+            oncall.journal,
             transport,
+            playbooks={**builtin_playbooks(), **(playbooks or {})},
             registry=CollectorRegistry(),
             config_source=oncall.source,
         )
@@ -121,12 +140,7 @@ async def _remediate(oncall: OnCall, args: argparse.Namespace, inventory: Invent
         await transport.close()
         raise CliError(f"config: {exc}") from exc
     try:
-        run_id = await engine.run_manual(args.model, dry_run=args.dry_run or config.dry_run)
+        yield engine
     finally:
         await engine.close()
         await transport.close()
-    view = journal.get_run(run_id)
-    assert view is not None
-    print(RUN_HEADER)
-    print("\n".join(format_run(view)))
-    return EXIT_BY_OUTCOME.get(view.outcome, 1)

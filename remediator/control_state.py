@@ -26,11 +26,9 @@ class RecordLike(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-class ControlsJournal(Protocol):
-    """The journal reads this module needs (remediator.journal.Journal has them);
-    `since` is a Unix time."""
-
-    def controls(self) -> Sequence[ControlView]: ...
+class EventsJournal(Protocol):
+    """The journal's event read (remediator.journal.Journal has it); `since` is a Unix
+    time."""
 
     def list_events(
         self,
@@ -39,6 +37,12 @@ class ControlsJournal(Protocol):
         kind: str | None = None,
         limit: int = 100,
     ) -> Sequence[RecordLike]: ...
+
+
+class ControlsJournal(EventsJournal, Protocol):
+    """The journal reads this module needs: the controls, and the events."""
+
+    def controls(self) -> Sequence[ControlView]: ...
 
 
 def concerning(controls: Iterable[ControlView], model: str | None) -> list[ControlView]:

@@ -386,15 +386,18 @@ class Engine:
             },
         )
 
-    async def run_manual(self, model_name: str, *, dry_run: bool) -> int:
-        """Run the model's playbook now, by hand: same lock, same journal; no re-check,
-        budget, pause or circuit (a person decided). Returns the run id once it has ended."""
+    async def run_manual(
+        self, model_name: str, *, dry_run: bool, playbook: str | None = None
+    ) -> int:
+        """Run the model's playbook (or the one named) now, by hand: same lock, same
+        journal; no re-check, budget, pause or circuit (a person decided). Returns the run
+        id once it has ended."""
         try:
             model = self.inventory.model(model_name)
         except KeyError:
             known = ", ".join(m.name for m in self.inventory.models) or "none"
             raise KeyError(f"no model {model_name!r} in the inventory (known: {known})") from None
-        playbook_name = self.config.routing.playbooks.get("LLMModelDown", "recover")
+        playbook_name = playbook or self.config.routing.playbooks.get("LLMModelDown", "recover")
         if playbook_name not in self.playbooks:
             raise KeyError(f"no playbook {playbook_name!r} (playbooks: {sorted(self.playbooks)})")
         run_id = self.journal.create_run(

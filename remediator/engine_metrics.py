@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Sequence
-from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -15,7 +14,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.misconfiguration import Misconfiguration
-from mlx_medic.remediator.control_state import model_holds
+from mlx_medic.remediator.control_state import ControlsJournal, model_holds
+from mlx_medic.remediator.drain import open_drains
 from mlx_medic.remediator.journal import ControlView, JournalError
 
 log = logging.getLogger("mlx_medic.remediator.metrics")
@@ -26,7 +26,7 @@ class EngineMetrics:
     known model present (at 0) from the start, so a rule sees 0 rather than nothing."""
 
     def __init__(
-        self, registry: CollectorRegistry, inventory: Inventory, journal: ControlsReader
+        self, registry: CollectorRegistry, inventory: Inventory, journal: ControlsJournal
     ) -> None:
         self.remediations = Counter(
             "mlx_medic_remediations_total",
@@ -96,7 +96,9 @@ class EngineMetrics:
             ["model", "node"],
             registry=registry,
         )
-        controls = ControlMetrics(journal, [m.name for m in inventory.models])
+        controls = ControlMetrics(
+            journal, [m.name for m in inventory.models], [n.name for n in inventory.nodes]
+        )
         registry.register(controls)  # type: ignore[arg-type]
         for model in inventory.models:
             self.in_progress.labels(model=model.name).set(0)
@@ -125,29 +127,32 @@ class EngineMetrics:
             )
 
 
-class ControlsReader(Protocol):
-    def controls(self) -> Sequence[ControlView]: ...
-
-
 class ControlMetrics:
-    """Pause and circuit per model, read from the journal at every scrape: `mlx-medic
-    pause` and `resume` write it from another process, and the service only reads it
-    before each decision, so no value kept in memory would follow them. A journal that
-    cannot be read keeps the last values read (the problem is logged once), so an alert on
-    them neither resolves nor fires on a read error."""
+    """Pause and circuit per model, and each node's drain, read from the journal at every
+    scrape: `mlx-medic pause`, `resume`, `drain` and `undrain` write it from another
+    process, and the service only reads it before each decision, so no value kept in
+    memory would follow them. A journal that cannot be read keeps the last values read
+    (the problem is logged once), so an alert on them neither resolves nor fires on a read
+    error."""
 
-    def __init__(self, journal: ControlsReader, models: Sequence[str]) -> None:
+    def __init__(
+        self, journal: ControlsJournal, models: Sequence[str], nodes: Sequence[str] = ()
+    ) -> None:
         self.journal = journal
         self.models = list(models)
+        self.nodes = list(nodes)
         self._last: list[ControlView] = []
+        self._last_drains: dict[str, float] = {}
         self._failing = False
 
     def _controls(self) -> list[ControlView]:
         try:
             self._last = list(self.journal.controls())
+            drains = open_drains(self.journal)
+            self._last_drains = {node: drain.since for node, drain in drains.items()}
         except (sqlite3.Error, OSError, JournalError) as exc:
             if not self._failing:
-                log.warning("/metrics shows the pauses and circuits last read: %s", exc)
+                log.warning("/metrics shows the pauses, circuits and drains last read: %s", exc)
             self._failing = True
         else:
             self._failing = False
@@ -182,4 +187,12 @@ class ControlMetrics:
             paused_since.add_metric([model], held.paused_since or 0)
             circuit.add_metric([model], 0 if held.circuit_since is None else 1)
             circuit_since.add_metric([model], held.circuit_since or 0)
-        return [paused, paused_since, circuit, circuit_since]
+        drained_since = GaugeMetricFamily(
+            "mlx_medic_node_drained_since_timestamp_seconds",
+            "Unix time `mlx-medic drain` drained the node (its models paused and stopped"
+            " until `mlx-medic undrain` after its reboot), 0 while it is not drained.",
+            labels=["node"],
+        )
+        for node in self.nodes:
+            drained_since.add_metric([node], self._last_drains.get(node, 0))
+        return [paused, paused_since, circuit, circuit_since, drained_since]

@@ -190,10 +190,12 @@ class Runner:
                 return skipped
         holder = "manual" if run.trigger == "manual" else "remediator"
         run.phase = "starting"  # no longer cancellable: a half-taken lock must not leak
-        # A person waits at a terminal for a manual run: it never waits for the lock.
-        handle = await self.locks.acquire(
-            model.name, holder, str(run.run_id), wait=self.lock_wait if alert else 0.0
-        )
+        # A person waits at a terminal for a manual run: it never waits for the lock, but
+        # for a start in progress after a boot.
+        wait = self.lock_wait if alert else 0.0
+        if run.playbook.waits_for_start:
+            wait = max(self.lock_wait, model.policy.start_timeout)
+        handle = await self.locks.acquire(model.name, holder, str(run.run_id), wait=wait)
         match handle:
             case LockRefused(kind="unreachable", why=why, node=silent):
                 return self._unreachable(model, silent, f"taking the model lock: {why}")
@@ -447,6 +449,10 @@ class Runner:
                 action,
                 context,
                 after_start=verify_failed,
+            )
+        if run.playbook.leaves_stopped and not verify_failed:
+            return RunEnd(
+                RunOutcome.SUCCEEDED, f"{', '.join(done)} done; {model.name} left stopped"
             )
         ended = "the playbook ended without a verified start"
         if verify_failed:

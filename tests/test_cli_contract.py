@@ -56,6 +56,8 @@ MISSING_FILE: dict[str, list[str]] = {
     "pause": ["--config.file", MISSING],
     "resume": ["--config.file", MISSING],
     "journal": ["prune", "--config.file", MISSING],
+    "drain": ["n1", "--config.file", MISSING],
+    "undrain": ["n1", "--config.file", MISSING],
     # the probe reads no file: its --lock-dir under a regular file is the one it cannot use
     "probe": ["--host", "127.0.0.1", "--port", "9", "--lock-dir", "/etc/hostname/locks"],
     "node": ["ledger", "--inventory", MISSING],

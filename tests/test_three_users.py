@@ -52,15 +52,19 @@ def as_user(
     )
 
 
-def write_inventory(cluster: Cluster, models: list[dict]) -> Path:
+def write_inventory(
+    cluster: Cluster, models: list[dict], reboot: dict[str, dict] | None = None
+) -> Path:
     """The inventory in the cluster's workdir (every node reads it there, as its own
-    /etc/mlx-medic/inventory.yaml)."""
+    /etc/mlx-medic/inventory.yaml); `reboot`: nodes' `reboot` sections."""
     path = cluster.workdir / f"inventory-{uuid.uuid4().hex[:8]}.yaml"
     data = yaml.safe_load(cluster.inventory_yaml(models, login_user=USER.name))
     data["ssh"]["identity_file"] = str(cluster.remediator_identity)
     data["ssh"]["remediator_addresses"] = ["127.0.0.1"]
     for node in data["nodes"].values():
         node.update({"medic_command": MEDIC, "medic_config": str(path)})
+    for name, section in (reboot or {}).items():
+        data["nodes"][name]["reboot"] = section
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -122,9 +126,11 @@ def test_the_remediators_key_gets_in_only_through_the_rendered_file(
     assert facts.returncode == 0, facts.stderr
 
 
-def test_sudo_lists_exactly_the_rendered_rule_on_the_head_and_nothing_on_the_peer(
+def test_sudo_lists_exactly_the_rendered_rules_on_the_head_and_only_the_reboot_on_the_peer(
     users_cluster: Cluster,
 ):
+    """The head: its service's three commands. The peer heads nothing: with
+    `reboot.allowed` it gets the one reboot command, and no other."""
     conf = users_cluster.workdir / "supervisord-sudo.conf"
     hostfile = users_cluster.hostfile(users_cluster.workdir / "ring.json", ["ai001", "ai002"])
     inventory = write_inventory(
@@ -144,20 +150,25 @@ def test_sudo_lists_exactly_the_rendered_rule_on_the_head_and_nothing_on_the_pee
                 "backends": {"ring": {"hostfile": str(hostfile)}},
             }
         ],
+        reboot={"ai002": {"allowed": True, "command": ["/sbin/shutdown", "-r", "now"]}},
     )
     rendered = users_cluster.deploy(inventory)
     assert rendered is not None
-    rule_file = (rendered / "sudoers" / "ai001" / "mlx-medic").read_text()
-    rules = [line for line in rule_file.splitlines() if line and not line.startswith("#")]
-    assert len(rules) == 3  # stop, start, restart
-    listed = as_user(users_cluster, "ai001", "sudo -n -l")
-    assert listed.returncode == 0, listed.stderr
-    allowed = [
-        line.strip() for line in listed.stdout.splitlines() if line.strip().startswith("(root)")
-    ]
-    assert allowed == [rule.split("ALL=", 1)[1] for rule in rules]
-    assert as_user(users_cluster, "ai002", "sudo -n -l").returncode != 0  # heads nothing
+
+    def rules(node: str) -> list[str]:
+        text = (rendered / "sudoers" / node / "mlx-medic").read_text()
+        return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+    def listed(node: str) -> list[str]:
+        seen = as_user(users_cluster, node, "sudo -n -l")
+        assert seen.returncode == 0, seen.stderr
+        return [line.strip() for line in seen.stdout.splitlines() if line.strip()[:6] == "(root)"]
+
+    assert len(rules("ai001")) == 3  # stop, start, restart
+    assert listed("ai001") == [rule.split("ALL=", 1)[1] for rule in rules("ai001")]
+    assert listed("ai002") == ["(root) NOPASSWD: /sbin/shutdown -r now"]
     assert as_user(users_cluster, "ai001", "sudo -n /bin/true").returncode != 0
+    assert as_user(users_cluster, "ai002", "sudo -n -l /sbin/reboot").returncode != 0
 
 
 def test_the_serve_wrapper_runs_as_the_node_user_falls_back_to_ring_and_comes_back(

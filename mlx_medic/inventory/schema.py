@@ -28,6 +28,42 @@ from mlx_medic.inventory.methods import InventoryMethods
 from mlx_medic.inventory.model import Model
 from mlx_medic.state.layout import DEFAULT_STATE_DIR
 
+_REBOOT_WORD = re.compile(r"[A-Za-z0-9._/:+@=,~-]{1,256}")
+
+
+class Reboot(StrictModel):
+    """Whether this node's login user may run the reboot command through `sudo -n`: the
+    one rule `mlx-medic render sudoers` writes for it. mlx-medic itself runs no reboot
+    (docs/drain.md: drain, a person's reboot, undrain)."""
+
+    allowed: bool = Field(
+        default=False,
+        description="`mlx-medic render sudoers` writes the one rule that lets the node's"
+        " login user run `command` through `sudo -n` only when this is true (mlx-medic"
+        " itself runs no reboot: `mlx-medic drain`, a person's reboot, `mlx-medic undrain`);"
+        " false: no reboot rule",
+    )
+    command: list[str] = Field(
+        default_factory=lambda: ["/sbin/shutdown", "-r", "now"],
+        min_length=1,
+        description="the reboot command's argument list, run as `sudo -n COMMAND...` by the"
+        " node's login user: an absolute path, then literal words (no spaces, wildcards or"
+        " quotes), exactly as the sudoers rule names them",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _literal_words(cls, value: list[str]) -> list[str]:
+        if not value[0].startswith("/") or ".." in value[0].split("/"):
+            raise ValueError(f"{value[0]!r}: the command must be an absolute path without '..'")
+        for word in value:
+            if not _REBOOT_WORD.fullmatch(word):
+                raise ValueError(
+                    f"{word!r} cannot be one literal word of a sudoers rule (letters, digits,"
+                    " '._/:+@=,~-'; no spaces, wildcards or quotes)"
+                )
+        return value
+
 
 class Node(StrictModel):
     """A machine in the cluster, reached over SSH."""
@@ -61,6 +97,11 @@ class Node(StrictModel):
         default=Path("/etc/mlx-medic/inventory.yaml"),
         description="this inventory's path on the node: the node helpers the remediator and"
         " the serve wrapper run there read it (`mlx-medic node HELPER --inventory`)",
+    )
+    reboot: Reboot = Field(
+        default_factory=Reboot,
+        description="whether the node's login user may run its reboot command through sudo"
+        " (off by default), and that command",
     )
 
     @field_validator("ssh")

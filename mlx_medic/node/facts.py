@@ -200,3 +200,28 @@ def serve_facts(state_dir: Path, model: str) -> dict[str, Any] | None:
             "line": failure.line,
         },
     }
+
+
+def boot_facts(state_dir: Path, node: str) -> dict[str, Any]:
+    """This boot's id, and the survivors of SIGKILL its protection-domain ledger records
+    that still live here with the domains each holds: what `mlx-medic drain` shows and
+    `undrain` compares (a new id: the node rebooted, its ledger starts empty)."""
+    from mlx_medic.node.boot_id import current_boot_id
+    from mlx_medic.state.ledger import LedgerError, live_survivors, read_ledger
+
+    boot_id = current_boot_id()
+    try:
+        ledger = read_ledger(state_dir, node, boot_id)
+    except LedgerError as exc:
+        return {"id": boot_id, "survivors": None, "survivors_error": str(exc)}
+    survivors = [
+        {
+            "pid": entry.pid,
+            "model": entry.model,
+            "backend": entry.backend,
+            "devices": list(entry.devices),
+            "domains": entry.survivor(node).domains,
+        }
+        for entry in live_survivors(ledger)
+    ]
+    return {"id": boot_id, "survivors": survivors}

@@ -3,7 +3,8 @@ and an escalation (mlx_medic.node.facts): memory, RDMA (null without it), the ML
 mlx-lm versions, the OS build and, with MODEL, the last matching lines of its service
 logs with the signature each matches and the byte offset it starts at, each log's size
 (`log_sizes`), and the serve wrapper's record of it (`serve`: state, backend, the last
-failed start's failure; null where none is kept). Exit 0 with whatever could be read;
+failed start's failure; null where none is kept), and this boot's id with the survivors of
+SIGKILL the ledger records here (`boot`). Exit 0 with whatever could be read;
 each part that could not is null with its reason beside it."""
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mlx_medic.node.facts import (
+        boot_facts,
         memory_facts,
         os_build,
         rdma_facts,
@@ -62,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         "rdma": rdma_facts(run_command),
         "versions": versions(),
         "os": os_build(run_command, sys.platform),
+        "boot": boot_facts(context.state_dir, context.node),
     }
     if model is not None:
         errors, unreadable, sizes = recent_errors(

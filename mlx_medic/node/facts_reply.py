@@ -12,7 +12,8 @@ RDMA on the node); `log_errors: [{file, signature, line, offset}]` (recent error
 signatures of the model's log files, with the exact line and the byte it starts at);
 `log_sizes: {file: bytes}`; and, where a document carries it, `serve: {state, backend,
 failed_starts, failed_backends, failure: {backend, host, reason, line}}` (the serve
-wrapper's record).
+wrapper's record); `boot: {id, survivors: [{pid, model, backend, devices, domains}]}` (this
+boot's id and the ledger's live survivors of SIGKILL).
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ class ErrorLine:
 
 
 @dataclass(frozen=True)
+class BootSurvivor:
+    """A survivor of SIGKILL this boot's ledger records on the node, still alive: the
+    protection domains it holds until the node reboots."""
+
+    pid: int
+    model: str | None
+    backend: str | None
+    devices: tuple[str, ...]
+    domains: int
+
+
+@dataclass(frozen=True)
 class FactsReply(Reply):
     helper: ClassVar[str] = "facts"
     node: str
@@ -54,6 +67,8 @@ class FactsReply(Reply):
     serve_failed_starts: int | None = None  # the wrapper's count of failed starts
     serve_failed_backends: tuple[str, ...] = ()  # of its last failed start
     log_sizes: dict[str, int | None] = field(default_factory=dict)
+    boot_id: str | None = None  # this boot's; None from a helper that does not say
+    survivors: tuple[BootSurvivor, ...] = ()  # of SIGKILL, alive, by this boot's ledger
 
     @classmethod
     def parse(cls, node: str, document: Fields) -> Self:
@@ -96,6 +111,17 @@ class FactsReply(Reply):
             serve.number("failed_starts"),
             serve.strings("failed_backends"),
             document.sizes("log_sizes"),
+            document.obj("boot").text("id"),
+            tuple(
+                BootSurvivor(
+                    s.number("pid") or 0,
+                    s.text("model"),
+                    s.text("backend"),
+                    s.strings("devices"),
+                    s.number("domains") or 0,
+                )
+                for s in document.obj("boot").objects("survivors")
+            ),
         )
 
     @property

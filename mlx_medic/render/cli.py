@@ -192,8 +192,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="rules_held_for",
         default=None,
         metavar="DURATION",
-        help="how long a pause or an open circuit may stay on before MLXMedicPausedTooLong"
-        " and MLXMedicCircuitOpenTooLong warn (default 4h)",
+        help="how long a pause, an open circuit or a node's drain may stay on before"
+        " MLXMedicPausedTooLong, MLXMedicCircuitOpenTooLong and MLXMedicNodeDrainedTooLong"
+        " warn (default 4h)",
     )
     parser.add_argument(
         "--prometheus.interval",

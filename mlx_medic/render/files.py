@@ -30,7 +30,7 @@ class RulesOptions:
     source: Traversable  # --rules.file, or the rules shipped in the package
     for_overrides: dict[str, str] = field(default_factory=dict)  # alertname -> duration
     interval: str | None = None  # every group's evaluation interval
-    held_for: str | None = None  # T25: a pause or open circuit left on this long alerts
+    held_for: str | None = None  # T25: a pause, open circuit or drain left on this long alerts
 
 
 ONCALL_PLACEHOLDER = "https://oncall.example/alertmanager"

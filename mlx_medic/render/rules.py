@@ -6,8 +6,8 @@ installed `mlx-medic render rules` needs no checkout. Without overrides
 it is copied as it is, comments and all; `--rules.for ALERT=DURATION` and
 `--rules.interval DURATION` write a copy with those `for:` and group evaluation
 intervals, so a test (or a staging Prometheus) can shorten them without editing the
-shipped file; `--rules.held-for DURATION` is how long a pause or an open circuit may stay
-on before its alert warns (T25, 4h as shipped).
+shipped file; `--rules.held-for DURATION` is how long a pause, an open circuit or a node's drain may
+stay on before its alert warns (T25, 4h as shipped).
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ TARGET = "rules"
 DIR = PurePosixPath("rules")
 SOURCE: Traversable = files("mlx_medic.render") / "mlx-medic.rules.yaml"
 
-# T25: the alert on a pause or an open circuit left on, and the start-time series it reads.
+# T25: the alert on a pause, an open circuit or a drain left on, and the series it reads.
 HELD_ALERTS = {
     "MLXMedicPausedTooLong": "mlx_medic_paused_since_timestamp_seconds",
     "MLXMedicCircuitOpenTooLong": "mlx_medic_circuit_open_since_timestamp_seconds",
+    "MLXMedicNodeDrainedTooLong": "mlx_medic_node_drained_since_timestamp_seconds",
 }
 
 

@@ -1,5 +1,6 @@
 """sudoers.d files: on each head node, exactly the service-manager commands the
-remediator runs there through `sudo -n`, for the user it logs in as, and nothing else.
+remediator runs there through `sudo -n`, for the user it logs in as, and nothing else;
+on a node with `reboot.allowed`, the one reboot command the inventory names too.
 
 The argument lists come from `service_manager.privileged_argv`, the one source the
 commands themselves are built from. A rule's arguments are literal words (`,:=` escaped,
@@ -17,6 +18,7 @@ from mlx_medic.service_manager import privileged_argv
 
 if TYPE_CHECKING:
     from mlx_medic.inventory.model import Model
+    from mlx_medic.inventory.schema import Node
 
 TARGET = "sudoers"
 FILE_NAME = "mlx-medic"  # sudo skips sudoers.d names with a '.' or ending in '~'
@@ -39,22 +41,36 @@ def rule_commands(model: Model) -> list[str]:
     return [" ".join(escape(w, where) for w in argv) for argv in privileged_argv(model)]
 
 
+def reboot_rule_command(node: Node) -> str | None:
+    """The node's reboot command as its rule writes it; None unless `reboot.allowed`."""
+    if not node.reboot.allowed:
+        return None
+    return " ".join(escape(w, f"nodes.{node.name}.reboot.command") for w in node.reboot.command)
+
+
 def render(site: Site) -> list[Rendered]:
     files = []
     inventory = site.inventory
     for node in inventory.nodes:
-        rules = []
-        for model in inventory.models:
-            if model.head != node.name:
-                continue
-            rules += [f"{node.user} ALL=(root) NOPASSWD: {words}" for words in rule_commands(model)]
-        if not rules:
+        commands = [
+            words
+            for model in inventory.models
+            if model.head == node.name
+            for words in rule_commands(model)
+        ]
+        reboot = reboot_rule_command(node)
+        if reboot is not None:
+            commands.append(reboot)
+        if not commands:
             continue
+        rules = [f"{node.user} ALL=(root) NOPASSWD: {words}" for words in commands]
+        allowed = "reboot.allowed: its reboot command, " if reboot is not None else ""
         comment = (
             f"{GENERATED}\n"
             f"Node {node.name}: the service-manager commands the remediator runs here as"
-            f" {node.user}\n(sudo -n), exactly these argument lists and nothing else. Install"
-            " root-owned 0440 as\n/etc/sudoers.d/mlx-medic; check with: visudo -cf FILE"
+            f" {node.user}\n(sudo -n), {allowed}exactly these argument lists and nothing"
+            " else. Install\nroot-owned 0440 as /etc/sudoers.d/mlx-medic; check with:"
+            " visudo -cf FILE"
         )
         text = "".join(f"# {line}\n" for line in comment.splitlines()) + "\n".join(rules) + "\n"
         files.append(Rendered(PurePosixPath(TARGET) / node.name / FILE_NAME, text, 0o440))

@@ -94,6 +94,13 @@ class Playbook(ABC):
     # Acts only on the nodes its alerts named (`plan_for` uses them): once a run has fixed
     # its nodes, an alert naming another node is queued after it, never absorbed by it.
     per_node: ClassVar[bool] = False
+    # Ends with the model stopped (`drain`): every step done is its success, with no
+    # verify to wait for.
+    leaves_stopped: ClassVar[bool] = False
+    # Runs right after a node's boot (`undrain`), whose service may have started the serve
+    # wrapper: a run of it, even by hand, waits for the model lock as long as a start may
+    # take (the model's start_timeout, at least the config's lock_wait).
+    waits_for_start: ClassVar[bool] = False
 
     @abstractmethod
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:

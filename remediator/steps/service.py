@@ -71,9 +71,11 @@ async def service_helper(context: RunContext, action: ServiceAction, *extra: str
 
 @dataclass(frozen=True, kw_only=True)
 class StopService(Step):
-    """Stop the service on the head, so it cannot respawn ranks while nodes are swept."""
+    """Stop the service on the head, so it cannot respawn ranks while nodes are swept.
+    `reason`: the head's stop record says it (default: the recover's)."""
 
     model: Model
+    reason: str | None = None
 
     def describe(self) -> StepDescription:
         service = self.model.service
@@ -93,7 +95,7 @@ class StopService(Step):
             "--by",
             context.by,
             "--reason",
-            f"{self.model.name} is down: stop, sweep, clean, start",
+            self.reason or f"{self.model.name} is down: stop, sweep, clean, start",
         )
 
 

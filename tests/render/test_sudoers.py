@@ -12,6 +12,7 @@ import pytest
 
 from mlx_medic.command_line import EXIT_USAGE
 from mlx_medic.inventory.load import load_inventory
+from mlx_medic.render.sudoers import FILE_NAME as FILE
 from mlx_medic.service_manager import privileged_argv
 from tests.remediator.private_etc import in_private_etc
 from tests.render.helpers import EXAMPLE, model, render, render_example, run, write_inventory
@@ -123,3 +124,87 @@ def test_a_real_sudo_allows_the_remediators_commands_and_refuses_a_neighbour_and
     listing = seen["listing"]["out"]
     assert all(" ".join(argv) in listing for argv in allowed), listing
     assert "qwq" not in listing
+
+
+# --- the reboot rule ---------------------------------------------------------------------
+
+REBOOT = ["/sbin/shutdown", "-r", "now"]  # the inventory's default reboot command
+
+
+def reboot_inventory(tmp_path: Path, **reboot: object) -> Path:
+    """n1 heads a systemd model; n2 heads nothing and has the given `reboot` section."""
+    return write_inventory(
+        tmp_path / "inv.yaml",
+        {
+            "n1": {"ssh": "127.0.0.2", "user": "ops"},
+            "n2": {"ssh": "127.0.0.3", "user": "ops", "reboot": reboot},
+        },
+        {"m1": model("systemd", "m1", nodes=["n1", "n2"])},
+    )
+
+
+def test_the_reboot_rule_is_written_only_for_a_node_with_reboot_allowed(tmp_path: Path):
+    off = reboot_inventory(tmp_path)  # the default: off
+    assert render("sudoers", off, tmp_path / "off")[0] == 0
+    assert sorted(p.parent.name for p in (tmp_path / "off" / "sudoers").glob("*/*")) == ["n1"]
+    assert not any("shutdown" in r for r in rules(tmp_path / "off" / "sudoers" / "n1" / FILE))
+
+    on = reboot_inventory(tmp_path, allowed=True)
+    assert render("sudoers", on, tmp_path / "on")[0] == 0
+    path = tmp_path / "on" / "sudoers" / "n2" / FILE
+    assert rules(path) == [f"ops ALL=(root) NOPASSWD: {' '.join(REBOOT)}"]  # that one, no other
+    assert run(require_tool("visudo"), "-cf", str(path)).returncode == 0
+    assert path.stat().st_mode & 0o777 == 0o440
+    assert not any("shutdown" in r for r in rules(tmp_path / "on" / "sudoers" / "n1" / FILE))
+
+
+def test_the_reboot_rule_names_the_inventorys_own_command(tmp_path: Path):
+    inventory = reboot_inventory(tmp_path, allowed=True, command=["/sbin/reboot"])
+    assert render("sudoers", inventory, tmp_path / "out")[0] == 0
+    path = tmp_path / "out" / "sudoers" / "n2" / FILE
+    assert rules(path) == ["ops ALL=(root) NOPASSWD: /sbin/reboot"]
+    assert run(require_tool("visudo"), "-cf", str(path)).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["shutdown", "-r", "now"], "absolute path"),
+        (["/sbin/shutdown", "-r", "+1 minute"], "one literal word"),
+        (["/sbin/shutdown", "*"], "one literal word"),
+        ([], "at least 1 item"),
+    ],
+)
+def test_a_reboot_command_sudo_could_not_name_literally_is_refused(
+    tmp_path: Path, command: list[str], said: str
+):
+    inventory = reboot_inventory(tmp_path, allowed=True, command=command)
+    code, _, err = render("sudoers", inventory, tmp_path / "out")
+    assert code == EXIT_USAGE and "reboot.command" in err and said in err, err
+
+
+def test_a_real_sudo_lists_the_reboot_rule_and_refuses_any_other_reboot(tmp_path: Path):
+    require_tool("sudo")
+    inventory = reboot_inventory(tmp_path, allowed=True)
+    assert render("sudoers", inventory, tmp_path / "out")[0] == 0
+    refused = [
+        ["/sbin/shutdown", "-h", "now"],
+        ["/sbin/shutdown", "-r", "now", "extra"],
+        ["/sbin/shutdown"],
+        ["/sbin/reboot"],
+    ]
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "sudoers": str(tmp_path / "out" / "sudoers" / "n2" / FILE),
+                "user": "ops",
+                "stubs": [],
+                "commands": [REBOOT, *refused],
+            }
+        )
+    )
+    seen = in_private_etc(tmp_path, "check", 240, "tests.render.private_sudo", str(spec))
+    codes = [(r["argv"], r["code"]) for r in seen["commands"]]
+    assert codes == [(REBOOT, 0)] + [(argv, 1) for argv in refused], seen
+    assert "(root) NOPASSWD: /sbin/shutdown -r now" in seen["listing"]["out"], seen
