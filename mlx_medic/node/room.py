@@ -12,11 +12,15 @@ names the seam (`memory.seam`) and the wrapper logs a warning at every start.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlx_medic.platform.commands import CommandError, ParseError, Runner, output_of
+
+if TYPE_CHECKING:
+    from mlx_medic.inventory.model import Model
 
 TIMEOUT = 5.0
 MEMORY_SEAM = Path("testbed") / "available_memory_bytes"  # under the state dir
@@ -91,3 +95,22 @@ def room(state_dir: Path, weights: Path | None, runner: Runner, platform: str) -
             "free_bytes": free,
         }
     return document
+
+
+def memory_needed(model: Model, weights_bytes: int | None) -> int | None:
+    """What a rank needs free: `serve.memory_needed`, else its share of the weights plus
+    MEMORY_MARGIN; None when neither is known."""
+    from mlx_medic.inventory.model_settings import MEMORY_MARGIN
+
+    if model.serve.memory_needed is not None:
+        return int(model.serve.memory_needed)
+    if not weights_bytes:
+        return None
+    return math.ceil(weights_bytes / len(model.nodes) * MEMORY_MARGIN)
+
+
+def usable_memory(memory: dict[str, Any]) -> int:
+    """What a rank may take: the available memory, at most the GPU's wired cap."""
+    cap = memory.get("wired_limit_bytes")
+    available = int(memory["available_bytes"])
+    return available if cap is None else min(available, int(cap))

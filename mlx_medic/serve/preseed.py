@@ -21,17 +21,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlx_medic.inventory.model import Backend, Model
-from mlx_medic.inventory.model_settings import MEMORY_MARGIN
 from mlx_medic.inventory.schema import Inventory
 from mlx_medic.node.client import HelperCallError, HelperReply
 from mlx_medic.node.replies import RoomReply
+from mlx_medic.node.room import memory_needed
 from mlx_medic.serve.launch import launch_argv
 from mlx_medic.serve.nodes import ModelNodes, StartRefused
 from mlx_medic.serve.supervise import Launch
@@ -50,14 +49,6 @@ class RoomVerdict:
     receivers: list[str] = field(default_factory=list)
     weights_bytes: int = 0
     shortfalls: list[str] = field(default_factory=list)
-
-
-def memory_needed(model: Model, weights_bytes: int | None) -> int | None:
-    if model.serve.memory_needed is not None:
-        return int(model.serve.memory_needed)
-    if not weights_bytes:
-        return None
-    return math.ceil(weights_bytes / len(model.nodes) * MEMORY_MARGIN)
 
 
 def judge_rooms(model: Model, rooms: dict[str, RoomReply]) -> RoomVerdict:

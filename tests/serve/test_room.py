@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from mlx_medic.node.replies import Fields, RoomReply
-from mlx_medic.node.room import MEMORY_SEAM, room, weights_manifest
+from mlx_medic.node.room import MEMORY_SEAM, memory_needed, room, weights_manifest
 from mlx_medic.platform.commands import ParseError
 from mlx_medic.platform.macos_memory import WIRED_LIMIT_ARGV, parse_wired_limit_bytes
 from mlx_medic.serve.nodes import StartRefused
-from mlx_medic.serve.preseed import judge_rooms, memory_needed, share_hostfile
+from mlx_medic.serve.preseed import judge_rooms, share_hostfile
 from tests.exporter.macos_commands import macos_output
 from tests.serve.inventories import inventory
 
