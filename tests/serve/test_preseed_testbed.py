@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from mlx_medic.node.room import MEMORY_SEAM, weights_manifest
 from testbed import Cluster, processes
-from tests.serve.scenario import Served, prepare, wait_until
+from tests.serve.scenario import NODES, Served, prepare, wait_until
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
@@ -24,15 +25,20 @@ pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 @pytest.fixture
 def preseeded(clean_cluster: Cluster, tiny_model: Path) -> Iterator[Served]:
     """The model at `<cache>/hub/tiny` on every node, present on the head only; share
-    stages in `<cache>/hub`, a cache dir of the model whose stale age is 1s."""
+    stages in `<cache>/hub`, a cache dir of the model whose stale age is 1s. Ring only:
+    each start here is about the weights, not the fallback from JACCL."""
     hub = clean_cluster.node("ai001").cache_mount / "hub"
+    ring = clean_cluster.workdir / f"preseed-ring-{uuid.uuid4().hex[:8]}.json"
+    clean_cluster.hostfile(ring, list(NODES))
     served = prepare(
         clean_cluster,
         tiny_model,
+        ring_hostfile=ring,
         serve={"preseed": {"enabled": True}},
         checkout_on_nodes=True,
         extra_model={
             "model": str(hub / "tiny"),
+            "backends": {"ring": {"hostfile": str(ring), "pipeline": True}},  # no JACCL try
             "cache_dirs": [str(hub)],
             "policy": {
                 "kill_grace": "3s",
@@ -82,7 +88,7 @@ def serve_until_serving(served: Served) -> str:
     popen, wrapper = served.start_direct()
     try:
         served.wait_serving(
-            timeout=200, run_id=(served.record().run_id if served.record() else None)
+            timeout=270, run_id=(served.record().run_id if served.record() else None)
         )
     finally:
         processes.kill_quietly(wrapper, signal.SIGTERM)
@@ -90,6 +96,7 @@ def serve_until_serving(served: Served) -> str:
     return served.output()[before:]
 
 
+@pytest.mark.timeout(600)  # two starts, each up to wait_serving's limit on a busy machine
 def test_a_peer_without_the_weights_receives_them_with_mlx_lm_share_and_a_second_start_skips(
     preseeded: Served,
 ):
@@ -108,6 +115,7 @@ def test_a_peer_without_the_weights_receives_them_with_mlx_lm_share_and_a_second
     assert share_ranks(preseeded) == []
 
 
+@pytest.mark.timeout(600)  # a failed start, then one that serves
 def test_a_share_whose_launcher_is_sigkilled_leaves_no_rank_and_no_partial_dir_after_the_next_start(
     preseeded: Served,
 ):
