@@ -46,6 +46,7 @@ models:
     port: {port}
     service: {{manager: supervisord, label: m1}}
     backends: {{ring: {{hostfile: /etc/ring.json, pipeline: true}}}}
+    serve: {{memory_needed: 1GiB}}
     tmp_dirs: [{tmp_path / "tmp"}]
     log_files: [{log}]
 """

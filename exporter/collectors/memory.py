@@ -10,13 +10,24 @@ series absent with a warning in the log; the psutil reading still counts.
     mlx_memory_pressure_level 1.0
     mlx_memory_wired_bytes 1.2e+11
     mlx_memory_compressor_bytes 1.5e+09
+
+With an inventory, for each model placed on the node, by the rule the serve wrapper's
+room check applies before a start (mlx_medic.node.room): the memory a rank of it may take
+here (available, at most a nonzero macOS `iogpu.wired_limit_mb`) and the memory it needs
+(`serve.memory_needed`, else its share of the weights held here plus 20%; no series when
+neither is known, as on a node the weights have not reached yet).
+
+    mlx_model_memory_free_bytes{model="m1"} 6.9e+10
+    mlx_model_memory_needed_bytes{model="m1"} 4.2e+10
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -37,6 +48,9 @@ from mlx_medic.platform.macos_memory import (
     parse_vm_stat,
 )
 
+if TYPE_CHECKING:
+    from mlx_medic.inventory.model import Model
+
 log = logging.getLogger("mlx_medic.exporter.memory")
 
 COMMAND_TIMEOUT = 5.0
@@ -56,7 +70,13 @@ class MemoryCollector(Collector):
         platform: str = sys.platform,
         runner: Runner = run_command,
         timeout: float = COMMAND_TIMEOUT,
+        models: Sequence[Model] = (),
+        state_dir: Path | None = None,
     ):
+        """`models`: the inventory's models placed on this node (their room is published)."""
+        self._models = list(models)
+        self._state_dir = state_dir
+        self._platform = platform
         self._available_bytes = available_bytes
         self._macos = platform == "darwin"
         self._runner = runner
@@ -84,6 +104,7 @@ class MemoryCollector(Collector):
             "free + inactive pages).",
             value=self._available_bytes(),
         )
+        yield from self._model_room()
         if not self._macos:
             return
         level = self._read("memory pressure level", PRESSURE_ARGV, parse_pressure_level)
@@ -110,7 +131,48 @@ class MemoryCollector(Collector):
                     value=stats.compressor_bytes,
                 )
 
+    def _model_room(self) -> Iterable[Metric]:
+        from mlx_medic.node.room import (
+            available_memory,
+            memory_needed,
+            usable_memory,
+            weights_manifest,
+        )
+
+        if not self._models or self._state_dir is None:
+            return
+        free = GaugeMetricFamily(
+            "mlx_model_memory_free_bytes",
+            "Memory a rank of the model may take on this node, as the serve wrapper's room"
+            " check reads it before a start: available, at most a nonzero macOS"
+            " iogpu.wired_limit_mb.",
+            labels=["model"],
+        )
+        needed = GaugeMetricFamily(
+            "mlx_model_memory_needed_bytes",
+            "Memory a rank of the model needs free on this node before a start:"
+            " serve.memory_needed, else its share of the weights held here plus 20%.",
+            labels=["model"],
+        )
+        try:
+            memory = available_memory(self._state_dir, self._runner, self._platform)
+        except (OSError, ValueError) as exc:
+            log.warning("model memory unavailable, series left out: %s", exc)
+            return
+        for model in self._models:
+            free.add_metric([model.name], usable_memory(memory))
+            weights = model.weights_path()
+            manifest = weights_manifest(weights) if weights is not None else None
+            need = memory_needed(model, sum(manifest.values()) if manifest else None)
+            if need is not None:
+                needed.add_metric([model.name], need)
+        yield free
+        if needed.samples:
+            yield needed
+
 
 @register("memory", help="available memory; on macOS also pressure level, wired and compressed")
 def make(context: ExporterContext) -> Collector:
-    return MemoryCollector()
+    inventory, node = context.inventory, context.node
+    models = inventory.models_on(node) if inventory is not None and node is not None else []
+    return MemoryCollector(models=models, state_dir=context.state_dir)

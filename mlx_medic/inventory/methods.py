@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 
 from mlx_medic.file_problems import FileProblems
 
+if TYPE_CHECKING:
+    from mlx_medic.inventory.model_settings import ServeSettings
+
 BackendName = Literal["jaccl", "ring"]
 
 
@@ -82,7 +85,9 @@ class ProcessPatternsMethods:
 class ModelMethods:
     __slots__ = ()
     if TYPE_CHECKING:
+        model: str
         nodes: list[str]
+        serve: ServeSettings
         serve_args: dict[str, str | int | float | bool]
         tmp_dirs: list[Path]
         cache_dirs: list[Path]
@@ -103,6 +108,13 @@ class ModelMethods:
 
     def scope_dirs(self) -> list[Path]:
         return [*self.tmp_dirs, *self.cache_dirs]
+
+    def weights_path(self) -> Path | None:
+        """The weights' dir on every node: `serve.preseed.path`, else a local `model`."""
+        if self.serve.preseed.path is not None:
+            return self.serve.preseed.path
+        local = Path(self.model)
+        return local if local.is_absolute() else None
 
 
 class InventoryMethods(Generic[NodeT, ModelT]):

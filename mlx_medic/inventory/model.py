@@ -225,6 +225,26 @@ class Model(StrictModel, ModelMethods):
         default_factory=Policy, description="limits on automatic action for this model"
     )
 
+    @model_validator(mode="after")
+    def _preseed_staged_where_cleaned(self) -> Model:
+        preseed = self.serve.preseed
+        if not preseed.enabled:
+            return self
+        if self.backends.ring is None:
+            raise ValueError("serve.preseed needs the ring backend: mlx_lm.share runs over it")
+        weights = self.weights_path()
+        if weights is None:
+            raise ValueError(
+                f"serve.preseed: `model` ({self.model}) is no local path; name the weights'"
+                " dir in serve.preseed.path"
+            )
+        if weights.parent not in self.scope_dirs():
+            raise ValueError(
+                f"serve.preseed stages in {weights.parent} (beside {weights}): list it in"
+                " tmp_dirs or cache_dirs, so the clean removes what a killed share leaves"
+            )
+        return self
+
     @field_validator("nodes")
     @classmethod
     def _nodes_unique(cls, value: list[str]) -> list[str]:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import ByteSize, Field, field_validator
 
 from mlx_medic.inventory.fields import AbsolutePath, Duration, StrictModel
 
@@ -77,6 +77,31 @@ class Policy(StrictModel):
     )
 
 
+MEMORY_MARGIN = 1.2  # a rank's share of the weights, plus 20% for its KV cache and buffers
+
+
+class Preseed(StrictModel):
+    """Weights staged to the nodes that lack them before the smoke test (the seed's
+    mlx-preseed.sh pre-seeding), with mlx_lm.share launched as a run of the model."""
+
+    enabled: bool = Field(
+        default=False,
+        description="stage the weights at `path` from the head to every node of the model"
+        " whose copy differs from the head's (names and sizes of its files) or is missing,"
+        " with the real `mlx_lm.share` over the ring hostfile's nodes, after the start sweep"
+        " and the clean and before the smoke test; its ranks carry the run id, so the next"
+        " start sweep ends what a crash left. Needs the ring backend",
+    )
+    path: AbsolutePath | None = Field(
+        default=None,
+        description="the weights' dir, the same path on every node (a Hugging Face repo's"
+        " cache dir `.../hub/models--ORG--NAME` as `mlx_lm share --model` shares it, or a"
+        " local model dir); share stages it in a `tmp*` dir beside it, which must be one of"
+        " the model's `tmp_dirs` or `cache_dirs` so the clean removes what a killed share"
+        " left; null: the model's `model` when it is an absolute path",
+    )
+
+
 class ServeSettings(StrictModel):
     """How `mlx-medic serve` starts the model's ranks and keeps them tied to itself."""
 
@@ -127,6 +152,18 @@ class ServeSettings(StrictModel):
         " least this far apart, as launchd's default ThrottleInterval spaces KeepAlive"
         " restarts, so a crash loop spends protection domains no faster than one under"
         " KeepAlive; the start sweep still runs at once (orphans are caught while killable)",
+    )
+    memory_needed: ByteSize | None = Field(
+        default=None,
+        description="the memory a rank of the model needs free on each node before a start"
+        " (`96GB`, `40GiB`); a node with less (psutil's available memory; on macOS also no"
+        " more than a nonzero `iogpu.wired_limit_mb`) is named and nothing is started. null:"
+        " the weights' size (`preseed.path`, else a local `model` dir) divided by the number"
+        " of nodes, plus 20%; no check when neither is known",
+    )
+    preseed: Preseed = Field(
+        default_factory=Preseed,
+        description="stage the weights to nodes that lack them before the smoke test",
     )
     simulated_jaccl: bool = Field(
         default=False,

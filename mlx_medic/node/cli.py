@@ -61,6 +61,10 @@ HELPERS: dict[str, tuple[str, str]] = {
         "mlx_medic.node.facts_cli",
         "memory, RDMA, versions, OS build and a model's recent log errors here",
     ),
+    "room": (
+        "mlx_medic.node.room_cli",
+        "memory, staging space and the weights held here, before a model's start",
+    ),
     "probe": (
         "mlx_medic.node.probe_cli",
         "the model's health probe on its head, under the node's probe locks",

@@ -289,3 +289,48 @@ class PidAliveReply(Reply):
             named = ", ".join(member.value for member in Liveness)
             raise ReplyError("liveness", f"is {said!r}, not one of {named}")
         return cls(Liveness(said), document.text("why") or "")
+
+
+@dataclass(frozen=True)
+class RoomReply(Reply):
+    """`node room MODEL`: available memory (capped by macOS's GPU wired limit when one is
+    set), the weights held there (None: none) and the free bytes where they would be staged."""
+
+    helper: ClassVar[str] = "room"
+    available_bytes: int | None = None
+    wired_limit_bytes: int | None = None
+    memory_seam: str | None = None  # the testbed's seam supplied `available_bytes`
+    weights: dict[str, int] | None = None  # relative file name -> bytes
+    staging_dir: str | None = None
+    staging_exists: bool = True
+    free_bytes: int | None = None
+
+    @property
+    def usable_memory(self) -> int | None:
+        """What a rank may take: the available memory, at most the GPU's wired cap."""
+        if self.available_bytes is None or self.wired_limit_bytes is None:
+            return self.available_bytes
+        return min(self.available_bytes, self.wired_limit_bytes)
+
+    @classmethod
+    def parse(cls, node: str, document: Fields) -> Self:
+        memory, weights, staging = (
+            document.obj("memory"),
+            document.obj("weights"),
+            document.obj("staging"),
+        )
+        files = weights.data.get("files")
+        manifest = (
+            {str(k): v for k, v in weights.sizes("files").items() if v is not None}
+            if isinstance(files, Mapping)
+            else None
+        )
+        return cls(
+            memory.number("available_bytes"),
+            memory.number("wired_limit_bytes"),
+            memory.text("seam"),
+            manifest,
+            staging.text("dir"),
+            staging.flag("exists") is not False,
+            staging.number("free_bytes"),
+        )

@@ -77,3 +77,20 @@ def parse_vm_stat(text: str) -> VmStat:
     if not pages:
         raise ParseError("vm_stat printed its header but no counters")
     return VmStat(page_size=page_size, pages=pages)
+
+
+WIRED_LIMIT_SYSCTL = "iogpu.wired_limit_mb"
+WIRED_LIMIT_ARGV = ("sysctl", WIRED_LIMIT_SYSCTL)
+_WIRED_LIMIT_LINE = re.compile(rf"^{re.escape(WIRED_LIMIT_SYSCTL)}: (\d+)$")
+
+
+def parse_wired_limit_bytes(text: str) -> int | None:
+    """The GPU's wired-memory cap from `sysctl iogpu.wired_limit_mb`, in bytes; None for 0,
+    macOS's default policy (no cap an operator set; the mlx-lm README's `sudo sysctl
+    iogpu.wired_limit_mb=N` sets one, lost at reboot)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    match = _WIRED_LIMIT_LINE.match(lines[0]) if len(lines) == 1 else None
+    if match is None:
+        raise ParseError(f"sysctl printed {excerpt(text)}, not `{WIRED_LIMIT_SYSCTL}: N`")
+    megabytes = int(match.group(1))
+    return megabytes * 1024 * 1024 if megabytes else None

@@ -34,6 +34,7 @@ from mlx_medic.serve.launch import (
     smoke_command,
 )
 from mlx_medic.serve.nodes import LeaseKeeper, ModelNodes, StartRefused
+from mlx_medic.serve.preseed import check_room, stage_weights
 from mlx_medic.serve.record import BackendSuccess, Failure, RecordKeeper, ServeRecord, ServeState
 from mlx_medic.serve.smoke import LAUNCH_RANK_LINE, Verdict, judge
 from mlx_medic.serve.start import AlreadyServed, BlockedBySurvivor, phase, prepare_nodes
@@ -157,6 +158,21 @@ class ServeRun:
             log.warning(
                 "JACCL is the testbed's simulation (serve.simulated_jaccl): never on a real cluster"
             )
+        with phase("room check"):
+            room = await check_room(self.w.nodes)
+        if model.serve.preseed.enabled:
+            await self._end_cleaning(wait=True)  # share's new tmp dir must not race it
+            with phase("preseed"):
+                await stage_weights(
+                    inventory,
+                    self.w.nodes,
+                    self.w.run_id,
+                    self.env,
+                    room,
+                    self.w.stop,
+                    self._set_launch,
+                )
+            self._check_stop()
         ledgers = prepared.ledgers
         boots = boot_ids(ledgers)
         try:
@@ -431,9 +447,13 @@ class ServeRun:
             except Exception as exc:  # the lock judges a dead holder stale: say it, go on
                 log.error("could not release the model lock: %s", exc)
 
-    async def _end_cleaning(self) -> None:
+    def _set_launch(self, launch: Launch | None) -> None:
+        self.launch = launch
+
+    async def _end_cleaning(self, wait: bool = False) -> None:
+        """Cancel the clean, or with `wait` let it finish."""
         if self.cleaning is not None:
-            if not self.cleaning.done():
+            if not self.cleaning.done() and not wait:
                 self.cleaning.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.cleaning

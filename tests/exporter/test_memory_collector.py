@@ -197,3 +197,56 @@ def test_psutil_failing_fails_the_collector_clearly(caplog):
         families = scrape(MemoryCollector(available_bytes=broken, platform="linux"))
     assert sample_value(families, "mlx_medic_collector_success", {"collector": "memory"}) == 0.0
     assert "cannot read /proc/meminfo" in caplog.text
+
+
+# --- each placed model's room ---------------------------------------------------
+
+
+def test_each_placed_model_gets_the_memory_a_rank_may_take_and_the_memory_it_needs(tmp_path):
+    from mlx_medic.inventory.load import parse_inventory
+    from mlx_medic.node.room import MEMORY_SEAM
+    from mlx_medic.platform.macos_memory import WIRED_LIMIT_ARGV
+
+    weights = tmp_path / "hub" / "m1"
+    weights.mkdir(parents=True)
+    (weights / "model.safetensors").write_bytes(b"\0" * 1000)
+    inventory = parse_inventory(f"""\
+state_dir: {tmp_path}
+nodes: {{n1: {{ssh: 10.0.0.1}}, n2: {{ssh: 10.0.0.2}}}}
+models:
+  m1:
+    model: {weights}
+    nodes: [n1, n2]
+    port: 8080
+    service: {{manager: launchd, label: m1}}
+    backends: {{ring: {{hostfile: /etc/ring.json}}}}
+  m2:
+    model: org/m2
+    nodes: [n1]
+    port: 8081
+    service: {{manager: launchd, label: m2}}
+    backends: {{ring: {{hostfile: /etc/ring2.json}}}}
+""")
+    (tmp_path / MEMORY_SEAM).parent.mkdir()
+    (tmp_path / MEMORY_SEAM).write_text("5000000000\n")
+    collector = MemoryCollector(
+        available_bytes=lambda: 123_456_789,
+        platform="darwin",
+        runner=FakeRunner(
+            {
+                PRESSURE_ARGV: CommandNotFound("sysctl"),
+                VM_STAT_ARGV: CommandNotFound("vm_stat"),
+                WIRED_LIMIT_ARGV: ok(
+                    WIRED_LIMIT_ARGV, macos_output("sysctl_iogpu_wired_limit_mb_default.txt")
+                ),
+            }
+        ),
+        models=inventory.models_on("n1"),
+        state_dir=tmp_path,
+    )
+    families = scrape(collector)
+    for model in ("m1", "m2"):  # 0: no cap, the available memory is what a rank may take
+        assert sample_value(families, "mlx_model_memory_free_bytes", {"model": model}) == 5e9
+    # 1000 bytes of weights over two nodes, plus 20%; m2's weights are no local dir: unknown
+    assert sample_value(families, "mlx_model_memory_needed_bytes", {"model": "m1"}) == 600
+    assert sample_value(families, "mlx_model_memory_needed_bytes", {"model": "m2"}) is None

@@ -298,7 +298,7 @@ def test_each_key_runs_its_own_helpers_and_never_the_forced_command_itself() -> 
         "service",
         "sweep",
     ]
-    assert helper_names("serve") == ["clean", "pid-alive", "run", "sweep"]
+    assert helper_names("serve") == ["clean", "pid-alive", "room", "run", "sweep"]
     assert all("forced-command" not in helper_names(key) for key in KEYS)
 
 

@@ -34,6 +34,7 @@ from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState, probe_model_health
 from mlx_medic.remediator.playbooks.finish_stop import read_stop_record
 from mlx_medic.serve.nodes import LeaseKeeper, ModelNodes
+from mlx_medic.serve.preseed import check_room
 from mlx_medic.serve.start import prepare_nodes, take_lock
 from mlx_medic.serve.teardown import end_run, teardown_deadline
 from mlx_medic.state.runs import new_run_id
@@ -222,6 +223,7 @@ async def serve_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
             await locks.release(await take_lock(locks, model, new_run_id()))
         run_id = new_run_id()
         await (await prepare_nodes(nodes, run_id, lease, holder, lambda: None)).cleaning
+        await check_room(nodes)
         keeper = LeaseKeeper(nodes, run_id, lease, holder)
         keeper.start()
         while not any("renew" in argv for _, argv in peers.sent):

@@ -49,6 +49,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "listeners_signalled": [],
     },
     "clean": {"removed": [], "bytes_freed": 0, "skipped": []},
+    "room": {"memory": {"available_bytes": 64 * 2**30}, "weights": None, "staging": None},
     "backend": {"choice": "ring"},
     "orphans": {"orphans": [], "suspects": []},
     "probe": {"up": True, "conclusive": True, "reason": "completed", "latency_seconds": 0.1},

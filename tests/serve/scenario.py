@@ -26,6 +26,7 @@ from tests.node.test_service_helper import SUPERVISORD_CONTROL
 
 MEDIC = str(Path(sys.executable).parent / "mlx-medic")
 NODES = ("ai001", "ai002")
+REPO = Path(__file__).resolve().parents[2]
 
 SUPERVISORD_CONF = (
     SUPERVISORD_CONTROL
@@ -208,9 +209,12 @@ def prepare(
     ring_hostfile: Path | None = None,
     extra_model: dict[str, Any] | None = None,
     serve: dict[str, Any] | None = None,
+    checkout_on_nodes: bool = False,
 ) -> Served:
     """`serve`: settings over the scenario's (which turn the wrapper's own relaunch off, so
-    a failure ends the wrapper as a test of one start expects)."""
+    a failure ends the wrapper as a test of one start expects). `checkout_on_nodes`: the
+    helpers that ssh runs on the nodes, and the ranks, import this checkout's mlx_medic
+    (the installed one may be another checkout's: ssh passes no PYTHONPATH)."""
     token = uuid.uuid4().hex[:8]
     work = cluster.workdir / f"serve-{token}"
     work.mkdir()
@@ -219,6 +223,12 @@ def prepare(
     jaccl = cluster.hostfile(work / "jaccl.json", list(NODES), backend="jaccl")
     inventory = work / "inventory.yaml"
     conf = work / "supervisord.conf"
+    medic, python = MEDIC, cluster.python
+    if checkout_on_nodes:
+        medic, python = (
+            str(checkout_shim(work / f"{Path(program).name}-checkout", program))
+            for program in (MEDIC, cluster.python)
+        )
     model = {
         "name": "tiny",
         "model": str(tiny_model),
@@ -231,7 +241,7 @@ def prepare(
         },
         "serve_args": {"prefill-step-size": 256},
         "serve": {
-            "python": cluster.python,
+            "python": python,
             "starting_port": random.randrange(42000, 52000, 20),
             "smoke_timeout": "90s",
             "lease": "10s",
@@ -248,12 +258,21 @@ def prepare(
         model["serve"]["identity_file"] = str(user.serve_identity)
     data = yaml.safe_load(cluster.inventory_yaml([model], **login(cluster)))
     for node in data["nodes"].values():
-        node.update({"medic_command": MEDIC, "medic_config": str(inventory)})
+        node.update({"medic_command": medic, "medic_config": str(inventory)})
     if user is not None:
         as_deployed(cluster, data)
     inventory.write_text(yaml.safe_dump(data, sort_keys=False))
     cluster.deploy(inventory)
     return Served(cluster, token, port, inventory, ring, jaccl, work / "service.log", conf=conf)
+
+
+def checkout_shim(path: Path, program: str) -> Path:
+    """`program` with this checkout first on PYTHONPATH."""
+    path.write_text(
+        f'#!/bin/sh\nexport PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {program} "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
 
 
 def login(cluster: Cluster) -> dict[str, Any]:
