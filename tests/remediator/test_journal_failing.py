@@ -329,7 +329,9 @@ def test_a_journal_disk_gone_read_only_gets_503_and_its_records_survive_the_repa
     service = start()
     status, _ = post_alerts(service, make_payload(make_alert("m1", fingerprint="before")))
     assert status == 202
-    wait_until(lambda: [r for r in runs(service) if r["outcome"]], what="the run before")
+    wait_until(
+        lambda: [r for r in runs(service) if r["outcome"] == "unreachable"], what="the run before"
+    )  # its head is silent
     device = loop_device_of(service.proc.pid, mount)
     Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("1")
 
