@@ -172,9 +172,7 @@ async def serve(
 
     await engine.start()
     windows = [m.policy.window for m in inventory.models]
-    pruning = asyncio.create_task(
-        prune_periodically(config.journal, config.journal_retention, windows, prune_metrics)
-    )
+    pruning: asyncio.Task[None] | None = None
     try:
         await runner.setup()
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=1024)
@@ -200,10 +198,15 @@ async def serve(
                 "node": engine.this_node,
             },
         )
+        # Pruned once listening: a service that cannot bind its port exits with one line.
+        pruning = asyncio.create_task(
+            prune_periodically(config.journal, config.journal_retention, windows, prune_metrics)
+        )
         await stop.wait()
         log.info("stopping", extra={"reason": "signal"})
     finally:
-        pruning.cancel()
+        if pruning is not None:
+            pruning.cancel()
         await runner.cleanup()
         await engine.close()
         await transport.close()

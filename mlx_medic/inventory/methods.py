@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 BackendName = Literal["jaccl", "ring"]
 
+MEMORY_MARGIN = 1.2  # a rank's share of the weights, plus 20% for its KV cache and buffers
+
 
 class _Named(Protocol):
     @property

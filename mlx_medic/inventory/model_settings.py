@@ -77,9 +77,6 @@ class Policy(StrictModel):
     )
 
 
-MEMORY_MARGIN = 1.2  # a rank's share of the weights, plus 20% for its KV cache and buffers
-
-
 class Preseed(StrictModel):
     """Weights staged to the nodes that lack them before the smoke test (the seed's
     mlx-preseed.sh pre-seeding), with mlx_lm.share launched as a run of the model."""

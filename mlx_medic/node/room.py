@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlx_medic.inventory.methods import MEMORY_MARGIN
 from mlx_medic.platform.commands import CommandError, ParseError, Runner, output_of
 
 if TYPE_CHECKING:
@@ -100,8 +101,6 @@ def room(state_dir: Path, weights: Path | None, runner: Runner, platform: str) -
 def memory_needed(model: Model, weights_bytes: int | None) -> int | None:
     """What a rank needs free: `serve.memory_needed`, else its share of the weights plus
     MEMORY_MARGIN; None when neither is known."""
-    from mlx_medic.inventory.model_settings import MEMORY_MARGIN
-
     if model.serve.memory_needed is not None:
         return int(model.serve.memory_needed)
     if not weights_bytes:
