@@ -56,11 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--alertmanager.url",
         dest="alertmanager",
         default=None,
+        metavar="URL",
         help="Alertmanager's base URL for --silence, e.g. http://alertmanager:9093",
     )
     parser.add_argument(
         "--silence.for",
         dest="silence_for",
+        metavar="DURATION",
         default="4h",
         help="how long the silences last unless undrain expires them first (default 4h)",
     )

@@ -98,13 +98,14 @@ class MemoryCollector(Collector):
         return value
 
     def collect(self) -> Iterable[Metric]:
+        available = self._available_bytes()
         yield GaugeMetricFamily(
             "mlx_memory_available_bytes",
             "Memory available to new allocations without swapping (psutil; on macOS "
             "free + inactive pages).",
-            value=self._available_bytes(),
+            value=available,
         )
-        yield from self._model_room()
+        yield from self._model_room(available)
         if not self._macos:
             return
         level = self._read("memory pressure level", PRESSURE_ARGV, parse_pressure_level)
@@ -131,7 +132,7 @@ class MemoryCollector(Collector):
                     value=stats.compressor_bytes,
                 )
 
-    def _model_room(self) -> Iterable[Metric]:
+    def _model_room(self, available: int) -> Iterable[Metric]:
         from mlx_medic.node.room import (
             available_memory,
             memory_needed,
@@ -155,7 +156,7 @@ class MemoryCollector(Collector):
             labels=["model"],
         )
         try:
-            memory = available_memory(self._state_dir, self._runner, self._platform)
+            memory = available_memory(self._state_dir, self._runner, self._platform, available)
         except (OSError, ValueError) as exc:
             log.warning("model memory unavailable, series left out: %s", exc)
             return

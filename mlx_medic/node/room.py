@@ -27,14 +27,19 @@ TIMEOUT = 5.0
 MEMORY_SEAM = Path("testbed") / "available_memory_bytes"  # under the state dir
 
 
-def available_memory(state_dir: Path, runner: Runner, platform: str) -> dict[str, Any]:
-    """`available_bytes` (the seam's, else psutil's) and, on macOS, `wired_limit_bytes`
-    (null: no cap set) or its reading's error."""
-    import psutil
-
+def available_memory(
+    state_dir: Path, runner: Runner, platform: str, psutil_available: int | None = None
+) -> dict[str, Any]:
+    """`available_bytes` (the seam's, else psutil's: `psutil_available` when the caller
+    read it already) and, on macOS, `wired_limit_bytes` (null: no cap set) or its
+    reading's error."""
     from mlx_medic.platform.macos_memory import WIRED_LIMIT_ARGV, parse_wired_limit_bytes
 
-    memory: dict[str, Any] = {"available_bytes": int(psutil.virtual_memory().available)}
+    if psutil_available is None:
+        import psutil
+
+        psutil_available = int(psutil.virtual_memory().available)
+    memory: dict[str, Any] = {"available_bytes": psutil_available}
     seam = state_dir / MEMORY_SEAM
     if seam.is_file():
         text = seam.read_text(encoding="ascii", errors="replace").strip()
