@@ -13,16 +13,23 @@ MEDIC = str(Path(sys.executable).with_name("mlx-medic"))  # this venv's console 
 CHECKOUT = Path(__file__).resolve().parents[2]  # the code under test
 
 
-def checkout_medic(directory: Path) -> Path:
-    """A node's mlx-medic that runs this checkout's code (written to `directory`).
+def checkout_shim(path: Path, program: str) -> Path:
+    """`program` with this checkout first on PYTHONPATH (written to `path`).
 
     Why: sshd starts a node's session with a clean environment, where the venv's console
     script imports the checkout it was installed from, which need not be this one (a git
-    worktree's tests would run another checkout's node helpers)."""
-    script = directory / "checkout-mlx-medic"
-    script.write_text(f'#!/bin/sh\nexport PYTHONPATH={CHECKOUT}\nexec {MEDIC} "$@"\n')
-    script.chmod(0o755)
-    return script
+    worktree's tests would run another checkout's node helpers and ranks)."""
+    path.write_text(
+        f"#!/bin/sh\nexport PYTHONPATH={CHECKOUT}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        f'exec {program} "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
+def checkout_medic(directory: Path) -> Path:
+    """A node's mlx-medic that runs this checkout's code (written to `directory`)."""
+    return checkout_shim(directory / "checkout-mlx-medic", MEDIC)
 
 
 def two_models(

@@ -22,11 +22,11 @@ import yaml
 from mlx_medic.serve.record import ServeRecord, read_serve_record
 from testbed import Cluster, SimNode, free_port, processes
 from testbed.node_users import run_as
+from tests.node.inventories import checkout_shim
 from tests.node.test_service_helper import SUPERVISORD_CONTROL
 
 MEDIC = str(Path(sys.executable).parent / "mlx-medic")
 NODES = ("ai001", "ai002")
-REPO = Path(__file__).resolve().parents[2]
 
 SUPERVISORD_CONF = (
     SUPERVISORD_CONTROL
@@ -264,15 +264,6 @@ def prepare(
     inventory.write_text(yaml.safe_dump(data, sort_keys=False))
     cluster.deploy(inventory)
     return Served(cluster, token, port, inventory, ring, jaccl, work / "service.log", conf=conf)
-
-
-def checkout_shim(path: Path, program: str) -> Path:
-    """`program` with this checkout first on PYTHONPATH."""
-    path.write_text(
-        f'#!/bin/sh\nexport PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {program} "$@"\n'
-    )
-    path.chmod(0o755)
-    return path
 
 
 def login(cluster: Cluster) -> dict[str, Any]:
