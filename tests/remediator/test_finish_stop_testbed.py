@@ -9,6 +9,7 @@ again."""
 from __future__ import annotations
 
 import signal
+import socket
 
 import pytest
 
@@ -25,6 +26,8 @@ from tests.remediator.conftest import (
 from tests.remediator.stand_in import stand_in_service
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+
+HOST = socket.gethostname()  # the remediator runs on this machine, in its UTS namespace
 
 
 @pytest.mark.least_privilege
@@ -54,7 +57,8 @@ def test_a_remediator_killed_after_its_stop_starts_the_service_again_after_a_swe
         assert stopped and program_state() == "STOPPED"
         (killed_run,) = runs_of(stack, "m1")
         record = read_service_stop(head.state_dir, "m1")
-        assert record is not None and record.run == f"remediator run {killed_run['id']}"
+        stopped_by = f"remediator run {killed_run['id']} (pid {first.proc.pid} on {HOST})"
+        assert record is not None and record.run == stopped_by  # the run and its replica
         first.stop(signal.SIGKILL)  # right after the stop: no chance to clean up
 
         second = stack.start(config=config)
@@ -73,9 +77,7 @@ def test_a_remediator_killed_after_its_stop_starts_the_service_again_after_a_swe
         assert program_state() == "RUNNING"
         assert read_service_stop(head.state_dir, "m1") is None  # the start cleared it
         (left,) = events_of(stack, kind="service_left_stopped")
-        assert left["detail"].startswith(
-            f"{label} on ai001 was left stopped by remediator run {killed_run['id']}"
-        )
+        assert left["detail"].startswith(f"{label} on ai001 was left stopped by {stopped_by}")
         interrupted = next(r for r in runs_of(stack, "m1") if r["id"] == killed_run["id"])
         assert interrupted["outcome"] == "interrupted"
         second.stop()
