@@ -597,7 +597,10 @@ async def test_jaccl_unavailable_recover_pins_ring_and_two_nodes_answer_with_pip
                 served.head.run(f"{MEDIC} node backend tiny show --json {where}").stdout
             )
             assert (shown["choice"], shown["pinned"]) == ("ring", True)
-            assert shown["by"] == f"remediator run {run.id}"
+            # the run and its replica: this process, on this machine
+            assert (
+                shown["by"] == f"remediator run {run.id} (pid {os.getpid()} on {engine.hostname})"
+            )
             record = served.wait_serving()
             assert record.backend == "ring"
             for node in NODES:
