@@ -263,7 +263,9 @@ SURVIVORS_DESCRIPTION = (
     " qwq-32b-8bit): 1 process(es) there survive SIGKILL in uninterruptible sleep, as a sweep"
     " recorded them in the node's ledger. Starts go on around them (JACCL while each device"
     " they need is below the reserve, else ring); only one holding a model's port stops that"
-    " model's start."
+    " model's start. This node's reboot is enough: its own survivors hold the domains"
+    " (mlx-medic drain, reboot, mlx-medic undrain). Reboot every node of a model (seed 004)"
+    " only when JACCL still fails on every start after each of its nodes was rebooted once."
 )
 
 
