@@ -120,11 +120,10 @@ def share_launcher(served: Served) -> int:
 def serve_until_serving(served: Served) -> str:
     """One wrapper until it serves, then SIGTERM; its run's output."""
     before = len(served.output())
+    record = served.record()
     popen, wrapper = served.start_direct()
     try:
-        served.wait_serving(
-            timeout=270, run_id=(served.record().run_id if served.record() else None)
-        )
+        served.wait_serving(timeout=270, run_id=record.run_id if record else None)
     finally:
         processes.kill_quietly(wrapper, signal.SIGTERM)
         popen.wait(timeout=60)
@@ -139,6 +138,7 @@ def test_a_peer_without_the_weights_receives_them_with_mlx_lm_share_and_a_second
     first = serve_until_serving(preseeded)
     assert "preseed: staging" in first and "with mlx_lm.share" in first, first[-3000:]
     assert staged_to_ai002(first), first[-3000:]
+    assert "preseed: mlx_lm.share: Files:" in first  # share's own progress, in the log
     assert weights_manifest(weights_on(preseeded, "ai002")) == weights_manifest(
         weights_on(preseeded, "ai001")
     )
@@ -178,7 +178,7 @@ def test_a_sigterm_to_the_wrapper_mid_share_ends_the_launcher_and_every_rank(
     processes.kill_quietly(wrapper, signal.SIGTERM)  # a person stops the service
     popen.wait(timeout=120)
     output = preseeded.output()
-    assert "preseed: stopped after" in output, output[-3000:]
+    assert popen.returncode == 0 and "preseed: stopped after" in output, output[-3000:]
     assert not processes.is_alive(launcher)
     assert share_ranks(preseeded) == [] and preseeded.launchers() == []
     assert not weights_on(preseeded, "ai002").exists()
