@@ -112,18 +112,19 @@ class Preseed(StrictModel):
     command: list[str] | None = Field(
         default=None,
         min_length=1,
-        description="an argv (no shell) launched instead of `mlx_lm share`, the same way:"
-        " mlx.launch (ring) over the ring hostfile's rows of the head and the receivers, each"
-        " rank under the rank guard with the run id in its environment, so the start sweep"
-        " ends what a crash left (its processes, children too, by MLX_RANK and the run id in"
-        " their environment: one that drops its environment is not found). Rank 0 (`MLX_RANK=0`) is the head, which sends; every"
-        " other rank is a receiver, which must leave the head's files at `{path}` when it"
-        " exits 0 (the wrapper then compares them as `compare` says). The first word is an"
-        " absolute executable on every node; a word that is exactly `{path}` (the weights'"
-        " dir), `{tmpdir}` (its parent: stage in a `tmp*` entry there, which the clean"
-        " removes once a killed command left it) or `{head}` (the head's `ssh` address) is"
-        " replaced; any other `{word}` is an error. null: the real `mlx_lm share --path"
-        " {path} --tmpdir {tmpdir}`",
+        description="an argv (no shell) launched instead of `mlx_lm share`, the same way: "
+        "mlx.launch (ring) over the ring hostfile's rows of the head and the receivers,"
+        " each rank under the rank guard with the run id in its environment, so the "
+        "start sweep ends what a crash left (its processes, children too, by MLX_RANK "
+        "and the run id in their environment: one that drops its environment is not "
+        "found). Rank 0 (`MLX_RANK=0`) is the head, which sends; every other rank is a "
+        "receiver, which must leave the head's files at `{path}` when it exits 0 (the "
+        "wrapper then compares them as `compare` says). The first word is an absolute "
+        "executable on every node; a word that is exactly `{path}` (the weights' dir), "
+        "`{tmpdir}` (its parent: stage in a `tmp*` entry there, which the clean removes"
+        " once a killed command left it) or `{head}` (the head's `ssh` address) is "
+        "replaced; any other `{word}` is an error. null: the real `mlx_lm share --path "
+        "{path} --tmpdir {tmpdir}`",
     )
     compare: Literal["sizes", "sha256"] = Field(
         default="sizes",
