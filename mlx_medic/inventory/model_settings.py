@@ -3,9 +3,21 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Literal
+
 from pydantic import ByteSize, Field, field_validator
 
 from mlx_medic.inventory.fields import AbsolutePath, Duration, StrictModel
+
+# What `serve.preseed.command` may name, each a whole argument of it (mlx_medic.serve.preseed)
+PRESEED_PLACEHOLDERS = {
+    "{path}": "the weights' dir (`path`), the same on every node",
+    "{tmpdir}": "the dir beside it to stage in (a `tmp*` entry there is the clean's)",
+    "{head}": "the head's `ssh` address (the node that holds the weights)",
+}
+_PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 
 
 class Policy(StrictModel):
@@ -97,6 +109,53 @@ class Preseed(StrictModel):
         " the model's `tmp_dirs` or `cache_dirs` so the clean removes what a killed share"
         " left; null: the model's `model` when it is an absolute path",
     )
+    command: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="an argv (no shell) launched instead of `mlx_lm share`, the same way: "
+        "mlx.launch (ring) over the ring hostfile's rows of the head and the receivers,"
+        " each rank under the rank guard with the run id in its environment, so the "
+        "start sweep ends what a crash left (its processes, children too, by MLX_RANK "
+        "and the run id in their environment: one that drops its environment is not "
+        "found). Rank 0 (`MLX_RANK=0`) is the head, which sends; every other rank is a "
+        "receiver, which must leave the head's files at `{path}` when it exits 0 (the "
+        "wrapper then compares them as `compare` says). The first word is an absolute "
+        "executable on every node; a word that is exactly `{path}` (the weights' dir), "
+        "`{tmpdir}` (its parent: stage in a `tmp*` entry there, which the clean removes"
+        " once a killed command left it) or `{head}` (the head's `ssh` address) is "
+        "replaced; any other `{word}` is an error. null: the real `mlx_lm share --path "
+        "{path} --tmpdir {tmpdir}`",
+    )
+    compare: Literal["sizes", "sha256"] = Field(
+        default="sizes",
+        description="what makes a node's copy the head's: `sizes`, the same file names and"
+        " sizes (cheap: a directory walk); `sha256`, also the same SHA-256 of every file,"
+        " read in full by the `node room` helper on every node at every start and again on"
+        " the head and the receivers after staging (a start waits for the slowest node's"
+        " read of the whole weights). A node whose copy differs is named and nothing is"
+        " started: share cannot replace a dir that is there",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _command_words(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not Path(value[0]).is_absolute() or ".." in Path(value[0]).parts:
+            raise ValueError(
+                f"its first word {value[0]!r} must be an absolute"
+                " executable (no PATH lookup on the nodes)"
+            )
+        for word in value:
+            if word in PRESEED_PLACEHOLDERS:
+                continue
+            unknown = _PLACEHOLDER.findall(word)
+            if unknown:
+                raise ValueError(
+                    f"{word!r} holds {', '.join(unknown)}: a placeholder"
+                    f" is a whole argument, one of {', '.join(PRESEED_PLACEHOLDERS)}"
+                )
+        return value
 
 
 class ServeSettings(StrictModel):

@@ -317,7 +317,12 @@ TABLE: dict[KeyName, tuple[Grant, ...]] = {
             sent_by="the wrapper's teardown of its run",
         ),
         Grant("clean", peer=True, sent_by="the wrapper's clean before a start"),
-        Grant("room", peer=True, sent_by="the wrapper's memory and disk check before a start"),
+        Grant(
+            "room",
+            optional={"--sha256": None},
+            peer=True,
+            sent_by="the wrapper's memory and disk check before a start (and after a preseed)",
+        ),
         Grant(
             "run",
             "set",

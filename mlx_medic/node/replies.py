@@ -304,6 +304,7 @@ class RoomReply(Reply):
     staging_dir: str | None = None
     staging_exists: bool = True
     free_bytes: int | None = None
+    digests: dict[str, str] | None = None  # relative file name -> SHA-256 (asked with --sha256)
 
     @property
     def usable_memory(self) -> int | None:
@@ -333,4 +334,7 @@ class RoomReply(Reply):
             staging.text("dir"),
             staging.flag("exists") is not False,
             staging.number("free_bytes"),
+            {str(k): str(v) for k, v in weights.obj("sha256").data.items() if isinstance(v, str)}
+            if isinstance(weights.data.get("sha256"), Mapping)
+            else None,
         )

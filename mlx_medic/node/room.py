@@ -2,7 +2,9 @@
 macOS no more than a nonzero `iogpu.wired_limit_mb`, the GPU's wired-memory cap), the
 free bytes where mlx_lm.share stages the weights (beside them: share renames its
 `tmp*` dir into place, so both are on one filesystem), and the weights it holds (a
-manifest of file names and sizes, which the wrapper compares with the head's).
+manifest of file names and sizes, which the wrapper compares with the head's; with
+`sha256`, as `serve.preseed.compare: sha256` asks, also each file's SHA-256, which reads
+every byte of the weights).
 
 Test seam (the testbed's, never a real cluster's): a file
 `<state_dir>/testbed/available_memory_bytes` holding a whole number replaces psutil's
@@ -12,6 +14,7 @@ names the seam (`memory.seam`) and the wrapper logs a warning at every start.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -72,6 +75,15 @@ def weights_manifest(path: Path) -> dict[str, int] | None:
     return manifest
 
 
+def weights_digests(path: Path, manifest: dict[str, int]) -> dict[str, str]:
+    """The SHA-256 (hex) of each file of `manifest` below `path`, read in full."""
+    digests = {}
+    for name in manifest:
+        with (path / name).open("rb") as handle:
+            digests[name] = hashlib.file_digest(handle, "sha256").hexdigest()
+    return digests
+
+
 def free_bytes(path: Path) -> tuple[Path, int]:
     """Free bytes (for an unprivileged user) on the filesystem of `path`, or of its nearest
     existing ancestor, which share's staging dir will be made in."""
@@ -81,7 +93,10 @@ def free_bytes(path: Path) -> tuple[Path, int]:
     return path, stats.f_bavail * stats.f_frsize
 
 
-def room(state_dir: Path, weights: Path | None, runner: Runner, platform: str) -> dict[str, Any]:
+def room(
+    state_dir: Path, weights: Path | None, runner: Runner, platform: str, sha256: bool = False
+) -> dict[str, Any]:
+    """The node's room document; `sha256`: the weights' digests too (`weights.sha256`)."""
     document: dict[str, Any] = {
         "memory": available_memory(state_dir, runner, platform),
         "weights": None,
@@ -94,6 +109,10 @@ def room(state_dir: Path, weights: Path | None, runner: Runner, platform: str) -
             "files": manifest,
             "bytes": None if manifest is None else sum(manifest.values()),
         }
+        if sha256:
+            document["weights"]["sha256"] = (
+                None if manifest is None else weights_digests(weights, manifest)
+            )
         where, free = free_bytes(weights.parent)
         document["staging"] = {
             "dir": str(weights.parent),

@@ -81,8 +81,10 @@ def launch_argv(
     backend: Backend,
     run_id: str,
     rank_command: list[str],
+    python_args: bool = True,
 ) -> list[str]:
-    """What the wrapper runs on the head: guard, mlx.launch, guard, the rank command."""
+    """What the wrapper runs on the head: guard, mlx.launch, guard, the rank command
+    (the ranks' interpreter's arguments; with `python_args` false, an argv of its own)."""
     policy = model.policy
     guard = {
         "model": model.name,
@@ -116,6 +118,6 @@ def launch_argv(
         *env,
         *ports,
         "--",
-        *guard_argv("", python_args=True, smoke=smoke, **guard),  # type: ignore[arg-type]
+        *guard_argv("", python_args=python_args, smoke=smoke, **guard),  # type: ignore[arg-type]
         *rank_command,
     ]

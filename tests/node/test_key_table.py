@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shlex
@@ -33,7 +34,7 @@ from mlx_medic.remediator.cluster_doctor import check_cluster
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState, probe_model_health
 from mlx_medic.remediator.playbooks.finish_stop import read_stop_record
-from mlx_medic.serve.nodes import LeaseKeeper, ModelNodes
+from mlx_medic.serve.nodes import LeaseKeeper, ModelNodes, StartRefused
 from mlx_medic.serve.preseed import check_room
 from mlx_medic.serve.start import prepare_nodes, take_lock
 from mlx_medic.serve.teardown import end_run, teardown_deadline
@@ -224,6 +225,12 @@ async def serve_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
         run_id = new_run_id()
         await (await prepare_nodes(nodes, run_id, lease, holder, lambda: None)).cleaning
         await check_room(nodes)
+        preseed = model.serve.preseed.model_copy(update={"enabled": True, "compare": "sha256"})
+        digests = model.model_copy(
+            update={"serve": model.serve.model_copy(update={"preseed": preseed})}
+        )
+        with contextlib.suppress(StartRefused):  # the fake head holds no weights to stage
+            await check_room(ModelNodes(nodes.helpers, digests, 30.0))  # compare: sha256
         keeper = LeaseKeeper(nodes, run_id, lease, holder)
         keeper.start()
         while not any("renew" in argv for _, argv in peers.sent):

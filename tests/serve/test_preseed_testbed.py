@@ -1,6 +1,7 @@
 """`serve.preseed` and the room check for real: the tiny model's weights in each node's own
 cache dir (the testbed's per-node `cache`), only the head holding them at first, staged
-with the real `mlx_lm share` over real mlx.launch (ring) by `mlx-medic serve`."""
+with the real `mlx_lm share` over real mlx.launch (ring) by `mlx-medic serve`, or with an
+inventory-named `serve.preseed.command` (a script run as a rank on each node)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,11 +24,21 @@ from tests.serve.scenario import NODES, Served, prepare, wait_until
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 
 
+PADDING = 512 * 1024 * 1024  # a sparse file: a transfer of some seconds, to stop mid-way
+
+
 @pytest.fixture
 def preseeded(clean_cluster: Cluster, tiny_model: Path) -> Iterator[Served]:
+    served = preseed_scenario(clean_cluster, tiny_model, {"enabled": True})
+    yield served
+    served.close()
+
+
+def preseed_scenario(cluster: Cluster, tiny_model: Path, preseed: dict[str, Any]) -> Served:
     """The model at `<cache>/hub/tiny` on every node, present on the head only; share
     stages in `<cache>/hub`, a cache dir of the model whose stale age is 1s. Ring only:
     each start here is about the weights, not the fallback from JACCL."""
+    clean_cluster = cluster
     hub = clean_cluster.node("ai001").cache_mount / "hub"
     ring = clean_cluster.workdir / f"preseed-ring-{uuid.uuid4().hex[:8]}.json"
     clean_cluster.hostfile(ring, list(NODES))
@@ -34,7 +46,7 @@ def preseeded(clean_cluster: Cluster, tiny_model: Path) -> Iterator[Served]:
         clean_cluster,
         tiny_model,
         ring_hostfile=ring,
-        serve={"preseed": {"enabled": True}},
+        serve={"preseed": preseed},
         checkout_on_nodes=True,
         extra_model={
             "model": str(hub / "tiny"),
@@ -60,8 +72,7 @@ def preseeded(clean_cluster: Cluster, tiny_model: Path) -> Iterator[Served]:
             *served.head.host_path(hub / "tiny").rglob("*"),
         ]:
             os.chown(path, clean_cluster.node_user.uid, clean_cluster.node_user.gid)
-    yield served
-    served.close()
+    return served
 
 
 def weights_on(served: Served, node: str) -> Path:
@@ -82,14 +93,37 @@ def share_ranks(served: Served) -> list[int]:
     ]
 
 
+def staged_to_ai002(output: str) -> bool:
+    return "preseed: staged " in output and " bytes to ai002 in " in output
+
+
+def start_until_mid_share(served: Served) -> tuple[subprocess.Popen[bytes], int]:
+    """A wrapper started with a padding file in the head's weights, once share's `tmp*`
+    dir is on ai002 (the transfer under way)."""
+    with (weights_on(served, "ai001") / "padding.bin").open("wb") as out:
+        out.truncate(PADDING)
+    popen, wrapper = served.start_direct()
+    wait_until(lambda: staged_dirs(served, "ai002") != [], 120, "share's tmp dir on ai002")
+    return popen, wrapper
+
+
+def share_launcher(served: Served) -> int:
+    launchers = [
+        pid
+        for pid in served.launchers()
+        if "share" in processes.cmdline(pid) and processes.is_alive(pid)
+    ]
+    assert len(launchers) == 1, launchers
+    return launchers[0]
+
+
 def serve_until_serving(served: Served) -> str:
     """One wrapper until it serves, then SIGTERM; its run's output."""
     before = len(served.output())
+    record = served.record()
     popen, wrapper = served.start_direct()
     try:
-        served.wait_serving(
-            timeout=270, run_id=(served.record().run_id if served.record() else None)
-        )
+        served.wait_serving(timeout=270, run_id=record.run_id if record else None)
     finally:
         processes.kill_quietly(wrapper, signal.SIGTERM)
         popen.wait(timeout=60)
@@ -103,7 +137,8 @@ def test_a_peer_without_the_weights_receives_them_with_mlx_lm_share_and_a_second
     assert not weights_on(preseeded, "ai002").exists()
     first = serve_until_serving(preseeded)
     assert "preseed: staging" in first and "with mlx_lm.share" in first, first[-3000:]
-    assert "preseed: ai002 now hold the head's weights" in first, first[-3000:]
+    assert staged_to_ai002(first), first[-3000:]
+    assert "preseed: mlx_lm.share: Files:" in first  # share's own progress, in the log
     assert weights_manifest(weights_on(preseeded, "ai002")) == weights_manifest(
         weights_on(preseeded, "ai001")
     )
@@ -120,27 +155,70 @@ def test_a_share_whose_launcher_is_sigkilled_leaves_no_rank_and_no_partial_dir_a
     preseeded: Served,
 ):
     # A weights file large enough that the transfer is under way when it is killed.
-    big = weights_on(preseeded, "ai001") / "padding.bin"
-    with big.open("wb") as out:
-        out.truncate(1536 * 1024 * 1024)
-    popen, _ = preseeded.start_direct()
-    wait_until(lambda: staged_dirs(preseeded, "ai002") != [], 120, "share's tmp dir on ai002")
-    launchers = [
-        pid
-        for pid in preseeded.launchers()
-        if "share" in processes.cmdline(pid) and processes.is_alive(pid)
-    ]
-    assert len(launchers) == 1, launchers
-    processes.kill_quietly(launchers[0], signal.SIGKILL)
+    popen, _ = start_until_mid_share(preseeded)
+    processes.kill_quietly(share_launcher(preseeded), signal.SIGKILL)
     popen.wait(timeout=120)
     assert popen.returncode == 1
     assert "preseed: mlx_lm.share failed" in preseeded.output()
 
     time.sleep(1.5)  # past the model's stale_tmp_age: what the share left is stale
     after = serve_until_serving(preseeded)
-    assert "preseed: ai002 now hold the head's weights" in after, after[-3000:]
+    assert staged_to_ai002(after), after[-3000:]
     assert share_ranks(preseeded) == []
     assert staged_dirs(preseeded, "ai002") == []
+
+
+@pytest.mark.timeout(300)
+def test_a_sigterm_to_the_wrapper_mid_share_ends_the_launcher_and_every_rank(
+    preseeded: Served,
+):
+    popen, wrapper = start_until_mid_share(preseeded)
+    launcher = share_launcher(preseeded)
+    assert share_ranks(preseeded), "no share rank under way"
+    processes.kill_quietly(wrapper, signal.SIGTERM)  # a person stops the service
+    popen.wait(timeout=120)
+    output = preseeded.output()
+    assert popen.returncode == 0 and "preseed: stopped after" in output, output[-3000:]
+    assert not processes.is_alive(launcher)
+    assert share_ranks(preseeded) == [] and preseeded.launchers() == []
+    assert not weights_on(preseeded, "ai002").exists()
+
+
+@pytest.mark.timeout(300)
+def test_an_inventory_named_command_stages_the_weights_as_a_rank_and_the_model_serves(
+    clean_cluster: Cluster, tiny_model: Path
+):
+    """A script run as a rank on the head (rank 0: nothing to do) and on ai002, which
+    copies the head's weights through the host's view of its cache into a `tmp*` dir
+    beside the weights, then renames it into place; compared by SHA-256."""
+    hub = clean_cluster.node("ai001").cache_mount / "hub"
+    source = clean_cluster.node("ai001").host_path(hub / "tiny")
+    script = clean_cluster.workdir / f"stage-{uuid.uuid4().hex[:8]}.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        "# stage.sh SOURCE PATH TMPDIR\n"
+        "set -e\n"
+        '[ "$MLX_RANK" = 0 ] && exit 0\n'
+        'echo "rank $MLX_RANK of run $MLX_MEDIC_RUN_ID copying $1 to $2"\n'
+        'tmp=$(mktemp -d "$3/tmpstage.XXXXXX")\n'
+        'cp -R "$1/." "$tmp/"\n'
+        'mv "$tmp" "$2"\n'
+    )
+    script.chmod(0o755)
+    command = [str(script), str(source), "{path}", "{tmpdir}"]
+    served = preseed_scenario(
+        clean_cluster, tiny_model, {"enabled": True, "command": command, "compare": "sha256"}
+    )
+    try:
+        output = serve_until_serving(served)
+        assert f"with {script.name}: " in output, output[-3000:]
+        assert "rank 1 of run " in output and "copying" in output, output[-3000:]
+        assert staged_to_ai002(output), output[-3000:]
+        assert "(same file names and sizes and SHA-256)" in output
+        assert weights_manifest(weights_on(served, "ai002")) == weights_manifest(source)
+        assert staged_dirs(served, "ai002") == []
+    finally:
+        served.close()
 
 
 def test_too_little_space_on_a_peer_stops_the_start_before_any_transfer_or_rank(
