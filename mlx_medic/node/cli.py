@@ -69,6 +69,10 @@ HELPERS: dict[str, tuple[str, str]] = {
         "mlx_medic.node.probe_cli",
         "the model's health probe on its head, under the node's probe locks",
     ),
+    "reboot": (
+        "mlx_medic.node.reboot_cli",
+        "run this node's reboot command through sudo -n, if its reboot.allowed",
+    ),
     "forced-command": (
         "mlx_medic.node.forced_command",
         "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if its key may send it",

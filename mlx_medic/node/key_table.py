@@ -296,6 +296,11 @@ TABLE: dict[KeyName, tuple[Grant, ...]] = {
             sent_by=f"{LOCK_USER}: is a holder alive on its node",
         ),
         Grant(
+            "reboot",
+            model=False,
+            sent_by=f"{REMEDIATOR_RUN}: reboot-node (the helper refuses unless reboot.allowed)",
+        ),
+        Grant(
             "probe",
             options={"--timeout": SECONDS},
             sent_by="the remediator's health probe of a model on its head (its loopback)",

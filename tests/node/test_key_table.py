@@ -26,6 +26,7 @@ from mlx_medic.inventory.load import load_inventory
 from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.model_lock import LockHandle, ModelLocks, lock_path
 from mlx_medic.node.cli import helper_document
+from mlx_medic.node.replies import RebootReply
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.node.forced_command import Allowed, checked, helper_parser
 from mlx_medic.node.key_table import KEYS, TABLE, Grant, KeyName, table_text
@@ -160,6 +161,8 @@ async def remediator_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
     )
     assert probed.state is ModelState.UP, probed  # the helper's answer, read as the probe's
     await read_stop_record(NodeHelpers(transport, inventory, 30), inventory.model(MODEL))
+    # reboot-node's reboot step (its runs: tests/remediator/test_reboot_node.py)
+    await NodeHelpers(transport, inventory, 30).call("ai002", RebootReply)
     return inventory, transport.sent
 
 
