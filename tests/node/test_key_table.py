@@ -26,10 +26,10 @@ from mlx_medic.inventory.load import load_inventory
 from mlx_medic.inventory.schema import Inventory, Node
 from mlx_medic.model_lock import LockHandle, ModelLocks, lock_path
 from mlx_medic.node.cli import helper_document
-from mlx_medic.node.replies import RebootReply
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.node.forced_command import Allowed, checked, helper_parser
 from mlx_medic.node.key_table import KEYS, TABLE, Grant, KeyName, table_text
+from mlx_medic.node.replies import RebootReply
 from mlx_medic.remediator.cluster_doctor import check_cluster
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState, probe_model_health

@@ -281,7 +281,7 @@ def test_the_forced_command_accepts_the_remediators_reboot_and_nothing_more(tmp_
     for extra in ("--dry-run", "; /bin/sh"):
         with pytest.raises(Refused):
             checked(f"{sent} {shlex.quote(extra) if ';' in extra else extra}", allowed)
-    with pytest.raises(Refused, match="never sends|not allowed"):
+    with pytest.raises(Refused, match=r"never sends|not allowed"):
         checked(sent, Allowed(inventory, config, NODE, key="serve"))
 
 
