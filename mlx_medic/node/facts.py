@@ -235,3 +235,17 @@ def boot_facts(state_dir: Path, node: str) -> dict[str, Any]:
         for entry in live_survivors(ledger)
     ]
     return {"id": boot_id, "booted_at": booted_at, "survivors": survivors}
+
+
+def drain_facts(state_dir: Path) -> dict[str, Any] | None:
+    """This node's drain record (`mlx-medic drain`), None when not drained or unreadable."""
+    from dataclasses import asdict
+
+    from mlx_medic.state.files import StateFileError
+    from mlx_medic.state.node_drain import read_node_drain
+
+    try:
+        record = read_node_drain(state_dir)
+    except StateFileError as exc:
+        return {"error": str(exc)}
+    return None if record is None else {**asdict(record), "models": list(record.models)}

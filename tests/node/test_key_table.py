@@ -163,6 +163,11 @@ async def remediator_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
     await read_stop_record(NodeHelpers(transport, inventory, 30), inventory.model(MODEL))
     # reboot-node's reboot step (its runs: tests/remediator/test_reboot_node.py)
     await NodeHelpers(transport, inventory, 30).call("ai002", RebootReply)
+    # `mlx-medic drain` and `undrain`: the record on the node (tests/node/test_node_drain.py)
+    helpers = NodeHelpers(transport, inventory, 30)
+    await helpers.call("ai002", "drain", "set", "--by", "alice@host", "--models", MODEL)
+    await helpers.call("ai002", "drain", "set", "--by", "alice@host")
+    await helpers.call("ai002", "drain", "clear")
     return inventory, transport.sent
 
 
