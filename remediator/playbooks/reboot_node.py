@@ -49,7 +49,6 @@ from mlx_medic.remediator.steps import (
     StopService,
     Sweep,
 )
-from mlx_medic.remediator.steps.base import StepKind
 from mlx_medic.remediator.steps.on_nodes import ask
 
 REBOOT_NODE = "reboot-node"
@@ -134,7 +133,6 @@ class OnModel(Step):
     """Another model's step in this run: it runs with that model as its context's (the
     run holds the lock of its own model only; the others are paused by the run)."""
 
-    kind: ClassVar[StepKind] = StepKind.ACTION
     steps: tuple[Step, ...]
     model: Model
     name: str = ""

@@ -22,7 +22,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from mlx_medic.remediator.playbooks.reboot_node import REBOOT_NODE
 from mlx_medic.transport import SshTransport
 from testbed import Cluster, processes
 from testbed.faults import frozen_survivor
-from testbed.jaccl_sim import JacclSim, start_jaccl_sim
+from testbed.jaccl_sim import JacclSim
 from tests.remediator.engine_fakes import alert
 from tests.serve.scenario import Served, answers, prepare, supervised
 from tests.tools import require_tool
@@ -74,15 +73,6 @@ class RebootRequests:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(timeout=60)
-
-
-@pytest.fixture
-def sim(clean_cluster: Cluster) -> Iterator[JacclSim]:
-    simulated = start_jaccl_sim(clean_cluster, on_sigkill="release", capacity=4, killable_for=3.0)
-    try:
-        yield simulated
-    finally:
-        simulated.close()
 
 
 def set_reboot(served: Served, reboot: dict[str, Any]) -> None:
@@ -125,7 +115,7 @@ async def test_the_remediator_reboots_the_node_of_the_survivors_and_the_model_re
     clean_cluster: Cluster,
     tiny_model: Path,
     tmp_path: Path,
-    sim: JacclSim,
+    releasing_sim: JacclSim,
     ssh_transports: list[SshTransport],
     engines: list[Engine],
 ) -> None:
@@ -137,14 +127,14 @@ async def test_the_remediator_reboots_the_node_of_the_survivors_and_the_model_re
     served = prepare(
         cluster,
         tiny_model,
-        serve={**sim.serve_settings(), "smoke_timeout": "90s"},
+        serve={**releasing_sim.serve_settings(), "smoke_timeout": "90s"},
         extra_model={"policy": policy},
         checkout_on_nodes=True,
     )
     # The seed's survivor: an earlier JACCL run crashed, its rank on ai002 frozen (state D).
     stuck = frozen_survivor(
         cluster,
-        sim,
+        releasing_sim,
         model=tiny_model,
         port=served.port,
         hostfile=served.jaccl_hostfile,
