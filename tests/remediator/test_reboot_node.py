@@ -122,6 +122,13 @@ async def test_off_by_default_the_alert_is_declined_naming_the_off_guard(tmp_pat
     assert event.detail == ("reboot refused by the off guard: nodes.ai003.reboot.allowed is false")
 
 
+async def test_an_alert_naming_no_inventory_node_starts_nothing(tmp_path: Path):
+    engine, helpers, said, run = await run_for(tmp_path, Health(), {}, node="ai042")
+    assert said is Disposition.UNKNOWN_MODEL and run is None and helpers.calls == []
+    (event,) = [e for e in engine.journal.list_events() if e.kind == "unknown_model"]
+    assert event.detail == "label node='ai042' names no node in the inventory"
+
+
 async def refused(tmp_path: Path, guard: str, **kwargs: Any) -> RunView:
     _, helpers, said, run = await run_for(tmp_path, **kwargs)
     assert said is Disposition.STARTED and run is not None
