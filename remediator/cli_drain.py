@@ -11,9 +11,9 @@ model, so no rank is left an orphan), optionally silences the node's alerts and 
 model's in Alertmanager (v2 API; the silences expire by themselves after `--silence.for`)
 and journals the drain with the node's boot id. `mlx-medic undrain NODE` ends it.
 
-Exit status: 0 drained; 1 drained, but a model's stop did not succeed or a silence could
-not be made (said, and journaled); 2 nothing done: usage, config, unknown node, already
-drained, not confirmed, the node did not answer.
+Exit status: 0 drained; 1 drained, but a model's stop did not succeed (journaled), or the
+node's record or a silence could not be made (said on stderr); 2 nothing done: usage,
+config, unknown node, already drained, not confirmed, the node did not answer.
 """
 
 from __future__ import annotations
@@ -112,6 +112,18 @@ def drain_playbooks(node: str) -> dict[str, Playbook]:
     return {DRAIN: DrainPlaybook(node), UNDRAIN: UndrainPlaybook()}
 
 
+async def node_drain_record(engine: Engine, node: str, *args: str) -> str:
+    """`node drain set|clear ...` on `node` (the record on the node); what went wrong, if
+    anything (the journal keeps the drain whatever the node said)."""
+    try:
+        reply = await engine.helpers.call(node, "drain", *args)
+    except HelperCallError as exc:
+        return f"the drain record on {node} not {args[0]}: {exc}"
+    if not reply.ok:
+        return f"the drain record on {node} not {args[0]}: {reply.stderr.strip()[-300:]}"
+    return ""
+
+
 async def node_facts(engine: Engine, node: str, model: str | None) -> FactsReply:
     """`node facts [MODEL]` on `node`; CliError naming the node when it cannot answer."""
     try:
@@ -165,7 +177,12 @@ async def _drain(
                 )
             print(f"paused automatic remediation of {model.name}")
         not_stopped = [m.name for m in models if not await run_playbook(engine, m.name, DRAIN)]
+        names = ",".join(m.name for m in models)
+        marked = await node_drain_record(
+            engine, node, "set", "--by", by, *(["--models", names] if names else [])
+        )
     silences, problem = _silence(oncall, args, node, [m.name for m in models], ends)
+    problem = "; ".join(p for p in (marked, problem) if p)
     record = DrainRecord(
         node=node,
         boot_id=str(facts.boot_id),

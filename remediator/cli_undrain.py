@@ -6,12 +6,14 @@ and nothing is done. Otherwise the node's protection-domain ledger is this new b
 and each model gets an `undrain` run, the recover playbook's steps: stop, sweep every
 node, clean, start (the serve wrapper tries JACCL with its smoke test and falls back to
 ring, as every start does), verify with a real request, and the ring pin after a failed
-JACCL verify. Then the drain's silences are expired and the undrain journaled. Every
+JACCL verify. Then the drain record on the node is removed (`node drain clear`), the
+drain's silences are expired and the undrain journaled. Every
 step is journaled: the pauses cleared, each run with its steps, the silences, the end.
 
 Exit status: 0 undrained and every model verified; 1 the node has not rebooted (nothing
-done), or a model's run did not succeed, or a silence could not be expired (the drain is
-ended all the same; said on stderr); 2 usage, config, not drained, the node did not answer.
+done), or a model's run did not succeed, or the node's drain record could not be removed
+or a silence expired (the drain is ended all the same; said on stderr); 2 usage, config,
+not drained, the node did not answer.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from mlx_medic.remediator.cli_common import CliError, OnCall, add_config_argumen
 from mlx_medic.remediator.cli_drain import (
     checked_node,
     drain_playbooks,
+    node_drain_record,
     node_facts,
     run_playbook,
 )
@@ -97,6 +100,11 @@ async def _undrain(oncall: OnCall, inventory: Inventory, record: DrainRecord) ->
         for model in models:
             if not await run_playbook(engine, model.name, UNDRAIN):
                 problems.append(f"{model.name} not verified (see its {UNDRAIN} run)")
+        cleared = await node_drain_record(engine, node, "clear")
+        if cleared:
+            problems.append(cleared)
+        else:
+            step(f"removed the drain record on {node}")
         for silence in record.silences:
             assert record.alertmanager is not None
             try:

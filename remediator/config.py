@@ -132,7 +132,12 @@ class RoutingConfig(StrictModel):
     playbooks), and which label names the model."""
 
     playbooks: dict[str, str] = Field(
-        default_factory=lambda: {"LLMModelDown": "recover", "MLXOrphanProcesses": "sweep-orphans"}
+        default_factory=lambda: {
+            "LLMModelDown": "recover",
+            "MLXOrphanProcesses": "sweep-orphans",
+            # declined (unrouted) on a node without reboot.allowed: docs/drain.md
+            "MLXUnkillableSurvivors": "reboot-node",
+        }
     )
     model_label: str = Field(default="model", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 

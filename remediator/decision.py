@@ -9,7 +9,9 @@ The order of the rules is the safety argument:
 
   (an alert that could not be read -> `Engine.reject`: journaled with its reason, INVALID)
   resolved -> journal, cancel a still-queued run of that alert
-  unrouted alert name / unknown model -> journal, ignore
+  unrouted alert name / unknown model -> journal, ignore (a node-scoped playbook's
+    alert, reboot-node's, names a node: its run is the first model's placed there; an
+    unknown node, a node without models or one the playbook declines is not acted on)
   same firing (fingerprint, startsAt) held by a run, durably -> DUPLICATE
   older than max_alert_age -> STALE
   a run for the model queued or running -> ABSORBED (single flight), except that a
@@ -164,13 +166,18 @@ def decide(
     service's config file, which the commands in an escalation's next action name."""
     label = config.routing.model_label
     model_name = event.labels.get(label)
+    playbook_name = config.routing.playbooks.get(event.alertname)
+    playbook = playbooks[playbook_name] if playbook_name is not None else None
+    if playbook is not None and playbook.node_scoped:
+        model_name, declined = _node_model(event.labels.get("node"), playbook, inventory)
+        if declined is not None and event.status != AlertStatus.RESOLVED:
+            return declined
     model = known_model(inventory, model_name)
 
     if event.status == AlertStatus.RESOLVED:
         return _resolved(event, model, runs)
 
-    playbook_name = config.routing.playbooks.get(event.alertname)
-    if playbook_name is None:
+    if playbook_name is None or playbook is None:
         return Decision(Disposition.UNROUTED, f"no playbook for alert {event.alertname[:100]!r}")
     if model is None:
         shown = "missing" if model_name is None else repr(model_name[:100])
@@ -191,7 +198,6 @@ def decide(
             model.name,
         )
 
-    playbook = playbooks[playbook_name]
     node_label = event.labels.get("node")
     named = frozenset({node_label}) if node_label in model.nodes else frozenset()
     current = runs.get(model.name)
@@ -213,6 +219,8 @@ def decide(
             )
 
     control = facts.blocking_control(model.name)
+    if playbook.node_scoped and control is not None and control.kind == "pause":
+        control = None  # its run's re-check judges the pauses of every model on the node
     if control is not None:
         paused = control.kind == "pause"
         scope = "all models" if control.model is None else model.name
@@ -251,6 +259,27 @@ def decide(
     live_would = _live_would(budget, playbook_name, playbook.own_budget) if dry_run else ""
     start = Start(playbook_name, playbook, dry_run, waits_for, why_after, live_would)
     return Decision(Disposition.STARTED, model=model.name, nodes=named, start=start)
+
+
+def _node_model(
+    node: str | None, playbook: Playbook, inventory: Inventory
+) -> tuple[str | None, Decision | None]:
+    """A node-scoped playbook's alert: the model its run is journaled under (the first
+    placed on the node), or the decision that starts none (an unknown node, no model
+    there, the playbook declines the node)."""
+    names = [n.name for n in inventory.nodes]
+    if node not in names:
+        shown = "missing" if node is None else repr(node[:100])
+        return None, Decision(
+            Disposition.UNKNOWN_MODEL, f"label node={shown} names no node in the inventory"
+        )
+    placed = inventory.models_on(node)
+    if not placed:
+        return None, Decision(Disposition.UNROUTED, f"no model is placed on {node}")
+    declined = playbook.declines(node, inventory)
+    if declined is not None:
+        return placed[0].name, Decision(Disposition.UNROUTED, declined, placed[0].name)
+    return placed[0].name, None
 
 
 def _live_would(budget: BudgetDecision, playbook_name: str, own_budget: bool) -> str:

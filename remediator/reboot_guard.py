@@ -1,7 +1,8 @@
 """The guards of a reboot by the remediator (issue 29's opt-in guarded reboot), as one pure
 decision: given what is known of the cluster now, may NODE be rebooted, and if not, which
-guard refuses. No run calls it yet: mlx-medic runs no reboot (docs/drain.md); this is the
-decision such a run would ask first, kept apart so every guard is tested on its own.
+guard refuses. The `reboot-node` run (remediator/playbooks/reboot_node.py) gathers the view
+and asks it just before it acts (docs/drain.md); kept apart so every guard is tested on
+its own.
 
 The guards, in the order they are asked (the first that refuses is named):
 - `off`: the node's `reboot.allowed` is false (the default);

@@ -151,10 +151,13 @@ class Runner:
             known_unkillable=known_unkillable(self.journal, model.name),
             host=self.locks.hostname,
             pid=self.locks.pid,
+            journal=self.journal,
         )
         alert = run.trigger in ("alert", "startup")  # both re-check before they act
         if alert:
             control = self.journal.blocking_control(model.name)
+            if run.playbook.node_scoped and control is not None and control.kind == "pause":
+                control = None  # its re-check judges the pauses of every model on the node
             if control is not None:  # a person said hands off: nothing is asked of a node
                 return RunEnd(RunOutcome.SKIPPED, f"{control.kind} set before the run started")
         else:
@@ -367,7 +370,9 @@ class Runner:
                 self.journal.mark_counted(run.run_id)
                 acted = True
             step_id = self._begin_step(run, seq, about)
-            result = await self._run_step(run.run_id, step, about, context, step_timeout)
+            result = await self._run_step(
+                run.run_id, step, about, context, step.timeout(step_timeout)
+            )
             self.journal.end_step(
                 step_id,
                 result.outcome,

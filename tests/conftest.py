@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from testbed import Cluster, free_port, start_cluster
+from testbed.jaccl_sim import JacclSim, start_jaccl_sim
 from testbed.node_users import NodeUser
 from testbed.tiny_model import make_tiny_model
 from tests.tools import require_root, require_tool, three_users
@@ -81,6 +82,18 @@ def clean_cluster(cluster: Cluster) -> Iterator[Cluster]:
         else:
             cluster.reboot(node.name)
         node.wipe_private_dirs()
+
+
+@pytest.fixture
+def releasing_sim(clean_cluster: Cluster) -> Iterator[JacclSim]:
+    """The simulated JACCL on the cluster with 4 protection domains per device, a rank's
+    given back when it is SIGKILLed (`release`: only a frozen survivor keeps its own),
+    ranks killable after 3 s; closed after the test."""
+    simulated = start_jaccl_sim(clean_cluster, on_sigkill="release", capacity=4, killable_for=3.0)
+    try:
+        yield simulated
+    finally:
+        simulated.close()
 
 
 @pytest.fixture

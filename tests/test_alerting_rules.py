@@ -147,14 +147,18 @@ def test_the_alert_the_remediator_routes_on_exists_and_keeps_its_model_label() -
     # The orphan alert carries the node whose orphans sweep-orphans removes.
     assert routing.playbooks["MLXOrphanProcesses"] == "sweep-orphans"
     assert "node" in by_name["MLXOrphanProcesses"]["expr"]
-    model_down_tests = [
-        expected["exp_labels"]
+    # The survivors' alert is per node (reboot-node): it names the node, and the models there.
+    assert routing.playbooks["MLXUnkillableSurvivors"] == "reboot-node"
+    per_node = {"MLXUnkillableSurvivors"}
+    fired = [
+        (case["alertname"], expected["exp_labels"])
         for case in _rule_tests()
         if case["alertname"] in routing.playbooks
         for expected in case.get("exp_alerts") or []
     ]
-    assert model_down_tests
-    assert all(routing.model_label in labels for labels in model_down_tests)
+    assert fired and {name for name, _ in fired} >= per_node
+    assert all(routing.model_label in labels for name, labels in fired if name not in per_node)
+    assert all({"node", "models"} <= set(labels) for name, labels in fired if name in per_node)
 
 
 def _reads_exporter_series(alert: dict[str, Any]) -> bool:

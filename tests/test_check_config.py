@@ -194,7 +194,7 @@ def test_a_valid_remediator_config_is_ok_with_what_it_names(
         assert result.returncode == 0, result.stderr
         assert result.stdout == (
             f"{config}: ok: remediator config (inventory {inventory}, journal"
-            f" {tmp_path / 'journal.sqlite'}, listen 127.0.0.1:10901, 2 routes)\n"
+            f" {tmp_path / 'journal.sqlite'}, listen 127.0.0.1:10901, 3 routes)\n"
         )
 
 
@@ -238,7 +238,7 @@ def test_a_config_whose_inventory_is_missing_or_routes_nowhere_lists_both(
     assert err.splitlines() == [
         f"{config}: 2 problem(s)",
         "  routing.playbooks: LLMModelDown: unknown playbook 'mend' (playbooks: finish-stop,"
-        " recover, sweep-orphans)",
+        " reboot-node, recover, sweep-orphans)",
         f"  inventory: {tmp_path / 'gone.yaml'}: cannot read: No such file or directory",
     ]
 

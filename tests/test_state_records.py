@@ -15,6 +15,7 @@ from mlx_medic.state.backend_choice import (
     write_backend_choice,
 )
 from mlx_medic.state.files import StateFileError, read_json_record, write_json_record
+from mlx_medic.state.node_drain import clear_node_drain, read_node_drain, record_node_drain
 from mlx_medic.state.runs import lease_path, read_lease, record_lease
 from mlx_medic.state.service_stop import clear_service_stop, read_service_stop, record_service_stop
 
@@ -97,3 +98,18 @@ def test_an_unreadable_lease_is_an_error_not_a_live_lease(tmp_path: Path) -> Non
     path.write_text('{"run_id": "run-1"}')
     with pytest.raises(StateFileError, match="not a run lease"):
         read_lease(tmp_path, "m1")
+
+
+def test_a_node_drain_names_who_and_its_models_until_cleared(tmp_path: Path) -> None:
+    assert read_node_drain(tmp_path) is None
+    record_node_drain(tmp_path, "alice@host", ("m1", "m2"), now=5.0)
+    drained = read_node_drain(tmp_path)
+    assert drained is not None and (drained.by, drained.since, drained.models) == (
+        "alice@host",
+        5.0,
+        ("m1", "m2"),
+    )
+    assert clear_node_drain(tmp_path) is True
+    assert read_node_drain(tmp_path) is None and clear_node_drain(tmp_path) is False
+    with pytest.raises(ValueError):
+        record_node_drain(tmp_path, "alice@host", ("../m",))

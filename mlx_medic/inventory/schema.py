@@ -32,16 +32,29 @@ _REBOOT_WORD = re.compile(r"[A-Za-z0-9._/:+@=,~-]{1,256}")
 
 
 class Reboot(StrictModel):
-    """Whether this node's login user may run the reboot command through `sudo -n`: the
-    one rule `mlx-medic render sudoers` writes for it. mlx-medic itself runs no reboot
-    (docs/drain.md: drain, a person's reboot, undrain)."""
+    """Whether the remediator may reboot this node itself (issue 29's guarded reboot,
+    docs/drain.md): only when survivors of SIGKILL there hold protection domains a model
+    needs and every guard holds; the node's login user runs `command` through `sudo -n`,
+    the one rule `mlx-medic render sudoers` writes for it."""
 
     allowed: bool = Field(
         default=False,
-        description="`mlx-medic render sudoers` writes the one rule that lets the node's"
-        " login user run `command` through `sudo -n` only when this is true (mlx-medic"
-        " itself runs no reboot: `mlx-medic drain`, a person's reboot, `mlx-medic undrain`);"
-        " false: no reboot rule",
+        description="the remediator may reboot this node itself (the `reboot-node` run of"
+        " MLXUnkillableSurvivors, when its guards hold: docs/drain.md), and `mlx-medic render"
+        " sudoers` writes the one rule that lets the node's login user run `command` through"
+        " `sudo -n`; false: no reboot by mlx-medic (`mlx-medic drain`, a person's reboot,"
+        " `mlx-medic undrain`) and no reboot rule",
+    )
+    min_uptime: Duration = Field(
+        default=3600.0,
+        description="the remediator never reboots the node within this long of its last boot"
+        " (the `booted-recently` guard)",
+    )
+    boot_timeout: Duration = Field(
+        default=900.0,
+        gt=0,
+        description="how long the remediator's reboot waits for the node to answer with a new"
+        " boot id before it escalates",
     )
     command: list[str] = Field(
         default_factory=lambda: ["/sbin/shutdown", "-r", "now"],

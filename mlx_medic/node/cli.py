@@ -69,6 +69,14 @@ HELPERS: dict[str, tuple[str, str]] = {
         "mlx_medic.node.probe_cli",
         "the model's health probe on its head, under the node's probe locks",
     ),
+    "drain": (
+        "mlx_medic.node.drain_cli",
+        "the record on this node that it is drained (mlx-medic drain / undrain)",
+    ),
+    "reboot": (
+        "mlx_medic.node.reboot_cli",
+        "run this node's reboot command through sudo -n, if its reboot.allowed",
+    ),
     "forced-command": (
         "mlx_medic.node.forced_command",
         "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if its key may send it",

@@ -205,15 +205,25 @@ def serve_facts(state_dir: Path, model: str) -> dict[str, Any] | None:
 def boot_facts(state_dir: Path, node: str) -> dict[str, Any]:
     """This boot's id, and the survivors of SIGKILL its protection-domain ledger records
     that still live here with the domains each holds: what `mlx-medic drain` shows and
-    `undrain` compares (a new id: the node rebooted, its ledger starts empty)."""
+    `undrain` compares (a new id: the node rebooted, its ledger starts empty); and when
+    this boot began (`booted_at`, Unix time as psutil reads it), which the remediator's
+    guarded reboot reads (its `booted-recently` guard)."""
+    import psutil
+
     from mlx_medic.node.boot_id import current_boot_id
     from mlx_medic.state.ledger import LedgerError, live_survivors, read_ledger
 
     boot_id = current_boot_id()
+    booted_at = float(psutil.boot_time())
     try:
         ledger = read_ledger(state_dir, node, boot_id)
     except LedgerError as exc:
-        return {"id": boot_id, "survivors": None, "survivors_error": str(exc)}
+        return {
+            "id": boot_id,
+            "booted_at": booted_at,
+            "survivors": None,
+            "survivors_error": str(exc),
+        }
     survivors = [
         {
             "pid": entry.pid,
@@ -224,4 +234,18 @@ def boot_facts(state_dir: Path, node: str) -> dict[str, Any]:
         }
         for entry in live_survivors(ledger)
     ]
-    return {"id": boot_id, "survivors": survivors}
+    return {"id": boot_id, "booted_at": booted_at, "survivors": survivors}
+
+
+def drain_facts(state_dir: Path) -> dict[str, Any] | None:
+    """This node's drain record (`mlx-medic drain`), None when not drained or unreadable."""
+    from dataclasses import asdict
+
+    from mlx_medic.state.files import StateFileError
+    from mlx_medic.state.node_drain import read_node_drain
+
+    try:
+        record = read_node_drain(state_dir)
+    except StateFileError as exc:
+        return {"error": str(exc)}
+    return None if record is None else {**asdict(record), "models": list(record.models)}

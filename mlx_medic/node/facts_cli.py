@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from mlx_medic.node.facts import (
         boot_facts,
+        drain_facts,
         memory_facts,
         os_build,
         rdma_facts,
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         "versions": versions(),
         "os": os_build(run_command, sys.platform),
         "boot": boot_facts(context.state_dir, context.node),
+        "drain": drain_facts(context.state_dir),
     }
     if model is not None:
         errors, unreadable, sizes = recent_errors(

@@ -12,8 +12,9 @@ RDMA on the node); `log_errors: [{file, signature, line, offset}]` (recent error
 signatures of the model's log files, with the exact line and the byte it starts at);
 `log_sizes: {file: bytes}`; and, where a document carries it, `serve: {state, backend,
 failed_starts, failed_backends, failure: {backend, host, reason, line}}` (the serve
-wrapper's record); `boot: {id, survivors: [{pid, model, backend, devices, domains}]}` (this
-boot's id and the ledger's live survivors of SIGKILL).
+wrapper's record); `boot: {id, booted_at, survivors: [{pid, model, backend, devices,
+domains}]}` (this boot's id, when it began, and the ledger's live survivors of SIGKILL);
+`drain: {by, since, models}` (the node's drain record, null when not drained).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class FactsReply(Reply):
     log_sizes: dict[str, int | None] = field(default_factory=dict)
     boot_id: str | None = None  # this boot's; None from a helper that does not say
     survivors: tuple[BootSurvivor, ...] = ()  # of SIGKILL, alive, by this boot's ledger
+    booted_at: float | None = None  # Unix time this boot began; None: not said
+    drained_by: str | None = None  # the node's drain record (`mlx-medic drain`): who
 
     @classmethod
     def parse(cls, node: str, document: Fields) -> Self:
@@ -122,6 +125,8 @@ class FactsReply(Reply):
                 )
                 for s in document.obj("boot").objects("survivors")
             ),
+            document.obj("boot").real("booted_at"),
+            document.obj("drain").text("by"),
         )
 
     @property

@@ -177,6 +177,11 @@ GRACE = _same_seconds(
 LEASE = _same_seconds("LEASE", lambda m: m.serve.lease, "the model's serve.lease")
 HOLDER = Value("'serve pid N on HEAD'", _serve_holder)
 SECONDS = Value("SECONDS", _probe_timeout)
+MODELS = _pattern(
+    "M,M",
+    r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}(,[A-Za-z0-9][A-Za-z0-9._-]{0,63})*",
+    "model names, comma-separated",
+)
 
 Options = Mapping[str, Value | None]  # --option -> its value (None: a bare flag)
 
@@ -294,6 +299,25 @@ TABLE: dict[KeyName, tuple[Grant, ...]] = {
             args={"pid": PID},
             optional={"--start-time": START_TIME},
             sent_by=f"{LOCK_USER}: is a holder alive on its node",
+        ),
+        Grant(
+            "drain",
+            "set",
+            model=False,
+            options={"--by": REASON},
+            optional={"--models": MODELS},
+            sent_by="`mlx-medic drain NODE`: the record on the node",
+        ),
+        Grant(
+            "drain",
+            "clear",
+            model=False,
+            sent_by="`mlx-medic undrain NODE`: the record on the node",
+        ),
+        Grant(
+            "reboot",
+            model=False,
+            sent_by=f"{REMEDIATOR_RUN}: reboot-node (the helper refuses unless reboot.allowed)",
         ),
         Grant(
             "probe",

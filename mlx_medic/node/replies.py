@@ -212,6 +212,25 @@ class ServiceReply(Reply):
         )
 
 
+@dataclass(frozen=True)
+class RebootReply(Reply):
+    """`node reboot`: the argv it ran (the inventory's reboot command, through `sudo -n`),
+    the command's exit status (None: it did not run) and the end of its stderr."""
+
+    helper: ClassVar[str] = "reboot"
+    argv: tuple[str, ...] = ()
+    exit_status: int | None = None
+    stderr: str = ""
+
+    @classmethod
+    def parse(cls, node: str, document: Fields) -> Self:
+        return cls(
+            document.strings("argv"),
+            document.number("exit_status"),
+            document.text("stderr") or "",
+        )
+
+
 def _service_stop(record: Fields) -> ServiceStop | None:
     """A stop record in a document, or None (null, or no run named)."""
     run = record.text("run")

@@ -21,6 +21,15 @@ REMEDIATOR_ALERTS = {
     "LLMModelDown": ["alertname", "model"],
     "MLXOrphanProcesses": ["alertname", "model", "node"],
 }
+# Routed only when a node opts in to the guarded reboot (`reboot.allowed`): its run is per
+# node (docs/drain.md); without one, the alert reaches on-call alone, as before.
+REBOOT_ALERTS = {"MLXUnkillableSurvivors": ["alertname", "node"]}
+
+
+def remediator_alerts(site: Site) -> dict[str, list[str]]:
+    """The alerts routed to the remediator's webhook for this inventory."""
+    rebooting = any(node.reboot.allowed for node in site.inventory.nodes)
+    return {**REMEDIATOR_ALERTS, **(REBOOT_ALERTS if rebooting else {})}
 
 
 def render(site: Site) -> list[Rendered]:
@@ -40,7 +49,7 @@ def render(site: Site) -> list[Rendered]:
             "repeat_interval": "30m",
             "continue": True,
         }
-        for name, group_by in REMEDIATOR_ALERTS.items()
+        for name, group_by in remediator_alerts(site).items()
     ]
     routes.append({"receiver": "oncall"})
     data = {
@@ -89,7 +98,7 @@ def render(site: Site) -> list[Rendered]:
     )
     comment = (
         "Check with: amtool check-config alertmanager.yml\n"
-        f"{', '.join(REMEDIATOR_ALERTS)} reach the remediator (it answers at once and\n"
+        f"{', '.join(remediator_alerts(site))} reach the remediator (it answers at once and\n"
         "ignores repeats of a firing while its run is queued or running, or after it\n"
         "succeeded; it acts on the alerts its routing.playbooks names and journals the\n"
         "others) and, through `continue`, on-call. The token is the one the remediator reads\n"

@@ -39,6 +39,15 @@ class JournalReads(JournalStore):
         """Newest first, each with its steps in order."""
         return self._with_steps(self._newest("runs", {"model": model}, "queued_at", since, limit))
 
+    def unended_runs(self, playbook: str) -> list[RunView]:
+        """The runs of `playbook`, every model's, that have not ended (queued or acting),
+        oldest first, without their steps: the guarded reboot's "another node is being
+        rebooted" (a run a dead process left is ended at its start-up)."""
+        rows = self._query(
+            "SELECT * FROM runs WHERE playbook=? AND ended_at IS NULL ORDER BY id", (playbook,)
+        )
+        return [run_view(r) for r in rows]
+
     def _with_steps(self, rows: list[sqlite3.Row]) -> list[RunView]:
         runs = [run_view(r) for r in rows]
         if not runs:

@@ -3,6 +3,7 @@ config routes alert names to these names."""
 
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict, recheck_model_down
 from mlx_medic.remediator.playbooks.finish_stop import FINISH_STOP, FinishStopPlaybook
+from mlx_medic.remediator.playbooks.reboot_node import REBOOT_NODE, RebootNodePlaybook
 from mlx_medic.remediator.playbooks.recover import RecoverPlaybook
 from mlx_medic.remediator.playbooks.sweep_orphans import SWEEP_ORPHANS, SweepOrphansPlaybook
 
@@ -13,14 +14,17 @@ def builtin_playbooks() -> dict[str, Playbook]:
         "recover": RecoverPlaybook(),
         FINISH_STOP: FinishStopPlaybook(),
         SWEEP_ORPHANS: SweepOrphansPlaybook(),
+        REBOOT_NODE: RebootNodePlaybook(),
     }
 
 
 __all__ = [
     "FINISH_STOP",
+    "REBOOT_NODE",
     "SWEEP_ORPHANS",
     "FinishStopPlaybook",
     "Playbook",
+    "RebootNodePlaybook",
     "RecheckVerdict",
     "RecoverPlaybook",
     "SweepOrphansPlaybook",

@@ -101,6 +101,15 @@ class Playbook(ABC):
     # wrapper: a run of it, even by hand, waits for the model lock as long as a start may
     # take (the model's start_timeout, at least the config's lock_wait).
     waits_for_start: ClassVar[bool] = False
+    # Acts on the node its alert names (`node` label), for every model placed there
+    # (`reboot-node`): the alert names no model; its run is the first such model's (its
+    # lock, its journal entry), and its re-check judges the pauses of every model there.
+    node_scoped: ClassVar[bool] = False
+
+    def declines(self, node: str, inventory: Inventory) -> str | None:
+        """A node-scoped playbook's "not for this node" before any run (nothing started,
+        the alert journaled as unrouted with these words); None: a run may start."""
+        return None
 
     @abstractmethod
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:

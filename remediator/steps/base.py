@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mlx_medic.inventory.model import Model
 from mlx_medic.inventory.schema import Inventory
@@ -24,6 +24,9 @@ from mlx_medic.processes.survivors import SurvivorVerdict
 from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.transport import NodeTransport
+
+if TYPE_CHECKING:
+    from mlx_medic.remediator.journal import Journal
 
 HealthCheck = Callable[[Model], Awaitable[HealthVerdict]]
 # Who acts, as a node's records say it (`remediator run 12 (pid 4242 on medic-a)`):
@@ -134,6 +137,9 @@ class RunContext:
     # This replica, as the head's records name who acts (run_by): its host and pid
     host: str | None = None
     pid: int | None = None
+    # The engine's journal (None: a test without one): a playbook that acts on a node
+    # reads and sets the pauses of every model there and the other runs (reboot-node)
+    journal: Journal | None = None
 
     def __post_init__(self) -> None:
         if self.helpers is None:
@@ -175,6 +181,11 @@ class Step(ABC):
     @abstractmethod
     async def run(self, context: RunContext) -> StepResult:
         """Do the step. Never called in a dry run."""
+
+    def timeout(self, default: float) -> float:
+        """How long the runner lets the step take (`default`: the model's start time and
+        the SSH command timeout, plus a minute); a reboot waits for the node's boot."""
+        return default
 
     def verifies(self) -> str:
         """What a verify step judges, in the words of a fallback's condition."""

@@ -155,8 +155,8 @@ def test_what_the_serve_wrapper_sends_to_a_peer_passes_its_key(line: str) -> Non
         ("mlx-medic node facts 'unclosed", "cannot split"),
         ("/tmp/mlx-medic node facts m1", "'/tmp/mlx-medic' is not mlx-medic"),
         (
-            "mlx-medic node reboot",
-            "'node reboot' is not allowed for the remediator key (helpers: backend, clean,",
+            "mlx-medic node shutdown",
+            "'node shutdown' is not allowed for the remediator key (helpers: backend, clean,",
         ),
         ("mlx-medic node forced-command", "'node forced-command' is not allowed"),
         ("mlx-medic node", "no node helper"),
@@ -290,11 +290,13 @@ def test_each_key_runs_its_own_helpers_and_never_the_forced_command_itself() -> 
     assert helper_names("remediator") == [
         "backend",
         "clean",
+        "drain",
         "facts",
         "lock",
         "orphans",
         "pid-alive",
         "probe",
+        "reboot",
         "service",
         "sweep",
     ]

@@ -30,6 +30,7 @@ from mlx_medic.node.cli import helper_document
 from mlx_medic.node.client import NodeHelpers
 from mlx_medic.node.forced_command import Allowed, checked, helper_parser
 from mlx_medic.node.key_table import KEYS, TABLE, Grant, KeyName, table_text
+from mlx_medic.node.replies import RebootReply
 from mlx_medic.remediator.cluster_doctor import check_cluster
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState, probe_model_health
@@ -161,6 +162,13 @@ async def remediator_sends(tmp_path: Path) -> tuple[Inventory, Sent]:
     )
     assert probed.state is ModelState.UP, probed  # the helper's answer, read as the probe's
     await read_stop_record(NodeHelpers(transport, inventory, 30), inventory.model(MODEL))
+    # reboot-node's reboot step (its runs: tests/remediator/test_reboot_node.py)
+    await NodeHelpers(transport, inventory, 30).call("ai002", RebootReply)
+    # `mlx-medic drain` and `undrain`: the record on the node (tests/node/test_node_drain.py)
+    helpers = NodeHelpers(transport, inventory, 30)
+    await helpers.call("ai002", "drain", "set", "--by", "alice@host", "--models", MODEL)
+    await helpers.call("ai002", "drain", "set", "--by", "alice@host")
+    await helpers.call("ai002", "drain", "clear")
     return inventory, transport.sent
 
 

@@ -35,7 +35,9 @@ from mlx_medic.remediator.journal import Journal
 from mlx_medic.remediator.model_health import HealthVerdict, ModelState
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.playbooks import (
+    REBOOT_NODE,
     Playbook,
+    RebootNodePlaybook,
     RecheckVerdict,
     RecoverPlaybook,
     SweepOrphansPlaybook,
@@ -293,6 +295,7 @@ def fake_playbooks() -> dict[str, Playbook]:
         "unrecoverable": UnrecoverablePlaybook(),
         "start-and-verify": StartAndVerifyPlaybook(),
         "acts-while-up": ActsWhileUpPlaybook(),
+        REBOOT_NODE: RebootNodePlaybook(),
     }
 
 

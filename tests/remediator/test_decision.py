@@ -476,7 +476,7 @@ def test_a_started_runs_words_name_the_run_it_waits_for() -> None:
                 "firing_seen",
                 "now",
                 "blocking_control",
-                "budget playbook=None exclude=['sweep-orphans']",
+                "budget playbook=None exclude=['sweep-orphans', 'reboot-node']",
             ],
             id="started: the budget without the playbooks that have their own",
         ),

@@ -361,7 +361,7 @@ def test_with_a_client_ca_only_clients_holding_a_certificate_it_signed_get_in(
         (
             {"routing": {"playbooks": {"LLMModelDown": "recover", "SlowDown": "mypkg.mod:Slow"}}},
             "config: routing.playbooks: SlowDown: unknown playbook 'mypkg.mod:Slow' (playbooks:"
-            " finish-stop, recover, sweep-orphans)",
+            " finish-stop, reboot-node, recover, sweep-orphans)",
         ),
         ({"node": "ai042"}, "config: node: 'ai042' is not a node of the inventory"),
     ],

@@ -158,6 +158,18 @@ def test_the_reboot_rule_is_written_only_for_a_node_with_reboot_allowed(tmp_path
     assert not any("shutdown" in r for r in rules(tmp_path / "on" / "sudoers" / "n1" / FILE))
 
 
+def test_the_unkillable_alert_reaches_the_remediator_only_where_a_node_opts_in(tmp_path: Path):
+    """reboot-node's alert (per node) is routed to the remediator once a node has
+    reboot.allowed; without one it reaches on-call alone, as before the guarded reboot."""
+    flags = ("--remediator.url", "https://medic.example:10901")
+    for name in ("off", "on"):
+        inventory = reboot_inventory(tmp_path, allowed=name == "on")
+        code, _, err = render("alertmanager", inventory, tmp_path / name, *flags)
+        assert code == 0, err
+        text = (tmp_path / name / "alertmanager.yml").read_text()
+        assert ('alertname="MLXUnkillableSurvivors"' in text) == (name == "on"), text
+
+
 def test_the_reboot_rule_names_the_inventorys_own_command(tmp_path: Path):
     inventory = reboot_inventory(tmp_path, allowed=True, command=["/sbin/reboot"])
     assert render("sudoers", inventory, tmp_path / "out")[0] == 0

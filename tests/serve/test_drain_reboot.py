@@ -26,9 +26,10 @@ import yaml
 from mlx_medic.remediator.drain import silence_state
 from mlx_medic.remediator.journal import Journal
 from mlx_medic.serve.record import read_serve_record
+from mlx_medic.state.node_drain import read_node_drain
 from testbed import Cluster, free_port, processes
 from testbed.faults import frozen_survivor
-from testbed.jaccl_sim import JacclSim, start_jaccl_sim
+from testbed.jaccl_sim import JacclSim
 from testbed.loop import Daemon, start_alertmanager
 from tests.serve.scenario import SUPERVISORD_CONTROL, answers, as_deployed, login, wait_until
 from tests.tools import require_tool
@@ -155,15 +156,6 @@ class TwoModels:
 
 
 @pytest.fixture
-def sim(clean_cluster: Cluster) -> Iterator[JacclSim]:
-    simulated = start_jaccl_sim(clean_cluster, on_sigkill="release", capacity=4, killable_for=3.0)
-    try:
-        yield simulated
-    finally:
-        simulated.close()
-
-
-@pytest.fixture
 def alertmanager(clean_cluster: Cluster) -> Iterator[str]:
     require_tool("prometheus-alertmanager")
     work = clean_cluster.workdir / f"am-{uuid.uuid4().hex[:6]}"
@@ -181,7 +173,7 @@ def alertmanager(clean_cluster: Cluster) -> Iterator[str]:
 
 
 @pytest.fixture
-def two(clean_cluster: Cluster, tiny_model: Path, sim: JacclSim) -> Iterator[TwoModels]:
+def two(clean_cluster: Cluster, tiny_model: Path, releasing_sim: JacclSim) -> Iterator[TwoModels]:
     require_tool("supervisord")
     cluster = clean_cluster
     work = cluster.workdir / f"drain-{uuid.uuid4().hex[:8]}"
@@ -198,7 +190,7 @@ def two(clean_cluster: Cluster, tiny_model: Path, sim: JacclSim) -> Iterator[Two
             "config": str(work / f"{name}.supervisord.conf"),
         }
         serve = {
-            **sim.serve_settings(),
+            **releasing_sim.serve_settings(),
             "starting_port": random.randrange(42000, 52000, 20),
             "smoke_timeout": "90s",
             "lease": "10s",
@@ -260,13 +252,13 @@ def two(clean_cluster: Cluster, tiny_model: Path, sim: JacclSim) -> Iterator[Two
 
 
 def test_drain_stops_both_models_of_the_node_and_undrain_brings_both_back_on_jaccl_after_its_reboot(
-    two: TwoModels, sim: JacclSim, alertmanager: str, tiny_model: Path
+    two: TwoModels, releasing_sim: JacclSim, alertmanager: str, tiny_model: Path
 ):
     cluster = two.cluster
     # The seed's survivor: beta's earlier run crashed, its rank on ai002 frozen (state D).
     stuck = frozen_survivor(
         cluster,
-        sim,
+        releasing_sim,
         model=tiny_model,
         port=two.ports["beta"],
         hostfile=two.work / "beta.jaccl.json",
@@ -295,9 +287,11 @@ def test_drain_stops_both_models_of_the_node_and_undrain_brings_both_back_on_jac
     assert processes.state(stuck) == "D"
     assert [
         o
-        for o in sim.orphans()
+        for o in releasing_sim.orphans()
         if o.host_pid is not None and processes.is_alive(o.host_pid) and o.host_pid != stuck
     ] == []
+    on_node = read_node_drain(cluster.node(DRAINED).state_dir)  # the node's own record
+    assert on_node is not None and on_node.models == ("alpha", "beta"), on_node
     (drain,) = two.events("drain")
     silences = drain.split('"silences": [')[1].split("]")[0].replace('"', "").split(", ")
     assert len(silences) == 3  # the node's, alpha's, beta's
@@ -323,6 +317,7 @@ def test_drain_stops_both_models_of_the_node_and_undrain_brings_both_back_on_jac
         assert two.serving(model) == "jaccl", two.record(model)
     assert f"rebooted: boot {old_boot} -> {cluster.node(DRAINED).boot_id}" in undrained.stdout
     assert all(silence_state(alertmanager, s) == "expired" for s in silences)
+    assert read_node_drain(cluster.node(DRAINED).state_dir) is None
     # the journal holds each step
     assert two.runs()[-4:] == [
         ("drain", "alpha", "succeeded"),
