@@ -457,6 +457,7 @@ def test_a_scrape_on_linux_never_walks_psutil(monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setattr(psutil, "process_iter", refuse)
     collector = make(ExporterContext(node="here"))
+    assert isinstance(collector, ProcessesCollector)
     assert isinstance(collector.table, LinuxProcessTable)
     assert list(collector.collect())
 
