@@ -25,7 +25,6 @@ apart they would each have to re-read how the others left it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from mlx_medic import digests
 from mlx_medic.state.files import StateFileError, read_text_nofollow, write_text_atomic
 
 log = logging.getLogger("mlx_medic.exporter.logs")
@@ -116,7 +116,7 @@ class RangeReader(Protocol):
 
 
 def _digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return digests.blake2b(data, digest_size=16).hexdigest()
 
 
 @dataclass

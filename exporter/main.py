@@ -8,12 +8,10 @@ import argparse
 import html
 import logging
 import sys
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, MetricsHandler, generate_latest
+from prometheus_client.registry import CollectorRegistry
 
 from mlx_medic.command_line import (
     CommandError,
@@ -24,7 +22,9 @@ from mlx_medic.command_line import (
 )
 from mlx_medic.exporter import collectors as _collectors  # noqa: F401  (registers every collector)
 from mlx_medic.exporter.collector import REGISTRY, ExporterContext, ScrapeCollector
+from mlx_medic.exporter.exposition import generate_latest
 from mlx_medic.exporter.settings import add_flags, describe, settings_from_args
+from mlx_medic.exporter.web import MetricsServer
 from mlx_medic.listen_address import parse_listen
 from mlx_medic.state.layout import DEFAULT_STATE_DIR
 from mlx_medic.state.node_identity import resolve_node
@@ -121,29 +121,6 @@ def landing_page(context: ExporterContext, scrape: ScrapeCollector) -> bytes:
     return LANDING.format(node=node, collectors="".join(items) or "<li>none</li>").encode()
 
 
-class ExporterHandler(MetricsHandler):
-    """client_python's handler on /metrics (OpenMetrics by Accept, gzip, `name[]`), a
-    landing page on /, 404 elsewhere."""
-
-    landing: bytes = b""
-
-    def do_GET(self) -> None:
-        path = urlsplit(self.path).path
-        if path == "/metrics":
-            super().do_GET()
-        elif path == "/":
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(self.landing)))
-            self.end_headers()
-            self.wfile.write(self.landing)
-        else:
-            self.send_error(404)
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
-
-
 def make_registry(scrape: ScrapeCollector) -> CollectorRegistry:
     # Collectors without names are always asked, so `name[]` filters their samples.
     registry = CollectorRegistry(auto_describe=False, support_collectors_without_names=True)
@@ -159,14 +136,12 @@ def untrusted_files(args: argparse.Namespace) -> list[str]:
     return refusal(args.inventory)
 
 
-def listen(
-    handler: type[ExporterHandler], host: str, port: int, address: str
-) -> ThreadingHTTPServer:
-    """The bound server, before anything else is built: a taken or refused address is
-    said first and alone (CommandError). `handler`'s registry and landing page are set
-    once the collectors exist; no request is served before serve_forever."""
+def listen(host: str, port: int, address: str) -> MetricsServer:
+    """The bound server (mlx_medic.exporter.web), before anything else is built: a taken
+    or refused address is said first and alone (CommandError). Its registry and landing
+    page are set once the collectors exist; no request is served before serve_forever."""
     try:
-        return ThreadingHTTPServer((host, port), handler)
+        return MetricsServer(host, port)
     except OSError as exc:
         raise listen_error(exc, address) from None
 
@@ -181,8 +156,7 @@ def run(args: argparse.Namespace) -> int:
         host, port = parse_listen(args.listen)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    handler: type[ExporterHandler] = type("Handler", (ExporterHandler,), {})
-    server = None if args.once else listen(handler, host, port, args.listen)
+    server = None if args.once else listen(host, port, args.listen)
     try:
         context, scrape = build(args)
     except BaseException as exc:
@@ -205,9 +179,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(generate_latest(registry))
         scrape.close()
         return 0
-    handler.registry = registry
-    handler.landing = landing_page(context, scrape)
-    log.info("serving on http://%s:%d/metrics", host, server.server_port)
+    server.registry = registry
+    server.landing = landing_page(context, scrape)
+    log.info("serving on http://%s:%d/metrics", host, server.port)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

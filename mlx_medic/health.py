@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import http.client
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, BinaryIO, ParamSpec, TypeVar
 
 from mlx_medic.state.layout import Owner, StateFileError, ensure_dir, locks_dir, open_lock_file
 
@@ -212,6 +211,97 @@ def _judge(status: int, body: bytes, path: str) -> tuple[bool, str]:
     return True, f"completed a 1-token request on POST {path}"
 
 
+class ProtocolError(Exception):
+    """The server's answer is not the HTTP the probe reads."""
+
+
+_MAX_LINE = 65536
+_MAX_HEADERS = 100
+
+
+def _read_line(reply: BinaryIO, what: str) -> bytes:
+    line = reply.readline(_MAX_LINE + 1)
+    if len(line) > _MAX_LINE:
+        raise ProtocolError(f"{what} longer than {_MAX_LINE} bytes")
+    return line
+
+
+def _read_head(reply: BinaryIO) -> tuple[int, dict[str, str]]:
+    """The status and the headers (lower-case names) of one response."""
+    line = _read_line(reply, "status line")
+    if not line:
+        raise ProtocolError("the server closed the connection without an answer")
+    words = line.decode("iso-8859-1").split(None, 2)
+    if len(words) < 2 or not words[0].startswith("HTTP/") or not words[1].isdigit():
+        raise ProtocolError(f"not an HTTP status line: {line[:80]!r}")
+    headers: dict[str, str] = {}
+    for _ in range(_MAX_HEADERS + 1):
+        line = _read_line(reply, "header line")
+        if line in (b"\r\n", b"\n", b""):
+            return int(words[1]), headers
+        name, _, value = line.decode("iso-8859-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    raise ProtocolError(f"more than {_MAX_HEADERS} header lines")
+
+
+def _read_chunked(reply: BinaryIO) -> bytes:
+    parts: list[bytes] = []
+    left = MAX_RESPONSE_BYTES
+    while left > 0:
+        size_text = _read_line(reply, "chunk size").split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise ProtocolError(f"bad chunk size {size_text[:20]!r}") from None
+        if size == 0:
+            break
+        data = reply.read(min(size, left))
+        if len(data) < min(size, left):
+            raise ProtocolError("the answer ended inside a chunk")
+        parts.append(data)
+        left -= len(data)
+        if left > 0:
+            _read_line(reply, "chunk end")
+    return b"".join(parts)
+
+
+def _read_body(reply: BinaryIO, headers: Mapping[str, str]) -> bytes:
+    """At most MAX_RESPONSE_BYTES: by chunks, by Content-Length or up to the close."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return _read_chunked(reply)
+    length = headers.get("content-length")
+    if length is None:
+        return reply.read(MAX_RESPONSE_BYTES)  # Connection: close ends it
+    try:
+        wanted = min(int(length), MAX_RESPONSE_BYTES)
+    except ValueError:
+        raise ProtocolError(f"bad Content-Length {length[:20]!r}") from None
+    data = reply.read(wanted)
+    if len(data) < wanted:
+        raise ProtocolError(f"the answer ended after {len(data)} of {length} bytes")
+    return data
+
+
+def _exchange(sock: socket.socket, host: str, port: int, path: str) -> tuple[int, bytes]:
+    """POST the one-token request on `sock`; (status, body) of the final answer.
+
+    A plain HTTP/1.1 client on the socket, not http.client: that imports `ssl` (libssl,
+    libcrypto) and `email`, 4 MiB of the exporter's resident memory (bench/busy_node)."""
+    body = _request_body(path)
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {authority}\r\nAccept-Encoding: identity\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    sock.sendall(head.encode("ascii") + body)
+    with sock.makefile("rb") as reply:
+        status, headers = _read_head(reply)
+        while 100 <= status < 200:  # interim (100 Continue): the answer follows
+            status, headers = _read_head(reply)
+        return status, _read_body(reply, headers)
+
+
 def _request(host: str, port: int, timeout: float, path: str) -> tuple[bool, str, bool]:
     """One POST with a strict overall deadline.
 
@@ -219,13 +309,12 @@ def _request(host: str, port: int, timeout: float, path: str) -> tuple[bool, str
     shuts the socket down at the deadline so a server that trickles bytes
     cannot hold the probe longer than `timeout`.
     """
-    connection = http.client.HTTPConnection(host, port, timeout=timeout)
     expired = threading.Event()
+    connected: list[socket.socket] = []
 
     def expire() -> None:
         expired.set()
-        sock = connection.sock
-        if sock is not None:
+        for sock in connected:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
@@ -234,29 +323,18 @@ def _request(host: str, port: int, timeout: float, path: str) -> tuple[bool, str
     watchdog.start()
     try:
         try:
-            connection.connect()
+            connected.append(socket.create_connection((host, port), timeout=timeout))
         except TimeoutError:
             return False, f"could not connect to {host}:{port} within {timeout:g}s", True
         if expired.is_set():  # the watchdog fired before there was a socket to shut
             raise TimeoutError
-        body = _request_body(path)
-        connection.request(
-            "POST",
-            path,
-            body=body,
-            headers={
-                "Content-Type": "application/json",
-                "Connection": "close",
-            },
-        )
-        response = connection.getresponse()
-        payload = response.read(MAX_RESPONSE_BYTES)
+        status, payload = _exchange(connected[0], host, port, path)
         if expired.is_set():
             raise TimeoutError
-        return (*_judge(response.status, payload, path), False)
+        return (*_judge(status, payload, path), False)
     except TimeoutError:
         return False, f"no complete answer from POST {path} within {timeout:g}s", True
-    except (http.client.HTTPException, ConnectionError, OSError) as exc:
+    except (ProtocolError, OSError) as exc:
         if expired.is_set():
             return False, f"no complete answer from POST {path} within {timeout:g}s", True
         if isinstance(exc, OSError) and exc.errno is not None:
@@ -264,7 +342,8 @@ def _request(host: str, port: int, timeout: float, path: str) -> tuple[bool, str
         return False, f"POST {path} failed: {type(exc).__name__}: {exc}", False
     finally:
         watchdog.cancel()
-        connection.close()
+        for sock in connected:
+            sock.close()
 
 
 def probe_model(

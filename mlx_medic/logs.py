@@ -6,7 +6,6 @@ import json
 import logging
 import sys
 import time
-from logging.handlers import WatchedFileHandler
 from pathlib import Path
 
 from mlx_medic.command_line import CommandError
@@ -44,6 +43,9 @@ def setup_logging(
     if log_file is None:
         handler = logging.StreamHandler(sys.stderr)
     else:
+        # here: logging.handlers brings socket, pickle and queue into every node helper
+        from logging.handlers import WatchedFileHandler
+
         try:
             handler = WatchedFileHandler(log_file, encoding="utf-8")
         except OSError as exc:

@@ -1,6 +1,6 @@
 """`mlx-medic exporter`: with the embedded defaults (no inventory, MLX processes discovered
 by command line) every collector is reported and no series claims a node; over HTTP,
-client_python's own handler serves /metrics (OpenMetrics by Accept, gzip, `name[]`) beside a
+/metrics answers as client_python's handler does (OpenMetrics by Accept, gzip, `name[]`) beside a
 landing page that says which node and which collector settings."""
 
 from __future__ import annotations

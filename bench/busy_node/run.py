@@ -144,10 +144,9 @@ def commands(workdir: Path, inventory: Path) -> dict[str, list[str]]:
         raise SystemExit("prometheus-process-exporter is not installed (its Debian package)")
     node_exporter = shutil.which("prometheus-node-exporter")
     if node_exporter is None:
-        print(
-            "prometheus-node-exporter is not installed (its Debian package): memory is "
-            "reported without its peer",
-            file=sys.stderr,
+        raise SystemExit(
+            "prometheus-node-exporter is not installed (its Debian package): it is the memory"
+            " peer, measured in the same run"
         )
     argvs = {
         "mlx-medic exporter": our_exporter(inventory, NODE, "--web.listen-address"),
@@ -157,9 +156,8 @@ def commands(workdir: Path, inventory: Path) -> dict[str, list[str]]:
             str(config),
             "-web.listen-address",
         ],
+        "node_exporter (defaults)": [node_exporter, "--web.listen-address"],
     }
-    if node_exporter is not None:
-        argvs["node_exporter (defaults)"] = [node_exporter, "--web.listen-address"]
     return argvs
 
 
@@ -204,6 +202,7 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=50, help="models in the inventory")
     parser.add_argument("--scrapes", type=int, default=20, help="scrapes per measurement")
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]
     token = uuid.uuid4().hex[:8]
     workdir = Path(tempfile.mkdtemp(prefix=f"mlx-medic-bench-{token}-", dir="/var/tmp"))
     inventory = write_inventory(
@@ -242,7 +241,8 @@ def main() -> int:
     ours, theirs = cpu["mlx-medic exporter"], cpu["process-exporter (defaults)"]
     print(
         f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f} at the end"
+        f"{platform.python_version()}; load average"
+        f" {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     )
     print(
         f"{table} processes on the table ({in_group} in the bench's pids cgroup, capped at "
@@ -254,18 +254,20 @@ def main() -> int:
     for name, seconds in cpu.items():
         ratio = f"**{ours / seconds:.3f}**" if name.startswith("process") and seconds else ""
         print(f"| {name} | {seconds * 1000:.2f} | {ratio} |")
-    base = memory.get("node_exporter (defaults)")
+    base = memory["node_exporter (defaults)"]
     print("\n| exporter | RSS MiB | USS MiB | PSS MiB | RSS ratio | loaded |")
     print("|---|---:|---:|---:|---:|---|")
     for name, info in memory.items():
         shown = ", ".join(loaded) if name.startswith("mlx") else "(Go)"
         print(
             f"| {name} | {info.rss / MIB:.1f} | {info.uss / MIB:.1f} | {info.pss / MIB:.1f} |"
-            f" {f'{info.rss / base.rss:.2f}' if base else 'n/a'} | {shown} |"
+            f" {info.rss / base.rss:.2f} | {shown} |"
         )
+    ours_rss = memory["mlx-medic exporter"].rss
     print(
         f"\nours serves {series} series; {per_model:.1f} per model "
-        f"(series with a model label / {args.models}); ours/theirs CPU {ours / theirs:.3f}"
+        f"(series with a model label / {args.models}); ours/theirs CPU {ours / theirs:.3f};"
+        f" ours/node_exporter RSS {ours_rss / base.rss:.2f}"
     )
     return 0
 

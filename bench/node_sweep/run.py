@@ -181,8 +181,14 @@ def measure(workdir: Path, token: str, repetitions: int, count: int) -> dict[str
             )
         )
         inventory = load_inventory(config)
+        # sshd gives the node's session a clean environment, where the venv's console
+        # script imports the checkout it was installed from: this shim runs this one's.
+        medic = workdir / "mlx-medic"
+        console_script = Path(sys.executable).parent / "mlx-medic"
+        medic.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {console_script} "$@"\n')
+        medic.chmod(0o755)
         argv = [
-            str(Path(sys.executable).parent / "mlx-medic"),
+            str(medic),
             "node",
             "sweep",
             "bench",

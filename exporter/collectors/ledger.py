@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.node.boot_id import current_boot_id

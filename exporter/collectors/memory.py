@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.platform.commands import (

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import GaugeMetricFamily
 
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.node.boot_id import current_boot_id

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from mlx_medic.exporter.collector import Collector, ExporterContext, register
 from mlx_medic.platform.commands import Runner, run_command

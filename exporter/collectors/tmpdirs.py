@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from mlx_medic.exporter.background import PeriodicWorker
 from mlx_medic.exporter.collector import Collector, ExporterContext, register

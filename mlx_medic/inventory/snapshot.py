@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import stat
-import subprocess
 import sys
-import tempfile
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, cast
 
 import mlx_medic
-from mlx_medic import __version__
+from mlx_medic import __version__, digests
 from mlx_medic.inventory.methods import (
     BackendsMethods,
     InventoryMethods,
@@ -158,6 +155,8 @@ def load_inventory_apart(path: str | Path, cache_dir: Path | None = None) -> Inv
     argv = [sys.executable, "-P", "-m", "mlx_medic.inventory.snapshot", str(path)]
     if directory is not None:
         argv += ["--cache-dir", str(directory)]
+    import subprocess  # here: only a helper that validates the file starts a child
+
     child = subprocess.run(argv, capture_output=True, timeout=CHILD_TIMEOUT, check=False)
     if child.returncode == 0:
         with contextlib.suppress(ValueError, TypeError):
@@ -186,7 +185,7 @@ def default_cache_dir() -> Path | None:
 
 def snapshot_key(data: bytes) -> str:
     """What a snapshot must match: the file's bytes, this mlx-medic and its schema source."""
-    digest = hashlib.sha256(data)
+    digest = digests.sha256(data)
     for path in _SCHEMA_SOURCES:
         try:
             source = path.stat()
@@ -239,6 +238,8 @@ def write_snapshot(snapshot: Path, inventory: Inventory) -> None:
         if not _trusted(os.stat(snapshot.parent)):
             return
         text = json.dumps(encode(inventory), separators=(",", ":"))
+        import tempfile  # here: only the validating child writes a snapshot
+
         handle, temporary = tempfile.mkstemp(dir=snapshot.parent, prefix=".inventory-")
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as out:

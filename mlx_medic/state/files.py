@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,8 @@ def write_text_atomic(
     path = Path(path)
     ensure_dir(path.parent, owner)
     try:
+        import tempfile  # here: a node helper that only reads records never needs it
+
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
         raise StateFileError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -9,7 +9,6 @@ wrapper's side of the lock (who holds it, is its holder alive, waiting, renewing
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -18,12 +17,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mlx_medic import digests
 from mlx_medic.state.layout import locks_dir
 
 
 def text_digest(text: str) -> str:
     """What `lock break` compares: the lock's text exactly as it was judged."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return digests.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)

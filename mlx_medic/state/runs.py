@@ -9,8 +9,8 @@ parent is: the strongest orphan signal, and one a node can judge alone.
 
 from __future__ import annotations
 
+import os
 import re
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +60,7 @@ def check_run_id(run_id: str) -> str:
 def new_run_id(now: float | None = None) -> str:
     """Sortable by start time and unique: `20261130T021500Z-1a2b3c4d`."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    return f"{stamp}-{secrets.token_hex(4)}"
+    return f"{stamp}-{os.urandom(4).hex()}"
 
 
 def current_run_path(state_dir: Path, model: str) -> Path:

@@ -296,3 +296,80 @@ def test_a_shared_lock_dir_keeps_probes_from_two_processes_apart(tmp_path: Path)
     assert all(mine) and all(json.loads(out))
     assert server.requests == 12
     assert server.max_in_flight == 1
+
+
+# --- how the answer is framed (the probe's own HTTP client) ----------------------------
+
+COMPLETION = b'{"choices": [{"text": "x"}]}'
+
+
+@contextlib.contextmanager
+def answering(reply: bytes):
+    """A server that reads one request (head and Content-Length body), sends `reply`
+    as is, and closes; the port, then the request it read."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    request: list[bytes] = []
+
+    def serve() -> None:
+        connection, _ = server.accept()
+        with connection:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += connection.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            while len(body) < length:
+                body += connection.recv(65536)
+            request.append(head + b"\r\n\r\n" + body)
+            connection.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], request
+    finally:
+        thread.join(timeout=10)
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(COMPLETION) + COMPLETION,
+        b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + COMPLETION,
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\n"
+        + COMPLETION[:5]
+        + b"\r\n"
+        + b"%x;x=y\r\n" % (len(COMPLETION) - 5)
+        + COMPLETION[5:]
+        + b"\r\n0\r\n\r\n",
+    ],
+    ids=["content-length", "until-close", "continue-then-chunked"],
+)
+def test_a_completion_reads_up_however_the_answer_is_framed(reply: bytes):
+    with answering(reply) as (port, request):
+        result = probe_model("127.0.0.1", port, timeout=5)
+    assert result.up, result.reason
+    head = request[0].split(b"\r\n\r\n")[0].decode()
+    assert head.startswith("POST /v1/chat/completions HTTP/1.1\r\n")
+    assert f"Host: 127.0.0.1:{port}" in head and "Connection: close" in head
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (b"", "closed the connection without an answer"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "not an HTTP status line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}", "ended after 2 of 100 bytes"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+    ],
+)
+def test_an_answer_that_is_not_http_reads_down_and_says_why(reply: bytes, reason: str):
+    with answering(reply) as (port, _request):
+        result = probe_model("127.0.0.1", port, timeout=5)
+    assert not result.up and result.conclusive and not result.timed_out
+    assert "POST /v1/chat/completions failed: ProtocolError:" in result.reason
+    assert reason in result.reason

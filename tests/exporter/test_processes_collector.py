@@ -457,6 +457,7 @@ def test_a_scrape_on_linux_never_walks_psutil(monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setattr(psutil, "process_iter", refuse)
     collector = make(ExporterContext(node="here"))
+    assert isinstance(collector, ProcessesCollector)
     assert isinstance(collector.table, LinuxProcessTable)
     assert list(collector.collect())
 
@@ -614,3 +615,23 @@ def test_an_unreadable_ledger_leaves_the_orphans_counted_and_the_scrape_working(
         )
     warned = [r for r in caplog.records if "counted as orphans" in r.getMessage()]
     assert len(warned) == 1  # said once while it stays the same
+
+
+def test_an_unrelated_process_keeps_no_argv_yet_its_exec_into_a_rank_is_seen(tmp_path: Path):
+    """Memory on a busy node: only the hash of a non-candidate's command line is kept
+    (bench/busy_node); a rank's ancestors still show their argv to the rules."""
+    fake = FakeProc(tmp_path / "proc")
+    fake.add(1, 0, ["/sbin/init"])
+    sleeper = fake.add(20, 1, ["/usr/bin/sleep", "3600"])
+    clock = [0.0]
+    table_ = fake_table(fake.root, clock)
+    assert table_.snapshot() == []
+    assert table_._cache[20].cmdline == () and table_._cache[1].cmdline == ()
+    clock[0] = 10.0**6  # past every re-check: the same argv stays the same entry
+    kept = table_._cache[20]
+    assert table_.snapshot() == [] and table_._cache[20] is kept
+    (sleeper / "cmdline").write_bytes(b"\0".join(a.encode() for a in rank_argv()) + b"\0")
+    clock[0] = 2 * 10.0**6
+    processes = {p.pid: p for p in table_.snapshot()}
+    assert processes[20].role is Role.RANK and processes[20].cmdline == tuple(rank_argv())
+    assert processes[1].cmdline == ("/sbin/init",)  # the rank's ancestor
