@@ -14,7 +14,6 @@ names the seam (`memory.seam`) and the wrapper logs a warning at every start.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from pathlib import Path
@@ -76,7 +75,10 @@ def weights_manifest(path: Path) -> dict[str, int] | None:
 
 
 def weights_digests(path: Path, manifest: dict[str, int]) -> dict[str, str]:
-    """The SHA-256 (hex) of each file of `manifest` below `path`, read in full."""
+    """The SHA-256 (hex) of each file of `manifest` below `path`, read in full (OpenSSL's,
+    imported here: the exporter imports this module and maps no libcrypto)."""
+    import hashlib
+
     digests = {}
     for name in manifest:
         with (path / name).open("rb") as handle:

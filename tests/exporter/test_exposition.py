@@ -176,6 +176,7 @@ def test_the_exporter_maps_neither_tls_nor_client_pythons_http_stack() -> None:
     code = (
         "import sys\n"
         "import mlx_medic.exporter.main, mlx_medic.health as health\n"
+        "import mlx_medic.exporter.collectors.memory, mlx_medic.node.room\n"
         "assert not health.probe_model('127.0.0.1', 9, timeout=2).up\n"
         "heavy = ('ssl', '_ssl', '_hashlib', 'http.client', 'http.server', 'urllib.request',\n"
         "         'prometheus_client.exposition', 'prometheus_client.core')\n"
