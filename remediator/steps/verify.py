@@ -51,6 +51,9 @@ class Verify(Step):
     kind: ClassVar[StepKind] = StepKind.VERIFY
     model: Model
     backend: BackendName | None = None
+    # asked again after 1 s, then twice as long each time up to poll_interval: a model that
+    # comes up in the first seconds is seen then, not a whole interval later
+    first_poll: float = 1.0
     poll_interval: float = 5.0
     within: float | None = None  # how long to ask; None: the model's start_timeout
     # "still serving" (sweep-orphans): a model that did not answer before the run's steps
@@ -88,6 +91,7 @@ class Verify(Step):
                 ),
             )
         deadline = time.monotonic() + self.wait
+        pause = min(self.first_poll, self.poll_interval)
         while True:
             verdict = await context.health(self.model)
             if verdict.state is ModelState.UP:
@@ -96,9 +100,10 @@ class Verify(Step):
             failed = await self._start_failed(context, verdict)
             if failed is not None:
                 return failed
-            if time.monotonic() + self.poll_interval > deadline:
+            if time.monotonic() + pause > deadline:
                 break
-            await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.poll_interval)
         if verdict.state is ModelState.DOWN and self.only_if_answered_before:
             # seen in the loop (tests/loop): a second crash between the re-check and here
             return StepResult(
