@@ -18,12 +18,11 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.registry import CollectorRegistry
 
+from mlx_medic import http_head
 from mlx_medic.exporter.exposition import bake
 
 log = logging.getLogger("mlx_medic.exporter")
 
-MAX_LINE = 65536  # a request or header line, as http.server allows
-MAX_HEADERS = 100
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
@@ -35,6 +34,13 @@ def http_date(now: float) -> str:
         f"{DAYS[t.tm_wday]}, {t.tm_mday:02d} {MONTHS[t.tm_mon - 1]} {t.tm_year}"
         f" {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
     )
+
+
+HEAD_ERRORS = {
+    "line-too-long": HTTPStatus.REQUEST_URI_TOO_LONG,
+    "too-many-headers": HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+    "malformed": HTTPStatus.BAD_REQUEST,
+}
 
 
 class BadRequest(Exception):
@@ -79,30 +85,20 @@ class RequestHandler(socketserver.StreamRequestHandler):
             answer = self.route(target, headers)
         self.answer(request_line, *answer)
 
-    def read_line(self) -> str:
-        line = self.rfile.readline(MAX_LINE + 1)
-        if len(line) > MAX_LINE:
-            raise BadRequest(HTTPStatus.REQUEST_URI_TOO_LONG)
-        return line.decode("iso-8859-1").rstrip("\r\n")
-
     def read_request(self) -> tuple[str, str, str, dict[str, str]]:
         """(request line, method, target, headers by lower-case name: the first of each)."""
-        request_line = self.read_line()
-        if not request_line:
-            raise EOFError
-        words = request_line.split()
-        if len(words) != 3 or not words[2].startswith("HTTP/"):
-            raise BadRequest(HTTPStatus.BAD_REQUEST)
-        headers: dict[str, str] = {}
-        for _ in range(MAX_HEADERS + 1):
-            line = self.read_line()
-            if not line:
-                return request_line, words[0], words[1], headers
-            name, colon, value = line.partition(":")
-            if not colon:
+        try:
+            request_line = (
+                http_head.read_line(self.rfile, "request line").decode("iso-8859-1").rstrip("\r\n")
+            )
+            if not request_line:
+                raise EOFError
+            words = request_line.split()
+            if len(words) != 3 or not words[2].startswith("HTTP/"):
                 raise BadRequest(HTTPStatus.BAD_REQUEST)
-            headers.setdefault(name.strip().lower(), value.strip())
-        raise BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+            return request_line, words[0], words[1], http_head.read_headers(self.rfile)
+        except http_head.HeadError as exc:
+            raise BadRequest(HEAD_ERRORS[exc.kind]) from None
 
     def route(
         self, target: str, headers: dict[str, str]

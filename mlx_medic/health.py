@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, ParamSpec, TypeVar
 
+from mlx_medic import http_head
 from mlx_medic.state.layout import Owner, StateFileError, ensure_dir, locks_dir, open_lock_file
 
 log = logging.getLogger(__name__)
@@ -215,15 +216,11 @@ class ProtocolError(Exception):
     """The server's answer is not the HTTP the probe reads."""
 
 
-_MAX_LINE = 65536
-_MAX_HEADERS = 100
-
-
 def _read_line(reply: BinaryIO, what: str) -> bytes:
-    line = reply.readline(_MAX_LINE + 1)
-    if len(line) > _MAX_LINE:
-        raise ProtocolError(f"{what} longer than {_MAX_LINE} bytes")
-    return line
+    try:
+        return http_head.read_line(reply, what)
+    except http_head.HeadError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def _read_head(reply: BinaryIO) -> tuple[int, dict[str, str]]:
@@ -234,14 +231,10 @@ def _read_head(reply: BinaryIO) -> tuple[int, dict[str, str]]:
     words = line.decode("iso-8859-1").split(None, 2)
     if len(words) < 2 or not words[0].startswith("HTTP/") or not words[1].isdigit():
         raise ProtocolError(f"not an HTTP status line: {line[:80]!r}")
-    headers: dict[str, str] = {}
-    for _ in range(_MAX_HEADERS + 1):
-        line = _read_line(reply, "header line")
-        if line in (b"\r\n", b"\n", b""):
-            return int(words[1]), headers
-        name, _, value = line.decode("iso-8859-1").partition(":")
-        headers[name.strip().lower()] = value.strip()
-    raise ProtocolError(f"more than {_MAX_HEADERS} header lines")
+    try:
+        return int(words[1]), http_head.read_headers(reply)
+    except http_head.HeadError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def _read_chunked(reply: BinaryIO) -> bytes:

@@ -325,12 +325,12 @@ class RebootNodePlaybook(Playbook):
             SetPauses(node=node, models=names, pause=False),
         ]
         for other in others:
-            undrain = [
-                s for s in self.undrain.plan(other, inventory) if not s.fallback
-            ]  # stop, sweep, clean, start, verify: the first failure ends the run
-            steps.append(
-                OnModel(steps=tuple(undrain[1:]), model=other, name=f"undrain-{other.name}")
-            )
+            undrain = tuple(
+                s
+                for s in self.undrain.plan(other, inventory)
+                if not s.fallback and not isinstance(s, Preflight)
+            )  # stop, sweep, clean, start, verify: the first failure ends the run
+            steps.append(OnModel(steps=undrain, model=other, name=f"undrain-{other.name}"))
         steps += [s for s in self.undrain.plan(model, inventory) if not isinstance(s, Preflight)]
         return steps
 
