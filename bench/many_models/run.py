@@ -9,6 +9,9 @@ supervisord inside the model's head as its KeepAlive service (testbed.keepalive)
 engine runs in this process over real SSH (`SshTransport`) with the real `recover`
 playbook: re-check over SSH on the head, the model lock, preflight, stop the service,
 sweep and clean the three nodes, start the service, verify with the probe.
+The nodes' mlx-medic is a wheel of this checkout in a plain venv under the bench's
+workdir, as production installs it (bench/node_install.py; until 2026-12-04 a shim ran
+the dev venv's editable install, whose import hook runs at every start).
 
 Each round: every model's program is stopped with supervisorctl (all down at once), an
 `LLMModelDown` alert per model is submitted together, and the time until every run has
@@ -42,6 +45,7 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+from bench.node_install import install_node_medic  # noqa: E402
 from mlx_medic.inventory.load import load_inventory  # noqa: E402
 from mlx_medic.remediator.alerts import Disposition  # noqa: E402
 from mlx_medic.remediator.config import RemediatorConfig  # noqa: E402
@@ -90,10 +94,8 @@ def serve_models(cluster: Cluster, workdir: Path, models: int) -> tuple[Path, li
             }
         )
     inventory = workdir / "inventory.yaml"
-    # The nodes run this tree's mlx-medic (the venv's console script is main's).
-    medic = workdir / "mlx-medic"
-    medic.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m mlx_medic.cli "$@"\n')
-    medic.chmod(0o755)
+    # The nodes run this tree's mlx-medic, installed from a wheel as on a production node.
+    medic = install_node_medic(workdir / "node-medic")
     data = yaml.safe_load(cluster.inventory_yaml(entries))
     for node in data["nodes"].values():
         node.update(medic_command=str(medic), medic_config=str(inventory))

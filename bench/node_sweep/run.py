@@ -3,8 +3,11 @@
 Ours: the nodes in parallel over asyncssh (`mlx_medic.transport.ssh.SshTransport`,
 one connection per node, kept from repetition to repetition as the remediator keeps
 them), each running `mlx-medic node sweep MODEL --json --inventory INVENTORY`. The
-inventory is new in every run, so the first repetition's helpers validate it in full and
-snapshot it (mlx_medic.inventory.snapshot); later ones read the snapshot.
+nodes' mlx-medic is a wheel of this checkout in a plain venv under the bench's workdir,
+as production installs it (bench/node_install.py; until 2026-12-04 a shim ran the dev
+venv's editable install, whose import hook runs at every start). The inventory is new
+in every run, so the first repetition's helpers validate it in full and snapshot it
+(mlx_medic.inventory.snapshot); later ones read the snapshot.
 
 The seed's (the pre-start sweep of the incident write-up,
 https://valensas.com/blog/how-we-fixed-a-silent-killer-in-our-mac-studio-llm-cluster): node
@@ -43,6 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench.node_install import install_node_medic  # noqa: E402
 from mlx_medic.inventory.load import load_inventory  # noqa: E402
 from mlx_medic.transport.ssh import SshTransport  # noqa: E402
 from testbed import Cluster, free_port, processes, start_cluster  # noqa: E402
@@ -157,6 +161,7 @@ def main() -> None:
 
 
 def measure(workdir: Path, token: str, repetitions: int, count: int) -> dict[str, list[float]]:
+    medic = install_node_medic(workdir / "node-medic")
     with start_cluster(len(NODES), workdir) as cluster:
         port = free_port()
         script = workdir / f"seed-{token}" / "serve.py"
@@ -181,12 +186,6 @@ def measure(workdir: Path, token: str, repetitions: int, count: int) -> dict[str
             )
         )
         inventory = load_inventory(config)
-        # sshd gives the node's session a clean environment, where the venv's console
-        # script imports the checkout it was installed from: this shim runs this one's.
-        medic = workdir / "mlx-medic"
-        console_script = Path(sys.executable).parent / "mlx-medic"
-        medic.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {console_script} "$@"\n')
-        medic.chmod(0o755)
         argv = [
             str(medic),
             "node",
