@@ -48,6 +48,27 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse calls this and expects it not to return
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse makes a formatter for every add_argument (to check its metavar), and a
+        # formatter given no width imports shutil (with zlib, bz2 and lzma) for the
+        # terminal's: a few ms of every node helper's start, for a width it never prints.
+        return self.formatter_class(prog=self.prog, width=help_width())  # type: ignore[call-arg]
+
+
+def help_width() -> int:
+    """argparse's own help width, `shutil.get_terminal_size().columns - 2`, without shutil:
+    $COLUMNS, else standard output's terminal, else 80 columns."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns or 80) - 2
+
 
 class VersionAction(argparse.Action):
     """`--version`: the installed mlx-medic's version, looked up only when asked."""

@@ -15,7 +15,6 @@ import contextlib
 import errno
 import fcntl
 import json
-import logging
 import os
 import socket
 import threading
@@ -26,9 +25,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, ParamSpec, TypeVar
 
 from mlx_medic import http_head
+from mlx_medic.log_on_use import logger
 from mlx_medic.state.layout import Owner, StateFileError, ensure_dir, locks_dir, open_lock_file
 
-log = logging.getLogger(__name__)
+LOGGER = __name__  # mlx_medic.log_on_use: logging is imported when it logs
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -147,7 +147,7 @@ def shared_probe_lock_dir(state_dir: Path, owner: Owner | None = None) -> Path |
     try:
         return probe_lock_dir(state_dir, owner)
     except (OSError, StateFileError) as exc:
-        log.warning("%s: probes are serialized within this process only", exc)
+        logger(LOGGER).warning("%s: probes are serialized within this process only", exc)
         return None
 
 

@@ -20,9 +20,8 @@ import math
 import os
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mlx_medic.command_line import (
     EXIT_FAILED,
@@ -161,8 +160,7 @@ def end_at_time_limit(seconds: float, helper: str) -> None:
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
-@dataclass(frozen=True)
-class NodeContext:
+class NodeContext(NamedTuple):  # not a dataclass: one fewer for every helper's start
     inventory: Inventory | None
     state_dir: Path
     node: str

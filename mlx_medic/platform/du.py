@@ -20,7 +20,6 @@ fails, the caller walks in Python (`gnu_du()` returns None).
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import shutil
 import subprocess
@@ -29,7 +28,9 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-log = logging.getLogger("mlx_medic.platform")
+from mlx_medic.log_on_use import logger
+
+LOGGER = "mlx_medic.platform"  # mlx_medic.log_on_use: logging is imported when it logs
 
 DU_FLAGS = ("-x", "-s", "-B1", "--time", "--time-style=+%s", "-0")
 MAX_ARGV_BYTES = 256 * 1024  # well below Linux's ARG_MAX; more entries take more runs
@@ -147,15 +148,15 @@ def probe_du(du: str) -> str | None:
 def gnu_du() -> str | None:
     """The path of a du that supports `--time` and `-0` (checked once), or None."""
     if not sys.platform.startswith("linux"):
-        log.info("tmp walk: in Python (%s's du has no --time)", sys.platform)
+        logger(LOGGER).info("tmp walk: in Python (%s's du has no --time)", sys.platform)
         return None
     du = shutil.which("du")
     if du is None:
-        log.warning("tmp walk: in Python (du is not installed)")
+        logger(LOGGER).warning("tmp walk: in Python (du is not installed)")
         return None
     problem = probe_du(du)
     if problem is not None:
-        log.warning("tmp walk: in Python (%s cannot be used: %s)", du, problem)
+        logger(LOGGER).warning("tmp walk: in Python (%s cannot be used: %s)", du, problem)
         return None
-    log.info("tmp walk: with %s", du)
+    logger(LOGGER).info("tmp walk: with %s", du)
     return du

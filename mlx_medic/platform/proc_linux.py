@@ -14,18 +14,18 @@ not read, or a command line with odd bytes just yields less information.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlx_medic.log_on_use import logger
 from mlx_medic.platform.command_lines import CachedCommand, recheck
 from mlx_medic.processes.info import ProcessInfo, Role, State, parse_environ
 from mlx_medic.processes.roles import Classifier, classify, resolve_exo_runners
 
-log = logging.getLogger(__name__)
+LOGGER = __name__  # mlx_medic.log_on_use: logging is imported when it logs
 
 # /proc/<pid>/stat state letters (proc(5)); every letter maps into the closed set.
 STATE_LETTERS: dict[str, State] = {
@@ -130,7 +130,9 @@ class LinuxProcessTable:
         try:
             self._boot_time = read_boot_time(self.root)
         except (OSError, ValueError):
-            log.warning("cannot read btime from %s/stat; process ages will be off", self.root)
+            logger(LOGGER).warning(
+                "cannot read btime from %s/stat; process ages will be off", self.root
+            )
             self._boot_time = 0.0
         self.read_errors = 0  # entries that could not be read, cumulative
 

@@ -9,7 +9,6 @@ The parser is tested on verbatim macOS lines in tests/fixtures/macos/.
 
 from __future__ import annotations
 
-import logging
 import re
 import subprocess
 import time
@@ -18,11 +17,12 @@ from dataclasses import dataclass
 
 import psutil
 
+from mlx_medic.log_on_use import logger
 from mlx_medic.platform.command_lines import CachedCommand, recheck
 from mlx_medic.processes.info import WATCHED_ENV, ProcessInfo, Role, State
 from mlx_medic.processes.roles import Classifier, classify, resolve_exo_runners
 
-log = logging.getLogger(__name__)
+LOGGER = __name__  # mlx_medic.log_on_use: logging is imported when it logs
 
 PS_COMMAND = ("/bin/ps", "-axo", "pid=,ppid=,stat=")
 
@@ -85,7 +85,7 @@ def parse_ps_axo(text: str) -> dict[int, PsRow]:
         try:
             state = parse_ps_stat(parts[2])
         except PsParseError:
-            log.debug("skipping ps line with an unknown state: %r", line)
+            logger(LOGGER).debug("skipping ps line with an unknown state: %r", line)
             continue
         rows[int(parts[0])] = PsRow(int(parts[0]), int(parts[1]), parts[2], state)
     return rows

@@ -13,13 +13,13 @@ the default, /tmp.
 
 from __future__ import annotations
 
-import logging
 import os
 import pwd
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from mlx_medic.log_on_use import logger
 from mlx_medic.platform.commands import (
     CommandError,
     ParseError,
@@ -29,7 +29,7 @@ from mlx_medic.platform.commands import (
     run_command,
 )
 
-log = logging.getLogger("mlx_medic.platform")
+LOGGER = "mlx_medic.platform"  # mlx_medic.log_on_use: logging is imported when it logs
 
 GETCONF_ARGV = ("getconf", "DARWIN_USER_TEMP_DIR")
 GETCONF_TIMEOUT = 5.0
@@ -67,7 +67,9 @@ def launch_temp_dirs(
         try:
             return [parse_darwin_user_temp_dir(output_of(runner, GETCONF_ARGV, GETCONF_TIMEOUT))]
         except (CommandError, ParseError) as exc:
-            log.warning("cannot find the user temp dir (%s); looking in $TMPDIR and /tmp", exc)
+            logger(LOGGER).warning(
+                "cannot find the user temp dir (%s); looking in $TMPDIR and /tmp", exc
+            )
     return posix_temp_dirs(environ)
 
 
@@ -95,7 +97,7 @@ def user_temp_dirs(
                 text = output_of(runner_as(user), GETCONF_ARGV, GETCONF_TIMEOUT)
                 dirs = [parse_darwin_user_temp_dir(text)]
             except (CommandError, ParseError) as exc:
-                log.warning(
+                logger(LOGGER).warning(
                     "cannot find %s's temp dir, its launch leftovers are not counted: %s", user, exc
                 )
                 dirs = []

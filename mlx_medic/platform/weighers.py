@@ -10,15 +10,15 @@ own walk (macOS, whose du has no `--time`, and whenever du fails).
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mlx_medic.log_on_use import logger
 from mlx_medic.platform.du import DuError, gnu_du, run_du
 
-log = logging.getLogger("mlx_medic.platform")
+LOGGER = "mlx_medic.platform"  # mlx_medic.log_on_use: logging is imported when it logs
 
 MAX_DEPTH = 200  # deeper trees are not walked further (and count as skipped)
 
@@ -152,11 +152,11 @@ class DuWeigher:
             run = run_du(self.du, dir_fd, names)
         except DuError as exc:
             if not self._failing:
-                log.warning("tmp walk: du failed, walking in Python instead: %s", exc)
+                logger(LOGGER).warning("tmp walk: du failed, walking in Python instead: %s", exc)
             self._failing = True
             return self.fallback.weigh(dir_fd, dev, names)
         if self._failing:
-            log.info("tmp walk: du works again")
+            logger(LOGGER).info("tmp walk: du works again")
             self._failing = False
         usages = {
             name: TreeUsage(found.bytes // 512, found.newest_mtime)

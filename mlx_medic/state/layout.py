@@ -24,14 +24,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import grp
-import logging
 import os
 import pwd
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger("mlx_medic.state")
+from mlx_medic.log_on_use import logger
+
+LOGGER = "mlx_medic.state"  # mlx_medic.log_on_use: logging is imported when it logs
 
 STATE_GROUP = "mlx-medic"  # the group docs/state-layout.md names
 DIR_MODE = 0o2750
@@ -243,7 +244,7 @@ def _usable_dir(path: Path, owner: Owner | None) -> None:
             finally:
                 os.close(fd)
             if changed:
-                log.warning(
+                logger(LOGGER).warning(
                     "corrected %s: %s (root made it; the node's login user writes it)",
                     path,
                     changed,
@@ -286,7 +287,7 @@ def open_lock_file(path: Path, owner: Owner | None = None) -> int:
         elif _is_root() and info.st_uid == 0 and target.uid != 0:
             changed = _correct(fd, info, target, FILE_MODE)
             if changed:
-                log.warning(
+                logger(LOGGER).warning(
                     "corrected %s: %s (root made it; the node's login user locks it)", path, changed
                 )
     except BaseException:

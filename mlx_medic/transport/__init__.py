@@ -1,8 +1,9 @@
 """How mlx-medic acts on a node: the interface, this machine, SSH, and the two routed.
 
-`SshTransport` is imported from `mlx_medic.transport.ssh` only when asked for
-(`from mlx_medic.transport import SshTransport` works, PEP 562), so importing the
-interface never loads asyncssh: the exporter and `mlx-medic probe` stay light.
+The transports are imported from their modules only when asked for (`from
+mlx_medic.transport import SshTransport` works, PEP 562), so importing the interface
+loads neither asyncssh nor asyncio: the exporter, `mlx-medic probe` and the node helpers
+that read a `CommandResult` stay light.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from mlx_medic.transport.interface import (
     TransportError,
     output_text,
 )
-from mlx_medic.transport.local import LocalTransport
-from mlx_medic.transport.routed import RoutedTransport
 
 if TYPE_CHECKING:
+    from mlx_medic.transport.local import LocalTransport
+    from mlx_medic.transport.routed import RoutedTransport
     from mlx_medic.transport.ssh import SshTransport
 
 __all__ = [
@@ -32,9 +33,16 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name == "SshTransport":
-        from mlx_medic.transport.ssh import SshTransport
+_LAZY = {
+    "LocalTransport": "mlx_medic.transport.local",
+    "RoutedTransport": "mlx_medic.transport.routed",
+    "SshTransport": "mlx_medic.transport.ssh",
+}
 
-        return SshTransport
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,6 +5,7 @@ the inventory is validated and snapshotted, none loads pydantic or yaml either."
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ HEAVY = (
     "hashlib",  # OpenSSL's libcrypto (mlx_medic.digests)
     "http.client",  # and ssl (the probe speaks HTTP on its socket)
     "logging.handlers",  # socket, pickle, queue (only with --log.file)
+    "logging",  # set up when a helper first logs (mlx_medic.log_on_use)
+    "shutil",  # argparse's formatter's terminal width, with zlib, bz2 and lzma
 )
 
 
@@ -45,28 +48,30 @@ def loaded_by(argv: list[str], env: dict[str, str]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "needs"),
     [
-        ("service", "m1", "status"),
-        ("run", "m1", "show"),
-        ("backend", "m1", "show"),
-        ("lock", "m1", "show"),
-        ("pid-alive", "1"),
-        ("facts", "m1"),
-        ("orphans", "m1"),
-        ("sweep", "m1", "--dry-run"),
-        ("probe", "m1", "--timeout", "1"),  # nothing listens: down, its verdict
+        (("service", "m1", "status"), []),
+        (("run", "m1", "show"), []),
+        (("backend", "m1", "show"), []),
+        (("lock", "m1", "show"), []),
+        (("pid-alive", "1"), []),
+        # importlib.metadata's zipfile brings shutil: the versions of mlx and mlx-lm
+        (("facts", "m1"), ["shutil"]),
+        (("orphans", "m1"), []),
+        (("sweep", "m1", "--dry-run"), []),
+        (("probe", "m1", "--timeout", "1"), []),  # nothing listens: down, its verdict
     ],
 )
 def test_a_helper_loads_no_service_stack_ssh_exporter_or_validator(
-    tmp_path: Path, args: tuple[str, ...]
+    tmp_path: Path, args: tuple[str, ...], needs: list[str]
 ) -> None:
     helpers = two_model_helpers(tmp_path)
     argv = ["node", *args, "--inventory", str(helpers.config), "--node", "n1", "--json"]
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     first = loaded_by(argv, env)  # validates the inventory and snapshots it
-    assert set(first) <= {"pydantic", "yaml", "hashlib"}, first  # hashlib: pydantic's
-    assert loaded_by(argv, env) == []
+    # hashlib, shutil, logging: pydantic's own imports
+    assert set(first) <= {"pydantic", "yaml", "hashlib", "shutil", "logging"}, first
+    assert loaded_by(argv, env) == needs
 
 
 def test_a_helper_reads_a_validated_inventory_without_pydantic(tmp_path: Path) -> None:
@@ -132,3 +137,21 @@ def test_the_state_process_and_snapshot_modules_load_no_validator() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert len(PLAIN) > 10 and result.stdout.split() == ["LOADED"]
+
+
+def test_a_helper_that_logs_sets_logging_up_then_as_every_command_does(tmp_path: Path) -> None:
+    """Logging comes with the first line logged, in the format of every command's stderr:
+    `node clean` says how it walks the tmp dirs."""
+    helpers = two_model_helpers(tmp_path)
+    argv = ["node", "clean", "m1", "--dry-run", "--inventory", str(helpers.config)]
+    code = (
+        f"import sys\nfrom mlx_medic.cli import main\nsys.exit(main({[*argv, '--node', 'n1']!r}))\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.search(
+        r"^\d{4}-\d\d-\d\d [\d:,]+ INFO mlx_medic.platform: tmp walk", result.stderr, re.M
+    ), result.stderr
