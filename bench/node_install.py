@@ -16,6 +16,7 @@ be visible inside the nodes (under /var/tmp: every node has a private /tmp).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -32,8 +33,11 @@ class NodeInstallFailed(RuntimeError):
 
 def _step(name: str, argv: list[str | Path]) -> None:
     """Run one step; on failure, raise with the step's name, command and output."""
+    # Without PYTHONPATH: a checkout on it (the benches run with PYTHONPATH=<checkout>)
+    # shows pip that checkout's egg-info as mlx-medic installed already, and pip skips it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
-        [str(a) for a in argv], capture_output=True, text=True, timeout=300, check=False
+        [str(a) for a in argv], capture_output=True, text=True, timeout=300, check=False, env=env
     )
     if result.returncode != 0:
         raise NodeInstallFailed(
