@@ -231,6 +231,24 @@ class Loop(ClosedOnExit):
             found[node] = found.get(node, 0) + int(float(sample["value"][1]))
         return found
 
+    def orphans_stay_zero(self, scrapes: int = 2) -> bool:
+        """Whether every node's exporter published no orphan of the model in each of its
+        last `scrapes` scrapes, none of them missed. `orphans()` reads one instant, where a
+        node whose last scrape failed (a slow scrape on a busy machine: the timeout is the
+        interval) has no sample at all and reads as 0; here such a node is not settled."""
+        from mlx_medic.inventory.fields import parse_duration
+
+        window = (scrapes + 0.5) * parse_duration(self.settings.interval)
+        stamps: dict[str, set[float]] = {node: set() for node in self.settings.nodes}
+        selector = f'mlx_orphan_processes{{model="{MODEL}"}}[{int(window * 1000)}ms]'
+        for series in self.query(selector):
+            node = series["metric"].get("node", "")
+            for stamp, value in series["values"]:
+                if float(value) != 0:
+                    return False
+                stamps.setdefault(node, set()).add(float(stamp))
+        return all(len(seen) >= scrapes for seen in stamps.values())
+
     def dashboard_orphans(self) -> dict[str, float]:
         """Each orphan panel of the cluster dashboard (grafana/), its query with the
         variables set to "All" as Grafana expands them: the sum of what it shows now."""
