@@ -249,6 +249,7 @@ async def test_a_model_down_alert_during_a_sweep_is_queued_after_it_not_absorbed
     recover, sweep = engine.journal.list_runs()
     assert (sweep.playbook, sweep.outcome) == (SWEEP_ORPHANS, "succeeded")
     assert (recover.playbook, recover.outcome) == ("recover", "succeeded")
+    assert recover.started_at is not None and sweep.ended_at is not None
     assert recover.started_at >= sweep.ended_at
 
 
@@ -275,6 +276,7 @@ async def test_an_orphan_alert_for_another_node_during_a_sweep_gets_a_sweep_of_i
     await engine.wait_idle()
     second, first = engine.journal.list_runs()
     assert (first.outcome, second.outcome) == ("succeeded", "succeeded")
+    assert second.started_at is not None and first.ended_at is not None
     assert second.started_at >= first.ended_at
     assert (first.steps[0].node, second.steps[0].node) == ("ai002", "ai003")
     started = engine.journal.list_events(kind="started")[0].detail
