@@ -35,6 +35,7 @@ REMEDIATOR_KEYS = (
     "lock_wait",
     "lock_lease",
     "max_parallel_runs",
+    "orphans_clean_window",
     "notify_url",
     "probe_from",
 )

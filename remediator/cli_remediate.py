@@ -132,7 +132,7 @@ async def manual_engine(
             inventory,
             oncall.journal,
             transport,
-            playbooks={**builtin_playbooks(), **(playbooks or {})},
+            playbooks={**builtin_playbooks(oncall.config), **(playbooks or {})},
             registry=CollectorRegistry(),
             config_source=oncall.source,
         )

@@ -210,6 +210,14 @@ class RemediatorConfig(StrictModel):
         " run); one past it waits, queued, until a run ends: it bounds the SSH sessions and"
         " node helpers a site-wide outage starts at once",
     )
+    orphans_clean_window: Duration = Field(
+        default=30.0,
+        gt=0,
+        description="a sweep-orphans run ends only once its nodes were seen without orphans"
+        " in two checks this far apart (sweeping any that come back), so Prometheus has"
+        " scraped and evaluated a zero and the orphan alert resolves: at least one scrape"
+        " interval plus one rule evaluation interval (15s + 15s as rendered)",
+    )
     notify_url: str | None = Field(default=None, description="POSTed a JSON escalation")
     node: str | None = Field(
         default=None,

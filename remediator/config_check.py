@@ -32,7 +32,7 @@ def check(path: Path) -> int:
     config = read_config(ConfigSource(path, FLAG_FOUND_BY))
     problems: list[str] = []
     try:
-        check_routing(config.routing, builtin_playbooks())
+        check_routing(config.routing, builtin_playbooks(config))
     except ConfigError as exc:
         problems.append(str(exc))
     inventory_error: InventoryError | None = None

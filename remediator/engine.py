@@ -100,7 +100,7 @@ class Engine:
         built-in ones by default); a routed name it lacks is a ConfigError.
         `config_source`: the config file read, which the commands in next actions name
         (`--config.file` unless it is at the default path)."""
-        self.playbooks = dict(builtin_playbooks() if playbooks is None else playbooks)
+        self.playbooks = dict(builtin_playbooks(config) if playbooks is None else playbooks)
         check_routing(config.routing, self.playbooks)
         self.config = config
         self.config_source = config_source

@@ -121,7 +121,7 @@ async def serve(
     (name -> instance) are the ones the config may route to, the built-in ones unless
     given; `config_source` is the config file read (the commands the page and the runs'
     next actions show name it)."""
-    playbooks = builtin_playbooks() if playbooks is None else playbooks
+    playbooks = builtin_playbooks(config) if playbooks is None else playbooks
     try:
         host, port = parse_listen(config.listen, default_host="127.0.0.1")
     except ValueError as exc:

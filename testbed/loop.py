@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 import yaml
 
+from mlx_medic.inventory.fields import parse_duration
 from testbed import processes
 from testbed.closing import ClosedOnExit
 from testbed.cluster import Cluster, SimNode, TestbedError
@@ -230,6 +231,22 @@ class Loop(ClosedOnExit):
             node = sample["metric"].get("node", "")
             found[node] = found.get(node, 0) + int(float(sample["value"][1]))
         return found
+
+    def orphans_stay_zero(self, scrapes: int = 2) -> bool:
+        """Whether every node's exporter published no orphan of the model in each of its
+        last `scrapes` scrapes, none of them missed. `orphans()` reads one instant, where a
+        node whose last scrape failed (a slow scrape on a busy machine: the timeout is the
+        interval) has no sample at all and reads as 0; here such a node is not settled."""
+        window = (scrapes + 0.5) * parse_duration(self.settings.interval)
+        stamps: dict[str, set[float]] = {node: set() for node in self.settings.nodes}
+        selector = f'mlx_orphan_processes{{model="{MODEL}"}}[{int(window * 1000)}ms]'
+        for series in self.query(selector):
+            node = series["metric"].get("node", "")
+            for stamp, value in series["values"]:
+                if float(value) != 0:
+                    return False
+                stamps.setdefault(node, set()).add(float(stamp))
+        return all(len(seen) >= scrapes for seen in stamps.values())
 
     def dashboard_orphans(self) -> dict[str, float]:
         """Each orphan panel of the cluster dashboard (grafana/), its query with the
@@ -625,6 +642,9 @@ def _start_remediator(loop: Loop) -> Daemon:
             {
                 "inventory": str(loop.inventory),
                 "journal": str(loop.journal),
+                # sweep-orphans' clean checks a scrape plus an evaluation apart (both
+                # `interval`), and a second's margin
+                "orphans_clean_window": f"{2 * parse_duration(loop.settings.interval) + 1:g}s",
                 "auth": {
                     "bearer_token_file": token,  # Alertmanager's
                     "basic_username": ONCALL_USER,  # on-call's browser

@@ -120,12 +120,14 @@ def run_faults(
 
 
 def settle_orphans(loop: Loop, timeout: float) -> None:
-    """Wait until the exporters report no orphan of the model and no remediator run is
-    still under way (or `timeout`): the outcome reads runs that ended."""
+    """Wait until no remediator run is still under way and every exporter reported no
+    orphan of the model in two scrapes in a row, none missed (or `timeout`): the outcome
+    reads runs that ended, and one instant's read is not taken for the end state (a node
+    whose scrape failed has no sample in it, which `Loop.orphans` reads as 0)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         running = [r for r in loop.runs() if r["ended_at"] is None]
-        if not running and not any(loop.orphans().values()):
+        if not running and loop.orphans_stay_zero():
             return
         time.sleep(1.0)
 

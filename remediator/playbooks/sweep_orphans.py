@@ -6,7 +6,12 @@ The reporting nodes are swept first, then the model's other nodes (a crash's orp
 span them), and only what the exporter's rules call orphans (`node sweep MODEL
 --orphans-only`): the service is not stopped, the current run and suspects are not
 touched. The verify checks that a model that answered before still answers; one that was
-not answering (a start or a crash in progress) is left to LLMModelDown. An orphan that
+not answering (a start or a crash in progress) is left to LLMModelDown. Before that
+verify, the run confirms its nodes clean (`ConfirmClean`): two checks at least
+`orphans_clean_window` apart that find no orphan, so Prometheus has seen zero and the
+alert (the firing this run holds) resolves; orphans that come back meanwhile (another
+crash) are swept and the checks start over, and after 3 such re-sweeps the run escalates.
+An orphan that
 survives SIGKILL (uninterruptible: only a reboot of its node ends it) is no failure and
 no escalation: the sweep names it once, with its node's reboot advice (the step's
 detail, the run's and a journal `unkillable` event, a warning), and the node's exporter
@@ -27,6 +32,7 @@ from mlx_medic.node.replies import OrphansReply
 from mlx_medic.remediator.model_health import ModelState
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict
 from mlx_medic.remediator.steps import RunContext, Step, Sweep, Verify
+from mlx_medic.remediator.steps.confirm_clean import DEFAULT_CLEAN_WINDOW, ConfirmClean, Sleep
 from mlx_medic.remediator.steps.on_nodes import ask
 
 SWEEP_ORPHANS = "sweep-orphans"
@@ -37,13 +43,22 @@ class SweepOrphansPlaybook(Playbook):
     own_budget = True
     per_node = True
 
+    def __init__(
+        self, clean_window: float = DEFAULT_CLEAN_WINDOW, sleep: Sleep = asyncio.sleep
+    ) -> None:
+        """`clean_window`: the config's `orphans_clean_window` (ConfirmClean's window);
+        `sleep`: how ConfirmClean waits it (a test's clock)."""
+        self.clean_window = clean_window
+        self.sleep = sleep
+
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         return self.plan_for(model, inventory, ())
 
     def plan_for(self, model: Model, inventory: Inventory, nodes: Sequence[str]) -> list[Step]:
         """Sweep the orphans of the reporting nodes (every node of the model when no alert
-        named one), then those of the model's other nodes, then check that a model that
-        answered still answers: one probe, no restart.
+        named one), then those of the model's other nodes, then confirm every node clean in
+        two checks `clean_window` apart (re-sweeping orphans that come back), then check
+        that a model that answered still answers: one probe, no restart.
 
         A crash leaves orphans on several nodes, and a peer's rank often counts as one only
         once the head's leftovers of the dead launch (its `ssh` clients) are gone; waiting
@@ -55,6 +70,7 @@ class SweepOrphansPlaybook(Playbook):
         others = tuple(node for node in model.nodes if node not in named) if named else ()
         if others:
             steps.append(Sweep(model=model, nodes=others, orphans_only=True))
+        steps.append(ConfirmClean(model=model, window=self.clean_window, sleep=self.sleep))
         steps.append(Verify(model=model, within=0, only_if_answered_before=True))
         return steps
 

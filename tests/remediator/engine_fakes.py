@@ -289,7 +289,7 @@ def fake_playbooks() -> dict[str, Playbook]:
     """Fresh instances by name, beside the built-in `recover`."""
     return {
         "recover": RecoverPlaybook(),
-        "sweep-orphans": SweepOrphansPlaybook(),
+        "sweep-orphans": SweepOrphansPlaybook(clean_window=0.0),  # no real waits
         "succeeding": SucceedingPlaybook(),
         "gated": GatedPlaybook(),
         "unrecoverable": UnrecoverablePlaybook(),

@@ -173,6 +173,7 @@ async def start_engine(
     settings: dict[str, Any] = {
         "inventory": str(served.inventory),
         "journal": str(tmp_path / "journal.sqlite"),
+        "orphans_clean_window": "1s",  # no Prometheus here: sweep-orphans' checks, short
     }
     if routing is not None:
         settings["routing"] = {"playbooks": routing}
@@ -281,6 +282,7 @@ async def test_one_recover_run_ends_the_seeds_orphans_cleans_and_serves_again(
             )
             assert [(s.name, s.node) for s in sweep.steps] == [
                 ("sweep-orphans", "ai001, ai002"),
+                ("confirm-clean", "ai001, ai002"),
                 ("verify", "ai001"),
             ]
             for node in nodes:

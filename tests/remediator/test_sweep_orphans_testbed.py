@@ -74,6 +74,7 @@ async def test_sweep_orphans_over_ssh_ends_the_seeds_orphans_on_the_reporting_no
             {
                 "journal": str(tmp_path / "journal.sqlite"),
                 "routing": {"playbooks": {"MLXOrphanProcesses": "sweep-orphans"}},
+                "orphans_clean_window": "1s",  # no Prometheus here: its checks, short
             }
         )
 
@@ -108,6 +109,7 @@ async def test_sweep_orphans_over_ssh_ends_the_seeds_orphans_on_the_reporting_no
         assert [(s.name, s.node) for s in run.steps] == [
             ("sweep-orphans", "ai002"),
             ("sweep-orphans", "ai001"),
+            ("confirm-clean", "ai001, ai002"),
             ("verify", "ai001"),
         ]
         wait_until(lambda: not processes.is_alive(old_peer_rank), "the peer's old rank to go")
@@ -132,7 +134,7 @@ async def test_sweep_orphans_over_ssh_ends_the_seeds_orphans_on_the_reporting_no
         assert all(processes.is_alive(pid) for pids in current.values() for pid in pids)
         assert launches[1].alive()
         steps = {s.name for r in engine.journal.list_runs() for s in r.steps}
-        assert steps == {"sweep-orphans", "verify"}
+        assert steps == {"sweep-orphans", "confirm-clean", "verify"}
     finally:
         for launch in launches:
             launch.close()
