@@ -31,6 +31,10 @@ class ActiveRun:
     nodes: set[str] = field(default_factory=set)  # the nodes its alerts named; empty: all
     nodes_fixed: bool = False  # its steps were given `nodes`: later ones are not acted on
     after: asyncio.Task[None] | None = None  # the run of the model it waits for, if any
+    # Set when a run of the model is queued to act after this one (a model-down alert, or
+    # an orphan alert for another node, during a sweep-orphans run): a step that only
+    # waits (confirm-clean's window) stops waiting
+    successor: asyncio.Event = field(default_factory=asyncio.Event)
     live_would: str = ""  # a dry run: what live mode would do (the decision's budget)
 
     def covers(self, named: Set[str]) -> bool:

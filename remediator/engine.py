@@ -327,6 +327,8 @@ class Engine:
             live_would=start.live_would,
         )
         self._queue(run)
+        if start.after is not None:
+            start.after.successor.set()
         self._writes.event(
             Disposition.STARTED, event, model=model, run_id=run_id, detail=start.detail(run_id)
         )

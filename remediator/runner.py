@@ -152,6 +152,7 @@ class Runner:
             host=self.locks.hostname,
             pid=self.locks.pid,
             journal=self.journal,
+            successor=run.successor,
         )
         alert = run.trigger in ("alert", "startup")  # both re-check before they act
         if alert:

@@ -140,6 +140,8 @@ class RunContext:
     # The engine's journal (None: a test without one): a playbook that acts on a node
     # reads and sets the pauses of every model there and the other runs (reboot-node)
     journal: Journal | None = None
+    # Set when a run of the model is queued to act after this one (ActiveRun.successor)
+    successor: asyncio.Event | None = None
 
     def __post_init__(self) -> None:
         if self.helpers is None:

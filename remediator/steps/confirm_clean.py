@@ -23,7 +23,10 @@ instead of sweeping forever. Every check and re-sweep is a line of the step's de
 of the remediator's log; the nodes' answers are its output.
 
 It comes before the playbook's verify because the runner ends a run at a verify that
-passes; the verify then judges the model after the last re-sweep.
+passes; the verify then judges the model after the last re-sweep. A run of the model
+queued after this one (`recover` for a model-down alert: it stops, sweeps every node and
+starts; or a sweep of nodes this run does not act on) ends the window's wait at once, so
+it does not wait the window out; it sweeps, and confirms, again.
 """
 
 from __future__ import annotations
@@ -85,6 +88,24 @@ class ConfirmClean(Step):
         """Each round: a check, a window, a check and a sweep (each within `default`)."""
         return (self.resweeps + 1) * (self.window + 3 * default)
 
+    async def _successor_queued(self, context: RunContext) -> bool:
+        """Wait the window; True (at once) when a run of the model is queued after this
+        one: a model-down alert's `recover`, or another node's sweep, must not wait it out."""
+        successor = context.successor
+        if successor is None:
+            await self.sleep(self.window)
+            return False
+        if successor.is_set():
+            return True
+        waiting = asyncio.ensure_future(successor.wait())
+        window = asyncio.ensure_future(self.sleep(self.window))
+        try:
+            await asyncio.wait({waiting, window}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, window):
+                task.cancel()
+        return successor.is_set()
+
     async def run(self, context: RunContext) -> StepResult:
         model, nodes = self.model, list(self.model.nodes)
         ignored: set[Identity] = set(context.known_unkillable)
@@ -131,7 +152,13 @@ class ConfirmClean(Step):
                     )
                 note(f"check {check}: no orphans on {', '.join(nodes)}{also}")
                 clean_before = True
-                await self.sleep(self.window)
+                if await self._successor_queued(context):
+                    return ended(
+                        StepResult(StepOutcome.OK),
+                        f"another run of {model.name} is queued to act after this one and"
+                        " sweeps again (recover, for a model that went down, or a sweep of"
+                        " nodes this run does not act on): the check ends here",
+                    )
                 continue
             clean_before = False
             if resweeps == self.resweeps:

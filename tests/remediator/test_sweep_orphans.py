@@ -71,6 +71,7 @@ def engine_with(
     answers: dict[tuple[str, str], Any],
     health: Health | None = None,
     sleeps: list[float] | None = None,
+    playbook: SweepOrphansPlaybook | None = None,
     **policy: Any,
 ) -> tuple[Engine, FakeHelpers]:
     """`sleeps`: the windows confirm-clean waits (recorded, not waited)."""
@@ -80,7 +81,10 @@ def engine_with(
         config,
         inventory,
         transport=LocalTransport(),
-        playbooks={"recover": RecoverPlaybook(), SWEEP_ORPHANS: sweep_orphans(sleeps)},
+        playbooks={
+            "recover": RecoverPlaybook(),
+            SWEEP_ORPHANS: playbook or sweep_orphans(sleeps),
+        },
         health=health or Health(up=True),
     )
     engines.append(engine)
@@ -253,6 +257,44 @@ async def test_a_model_down_alert_during_a_sweep_is_queued_after_it_not_absorbed
     assert recover.started_at >= sweep.ended_at
 
 
+async def test_a_model_down_alert_during_the_clean_window_ends_it_and_recover_acts_at_once(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """The window is no wait for a model that went down: recover stops, sweeps every node
+    and starts, so confirm-clean ends its check as soon as recover is queued."""
+    waiting = asyncio.Event()
+
+    async def a_long_window(seconds: float) -> None:
+        waiting.set()
+        await asyncio.Event().wait()  # never over: only recover's queueing ends it
+
+    health = Health(
+        verdicts=[
+            HealthVerdict.up("answered"),  # the sweep's re-check
+            HealthVerdict.down("refused"),  # the sweep's verify: it went down meanwhile
+            HealthVerdict.down("refused"),  # recover's re-check
+            HealthVerdict.up("answered"),  # recover's verify
+        ]
+    )
+    playbook = SweepOrphansPlaybook(clean_window=WINDOW, sleep=a_long_window)
+    engine, _ = engine_with(
+        tmp_path, engines, {("ai002", "orphans"): reported(ORPHAN)}, health, playbook=playbook
+    )
+    assert await engine.submit(orphan_alert("o1")) == Disposition.STARTED
+    await asyncio.wait_for(waiting.wait(), 10)
+    assert await engine.submit(alert("down1")) == Disposition.STARTED
+    await asyncio.wait_for(engine.wait_idle(), 10)
+    recover, sweep = engine.journal.list_runs()
+    assert (recover.playbook, recover.outcome) == ("recover", "succeeded")
+    step = confirm_clean(sweep)
+    assert step.outcome == "ok"
+    assert step.detail.endswith(
+        f"another run of {MODEL} is queued to act after this one and sweeps again (recover,"
+        " for a model that went down, or a sweep of nodes this run does not act on): the"
+        " check ends here"
+    )
+
+
 async def test_an_orphan_alert_for_another_node_during_a_sweep_gets_a_sweep_of_its_own(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
@@ -261,8 +303,9 @@ async def test_an_orphan_alert_for_another_node_during_a_sweep_gets_a_sweep_of_i
         engines,
         {
             ("ai002", "orphans"): reported(ORPHAN),
-            # clean in the first run's two checks; reported at the second run's re-check
-            ("ai003", "orphans"): [orphans(), orphans(), *reported(ORPHAN)],
+            # clean in the first run's check (the second run, queued, ends its window);
+            # reported at the second run's re-check
+            ("ai003", "orphans"): [orphans(), *reported(ORPHAN)],
         },
     )
     helpers.gates["sweep"] = gate = asyncio.Event()
