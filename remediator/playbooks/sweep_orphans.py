@@ -32,7 +32,12 @@ from mlx_medic.node.replies import OrphansReply
 from mlx_medic.remediator.model_health import ModelState
 from mlx_medic.remediator.playbooks.base import Playbook, RecheckVerdict
 from mlx_medic.remediator.steps import RunContext, Step, Sweep, Verify
-from mlx_medic.remediator.steps.confirm_clean import DEFAULT_CLEAN_WINDOW, ConfirmClean, Sleep
+from mlx_medic.remediator.steps.confirm_clean import (
+    DEFAULT_CLEAN_WINDOW,
+    HEALTH_POLL,
+    ConfirmClean,
+    Sleep,
+)
 from mlx_medic.remediator.steps.on_nodes import ask
 
 SWEEP_ORPHANS = "sweep-orphans"
@@ -44,12 +49,17 @@ class SweepOrphansPlaybook(Playbook):
     per_node = True
 
     def __init__(
-        self, clean_window: float = DEFAULT_CLEAN_WINDOW, sleep: Sleep = asyncio.sleep
+        self,
+        clean_window: float = DEFAULT_CLEAN_WINDOW,
+        sleep: Sleep = asyncio.sleep,
+        health_poll: float = HEALTH_POLL,
     ) -> None:
         """`clean_window`: the config's `orphans_clean_window` (ConfirmClean's window);
-        `sleep`: how ConfirmClean waits it (a test's clock)."""
+        `sleep`: how ConfirmClean waits it (a test's clock); `health_poll`: how often it
+        probes a serving model meanwhile."""
         self.clean_window = clean_window
         self.sleep = sleep
+        self.health_poll = health_poll
 
     def plan(self, model: Model, inventory: Inventory) -> list[Step]:
         return self.plan_for(model, inventory, ())
@@ -70,7 +80,14 @@ class SweepOrphansPlaybook(Playbook):
         others = tuple(node for node in model.nodes if node not in named) if named else ()
         if others:
             steps.append(Sweep(model=model, nodes=others, orphans_only=True))
-        steps.append(ConfirmClean(model=model, window=self.clean_window, sleep=self.sleep))
+        steps.append(
+            ConfirmClean(
+                model=model,
+                window=self.clean_window,
+                sleep=self.sleep,
+                health_poll=self.health_poll,
+            )
+        )
         steps.append(Verify(model=model, within=0, only_if_answered_before=True))
         return steps
 

@@ -26,7 +26,10 @@ It comes before the playbook's verify because the runner ends a run at a verify 
 passes; the verify then judges the model after the last re-sweep. A run of the model
 queued after this one (`recover` for a model-down alert: it stops, sweeps every node and
 starts; or a sweep of nodes this run does not act on) ends the window's wait at once, so
-it does not wait the window out; it sweeps, and confirms, again.
+it does not wait the window out; it sweeps, and confirms, again. So does a model that
+answered at the re-check and stops answering during the window (probed every 5 s): the
+run holds the model lock, and the serve wrapper's restart, refused while it is held,
+must not wait for the window either.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlx_medic.inventory.model import Model
 from mlx_medic.node.replies import OrphansReply, ProcessEntry
+from mlx_medic.remediator.model_health import ModelState
 from mlx_medic.remediator.outcomes import StepOutcome
 from mlx_medic.remediator.run_survivors import merged_survivors
 from mlx_medic.remediator.steps.base import RunContext, Step, StepDescription, StepResult
@@ -49,6 +54,17 @@ MAX_RESWEEPS = 3  # re-sweeps of orphans that came back before the run escalates
 CHECK_UNREACHABLE = (
     "the orphans could not be checked after the sweep: check that {nodes} is up and"
     " answers SSH, then read `mlx_orphan_processes` for them"
+)
+HEALTH_POLL = 5.0  # seconds between probes of a serving model during the window
+QUEUED_AFTER = (
+    "another run of {model} is queued to act after this one and sweeps again (recover, for"
+    " a model that went down, or a sweep of nodes this run does not act on): the check"
+    " ends here"
+)
+WENT_DOWN = (
+    "{model} stopped answering during the window ({reason}): the check ends here, so the"
+    " run lets go of the model lock for the service's restart (its start sweep) or"
+    " LLMModelDown's recover"
 )
 Identity = tuple[str, int, float]
 Sleep = Callable[[float], Awaitable[None]]
@@ -70,6 +86,7 @@ class ConfirmClean(Step):
     window: float = DEFAULT_CLEAN_WINDOW
     resweeps: int = MAX_RESWEEPS
     sleep: Sleep = field(default=asyncio.sleep, compare=False, repr=False)  # a test's clock
+    health_poll: float = HEALTH_POLL
 
     def describe(self) -> StepDescription:
         nodes = ", ".join(self.model.nodes)
@@ -88,23 +105,37 @@ class ConfirmClean(Step):
         """Each round: a check, a window, a check and a sweep (each within `default`)."""
         return (self.resweeps + 1) * (self.window + 3 * default)
 
-    async def _successor_queued(self, context: RunContext) -> bool:
-        """Wait the window; True (at once) when a run of the model is queued after this
-        one: a model-down alert's `recover`, or another node's sweep, must not wait it out."""
+    async def _wait_window(self, context: RunContext) -> str | None:
+        """Wait the window; why to stop checking instead, at once, when another run of the
+        model is queued after this one, or when the model, which answered at the re-check,
+        stops answering (it holds the model lock: a restart of the serve wrapper would be
+        refused until the run ends). None: the window passed."""
+        watches: dict[asyncio.Future[Any], str] = {}
         successor = context.successor
-        if successor is None:
-            await self.sleep(self.window)
-            return False
-        if successor.is_set():
-            return True
-        waiting = asyncio.ensure_future(successor.wait())
+        if successor is not None:
+            if successor.is_set():
+                return QUEUED_AFTER.format(model=self.model.name)
+            watches[asyncio.ensure_future(successor.wait())] = QUEUED_AFTER
+        if context.answered_before:
+            watches[asyncio.ensure_future(self._until_down(context))] = WENT_DOWN
         window = asyncio.ensure_future(self.sleep(self.window))
         try:
-            await asyncio.wait({waiting, window}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({window, *watches}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (waiting, window):
+            for task in (window, *watches):
                 task.cancel()
-        return successor.is_set()
+        for task, why in watches.items():
+            if task.done() and not task.cancelled():
+                return why.format(model=self.model.name, reason=task.result() or "")
+        return None
+
+    async def _until_down(self, context: RunContext) -> str:
+        """The probe's reason once the model does not answer (asked every `health_poll`)."""
+        while True:
+            await asyncio.sleep(self.health_poll)
+            verdict = await context.health(self.model)
+            if verdict.state is ModelState.DOWN:
+                return verdict.reason
 
     async def run(self, context: RunContext) -> StepResult:
         model, nodes = self.model, list(self.model.nodes)
@@ -152,13 +183,9 @@ class ConfirmClean(Step):
                     )
                 note(f"check {check}: no orphans on {', '.join(nodes)}{also}")
                 clean_before = True
-                if await self._successor_queued(context):
-                    return ended(
-                        StepResult(StepOutcome.OK),
-                        f"another run of {model.name} is queued to act after this one and"
-                        " sweeps again (recover, for a model that went down, or a sweep of"
-                        " nodes this run does not act on): the check ends here",
-                    )
+                stopped = await self._wait_window(context)
+                if stopped is not None:
+                    return ended(StepResult(StepOutcome.OK), stopped)
                 continue
             clean_before = False
             if resweeps == self.resweeps:

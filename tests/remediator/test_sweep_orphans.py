@@ -257,6 +257,25 @@ async def test_a_model_down_alert_during_a_sweep_is_queued_after_it_not_absorbed
     assert recover.started_at >= sweep.ended_at
 
 
+def ended_ok(step: Any) -> str:
+    """The detail of a step that ended ok."""
+    assert step.outcome == "ok", step.detail
+    return str(step.detail)
+
+
+async def sweep_started(
+    tmp_path: Path, engines: list[Engine], health: Health, sleep: Any, **playbook: Any
+) -> Engine:
+    """An engine whose sweep-orphans waits its window with `sleep`, with ai002's orphan
+    alert submitted (its run started)."""
+    sweep = SweepOrphansPlaybook(clean_window=WINDOW, sleep=sleep, **playbook)
+    engine, _ = engine_with(
+        tmp_path, engines, {("ai002", "orphans"): reported(ORPHAN)}, health, playbook=sweep
+    )
+    assert await engine.submit(orphan_alert("o1")) == Disposition.STARTED
+    return engine
+
+
 async def test_a_model_down_alert_during_the_clean_window_ends_it_and_recover_acts_at_once(
     tmp_path: Path, engines: list[Engine]
 ) -> None:
@@ -276,22 +295,43 @@ async def test_a_model_down_alert_during_the_clean_window_ends_it_and_recover_ac
             HealthVerdict.up("answered"),  # recover's verify
         ]
     )
-    playbook = SweepOrphansPlaybook(clean_window=WINDOW, sleep=a_long_window)
-    engine, _ = engine_with(
-        tmp_path, engines, {("ai002", "orphans"): reported(ORPHAN)}, health, playbook=playbook
-    )
-    assert await engine.submit(orphan_alert("o1")) == Disposition.STARTED
+    engine = await sweep_started(tmp_path, engines, health, a_long_window)
     await asyncio.wait_for(waiting.wait(), 10)
     assert await engine.submit(alert("down1")) == Disposition.STARTED
     await asyncio.wait_for(engine.wait_idle(), 10)
     recover, sweep = engine.journal.list_runs()
     assert (recover.playbook, recover.outcome) == ("recover", "succeeded")
-    step = confirm_clean(sweep)
-    assert step.outcome == "ok"
-    assert step.detail.endswith(
+    assert ended_ok(confirm_clean(sweep)).endswith(
         f"another run of {MODEL} is queued to act after this one and sweeps again (recover,"
         " for a model that went down, or a sweep of nodes this run does not act on): the"
         " check ends here"
+    )
+
+
+async def test_a_model_that_stops_answering_during_the_clean_window_ends_it_and_the_run(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """The run holds the model lock, which a restart of the serve wrapper needs: a serving
+    model that stops answering ends the window (probed meanwhile), and with it the run."""
+
+    async def a_long_window(seconds: float) -> None:
+        await asyncio.Event().wait()  # never over: only the probe's verdict ends it
+
+    health = Health(
+        verdicts=[
+            HealthVerdict.up("answered"),  # the sweep's re-check: serving
+            HealthVerdict.down("refused"),  # the window's first probe
+            HealthVerdict.down("refused"),  # the sweep's verify
+        ]
+    )
+    engine = await sweep_started(tmp_path, engines, health, a_long_window, health_poll=0.01)
+    await asyncio.wait_for(engine.wait_idle(), 10)
+    (run,) = engine.journal.list_runs()
+    assert run.ended_at is not None
+    assert ended_ok(confirm_clean(run)).endswith(
+        f"{MODEL} stopped answering during the window (refused): the check ends here, so the"
+        " run lets go of the model lock for the service's restart (its start sweep) or"
+        " LLMModelDown's recover"
     )
 
 
