@@ -23,8 +23,9 @@ Nothing acts unrecorded: every decision that acts is journaled before it acts, a
 journal write that fails (JournalError) ends the delivery: the web layer answers 503,
 which Alertmanager retries. `journal_problem` says when the journal cannot record.
 
-The engine is given its playbooks as instances by name (`builtin_playbooks()` unless
-told otherwise); the config routes alert names to those names.
+The engine is given its playbooks as instances by name (`builtin_playbooks(config)`,
+set as the config says, unless told otherwise); the config routes alert names to those
+names.
 """
 
 from __future__ import annotations

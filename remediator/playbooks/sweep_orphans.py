@@ -11,11 +11,10 @@ verify, the run confirms its nodes clean (`ConfirmClean`): two checks at least
 `orphans_clean_window` apart that find no orphan, so Prometheus has seen zero and the
 alert (the firing this run holds) resolves; orphans that come back meanwhile (another
 crash) are swept and the checks start over, and after 3 such re-sweeps the run escalates.
-An orphan that
-survives SIGKILL (uninterruptible: only a reboot of its node ends it) is no failure and
-no escalation: the sweep names it once, with its node's reboot advice (the step's
-detail, the run's and a journal `unkillable` event, a warning), and the node's exporter
-pages `MLXUnkillableSurvivors` for the reboot; the model keeps serving. Orphans an
+An orphan that survives SIGKILL (uninterruptible: only a reboot of its node ends it)
+is no failure and no escalation: the sweep names it once, with its node's reboot advice
+(the step's detail, the run's and a journal `unkillable` event, a warning), and the
+node's exporter pages `MLXUnkillableSurvivors` for the reboot; the model keeps serving. Orphans an
 earlier run named are not named again, nor a reason to act again (the re-check leaves
 them out). It has its own budget and never opens the model's circuit, so routine sweeps
 cannot stop `recover`.
