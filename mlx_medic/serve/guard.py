@@ -8,10 +8,11 @@ and rank variables removed from its environment, in a session of its own and wit
 output in `<state_dir>/runs/<model>.guard.log`, so it is never mistaken for a rank and
 never holds the rank's terminal open. It polls (macOS has no parent-death signal) this
 node's records: once the run's lease has run out or the node's current run is another
-one, it ends the process it watches (checked by pid and start time before each signal):
-SIGTERM, a grace period, SIGKILL where the policy allows. It exits when that process is
-gone. A JACCL rank is registered on its node before it starts
-(mlx_medic.node.rank_register): one that ends by no signal of ours is counted as
+one, it ends the process it watches: SIGTERM, a grace period, SIGKILL where the policy
+allows, each only while psutil finds the pid still held by that process (its start
+counted from boot, which a clock step does not move). It exits when that process is
+gone. Each line of its log is stamped. A JACCL rank is registered on its node before it
+starts (mlx_medic.node.rank_register): one that ends by no signal of ours is counted as
 `vanished`, a spend of its devices' domains, by whoever sees it gone first (this watcher,
 or a sweep).
 """
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import psutil
+
     from mlx_medic.state.ledger import EntryKind
 
 # The guard sits on every launch's critical path (before mlx.launch on the head, before
@@ -108,25 +110,49 @@ def start_time(pid: int) -> float | None:
         return None
 
 
-def same_process(pid: int, started: float) -> bool:
-    now = start_time(pid)
-    return now is not None and abs(now - started) <= START_TOLERANCE
+def watched_process(pid: int, started: float) -> psutil.Process | None:
+    """The process the guard became, once its start is checked against the one the guard
+    read; None when that process is gone. From then on psutil tells it from a process that
+    reuses its pid by its start counted from boot, which a clock step does not move (the
+    start in seconds since the epoch moves with the clock on Linux)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        if abs(process.create_time() - started) > START_TOLERANCE:
+            return None
+    except psutil.Error:
+        return None
+    return process if alive(process) else None
 
 
-def end_process(pid: int, started: float, grace: float, sigkill: bool) -> bool:
+def alive(process: psutil.Process) -> bool:
+    """Still the watched process, and not a zombie."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def end_process(process: psutil.Process, grace: float, sigkill: bool) -> bool:
     """SIGTERM, up to `grace` seconds, then SIGKILL if allowed, each only while the pid
     is still that process. True when SIGKILL was sent."""
-    if not same_process(pid, started):
-        return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not same_process(pid, started):
-            return False
-        time.sleep(0.1)
-    if sigkill and same_process(pid, started):
-        os.kill(pid, signal.SIGKILL)
-        return True
+    import psutil
+
+    try:
+        process.terminate()  # psutil signals only the process it was made for
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not alive(process):
+                return False
+            time.sleep(0.1)
+        if sigkill and alive(process):
+            process.kill()
+            return True
+    except psutil.Error:  # gone (or its pid reused) in between
+        pass
     return False
 
 
@@ -155,13 +181,23 @@ def record_spend_of(
         )
 
 
+def say(message: str) -> None:
+    """One line of the guard log, stamped: on-call reads how long the guard took."""
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} guard: {message}", flush=True)
+
+
 def watch(args: argparse.Namespace) -> int:
     devices = tuple(d for d in args.devices.split(",") if d)
-    while same_process(args.pid, args.start):
+    process = watched_process(args.pid, args.start)
+    if process is None:
+        say(f"pid {args.pid} of run {args.run} was gone before its watch began")
+    else:
+        say(f"watching pid {args.pid} of run {args.run}")
+    while process is not None and alive(process):
         why = run_is_over(args.state_dir, args.model, args.run, time.time())
         if why is not None:
-            print(f"guard: ending pid {args.pid} of run {args.run}: {why}", flush=True)
-            killed = end_process(args.pid, args.start, args.grace, args.sigkill)
+            say(f"ending pid {args.pid} of run {args.run}: {why}")
+            killed = end_process(process, args.grace, args.sigkill)
             if killed and args.backend == "jaccl":
                 record_spend_of(
                     args.state_dir, args.model, args.pid, args.start, "sigkill", devices
@@ -183,10 +219,9 @@ def count_vanished(state_dir: Path) -> None:
     if node is None:
         return
     for rank in count_gone(state_dir, node):
-        print(
-            f"guard: JACCL rank pid {rank.pid} of run {rank.run_id} ended without a signal"
-            " of ours: counted as a spend (vanished)",
-            flush=True,
+        say(
+            f"JACCL rank pid {rank.pid} of run {rank.run_id} ended without a signal"
+            " of ours: counted as a spend (vanished)"
         )
 
 

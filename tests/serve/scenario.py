@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,11 +193,16 @@ def answers(port: int) -> bool:
     return probe_model("127.0.0.1", port, timeout=20).up
 
 
-def wait_until(predicate: Any, timeout: float, what: str) -> float:
-    """Seconds it took; AssertionError naming `what` after `timeout`."""
+def wait_until(
+    predicate: Any, timeout: float, what: str, explain: Callable[[], str] | None = None
+) -> float:
+    """Seconds it took; AssertionError naming `what` (and what `explain` says) after
+    `timeout`."""
     start = time.monotonic()
     while not predicate():
-        assert time.monotonic() - start < timeout, f"{what} not within {timeout:g}s"
+        if time.monotonic() - start >= timeout:
+            detail = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"{what} not within {timeout:g}s{detail}")
         time.sleep(0.2)
     return time.monotonic() - start
 

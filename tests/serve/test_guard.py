@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -14,7 +15,7 @@ import psutil
 import pytest
 
 from mlx_medic.processes.info import ENV_RANK, ENV_RUN_ID
-from mlx_medic.serve.guard import guard_argv, run_is_over
+from mlx_medic.serve.guard import guard_argv, parse_args, run_is_over, watch
 from mlx_medic.state.ledger import read_ledger
 from mlx_medic.state.node_identity import write_node_id
 from mlx_medic.state.runs import record_current_run, record_lease
@@ -101,6 +102,41 @@ def test_a_lease_that_runs_out_ends_the_rank_and_then_the_watcher(guarded):
     wait_for(lambda: watchers_of(run_id) == [], what="the watcher's exit")
     log = (state / "runs" / "m1.guard.log").read_text()
     assert f"ending pid {rank.pid} of run {run_id}: the lease ran out" in log
+
+
+def test_a_clock_step_while_the_rank_runs_does_not_blind_its_watcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """On Linux a process's start in seconds since the epoch is the boot time plus its
+    start in ticks, so a step of the clock moves it for every later reader. The watcher
+    tells its process by the start counted from boot: it still ends the rank."""
+    state = tmp_path / "state"
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    write_node_id(state, "n1")
+    record_current_run(state, "m1", run_id)
+    record_lease(state, "m1", run_id, 60.0, "test")
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        started = psutil.Process(rank.pid).create_time()
+        args, _ = parse_args(
+            [*("--watch", str(rank.pid), "--start", repr(started), "--model", "m1"),
+             *("--run", run_id, "--state-dir", str(state), "--grace", "0.5")]
+        )  # fmt: skip
+        args.pid = args.watch
+        watcher = threading.Thread(target=watch, args=(args,), daemon=True)
+        watcher.start()
+        wait_for(lambda: "watching pid" in capsys.readouterr().out, what="the watch")
+        stepped = psutil._psplatform.boot_time() + 2.0  # the clock stepped 2 s forward
+        monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: stepped)
+        time.sleep(2.5)  # a few polls
+        assert watcher.is_alive() and rank.poll() is None
+        record_lease(state, "m1", run_id, 0.1, "a wrapper that was SIGKILLed")
+        assert rank.wait(timeout=30) == -15
+        watcher.join(timeout=30)
+        assert not watcher.is_alive()
+    finally:
+        rank.kill()
+        rank.wait()
 
 
 def test_a_new_current_run_on_the_node_ends_the_old_runs_rank(guarded):

@@ -68,6 +68,13 @@ def metric(samples: dict[tuple, float], name: str, **labels: str) -> float | Non
     return samples.get(key)
 
 
+def guard_log(state_dir: Path) -> str:
+    try:
+        return (state_dir / "runs" / "tiny.guard.log").read_text()[-4000:]
+    except OSError as exc:
+        return f"(unreadable: {exc})"
+
+
 def second_serve_is_refused(served: Served) -> None:
     second = served.run_direct(timeout=120)
     assert second.returncode == 3, second.stderr
@@ -165,7 +172,22 @@ def test_a_sigkilled_wrapper_leaves_no_rank_anywhere_while_a_sigkilled_mlx_launc
             or served.launchers()
         )
 
-    took = wait_until(run_gone, ORPHAN_LIMIT, "no rank of the killed run and no mlx.launch")
+    def what_is_left() -> str:
+        left = [
+            f"{node} pid {pid} ({processes.state(pid)}): {' '.join(processes.cmdline(pid))}"
+            for node in ("ai001", "ai002")
+            for pid in served.ranks(node, record.run_id)
+        ]
+        left += [f"ai001 mlx.launch pid {pid}" for pid in served.launchers()]
+        logs = [
+            f"{node} guard log:\n{guard_log(cluster.node(node).state_dir)}"
+            for node in ("ai001", "ai002")
+        ]
+        return "\n".join(left + logs)
+
+    took = wait_until(
+        run_gone, ORPHAN_LIMIT, "no rank of the killed run and no mlx.launch", what_is_left
+    )
     print(f"after SIGKILL of the wrapper, its run was gone from every node in {took:.1f}s")
 
     # The same crash without the wrapper: plain mlx.launch, SIGKILLed, leaves the peer's rank.
