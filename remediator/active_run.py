@@ -35,6 +35,10 @@ class ActiveRun:
     # an orphan alert for another node, during a sweep-orphans run): a step that only
     # waits (confirm-clean's window) stops waiting
     successor: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once the run has looked at what its alerts report for the last time
+    # (confirm-clean's last clean check): an alert for the model after that is queued
+    # after the run, not absorbed, since the run would never act on it
+    settled: bool = False
     live_would: str = ""  # a dry run: what live mode would do (the decision's budget)
 
     def covers(self, named: Set[str]) -> bool:
@@ -44,6 +48,9 @@ class ActiveRun:
         if not self.playbook.per_node or not self.nodes_fixed:
             return True
         return not self.nodes or (bool(named) and named <= self.nodes)
+
+    def settle(self) -> None:
+        self.settled = True
 
     def join(self, named: Set[str]) -> None:
         """Add an alert's nodes to a run that has not fixed them (empty stays: every node)."""

@@ -16,8 +16,10 @@ The order of the rules is the safety argument:
   older than max_alert_age -> STALE
   a run for the model queued or running -> ABSORBED (single flight), except that a
     new run is queued after it (through the rules below) for a model-down alert while
-    the run acts on a serving model (sweep-orphans), and for an alert naming a node
-    the run does not act on (sweep-orphans acts on the nodes named before it started)
+    the run acts on a serving model (sweep-orphans), for an alert naming a node the run
+    does not act on (sweep-orphans acts on the nodes named before it started), and for
+    any alert once the run has checked its nodes for the last time (sweep-orphans past
+    confirm-clean's last clean check: a new firing then would be held, never acted on)
   paused / circuit open -> PAUSED / CIRCUIT_OPEN
   a dry run -> a new run, STARTED, whatever the budget says: the run journals what live
     mode would do by the two rules below (act, back off, or open the circuit)
@@ -53,6 +55,7 @@ from mlx_medic.remediator.playbooks import Playbook
 
 SWEEP_WHILE_UP = "a model-down alert waits for the sweep of a serving model, then acts"
 NODES_FIXED = "that run acts only on the nodes it started with"
+PAST_LAST_CHECK = "that run has checked its nodes for the last time and would not act on this alert"
 # The one STARTED that turns DUPLICATE after the decision: the journal's insert lost a race.
 RECORDED_ELSEWHERE = "firing recorded by another process"
 
@@ -201,12 +204,15 @@ def decide(
     node_label = event.labels.get("node")
     named = frozenset({node_label}) if node_label in model.nodes else frozenset()
     current = runs.get(model.name)
-    # A model that is down is not absorbed by a run that acts on it while it serves,
-    # nor an alert naming a node the run will not act on: its run is queued after it.
+    # A model that is down is not absorbed by a run that acts on it while it serves, nor
+    # an alert naming a node the run will not act on, nor any alert once the run has
+    # checked its nodes for the last time: its run is queued after it.
     waits_for, why_after = None, ""
     if current is not None and not current.ended:
         if current.playbook.while_up and not playbook.while_up:
             waits_for, why_after = current, SWEEP_WHILE_UP
+        elif current.settled:
+            waits_for, why_after = current, PAST_LAST_CHECK
         elif not current.covers(named):
             waits_for, why_after = current, NODES_FIXED
         else:

@@ -153,6 +153,7 @@ class Runner:
             pid=self.locks.pid,
             journal=self.journal,
             successor=run.successor,
+            settle=run.settle,
         )
         alert = run.trigger in ("alert", "startup")  # both re-check before they act
         if alert:

@@ -106,6 +106,10 @@ class StartMarks:
     failed_starts: int | None
 
 
+def _not_settled() -> None:
+    """A run without an engine (a test's) has nobody to tell."""
+
+
 @dataclass
 class RunContext:
     """What a step (and a playbook's re-check) may use; the engine makes one per run."""
@@ -142,6 +146,9 @@ class RunContext:
     journal: Journal | None = None
     # Set when a run of the model is queued to act after this one (ActiveRun.successor)
     successor: asyncio.Event | None = None
+    # Says the run has looked at what its alerts report for the last time
+    # (ActiveRun.settle): a later alert for the model gets a run of its own after this one
+    settle: Callable[[], None] = _not_settled
 
     def __post_init__(self) -> None:
         if self.helpers is None:

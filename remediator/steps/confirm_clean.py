@@ -23,7 +23,10 @@ instead of sweeping forever. Every check and re-sweep is a line of the step's de
 of the remediator's log; the nodes' answers are its output.
 
 It comes before the playbook's verify because the runner ends a run at a verify that
-passes; the verify then judges the model after the last re-sweep. A run of the model
+passes; the verify then judges the model after the last re-sweep. Once the last check
+is done the run is settled (`RunContext.settle`): an orphan alert that arrives after it
+(a new firing, from orphans that appeared since) is not absorbed by a run that will not
+look again, but gets a run of its own, queued after this one. A run of the model
 queued after this one (`recover` for a model-down alert: it stops, sweeps every node and
 starts; or a sweep of nodes this run does not act on) ends the window's wait at once, so
 it does not wait the window out; it sweeps, and confirms, again. So does a model that
@@ -176,6 +179,7 @@ class ConfirmClean(Step):
             also = f" ({left_alone} unkillable one(s) already named left out)" if left_alone else ""
             if not fresh:
                 if clean_before:
+                    context.settle()
                     return ended(
                         StepResult(StepOutcome.OK),
                         f"check {check}: clean again {self.window:g}s later{also}: Prometheus"
@@ -185,6 +189,7 @@ class ConfirmClean(Step):
                 clean_before = True
                 stopped = await self._wait_window(context)
                 if stopped is not None:
+                    context.settle()
                     return ended(StepResult(StepOutcome.OK), stopped)
                 continue
             clean_before = False

@@ -18,6 +18,7 @@ from mlx_medic.remediator.budget import BudgetDecision
 from mlx_medic.remediator.config import FLAG_FOUND_BY, ConfigSource, RemediatorConfig
 from mlx_medic.remediator.decision import (
     NODES_FIXED,
+    PAST_LAST_CHECK,
     SWEEP_WHILE_UP,
     Decision,
     Escalation,
@@ -150,6 +151,8 @@ QUEUED_ALONE = in_flight(phase="queued", fingerprints=("f1",))
 QUEUED_WITH_OTHERS = in_flight(phase="queued", fingerprints=("f1", "f2"))
 EXECUTING = in_flight(fingerprints=("f1",))
 SWEEPING = in_flight("sweep-orphans", nodes=("ai002",))
+SETTLED = in_flight("sweep-orphans", nodes=("ai002",))  # past confirm-clean's last check
+SETTLED.settle()
 BUDGET_NEXT = (
     f"find out why {MODEL} keeps failing (`mlx-medic log --model {MODEL}`) and fix it;"
     f" then `mlx-medic resume {MODEL}`"
@@ -305,6 +308,16 @@ CASES = [
             start=("recover", False, SWEEP_WHILE_UP),
         ),
         id="model down during a sweep of the serving model: queued after it",
+    ),
+    pytest.param(
+        Case(
+            orphans("ai002"),
+            Disposition.STARTED,
+            run=SETTLED,
+            nodes=("ai002",),
+            start=("sweep-orphans", False, PAST_LAST_CHECK),
+        ),
+        id="orphans after the sweep's last clean check: queued after it",
     ),
     pytest.param(
         Case(

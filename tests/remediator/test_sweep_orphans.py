@@ -21,6 +21,7 @@ from mlx_medic.remediator.config import (
     RemediatorConfig,
     read_config,
 )
+from mlx_medic.remediator.decision import PAST_LAST_CHECK
 from mlx_medic.remediator.engine import Engine
 from mlx_medic.remediator.model_health import HealthVerdict
 from mlx_medic.remediator.playbooks import (
@@ -365,6 +366,54 @@ async def test_an_orphan_alert_for_another_node_during_a_sweep_gets_a_sweep_of_i
     started = engine.journal.list_events(kind="started")[0].detail
     assert f"after run {first.id} (that run acts only on the nodes it started with)" in started
     assert await engine.submit(ai003) == Disposition.DUPLICATE  # held by the run that swept it
+
+
+class VerifyHeld(Health):
+    """Serving; the run's verify (the second probe: the first is its re-check) is held
+    until `release` is set, `verifying` set meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__(up=True)
+        self.verifying, self.release = asyncio.Event(), asyncio.Event()
+
+    async def __call__(self, model: Any) -> HealthVerdict:
+        self.calls += 1
+        if self.calls == 2:
+            self.verifying.set()
+            await self.release.wait()
+        return HealthVerdict.up("answered")
+
+
+async def test_an_orphan_alert_after_the_last_clean_check_gets_a_sweep_of_its_own(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    """Orphans that appear after confirm-clean's last check make a new firing. The run
+    will not look at its nodes again, so that firing is not absorbed (it would be held,
+    never acted on): its run is queued after this one and sweeps them."""
+    health = VerifyHeld()
+    engine, helpers = engine_with(
+        tmp_path,
+        engines,
+        # the first run: reported, then clean twice; the second run's re-check: reported
+        {("ai002", "orphans"): [orphans(ORPHAN), orphans(), orphans(), *reported(ORPHAN)]},
+        health,
+    )
+    assert await engine.submit(orphan_alert("o1")) == Disposition.STARTED
+    await asyncio.wait_for(health.verifying.wait(), 10)  # past the last clean check
+    later = orphan_alert("o2")
+    assert await engine.submit(later) == Disposition.STARTED
+    health.release.set()
+    await asyncio.wait_for(engine.wait_idle(), 10)
+    second, first = engine.journal.list_runs()
+    assert (first.outcome, second.outcome) == ("succeeded", "succeeded")
+    assert second.started_at is not None and first.ended_at is not None
+    assert second.started_at >= first.ended_at
+    started = engine.journal.list_events(kind="started")[0].detail
+    assert f"after run {first.id} ({PAST_LAST_CHECK})" in started
+    assert [args for node, args in helpers.of("sweep") if node == "ai002"] == [
+        (MODEL, "--orphans-only")
+    ] * 2  # each run swept the reporting node
+    assert await engine.submit(later) == Disposition.DUPLICATE  # held by the run that swept
 
 
 async def test_orphan_alerts_for_two_nodes_before_the_run_starts_are_swept_by_one_run(
