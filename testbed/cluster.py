@@ -630,6 +630,9 @@ def _sshd_config(
             "MaxSessions 100",
             "LogLevel INFO",
             "Subsystem sftp /usr/lib/openssh/sftp-server",
+            # Root's helpers keep their cache (inventory snapshots) in the node, not in the
+            # host's ~/.cache (a node user's home is the node's own already).
+            *([] if user else [f"SetEnv XDG_CACHE_HOME={node_root / 'xdg-cache'}"]),
             *match,
             "",
         ]

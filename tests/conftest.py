@@ -26,6 +26,15 @@ __all__ = ["free_port"]
 CLUSTER_NODES = 3
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """What the tests' helpers cache (inventory snapshots) goes to a dir of the session's,
+    never the user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def terminal_100_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     """Commands that fit their output to the terminal (`mlx-medic log`) see one 100

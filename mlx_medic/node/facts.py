@@ -11,7 +11,6 @@ it, never a fake zero, and no RDMA on a node (no `ibv_devinfo`) is `"rdma": null
 from __future__ import annotations
 
 import os
-import platform as host_platform
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -129,26 +128,56 @@ def recent_errors(
     return found[-count:] if count else [], unreadable, sizes
 
 
-def versions() -> dict[str, Any]:
-    """MLX and mlx-lm as this interpreter sees them (the one the helper runs with; on a node
-    where the ranks run another Python, ask that one)."""
+def installed_version(name: str, path: Sequence[str]) -> str | None:
+    """`name`'s version as its `NAME-VERSION.dist-info` dir on `path` spells it (how pip
+    and uv install a wheel), from the first entry that has one, as imports find it; None
+    when no entry holds the package. Why not importlib.metadata: importing it (email,
+    zipfile, csv) cost a facts helper a fifth of its start, and facts runs on every node
+    at every recovery. An egg install (`.egg-info`, `.egg`) is left to importlib.metadata,
+    which reads its PKG-INFO."""
+    wanted = name.replace("-", "_").replace(".", "_").lower()
+    for entry in path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for found in names:
+            stem, _, suffix = found.rpartition(".")
+            dist, _, version = stem.partition("-")
+            if dist.replace(".", "_").lower() != wanted:
+                continue
+            if suffix == "dist-info" and version:
+                return version
+            if suffix in ("egg-info", "egg"):
+                return _metadata_version(name)
+    return None
+
+
+def _metadata_version(name: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def versions(path: Sequence[str] | None = None) -> dict[str, Any]:
+    """MLX and mlx-lm as this interpreter sees them (the one the helper runs with; on a node
+    where the ranks run another Python, ask that one)."""
     found: dict[str, Any] = {
         "python": sys.executable,
-        "python_version": host_platform.python_version(),
+        "python_version": ".".join(str(part) for part in sys.version_info[:3]),
     }
     for name in VERSIONED:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
+        found[name] = installed_version(name, sys.path if path is None else path)
     return found
 
 
 def os_build(runner: Runner, platform: str, os_release: Path = OS_RELEASE) -> dict[str, Any]:
     """macOS: `sw_vers -buildVersion`; Linux: /etc/os-release's PRETTY_NAME and the kernel."""
-    facts: dict[str, Any] = {"system": host_platform.system(), "release": host_platform.release()}
+    uname = os.uname()
+    facts: dict[str, Any] = {"system": uname.sysname, "release": uname.release}
     if platform == "darwin":
         try:
             build = output_of(runner, SW_VERS_ARGV, TIMEOUT).strip()

@@ -5,12 +5,21 @@ outputs in tests/fixtures/macos/."""
 
 from __future__ import annotations
 
-from importlib.metadata import version
+import sys
+from importlib.metadata import distributions, version
 from pathlib import Path
 
 import pytest
 
-from mlx_medic.node.facts import SW_VERS_ARGV, memory_facts, os_build, rdma_facts, recent_errors
+from mlx_medic.node.facts import (
+    SW_VERS_ARGV,
+    installed_version,
+    memory_facts,
+    os_build,
+    rdma_facts,
+    recent_errors,
+    versions,
+)
 from mlx_medic.node.log_marks import written_after
 from mlx_medic.platform.commands import CommandError, CommandNotFound, CompletedCommand
 from mlx_medic.platform.macos_memory import PRESSURE_ARGV, VM_STAT_ARGV
@@ -95,6 +104,42 @@ def test_the_linux_build_is_os_release_and_the_kernel(tmp_path: Path) -> None:
     facts = os_build(FakeRunner({}), "linux", release)
     assert facts["build"].startswith("Debian GNU/Linux 12 (bookworm) (kernel ")
     assert os_build(FakeRunner({}), "linux", tmp_path / "missing")["source"] == "uname"
+
+
+def test_a_version_is_read_from_the_dist_info_dir_the_import_would_find_first(
+    tmp_path: Path,
+) -> None:
+    first, second, empty = tmp_path / "first", tmp_path / "second", tmp_path / "empty"
+    installed = {
+        first: ["mlx_lm-0.28.1.dist-info"],
+        second: ["mlx-0.29.0.dist-info", "mlx_lm-0.20.0.dist-info", "mlx_metal-0.29.0.dist-info"],
+        empty: [],
+    }
+    for entry, dists in installed.items():
+        entry.mkdir()
+        for dist in dists:
+            (entry / dist).mkdir()
+    path = [str(empty), str(tmp_path / "missing"), str(first), str(second)]
+    assert installed_version("mlx-lm", path) == "0.28.1"  # the first entry holding it
+    assert installed_version("mlx_lm", path) == "0.28.1"
+    assert installed_version("MLX", path) == "0.29.0"  # not mlx_metal's
+    assert installed_version("mlx-medic", path) is None
+    assert versions(path)["mlx-lm"] == "0.28.1"
+
+
+def test_a_version_agrees_with_importlib_metadata_for_every_installed_package() -> None:
+    for dist in distributions():
+        assert installed_version(dist.metadata["Name"], sys.path) == dist.version
+
+
+def test_an_egg_install_is_read_by_importlib_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    egg = tmp_path / "mlx_lm.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: mlx-lm\nVersion: 0.19.3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert installed_version("mlx-lm", [str(tmp_path)]) == "0.19.3"
 
 
 def test_recent_errors_are_the_last_matching_lines_with_their_signature(tmp_path: Path) -> None:

@@ -28,6 +28,8 @@ HEAVY = (
     "logging.handlers",  # socket, pickle, queue (only with --log.file)
     "logging",  # set up when a helper first logs (mlx_medic.log_on_use)
     "shutil",  # argparse's formatter's terminal width, with zlib, bz2 and lzma
+    "importlib.metadata",  # email, zipfile, csv: facts reads dist-info dir names
+    "platform",  # facts reads os.uname() and sys.version_info
 )
 
 
@@ -55,8 +57,7 @@ def loaded_by(argv: list[str], env: dict[str, str]) -> list[str]:
         (("backend", "m1", "show"), []),
         (("lock", "m1", "show"), []),
         (("pid-alive", "1"), []),
-        # importlib.metadata's zipfile brings shutil: the versions of mlx and mlx-lm
-        (("facts", "m1"), ["shutil"]),
+        (("facts", "m1"), []),
         (("orphans", "m1"), []),
         (("sweep", "m1", "--dry-run"), []),
         (("probe", "m1", "--timeout", "1"), []),  # nothing listens: down, its verdict
@@ -69,8 +70,16 @@ def test_a_helper_loads_no_service_stack_ssh_exporter_or_validator(
     argv = ["node", *args, "--inventory", str(helpers.config), "--node", "n1", "--json"]
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     first = loaded_by(argv, env)  # validates the inventory and snapshots it
-    # hashlib, shutil, logging: pydantic's own imports
-    assert set(first) <= {"pydantic", "yaml", "hashlib", "shutil", "logging"}, first
+    # hashlib, shutil, logging, importlib.metadata, platform: pydantic's own imports
+    assert set(first) <= {
+        "pydantic",
+        "yaml",
+        "hashlib",
+        "shutil",
+        "logging",
+        "importlib.metadata",
+        "platform",
+    }, first
     assert loaded_by(argv, env) == needs
 
 
