@@ -6,12 +6,13 @@ it is the start.
 
 Each helper runs `--repetitions` times each way, from a wheel install of this checkout
 in a plain venv (bench/node_install.py, as the fleet benches' nodes run it), against an
-inventory of one model whose name, port and process pattern carry a fresh token, so no
-process on the machine matches it: the sweep runs with `--dry-run` and signals nothing,
-the probe finds nothing listening. CPU is the children's user + system time
-(`getrusage`) with the parent's own (its fork or its spawn) each time; the forked way's
-parent first runs the helper once in itself, so the modules it imports lazily are loaded
-before the fork, as in a process that has served a request already.
+inventory of one model whose name and process pattern carry a fresh token, so no
+process on the machine matches it, on a port free when the bench starts: the sweep runs
+with `--dry-run` and signals nothing, the probe finds nothing listening. CPU is the
+children's user + system time (`getrusage`) with the parent's own (its fork or its spawn)
+each time; the forked way's parent first runs the helper once in itself, so the modules
+it imports lazily are loaded before the fork, as in a process that has served a request
+already.
 
     PYTHONPATH=$PWD .venv/bin/python bench/helper_start/run.py --repetitions 40
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.node_install import install_node_medic
+from testbed import free_port
 
 HELPERS = {
     "lock show": ["lock", "{model}", "show"],
@@ -48,7 +50,7 @@ way, repetitions, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 devnull = os.open(os.devnull, os.O_WRONLY)
 
 
-def children_cpu():
+def spent_cpu():
     # the children's CPU, and this process's own (a fork copies its page tables)
     return sum(
         usage.ru_utime + usage.ru_stime
@@ -67,13 +69,13 @@ def quiet():
 samples = []
 if way == "fresh":
     for _ in range(repetitions):
-        before = children_cpu()
+        before = spent_cpu()
         subprocess.run(
             [sys.executable, "-c", "import sys; from mlx_medic.cli import main;"
              " sys.exit(main(sys.argv[1:]))", *argv],
             stdout=devnull, stderr=devnull, check=False,
         )
-        samples.append(children_cpu() - before)
+        samples.append(spent_cpu() - before)
 else:
     from mlx_medic.cli import main
 
@@ -86,7 +88,7 @@ else:
     os.dup2(out, 1)
     os.dup2(err, 2)
     for _ in range(repetitions):
-        before = children_cpu()
+        before = spent_cpu()
         pid = os.fork()
         if pid == 0:
             quiet()
@@ -95,7 +97,7 @@ else:
             finally:
                 os._exit(0)
         os.waitpid(pid, 0)
-        samples.append(children_cpu() - before)
+        samples.append(spent_cpu() - before)
 print(" ".join(f"{s:.6f}" for s in samples))
 """
 
@@ -109,7 +111,7 @@ models:
   bench-{token}:
     model: /models/bench-{token}
     nodes: [n1]
-    port: {20000 + int(token[:4], 16) % 20000}
+    port: {free_port()}
     service: {{manager: supervisord, label: bench-{token}}}
     backends: {{ring: {{hostfile: /etc/ring-{token}.json}}}}
     process_patterns: {{rank: ['serve-{token}\\.py']}}
