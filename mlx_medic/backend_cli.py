@@ -63,7 +63,7 @@ async def ask_head(
     from mlx_medic.node.replies import BackendReply
     from mlx_medic.transport import LocalTransport, NodeTransport, RoutedTransport, SshTransport
 
-    remote = SshTransport(inventory)
+    remote = SshTransport(inventory, helper_sessions=False)  # one call: no session to open
     transport: NodeTransport = (
         RoutedTransport(this_node, LocalTransport(), remote) if this_node else remote
     )

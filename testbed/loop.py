@@ -154,6 +154,12 @@ class Daemon:
             return "(no log)"
 
 
+def rechecked(kind: str, fingerprint: str | None, run_id: int | None) -> bool:
+    """A run's re-check finding its alert no longer holds: journaled `stale` for the run,
+    beside the alert's own `started` (remediator/engine.py `_stale`), not for an alert."""
+    return kind == "stale" and fingerprint is None and run_id is not None
+
+
 @dataclass
 class Loop(ClosedOnExit):
     cluster: Cluster
@@ -263,10 +269,28 @@ class Loop(ClosedOnExit):
     def alerts_unjournaled(self) -> int:
         """Alerts the remediator's webhook took in (`mlx_medic_alerts_received_total`)
         less the journal's events that record what it did with one (each gets one): 0
-        when no record was lost."""
+        when no record was lost. The count is read before and after the journal, and
+        again until no alert came in between (Alertmanager may repeat one at any time)."""
         from mlx_medic.remediator.alerts import Disposition
         from mlx_medic.remediator.journal import Journal
 
+        kinds = {str(d) for d in Disposition}
+        for _attempt in range(10):
+            received = self._alerts_received()
+            journal = Journal(self.journal)
+            try:
+                events = [
+                    e
+                    for e in journal.list_events(limit=100_000)
+                    if e.kind in kinds and not rechecked(e.kind, e.fingerprint, e.run_id)
+                ]
+            finally:
+                journal.close()
+            if self._alerts_received() == received:
+                return received - len(events)
+        raise RuntimeError("alerts kept arriving: cannot compare the journal with them")
+
+    def _alerts_received(self) -> int:
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.remediator_port}/metrics",
             headers={"Authorization": f"Bearer {TOKEN}"},
@@ -275,20 +299,15 @@ class Loop(ClosedOnExit):
             text = response.read().decode()
         from prometheus_client.parser import text_string_to_metric_families
 
-        received = sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            if family.name == "mlx_medic_alerts_received"
-            for sample in family.samples
-            if sample.name.endswith("_total")
+        return int(
+            sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                if family.name == "mlx_medic_alerts_received"
+                for sample in family.samples
+                if sample.name.endswith("_total")
+            )
         )
-        journal = Journal(self.journal)
-        try:
-            kinds = {str(d) for d in Disposition}
-            events = [e for e in journal.list_events(limit=100_000) if e.kind in kinds]
-        finally:
-            journal.close()
-        return int(received) - len(events)
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         data = self.prometheus("query", query=promql)

@@ -1,8 +1,10 @@
-"""What a node helper's CPU is made of: a fresh interpreter per call (what the remediator
-and the serve wrapper run over SSH today) against the same helper forked from a process
-that has already imported it (what a per-node helper process that forks per request
-would spend). Issue 28's fleet goals are bound by the first; this bench says how much of
-it is the start.
+"""What a node helper's CPU is made of: a fresh interpreter per call (a process per call,
+`ssh.helper_sessions: false`) against the same helper forked from a process that has
+already imported it, and against a call through a helper session (`mlx-medic node
+session`, what the SSH transport uses since 2026-12-05: its fork, its pipes, its loop).
+Issue 28's fleet goals are bound by the first; this bench says how much of it is the
+start. The session's own opening (an interpreter that imports every helper) is measured
+apart, as the median of five sessions that run nothing.
 
 Each helper runs `--repetitions` times each way, from a wheel install of this checkout
 in a plain venv (bench/node_install.py, as the fleet benches' nodes run it), against an
@@ -20,7 +22,9 @@ already.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -130,6 +134,36 @@ def measure(python: Path, way: str, repetitions: int, argv: list[str], env: dict
     return [float(s) for s in result.stdout.split()]
 
 
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def session_cpu(medic: Path, config: Path, env: dict[str, str], requests: list[list[str]]) -> float:
+    """CPU of one helper session (`mlx-medic node session`) that runs `requests` one after
+    another and ends: its start, its loop and its children."""
+    before = children_cpu()
+    session = subprocess.Popen(
+        [str(medic), "node", "session", "--inventory", str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    assert session.stdin is not None and session.stdout is not None
+    if '"session"' not in session.stdout.readline().decode():
+        raise RuntimeError("the session said no hello")
+    for number, argv in enumerate(requests):
+        session.stdin.write(json.dumps({"id": number, "argv": ["mlx-medic", *argv]}).encode())
+        session.stdin.write(b"\n")
+        session.stdin.flush()
+        reply = json.loads(session.stdout.readline())
+        if reply.get("exit_status") not in (0, 1) or '"schema"' not in reply.get("stdout", ""):
+            raise RuntimeError(f"{argv}: {reply}")
+    session.stdin.close()
+    session.wait(60)
+    return children_cpu() - before
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repetitions", type=int, default=40)
@@ -152,7 +186,14 @@ def main() -> int:
             check=True,
             env=env,
         )
-        print(f"{'helper':<18}{'exit':>5}{'fresh ms':>10}{'forked ms':>11}{'ratio':>8}")
+        opened = statistics.median(session_cpu(medic, config, env, []) for _ in range(5))
+        print(
+            f"opening a helper session (start, imports, hello; median of 5): {opened * 1000:.1f} ms"
+        )
+        print(
+            f"{'helper':<18}{'exit':>5}{'fresh ms':>10}{'forked ms':>11}{'ratio':>8}"
+            f"{'session ms':>12}{'ratio':>8}"
+        )
         for name, words in HELPERS.items():
             argv = ["node", *(w.format(model=f"bench-{token}") for w in words), *common]
             # Its exit status, so a helper that stopped early is not timed as a light one.
@@ -163,9 +204,12 @@ def main() -> int:
                 raise RuntimeError(f"{name}: exit {once.returncode}: {once.stderr.strip()}")
             fresh = statistics.median(measure(python, "fresh", args.repetitions, argv, env))
             forked = statistics.median(measure(python, "forked", args.repetitions, argv, env))
+            # per call through a session: all of one session's CPU, less its opening
+            spent = session_cpu(medic, config, env, [argv] * args.repetitions)
+            per_call = (spent - opened) / args.repetitions
             print(
                 f"{name:<18}{once.returncode:>5}{fresh * 1000:>10.1f}{forked * 1000:>11.1f}"
-                f"{forked / fresh:>8.2f}",
+                f"{forked / fresh:>8.2f}{per_call * 1000:>12.1f}{per_call / fresh:>8.2f}",
                 flush=True,
             )
     finally:

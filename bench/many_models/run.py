@@ -13,6 +13,12 @@ The nodes' mlx-medic is a wheel of this checkout in a plain venv under the bench
 workdir, as production installs it (bench/node_install.py; until 2026-12-04 a shim ran
 the dev venv's editable install, whose import hook runs at every start).
 
+The engine's helper calls go through one helper session per node (`mlx-medic node
+session`, a child forked per call; from 2026-12-05), or a process per call with
+`--process-per-call` (`ssh.helper_sessions: false`). A first recovery of every model,
+not measured, opens each node's connection and session, as in a remediator that has run
+(before 2026-12-05 it recovered one model, opening three nodes' connections).
+
 Each round: every model's program is stopped with supervisorctl (all down at once), an
 `LLMModelDown` alert per model is submitted together, and the time until every run has
 ended is taken (wall), with this process's CPU over it (the remediator: engine, asyncssh;
@@ -21,6 +27,7 @@ recovered alone, the same way. The two alternate which goes first. Every run mus
 succeeded, one run per model per round.
 
     python3 bench/many_models/run.py [--nodes 24] [--models 8] [--rounds 3] [--parallel 8]
+        [--process-per-call]
 
 Run as root on Linux. Everything it starts ends with the testbed.
 """
@@ -60,7 +67,9 @@ from tests.remediator.engine_fakes import alert  # noqa: E402
 PER_MODEL = 3
 
 
-def serve_models(cluster: Cluster, workdir: Path, models: int) -> tuple[Path, list[KeepAlive]]:
+def serve_models(
+    cluster: Cluster, workdir: Path, models: int, sessions: bool
+) -> tuple[Path, list[KeepAlive]]:
     """(the inventory, each model's KeepAlive service on its head, serving)."""
     stub = workdir / "stub_rank.py"
     stub.write_text(HEALTHY_SERVER)
@@ -97,6 +106,7 @@ def serve_models(cluster: Cluster, workdir: Path, models: int) -> tuple[Path, li
     # The nodes run this tree's mlx-medic, installed from a wheel as on a production node.
     medic = install_node_medic(workdir / "node-medic")
     data = yaml.safe_load(cluster.inventory_yaml(entries))
+    data["ssh"]["helper_sessions"] = sessions
     for node in data["nodes"].values():
         node.update(medic_command=str(medic), medic_config=str(inventory))
     inventory.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -156,9 +166,10 @@ async def rounds(inventory_path: Path, workdir: Path, services: list[KeepAlive],
     names = [m.name for m in inventory.models]
     taken: dict[str, list[tuple[float, float]]] = {"all": [], "alone": []}
     try:
-        # A first recovery of one model opens the SSH connections (not measured).
-        stop(services[:1])
-        await recover(engine, names[:1])
+        # A first recovery of every model opens each node's SSH connection and helper
+        # session, as a remediator that has run has them (not measured).
+        stop(services)
+        await recover(engine, names)
         for index in range(args.rounds):
             order = ["all", "alone"] if index % 2 == 0 else ["alone", "all"]
             for way in order:
@@ -179,6 +190,12 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parallel", type=int, default=8, help="max_parallel_runs")
+    parser.add_argument(
+        "--process-per-call",
+        action="store_true",
+        help="no helper sessions: each helper call a process of its own"
+        " (ssh.helper_sessions: false)",
+    )
     args = parser.parse_args()
     if args.models * PER_MODEL > args.nodes:
         parser.error(f"{args.models} models of {PER_MODEL} nodes need {args.models * 3} nodes")
@@ -187,7 +204,9 @@ def main() -> int:
     workdir.mkdir()
     try:
         with start_cluster(args.nodes, workdir / "cluster") as cluster:
-            inventory, services = serve_models(cluster, workdir, args.models)
+            inventory, services = serve_models(
+                cluster, workdir, args.models, not args.process_per_call
+            )
             try:
                 taken = asyncio.run(rounds(inventory, workdir, services, args))
             finally:
@@ -202,9 +221,10 @@ def main() -> int:
         f"\nmachine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f} at the end"
     )
+    way = "a process per call" if args.process_per_call else "one helper session per node"
     print(
         f"{args.nodes} nodes, {args.models} models of {PER_MODEL} nodes, max_parallel_runs "
-        f"{args.parallel}, {args.rounds} rounds; medians"
+        f"{args.parallel}, {args.rounds} rounds; helper calls: {way}; medians"
     )
     print("| | wall s | remediator CPU s |")
     print("|---|---:|---:|")

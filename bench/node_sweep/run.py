@@ -2,7 +2,10 @@
 
 Ours: the nodes in parallel over asyncssh (`mlx_medic.transport.ssh.SshTransport`,
 one connection per node, kept from repetition to repetition as the remediator keeps
-them), each running `mlx-medic node sweep MODEL --json --inventory INVENTORY`. The
+them), each running `mlx-medic node sweep MODEL --json --inventory INVENTORY`, through
+the node's helper session (a child forked per call, `mlx-medic node session`, opened by
+the first repetition and kept as the remediator keeps it; from 2026-12-05), or as a
+process per call with `--process-per-call` (`ssh.helper_sessions: false`). The
 nodes' mlx-medic is a wheel of this checkout in a plain venv under the bench's workdir,
 as production installs it (bench/node_install.py; until 2026-12-04 a shim ran the dev
 venv's editable install, whose import hook runs at every start). The inventory is new
@@ -27,7 +30,7 @@ exited so the node's pid 1 adopted them: launcher gone), then times one sweep of
 nodes, then checks that none of the orphans is left. The two ways alternate which
 goes first. Run as root on Linux (the testbed needs namespaces):
 
-    .venv/bin/python bench/node_sweep/run.py --repetitions 7 --orphans 3
+    .venv/bin/python bench/node_sweep/run.py --repetitions 7 --orphans 3 [--process-per-call]
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
 
 from bench.node_install import install_node_medic  # noqa: E402
 from mlx_medic.inventory.load import load_inventory  # noqa: E402
@@ -146,6 +151,11 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=7)
     parser.add_argument("--orphans", type=int, default=3, help="orphans per node")
     parser.add_argument("--nodes", type=int, default=4, help="testbed nodes (at most 200)")
+    parser.add_argument(
+        "--process-per-call",
+        action="store_true",
+        help="no helper sessions: each sweep a process of its own (ssh.helper_sessions: false)",
+    )
     args = parser.parse_args()
     if not 1 <= args.nodes <= 200:
         parser.error(f"--nodes {args.nodes}: the testbed takes 1 to 200 nodes")
@@ -154,13 +164,17 @@ def main() -> None:
     token = uuid.uuid4().hex[:8]
     workdir = Path("/var/tmp") / f"mlx-medic-bench-sweep-{token}"
     try:
-        times = measure(workdir, token, args.repetitions, args.orphans)
+        times = measure(workdir, token, args.repetitions, args.orphans, args.process_per_call)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    way = "a process per call" if args.process_per_call else "one helper session per node"
+    print(f"\nour helper calls: {way}")
     report(times, args.repetitions, args.orphans)
 
 
-def measure(workdir: Path, token: str, repetitions: int, count: int) -> dict[str, list[float]]:
+def measure(
+    workdir: Path, token: str, repetitions: int, count: int, process_per_call: bool
+) -> dict[str, list[float]]:
     medic = install_node_medic(workdir / "node-medic")
     with start_cluster(len(NODES), workdir) as cluster:
         port = free_port()
@@ -170,7 +184,7 @@ def measure(workdir: Path, token: str, repetitions: int, count: int) -> dict[str
         model = f"/models/bench-{token}"
         hostfile = cluster.hostfile(workdir / "ring.json", NODES)
         config = workdir / "inventory.yaml"
-        config.write_text(
+        data = yaml.safe_load(
             cluster.inventory_yaml(
                 [
                     {
@@ -185,6 +199,10 @@ def measure(workdir: Path, token: str, repetitions: int, count: int) -> dict[str
                 ]
             )
         )
+        data["ssh"]["helper_sessions"] = not process_per_call
+        for node in data["nodes"].values():  # the nodes run the installed mlx-medic, as argv
+            node.update(medic_command=str(medic), medic_config=str(config))
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
         inventory = load_inventory(config)
         argv = [
             str(medic),

@@ -199,6 +199,13 @@ class SshSettings(StrictModel):
         " it running). A playbook step may run for the longer of this and the model's"
         " `start_timeout`, plus 60 s, before it counts as failed",
     )
+    helper_sessions: bool = Field(
+        default=True,
+        description="run the helper calls to a node through one helper session per node and"
+        " connection (`mlx-medic node session`: a child forked per call, about a tenth of"
+        " a helper's CPU on the node); a node that opens none gets a process per call."
+        " false: a process per call always",
+    )
 
 
 class Inventory(StrictModel, InventoryMethods[Node, Model]):

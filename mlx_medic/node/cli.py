@@ -76,6 +76,10 @@ HELPERS: dict[str, tuple[str, str]] = {
         "mlx_medic.node.reboot_cli",
         "run this node's reboot command through sudo -n, if its reboot.allowed",
     ),
+    "session": (
+        "mlx_medic.node.session_cli",
+        "run many helpers in one login, each in a child forked for it",
+    ),
     "forced-command": (
         "mlx_medic.node.forced_command",
         "an authorized_keys command=: run SSH_ORIGINAL_COMMAND if its key may send it",

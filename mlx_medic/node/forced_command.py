@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 EXIT_REFUSED = 2
 THIS_HELPER = "forced-command"
+SESSION = "session"  # one login for many helpers, each checked here as its own
 # Every caller's tail (mlx_medic.node.client.helper_argv), checked for every grant.
 # `--config.file` is `--inventory`'s deprecated spelling, which callers before it sent.
 GENERIC_OPTIONS = (
@@ -252,10 +253,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlx_medic.state.node_identity import NodeIdentityError, resolve_node
-
     if args.inventory is None:
         raise BadArguments("--inventory FILE is required: the inventory this key runs with")
+    return run_original(os.environ.get("SSH_ORIGINAL_COMMAND"), args, session=True)
+
+
+def run_original(original: str | None, args: argparse.Namespace, *, session: bool) -> int:
+    """Check `original` against this key and run it here; a helper session's requests come
+    back through this, each checked as a login of its own (`session=False`: no session
+    inside one)."""
+    from mlx_medic.state.node_identity import NodeIdentityError, resolve_node
+
     inventory_file = Path(os.path.abspath(args.inventory))
     inventory = helper_inventory(inventory_file)
     this_node, unknown = None, ""
@@ -263,12 +271,18 @@ def run(args: argparse.Namespace) -> int:
         this_node = resolve_node(inventory, args.node, inventory.state_dir)
     except NodeIdentityError as exc:
         unknown = str(exc)
-    original = os.environ.get("SSH_ORIGINAL_COMMAND")
+    allowed = Allowed(inventory, inventory_file, this_node, unknown, args.key)
     try:
-        argv = validate(original, Allowed(inventory, inventory_file, this_node, unknown, args.key))
+        argv, grant = checked(original, allowed)
+        if grant.helper == SESSION and not session:
+            raise Refused("a helper session runs helpers, not another session")
     except Refused as exc:
         print(f"mlx-medic forced command: refused {original!r}: {exc}", file=sys.stderr)
         return EXIT_REFUSED
+    if grant.helper == SESSION:
+        from mlx_medic.node.session_cli import serve
+
+        return serve(lambda words: run_original(shlex.join(words), args, session=False))
     # In this process: the helper's code is what this forced command already runs (its
     # interpreter and import path, which the rendered command= fixes), so a second Python
     # would isolate nothing and only double the start-up every remediation step pays.

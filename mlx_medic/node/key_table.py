@@ -10,6 +10,8 @@ user's code sends, nothing more:
 - `serve` (`models.<name>.serve.identity_file`): the serve wrapper on a model's head,
   to the model's other nodes: the start sweep, the run's record and lease, the teardown,
   and `pid-alive` for a lock holder on a peer (its own head it reaches without SSH).
+Both send `session` first (the SSH transport's one login per node), and every request in
+it is checked against the same key's grants, as a login of its own would be.
 
 A Grant is one command line shape: the helper, its action, its positional values and
 options, each value checked against the inventory (a run id's shape, the
@@ -243,12 +245,22 @@ class Grant:
 
 
 REMEDIATOR_RUN = "the remediator's run"
+SESSION = Grant(
+    "session",
+    model=False,
+    sent_by="the SSH transport: one login per node for this key's helpers, each request"
+    " checked against this table as its own login would be",
+)
 DOCTOR = "`mlx-medic doctor --config.file`, read-only"
 LOCK_USER = "the model lock (the remediator's)"
 TABLE: dict[KeyName, tuple[Grant, ...]] = {
     "remediator": (
+        SESSION,
         Grant("facts", sent_by=f"{REMEDIATOR_RUN}: preflight, verify, escalation"),
-        Grant("orphans", sent_by=f"{REMEDIATOR_RUN}: sweep-orphans' re-check"),
+        Grant(
+            "orphans",
+            sent_by=f"{REMEDIATOR_RUN}: sweep-orphans' re-check and its confirm-clean checks",
+        ),
         Grant("sweep", sent_by=f"{REMEDIATOR_RUN}: recover's and finish-stop's sweep"),
         Grant(
             "sweep", options={"--orphans-only": None}, sent_by=f"{REMEDIATOR_RUN}: sweep-orphans"
@@ -326,6 +338,7 @@ TABLE: dict[KeyName, tuple[Grant, ...]] = {
         ),
     ),
     "serve": (
+        SESSION,
         Grant(
             "sweep",
             options={"--start-sweep": None, "--grace": GRACE},

@@ -298,9 +298,10 @@ def test_each_key_runs_its_own_helpers_and_never_the_forced_command_itself() -> 
         "probe",
         "reboot",
         "service",
+        "session",
         "sweep",
     ]
-    assert helper_names("serve") == ["clean", "pid-alive", "room", "run", "sweep"]
+    assert helper_names("serve") == ["clean", "pid-alive", "room", "run", "session", "sweep"]
     assert all("forced-command" not in helper_names(key) for key in KEYS)
 
 

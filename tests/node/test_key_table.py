@@ -41,6 +41,7 @@ from mlx_medic.serve.start import prepare_nodes, take_lock
 from mlx_medic.serve.teardown import end_run, teardown_deadline
 from mlx_medic.state.runs import new_run_id
 from mlx_medic.transport import CommandResult, LocalTransport, RoutedTransport
+from mlx_medic.transport.helper_session import session_argv
 from testbed import free_port
 from tests.remediator.engine_fakes import (
     MEDIC,
@@ -273,6 +274,13 @@ def grants_sent(key: KeyName, inventory: Inventory, sent: Sent) -> set[tuple[str
     return seen
 
 
+def over_ssh(inventory: Inventory, sent: Sent) -> Sent:
+    """What the SSH transport sends for these calls: a helper session on each node it
+    reaches first (mlx_medic.transport.helper_session), then each call through it."""
+    nodes = sorted({node for node, _ in sent})
+    return [(node, session_argv(inventory.node(node))) for node in nodes] + sent
+
+
 def every_entry(key: KeyName) -> set[tuple[str, str]]:
     return {(g.shape(), option) for g in TABLE[key] for option in ("", *g.optional)}
 
@@ -283,8 +291,8 @@ async def test_everything_the_remediator_sends_passes_its_key_and_uses_every_gra
     inventory, sent = await remediator_sends(tmp_path)
     assert sent and all(argv[0] == inventory.node(node).medic_command for node, argv in sent)
     doctor_inventory, doctor_sent = await doctor_sends()
-    assert grants_sent("remediator", inventory, sent) | grants_sent(
-        "remediator", doctor_inventory, doctor_sent
+    assert grants_sent("remediator", inventory, over_ssh(inventory, sent)) | grants_sent(
+        "remediator", doctor_inventory, over_ssh(doctor_inventory, doctor_sent)
     ) == every_entry("remediator")
 
 
@@ -293,7 +301,7 @@ async def test_everything_the_serve_wrapper_sends_its_peers_passes_its_key_and_u
 ) -> None:
     inventory, sent = await serve_sends(tmp_path)
     assert {node for node, _ in sent} == {"ai002", "ai003"}  # never its own head over SSH
-    assert grants_sent("serve", inventory, sent) == every_entry("serve")
+    assert grants_sent("serve", inventory, over_ssh(inventory, sent)) == every_entry("serve")
 
 
 def positionals(parser: argparse.ArgumentParser, action: str | None) -> set[str]:

@@ -6,7 +6,11 @@ its work a wait on a child that never ends), or waits until the test has frozen 
 sshd process of the peer. Either way the run ends within its timeouts, escalates saying
 the node's sweep timed out, and nothing is started on top of what the sweep may have
 left; a hung helper ends itself and its child on the node at its time limit (the call's
-own), with nobody signalling it."""
+own), with nobody signalling it. The helpers run as a process per call here
+(`ssh.helper_sessions: false`, as for a node that opens no helper session), so the peer's
+script sees each call; through a session, the same faults are
+tests/remediator/test_transport_ssh.py's (a frozen node) and tests/node/test_helper_session.py's
+(a request past its time limit)."""
 
 from __future__ import annotations
 
@@ -123,6 +127,7 @@ def stopped_service(cluster: Cluster, tiny_model: Path, body: str) -> Iterator[S
     peer_medic.chmod(0o755)
     data = yaml.safe_load(served.inventory.read_text())
     data["ssh"]["command_timeout"] = f"{COMMAND_TIMEOUT:g}s"
+    data["ssh"]["helper_sessions"] = False  # a process per call: the peer's script sees each
     for node in data["nodes"].values():
         node["medic_command"] = str(medic)
     data["nodes"]["ai002"]["medic_command"] = str(peer_medic)

@@ -4,15 +4,20 @@ are checked, one connection per node is reused."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 
-from mlx_medic.inventory.load import parse_inventory
+from mlx_medic.inventory.load import load_inventory, parse_inventory
 from mlx_medic.inventory.schema import Inventory
+from mlx_medic.node.client import HelperTimedOut, NodeHelpers
 from mlx_medic.transport import SshTransport, TransportError
+from testbed.freezer import frozen
+from tests.node.inventories import MEDIC, helper_inventory
 
 pytestmark = pytest.mark.testbed
 
@@ -120,5 +125,117 @@ async def test_a_connection_lost_between_commands_is_replaced_transparently(
         clean_cluster.node("ai003").kill_all_but_sshd()  # ends our session's sshd process
         await asyncio.sleep(0.2)
         assert (await ssh.run(node, ["echo", "back"], timeout=10)).stdout == "back\n"
+    finally:
+        await ssh.close()
+
+
+# --- helper sessions -------------------------------------------------------------------------
+def sessions_inventory(cluster, medic: str = MEDIC, **ssh: object) -> Inventory:
+    path = helper_inventory(cluster, [], f"sessions-{uuid.uuid4().hex[:6]}")
+    data = yaml.safe_load(path.read_text())
+    data["ssh"] |= ssh
+    for node in data["nodes"].values():
+        node["medic_command"] = medic
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_inventory(path)
+
+
+async def session_processes(ssh: SshTransport, inventory: Inventory, node: str) -> list[str]:
+    """The node's `node session` processes for this inventory (`ps` run as a process)."""
+    listing = await ssh.run(inventory.node(node), ["ps", "-eo", "pid,args"], timeout=10)
+    config = str(inventory.node(node).medic_config)
+    return [
+        line for line in listing.stdout.splitlines() if f"node session --inventory {config}" in line
+    ]
+
+
+async def test_helper_calls_to_a_node_go_through_one_session_there(cluster) -> None:
+    inventory = sessions_inventory(cluster)
+    ssh = SshTransport(inventory)
+    helpers = NodeHelpers(ssh, inventory, timeout=60)
+    try:
+        replies = await asyncio.gather(*(helpers.call("ai002", "drain", "show") for _ in range(6)))
+        assert all(reply.ok and reply.document["drain"] is None for reply in replies)
+        session = ssh._sessions["ai002"]
+        assert (await helpers.call("ai002", "ledger")).document["node"] == "ai002"
+        assert ssh._sessions["ai002"] is session
+        (only,) = await session_processes(ssh, inventory, "ai002")
+        assert int(only.split()[0]) == session.pid
+    finally:
+        await ssh.close()
+
+
+async def test_a_session_that_ended_is_replaced_by_a_new_one_for_the_next_call(cluster) -> None:
+    inventory = sessions_inventory(cluster)
+    ssh = SshTransport(inventory)
+    helpers = NodeHelpers(ssh, inventory, timeout=60)
+    try:
+        assert (await helpers.call("ai003", "drain", "show")).ok
+        first = ssh._sessions["ai003"]
+        assert first.pid is not None
+        await ssh.run(inventory.node("ai003"), ["kill", "-9", str(first.pid)], timeout=10)
+        await asyncio.sleep(0.3)
+        assert (await helpers.call("ai003", "drain", "show")).ok
+        assert ssh._sessions["ai003"] is not first and ssh._sessions["ai003"].pid != first.pid
+    finally:
+        await ssh.close()
+
+
+async def test_a_node_whose_mlx_medic_runs_no_session_gets_a_process_per_call(
+    cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    older = cluster.workdir / f"older-medic-{uuid.uuid4().hex[:6]}"
+    older.write_text(
+        "#!/bin/sh\n"
+        'if [ "$2" = session ]; then\n'
+        "  echo \"mlx-medic node: error: argument HELPER: invalid choice: 'session'\" >&2\n"
+        "  exit 2\n"
+        "fi\n"
+        f'exec {MEDIC} "$@"\n'
+    )
+    older.chmod(0o755)
+    inventory = sessions_inventory(cluster, str(older))
+    ssh = SshTransport(inventory)
+    helpers = NodeHelpers(ssh, inventory, timeout=60)
+    try:
+        with caplog.at_level(logging.WARNING, logger="mlx_medic.transport.ssh"):
+            for _ in range(3):
+                assert (await helpers.call("ai002", "drain", "show")).ok
+        assert "ai002" not in ssh._sessions
+        (said,) = [r.getMessage() for r in caplog.records if "no helper session" in r.getMessage()]
+        assert "invalid choice: 'session'" in said and "its own process" in said
+    finally:
+        await ssh.close()
+
+
+async def test_with_helper_sessions_off_every_call_is_a_process_of_its_own(cluster) -> None:
+    inventory = sessions_inventory(cluster, helper_sessions=False)
+    ssh = SshTransport(inventory)
+    helpers = NodeHelpers(ssh, inventory, timeout=60)
+    try:
+        assert (await helpers.call("ai002", "drain", "show")).ok
+        assert ssh._sessions == {} and await session_processes(ssh, inventory, "ai002") == []
+    finally:
+        await ssh.close()
+
+
+async def test_a_node_frozen_during_a_call_through_its_session_times_the_call_out(
+    clean_cluster,
+) -> None:
+    """Every sshd process of the node frozen while a call waits in its session: the call
+    is timed out at its wait, as a process per call would be; thawed, the node answers
+    the next call."""
+    inventory = sessions_inventory(clean_cluster)
+    ssh = SshTransport(inventory)
+    helpers = NodeHelpers(ssh, inventory, timeout=60)
+    node = clean_cluster.node("ai003")
+    try:
+        assert (await helpers.call("ai003", "drain", "show")).ok  # its session is open
+        with frozen(node.find_pids("sshd"), f"sshd-{uuid.uuid4().hex[:8]}"):
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(HelperTimedOut):
+                await helpers.call("ai003", "drain", "show", timeout=2)
+            assert asyncio.get_running_loop().time() - started < 5
+        assert (await helpers.call("ai003", "drain", "show")).ok
     finally:
         await ssh.close()
