@@ -365,3 +365,15 @@ def test_a_key_without_the_session_grant_is_refused_a_session_as_any_other_helpe
     )
     assert refused.returncode == 2 and refused.stdout == ""
     assert "refused" in refused.stderr and "--json" in refused.stderr
+
+
+def test_without_an_inventory_a_session_does_not_start() -> None:
+    refused = subprocess.run(
+        [MEDIC, "node", "session"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "--inventory FILE is required" in refused.stderr
