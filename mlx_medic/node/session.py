@@ -72,8 +72,7 @@ def code_stamp(paths: Sequence[Path]) -> CodeStamp:
 class _Child:
     request_id: int
     pid: int
-    stdout_fd: int
-    stderr_fd: int
+    stdout_fd: int  # the other pipe in `output` is its stderr
     output: dict[int, bytearray] = field(default_factory=dict)  # open pipe -> what it wrote
     stdout: bytes = b""
     stderr: bytes = b""
@@ -193,7 +192,7 @@ class HelperSession:
             self._become_helper(out_w, err_w, argv)
         os.close(out_w)
         os.close(err_w)
-        child = _Child(request_id, pid, out_r, err_r, {out_r: bytearray(), err_r: bytearray()})
+        child = _Child(request_id, pid, out_r, {out_r: bytearray(), err_r: bytearray()})
         self.children[pid] = child
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)
