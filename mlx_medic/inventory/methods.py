@@ -48,12 +48,24 @@ class InventoryError(FileProblems):
 class ServiceMethods:
     __slots__ = ()
     if TYPE_CHECKING:
+        manager: str
         label: str
         plist: Path | None
+        config: Path | None
+        sudo: bool
 
     @property
     def plist_path(self) -> Path:
         return self.plist or Path("/Library/LaunchDaemons") / f"{self.label}.plist"
+
+    @property
+    def socket_config(self) -> Path | None:
+        """supervisord's config, where the head may ask supervisord over the socket it names
+        instead of running supervisorctl: no sudo (a root-only socket is supervisorctl's,
+        through the sudoers rule) and a config named (supervisorctl finds its own default)."""
+        if self.manager != "supervisord" or self.sudo:
+            return None
+        return self.config
 
 
 class BackendsMethods(Generic[BackendT]):

@@ -49,14 +49,17 @@ class Service(StrictModel, ServiceMethods):
     )
     config: AbsolutePath | None = Field(
         default=None,
-        description="supervisord: the supervisord.conf that supervisorctl reads (`-c`);"
-        " null: supervisorctl's own default",
+        description="supervisord: the supervisord.conf that supervisorctl reads (`-c`); without"
+        " `sudo`, the head asks supervisord over the unix socket its `[supervisorctl]` section"
+        " names (the calls supervisorctl makes, without starting it), and runs supervisorctl"
+        " where it names none; null: supervisorctl's own default",
     )
     sudo: bool = Field(
         default=False,
         description="supervisord: run supervisorctl as `sudo -n /usr/bin/supervisorctl ...`"
         " (a root-only supervisord socket; `mlx-medic render sudoers` writes the rule); false:"
-        " plain `supervisorctl`, the socket's permissions decide. launchctl and systemctl"
+        " as the helper's user (supervisord's socket, or plain `supervisorctl`), the socket's"
+        " permissions decide. launchctl and systemctl"
         " always go through sudo",
     )
 

@@ -8,7 +8,10 @@ replica that died, left behind); `start` and `restart` clear the record only aft
 manager's command succeeded, and report where the head stood just before it
 (`log_sizes`, the serve wrapper's `failed_starts`: a verify reads what this start did).
 Only the manager's command goes through `sudo -n` (`service_argv`); this helper runs as
-the service user.
+the service user. supervisord without sudo, its config named: the helper asks supervisord
+over the socket that config's `[supervisorctl]` section names (the same XML-RPC calls
+supervisorctl makes, `rpc` in the document, `argv` null) instead of starting supervisorctl,
+a Python program of its own; any other config runs supervisorctl.
 
 A stop of a job that is already gone counts as stopped (decided here, from the managers'
 verbatim answers, not guessed):
@@ -26,7 +29,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlx_medic.node.cli import (
     EXIT_FAILED,
@@ -44,6 +47,7 @@ from mlx_medic.platform.commands import (
     CommandTimeout,
     run_command,
 )
+from mlx_medic.platform.supervisord_config import SupervisorSocket, socket_of
 from mlx_medic.serve.record import read_serve_record
 from mlx_medic.service_manager import ServiceAction, service_argv
 from mlx_medic.state.files import StateFileError
@@ -53,6 +57,9 @@ from mlx_medic.state.service_stop import (
     read_service_stop,
     record_service_stop,
 )
+
+if TYPE_CHECKING:
+    from mlx_medic.inventory.model import Service
 
 DEFAULT_TIMEOUT = 120.0
 LAUNCHD_NOT_LOADED = (3, "Boot-out failed: 3: No such process")
@@ -114,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 "model": model.name,
                 "action": action,
                 "argv": None,
+                "rpc": None,
                 "exit_status": None,
                 "stdout": "",
                 "stderr": "",
@@ -126,12 +134,22 @@ def run(args: argparse.Namespace) -> int:
         if action == "stop":  # the record it replaces: a stop another run left
             replaced = read_service_stop(state_dir, model.name)
             record_service_stop(state_dir, model.name, args.by, args.reason)
-        argv = service_argv(model, _action(action))
+        wanted = _action(action)
+        rpc_socket = supervisord_socket(model.service)
+        argv = service_argv(model, wanted) if rpc_socket is None else None
         # where the head stands before a start: a verify reads what this start did
         marks = log_sizes(model.log_files) if action != "stop" else None
         failed_starts = _failed_starts(state_dir, model.name) if action != "stop" else None
         began = time.monotonic()
-        exit_status, stdout, stderr = run_manager(argv, args.timeout)
+        rpc = None
+        if rpc_socket is not None:  # http.client and xmlrpc only here
+            from mlx_medic.platform.supervisord_rpc import ask_supervisord, methods
+
+            label = model.service.label
+            rpc = {"socket": str(rpc_socket.path), "methods": methods(wanted), "name": label}
+            exit_status, stdout, stderr = ask_supervisord(rpc_socket, wanted, label, args.timeout)
+        else:
+            exit_status, stdout, stderr = run_manager(argv or [], args.timeout)
         manager_seconds = round(time.monotonic() - began, 3)
         done = exit_status == 0 or (
             action == "stop"
@@ -149,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         "model": model.name,
         "action": action,
         "argv": argv,
+        "rpc": rpc,
         "exit_status": exit_status,
         "stdout": stdout,
         "stderr": stderr,
@@ -168,12 +187,20 @@ def run(args: argparse.Namespace) -> int:
     verdict = "done" if done else f"failed (exit {exit_status}): {stderr.strip()[-300:]}"
     emit("service", document, args.json, f"{model.name}: {action} {verdict}")
     if not done:
+        asked = f"supervisord at {rpc_socket.url}" if rpc_socket else " ".join(argv or [])
         print(
-            f"mlx-medic node service: {' '.join(argv)}: exit {exit_status}: {stderr.strip()}",
+            f"mlx-medic node service: {asked}: exit {exit_status}: {stderr.strip()}",
             file=sys.stderr,
         )
         return EXIT_FAILED
     return EXIT_OK
+
+
+def supervisord_socket(service: Service) -> SupervisorSocket | None:
+    """supervisord's socket, where the helper asks it directly instead of running
+    supervisorctl (`Service.socket_config`, and a unix socket in that config)."""
+    config = service.socket_config
+    return socket_of(config) if config is not None else None
 
 
 def _failed_starts(state_dir: Path, model: str) -> int | None:

@@ -1,5 +1,6 @@
 """Stop, start and restart the model's service on its head, through `mlx-medic node
-service`, which runs the service manager's own command (service_manager.service_argv).
+service`, which runs the service manager's own command (service_manager.service_argv), or
+for supervisord with a config asks supervisord the same over its socket.
 
 Why through the helper: it writes the head's "stopped by run X" record before it stops
 the service, so a service left stopped (this remediator crashed, or gave up) is seen by
@@ -36,6 +37,17 @@ def left_stopped(record: ServiceStop) -> str:
     """What the head's stop record says, for the journal: who (a run names its replica's
     pid and host), since when, why."""
     return f"found it stopped by {record.run} since {iso_utc(record.at)} ({record.reason})"
+
+
+def asked_over_socket(model: Model) -> str:
+    """How the head runs the command for supervisord with a config and no sudo (node
+    service_cli.supervisord_socket): over supervisord's socket, the same calls."""
+    if model.service.socket_config is None:
+        return ""
+    return (
+        "; the head asks supervisord the command's calls over the socket its config's"
+        " [supervisorctl] section names (the command itself if it names none)"
+    )
 
 
 async def service_helper(context: RunContext, action: ServiceAction, *extra: str) -> StepResult:
@@ -83,7 +95,8 @@ class StopService(Step):
             "stop-service",
             self.model.head,
             f"record on {self.model.head} that this run stops {service.label}, then stop the"
-            f" {service.manager} service so it cannot respawn ranks during the sweep",
+            f" {service.manager} service so it cannot respawn ranks during the sweep"
+            + asked_over_socket(self.model),
             targets=[service.label],
             argv=service_argv(self.model, "stop"),
         )
@@ -117,7 +130,8 @@ class StartService(Step):
         return StepDescription(
             f"{self.action}-service",
             self.model.head,
-            f"release the model lock, {verb} {service.manager} service {service.label}: {who}",
+            f"release the model lock, {verb} {service.manager} service {service.label}: {who}"
+            + asked_over_socket(self.model),
             targets=[service.label],
             argv=service_argv(self.model, self.action),
         )

@@ -135,13 +135,13 @@ def test_stop_records_the_run_then_really_stops_the_program(supervised: Supervis
         "stop",
         0,
     )
-    assert document["argv"] == [
-        "supervisorctl",
-        "-c",
-        str(supervised.conf),
-        "stop",
-        f"tiny-{supervised.token}",
-    ]
+    # supervisord asked over the socket its config names, as supervisorctl would ask it
+    assert document["argv"] is None
+    assert document["rpc"] == {
+        "socket": f"/tmp/supervisor-{supervised.token}.sock",
+        "methods": ["supervisor.stopProcess"],
+        "name": f"tiny-{supervised.token}",
+    }
     assert document["stopped_by"]["run"] == "remediator run 12"
     assert document["stopped_by"]["reason"] == "model down"
     assert supervised.program_state() == "STOPPED"
@@ -181,7 +181,10 @@ def test_restart_really_restarts_the_program(supervised: Supervised) -> None:
         f"supervisorctl -c {supervised.conf} pid tiny-{supervised.token}"
     ).stdout.strip()
     assert supervised.program_state() == "RUNNING" and after != before
-    assert json.loads(result.stdout)["argv"][-2:] == ["restart", f"tiny-{supervised.token}"]
+    assert json.loads(result.stdout)["rpc"]["methods"] == [
+        "supervisor.stopProcess",
+        "supervisor.startProcess",
+    ]
 
 
 def test_a_failing_manager_command_leaves_the_record_and_exits_1_with_its_stderr(
@@ -192,6 +195,8 @@ def test_a_failing_manager_command_leaves_the_record_and_exits_1_with_its_stderr
     broken = write_inventory(clean_cluster, supervised.token, missing)
     stop = supervised.helper("stop", "--by", "run-7", inventory=broken)
     assert stop.returncode == 1
+    # a config it cannot read names no socket: supervisorctl runs and says why
+    assert json.loads(stop.stdout)["argv"][:3] == ["supervisorctl", "-c", str(missing)]
     assert f"could not find config file {missing}" in json.loads(stop.stdout)["stderr"]
     assert f"could not find config file {missing}" in stop.stderr
     assert read_service_stop(supervised.state_dir, "tiny").run == "run-7"  # written first
