@@ -8,7 +8,9 @@ one-token chat completion, tests/node/test_sweep_clean_testbed.py's server) run 
 supervisord inside the model's head as its KeepAlive service (testbed.keepalive). The
 engine runs in this process over real SSH (`SshTransport`) with the real `recover`
 playbook: re-check over SSH on the head, the model lock, preflight, stop the service,
-sweep and clean the three nodes, start the service, verify with the probe.
+sweep and clean the three nodes, start the service, verify with the probe. The service
+steps ask supervisord over the socket each model's config names (`node service`; it ran
+supervisorctl before 2026-12-05 05:04).
 The nodes' mlx-medic is a wheel of this checkout in a plain venv under the bench's
 workdir, as production installs it (bench/node_install.py; until 2026-12-04 a shim ran
 the dev venv's editable install, whose import hook runs at every start).
