@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import time
 import urllib.parse
 import xmlrpc.client
 from pathlib import Path
@@ -24,16 +25,20 @@ SupervisorAction = Literal["stop", "start", "restart"]
 
 # supervisor.xmlrpc.Faults (supervisor 4.2.5), the codes an answer is read by
 BAD_NAME = 10
+NO_FILE = 20
+NOT_EXECUTABLE = 21
+ABNORMAL_TERMINATION = 40
+SPAWN_ERROR = 50
 ALREADY_STARTED = 60
 NOT_RUNNING = 70
 # supervisorctl's own wording of a fault, per code (supervisorctl._startresult, _signalresult)
 FAULT_WORDS = {
     BAD_NAME: "no such process",
-    20: "no such file",
-    21: "file is not executable",
+    NO_FILE: "no such file",
+    NOT_EXECUTABLE: "file is not executable",
+    ABNORMAL_TERMINATION: "abnormal termination",
+    SPAWN_ERROR: "spawn error",
     ALREADY_STARTED: "already started",
-    50: "spawn error",
-    40: "abnormal termination",
     NOT_RUNNING: "not running",
 }
 # what each action asks, in order, and the fault that means "already so"
@@ -56,13 +61,15 @@ def ask_supervisord(
     where: SupervisorSocket, action: SupervisorAction, name: str, timeout: float
 ) -> tuple[int | None, str, str]:
     """(0 done / 1 refused / None not answered, stdout, stderr), worded as supervisorctl
-    words them: `NAME: stopped`, `NAME: ERROR (not running)`."""
-    proxy = xmlrpc.client.ServerProxy(
-        _rpc_url(where), transport=_UnixSocketTransport(where.path, timeout)
-    )
+    words them: `NAME: stopped`, `NAME: ERROR (not running)`. `timeout` bounds all of
+    it (a restart's stop and start together)."""
+    deadline = time.monotonic() + timeout
+    transport = _UnixSocketTransport(where.path, timeout)
+    proxy = xmlrpc.client.ServerProxy(_rpc_url(where), transport=transport)
     lines: list[str] = []
     try:
         for method, already, done in CALLS[action]:
+            transport.limit(deadline - time.monotonic())
             try:
                 getattr(proxy, method)(name)
             except xmlrpc.client.Fault as fault:
@@ -117,6 +124,15 @@ class _UnixSocketTransport(xmlrpc.client.Transport):
         super().__init__()
         self.socket_path = path
         self.timeout = timeout
+
+    def limit(self, seconds: float) -> None:
+        """The time the next call may take, the open connection's too."""
+        if seconds <= 0:
+            raise TimeoutError
+        self.timeout = seconds
+        connection = self._connection[1]
+        if connection is not None and connection.sock is not None:
+            connection.sock.settimeout(seconds)
 
     def make_connection(self, host: object) -> http.client.HTTPConnection:
         if self._connection[1] is not None and host == self._connection[0]:

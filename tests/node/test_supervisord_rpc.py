@@ -37,6 +37,11 @@ serverurl=unix://%(here)s/s.sock ; the same socket
 [program:tiny]
 command=sleep 100000
 startsecs=0
+[program:stubborn]
+command=sh -c 'trap "" TERM; exec sleep 100000'
+startsecs=0
+stopwaitsecs=3
+autostart=false
 """
 
 
@@ -121,6 +126,13 @@ def test_a_program_supervisord_does_not_know_is_a_failure_in_its_words(
     assert ctl.returncode != 0 and ctl.stdout == "other: ERROR (no such process)\n"
     answer = ask_supervisord(supervisord.socket, "stop", "other", 30)
     assert answer == (1, ctl.stdout, "supervisord: BAD_NAME: other\n")
+
+
+def test_a_stop_that_outlasts_the_timeout_is_no_answer(supervisord: Supervisord) -> None:
+    assert ask_supervisord(supervisord.socket, "start", "stubborn", 30)[0] == 0
+    # it ignores SIGTERM: supervisord waits its stopwaitsecs (3 s) before SIGKILL
+    answer = ask_supervisord(supervisord.socket, "stop", "stubborn", 1)
+    assert answer == (None, "", f"{supervisord.socket.url} did not answer within 1s\n")
 
 
 def test_a_socket_nobody_serves_is_no_answer(tmp_path: Path) -> None:
