@@ -71,6 +71,12 @@ def model(inventory: Inventory = INVENTORY) -> Model:
     return inventory.model(MODEL)
 
 
+def supervisord_inventory(**service: Any) -> Inventory:
+    data = yaml.safe_load(inventory_text(Path("/var/lib/mlx-medic")))
+    data["models"][MODEL]["service"] = {"manager": "supervisord", "label": "m", **service}
+    return parse_inventory(yaml.safe_dump(data))
+
+
 def context(
     health: Health,
     tmp_path: Path,
@@ -130,6 +136,20 @@ def test_each_step_describes_itself_with_its_nodes_targets_and_command() -> None
     verify = Verify(model=m, backend="ring")
     assert verify.kind is StepKind.VERIFY and verify.describe().targets == ["127.0.0.1:8080"]
     assert verify.describe().name == "verify-ring" and Verify(model=m).describe().name == "verify"
+
+
+def test_a_supervisord_service_step_says_when_the_head_asks_over_its_socket() -> None:
+    """The journal's command is supervisorctl's; the head makes its calls over the socket
+    when the config names one (node service_cli.supervisord_socket)."""
+    asked = model(supervisord_inventory(config="/etc/supervisord.conf"))
+    stop = StopService(model=asked).describe()
+    assert stop.argv == ["supervisorctl", "-c", "/etc/supervisord.conf", "stop", "m"]
+    assert "over the socket its config's [supervisorctl] section names" in stop.description
+    assert "over the socket" in StartService(model=asked).describe().description
+    for service in ({}, {"config": "/etc/supervisord.conf", "sudo": True}):
+        ran = model(supervisord_inventory(**service))
+        assert "socket" not in StopService(model=ran).describe().description
+        assert "socket" not in StartService(model=ran).describe().description
 
 
 def test_verify_describes_the_wait_it_will_take() -> None:
