@@ -136,20 +136,23 @@ def run(args: argparse.Namespace) -> int:
             record_service_stop(state_dir, model.name, args.by, args.reason)
         wanted = _action(action)
         rpc_socket = supervisord_socket(model.service)
-        argv = service_argv(model, wanted) if rpc_socket is None else None
         # where the head stands before a start: a verify reads what this start did
         marks = log_sizes(model.log_files) if action != "stop" else None
         failed_starts = _failed_starts(state_dir, model.name) if action != "stop" else None
         began = time.monotonic()
-        rpc = None
+        argv: list[str] | None = None
+        rpc: dict[str, Any] | None = None
         if rpc_socket is not None:  # http.client and xmlrpc only here
             from mlx_medic.platform.supervisord_rpc import ask_supervisord, methods
 
             label = model.service.label
             rpc = {"socket": str(rpc_socket.path), "methods": methods(wanted), "name": label}
             exit_status, stdout, stderr = ask_supervisord(rpc_socket, wanted, label, args.timeout)
+            asked = f"supervisord at {rpc_socket.url}"
         else:
-            exit_status, stdout, stderr = run_manager(argv or [], args.timeout)
+            argv = service_argv(model, wanted)
+            exit_status, stdout, stderr = run_manager(argv, args.timeout)
+            asked = " ".join(argv)
         manager_seconds = round(time.monotonic() - began, 3)
         done = exit_status == 0 or (
             action == "stop"
@@ -187,7 +190,6 @@ def run(args: argparse.Namespace) -> int:
     verdict = "done" if done else f"failed (exit {exit_status}): {stderr.strip()[-300:]}"
     emit("service", document, args.json, f"{model.name}: {action} {verdict}")
     if not done:
-        asked = f"supervisord at {rpc_socket.url}" if rpc_socket else " ".join(argv or [])
         print(
             f"mlx-medic node service: {asked}: exit {exit_status}: {stderr.strip()}",
             file=sys.stderr,

@@ -17,11 +17,9 @@ import time
 import urllib.parse
 import xmlrpc.client
 from pathlib import Path
-from typing import Literal
 
 from mlx_medic.platform.supervisord_config import SupervisorSocket
-
-SupervisorAction = Literal["stop", "start", "restart"]
+from mlx_medic.service_manager import ServiceAction
 
 # supervisor.xmlrpc.Faults (supervisor 4.2.5), the codes an answer is read by
 BAD_NAME = 10
@@ -42,7 +40,7 @@ FAULT_WORDS = {
     NOT_RUNNING: "not running",
 }
 # what each action asks, in order, and the fault that means "already so"
-CALLS: dict[SupervisorAction, tuple[tuple[str, int, str], ...]] = {
+CALLS: dict[ServiceAction, tuple[tuple[str, int, str], ...]] = {
     "stop": (("supervisor.stopProcess", NOT_RUNNING, "stopped"),),
     "start": (("supervisor.startProcess", ALREADY_STARTED, "started"),),
     "restart": (
@@ -52,13 +50,13 @@ CALLS: dict[SupervisorAction, tuple[tuple[str, int, str], ...]] = {
 }
 
 
-def methods(action: SupervisorAction) -> list[str]:
+def methods(action: ServiceAction) -> list[str]:
     """The XML-RPC methods an action calls, in order."""
     return [method for method, _, _ in CALLS[action]]
 
 
 def ask_supervisord(
-    where: SupervisorSocket, action: SupervisorAction, name: str, timeout: float
+    where: SupervisorSocket, action: ServiceAction, name: str, timeout: float
 ) -> tuple[int | None, str, str]:
     """(0 done / 1 refused / None not answered, stdout, stderr), worded as supervisorctl
     words them: `NAME: stopped`, `NAME: ERROR (not running)`. `timeout` bounds all of
